@@ -1,0 +1,23 @@
+"""kmeans_xp: KMeans written once against the Python array API, on pluggable backends.
+
+    >>> from kmeans_xp import KMeans
+    >>> KMeans(n_clusters=500, backend="cupy-chunked").fit(X)      # doctest: +SKIP
+
+`list_backends()` says what is installed; `estimate_memory(...)` says what a fit will need.
+"""
+from .backend import AssignResult, IterResult, KMeansBackend, ReduceResult
+from .estimator import ConvergenceWarning, KMeans
+from .lloyd import LloydResult
+from .memory import KMeansMemoryError, MemoryEstimate, estimate_memory
+from .registry import (BackendNotAvailableError, available_backends, get_backend,
+                       list_backends, register_backend)
+from .validation import NotFittedError
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "KMeans", "KMeansBackend", "AssignResult", "ReduceResult", "IterResult", "LloydResult",
+    "KMeansMemoryError", "MemoryEstimate", "estimate_memory", "list_backends", "get_backend",
+    "available_backends", "register_backend", "BackendNotAvailableError", "NotFittedError",
+    "ConvergenceWarning", "__version__",
+]

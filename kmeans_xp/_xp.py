@@ -1,0 +1,54 @@
+"""Small per-library differences, kept in one place (array-api-compat does the rest)."""
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+from array_api_compat import array_namespace, device, is_array_api_obj  # noqa: F401
+
+
+def namespace_name(X) -> str:
+    """'numpy', 'cupy', 'torch', 'dask.array', 'array_api_strict', ... for an array; 'list' else."""
+    if isinstance(X, np.ndarray):
+        return "numpy"
+    if not is_array_api_obj(X):
+        return "list"
+    mod = type(X).__module__.split(".")[0]
+    if mod == "dask":
+        return "dask.array"
+    return mod
+
+
+def is_cupy(X) -> bool:
+    return "cupy" in sys.modules and namespace_name(X) == "cupy"
+
+
+def to_numpy(X):
+    """A NumPy copy (or view) of any supported array, pulled to the host if needed."""
+    if isinstance(X, np.ndarray):
+        return X
+    name = namespace_name(X)
+    if name == "cupy":
+        return X.get()
+    if name == "torch":
+        return X.detach().cpu().numpy()
+    if name == "dask.array":
+        return np.asarray(X.compute())
+    try:
+        return np.asarray(X)
+    except (TypeError, ValueError, RuntimeError):
+        # array_api_strict refuses __array__ on purpose; go through DLPack
+        return np.from_dlpack(X)
+
+
+def xp_float_dtype(xp, dtype_name: str):
+    return getattr(xp, dtype_name)
+
+
+def dtype_name(dtype) -> str:
+    """'float32' / 'float64' for a dtype of any namespace."""
+    s = str(dtype)
+    for name in ("float64", "float32", "float16", "bfloat16"):
+        if name in s:
+            return name
+    return s

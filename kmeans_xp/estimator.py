@@ -1,0 +1,297 @@
+"""`KMeans`: scikit-learn's estimator API and semantics, without scikit-learn at run time.
+
+This layer validates, converts input, runs `n_init` Lloyd runs through the driver on the
+chosen backend, keeps the best, and stores the fitted attributes in the caller's namespace.
+"""
+from __future__ import annotations
+
+import inspect
+import time
+import warnings
+
+import numpy as np
+
+from . import init as _init
+from ._xp import array_namespace, device, namespace_name, to_numpy
+from .lloyd import direct_sq_dist, kmeans_single_lloyd, tolerance
+from .memory import format_bytes
+from .registry import get_backend, select_backend
+from .validation import (NotFittedError, check_array, check_init_array, check_random_state,
+                         check_sample_weight, validate_params)
+
+
+class ConvergenceWarning(UserWarning):
+    """Fewer distinct clusters than asked for (duplicate points, too few distinct values)."""
+
+
+class KMeans:
+    """K-Means clustering (Lloyd) on pluggable array backends.
+
+    Parameters follow `sklearn.cluster.KMeans`; in addition `backend` names the backend
+    ("auto", "numpy", "array-api", "cupy-kernels", "cupy-chunked", "cupy-fused", "dask" or a
+    plugin; see `kmeans_xp.list_backends()`), `backend_options` passes options to it, and
+    `max_memory` ("auto", bytes or "2GB") bounds the working memory beyond X, labels, centers.
+    """
+
+    _estimator_type = "clusterer"
+
+    def __init__(self, n_clusters=8, *, init="k-means++", n_init="auto", max_iter=300,
+                 tol=1e-4, verbose=0, random_state=None, copy_x=True, backend="auto",
+                 backend_options=None, max_memory="auto"):
+        self.n_clusters = n_clusters
+        self.init = init
+        self.n_init = n_init
+        self.max_iter = max_iter
+        self.tol = tol
+        self.verbose = verbose
+        self.random_state = random_state
+        self.copy_x = copy_x
+        self.backend = backend
+        self.backend_options = backend_options
+        self.max_memory = max_memory
+
+    # -- scikit-learn estimator protocol ------------------------------------------------------
+    @classmethod
+    def _param_names(cls):
+        sig = inspect.signature(cls.__init__)
+        return sorted(p for p in sig.parameters if p != "self")
+
+    def get_params(self, deep=True):
+        return {name: getattr(self, name) for name in self._param_names()}
+
+    def set_params(self, **params):
+        valid = self._param_names()
+        for name, value in params.items():
+            if name not in valid:
+                raise ValueError(f"Invalid parameter {name!r} for estimator {self!r}. Valid "
+                                 f"parameters are: {valid}.")
+            setattr(self, name, value)
+        return self
+
+    def __repr__(self):
+        defaults = {p.name: p.default for p in
+                    inspect.signature(type(self).__init__).parameters.values()}
+        changed = []
+        for name, value in self.get_params().items():
+            default = defaults[name]
+            same = value is default or (type(value) is type(default) and not hasattr(
+                value, "shape") and value == default)
+            if not same:
+                changed.append(f"{name}={value!r}" if not hasattr(value, "shape")
+                               else f"{name}=array(shape={tuple(value.shape)})")
+        return f"{type(self).__name__}({', '.join(changed)})"
+
+    def __sklearn_tags__(self):
+        # only scikit-learn calls this, so importing it here adds no run-time dependency
+        from sklearn.utils import InputTags, Tags, TargetTags, TransformerTags
+        return Tags(estimator_type="clusterer", target_tags=TargetTags(required=False),
+                    transformer_tags=TransformerTags(), input_tags=InputTags())
+
+    def __sklearn_is_fitted__(self):
+        return hasattr(self, "cluster_centers_")
+
+    # -- fitting ------------------------------------------------------------------------------
+    def _resolved_n_init(self):
+        if isinstance(self.init, str) and self.init == "k-means++":
+            default = 1
+        elif isinstance(self.init, str) or callable(self.init):
+            default = 10
+        else:
+            default = 1
+        n_init = default if self.n_init == "auto" else self.n_init
+        if not isinstance(self.init, str) and not callable(self.init) and n_init != 1:
+            warnings.warn(f"Explicit initial center position passed: performing only one init "
+                          f"in {type(self).__name__} instead of n_init={n_init}.",
+                          RuntimeWarning, stacklevel=3)
+            n_init = 1
+        return n_init
+
+    def _check_inputs(self, X, sample_weight):
+        validate_params(self.get_params(), type(self).__name__)
+        X = check_array(X, owner=type(self).__name__)
+        n, d = X.shape
+        if n < self.n_clusters:
+            raise ValueError(f"n_samples={n} should be >= n_clusters={self.n_clusters}: ask "
+                             f"for at most {n} clusters or give more samples.")
+        sw = check_sample_weight(sample_weight, n, _host_dtype(X))
+        positive = int(np.count_nonzero(sw))
+        if positive < self.n_clusters:
+            raise ValueError(f"only {positive} samples have a positive sample_weight, fewer "
+                             f"than n_clusters={self.n_clusters}.")
+        init_array = None
+        if not isinstance(self.init, str) and not callable(self.init):
+            init_array = check_init_array(self.init, self.n_clusters, d)
+        return X, sw, init_array
+
+    def _initial_centers(self, Xb, X_user, X_mean, sw, rs, xp, rows, init_array):
+        k = self.n_clusters
+        if init_array is not None:
+            c = xp.asarray(init_array.astype(_host_dtype(Xb)), device=device(Xb))
+            return c - X_mean
+        if callable(self.init):
+            c = check_init_array(self.init(X_user, k, random_state=rs), k, Xb.shape[1])
+            return xp.asarray(c.astype(_host_dtype(Xb)), device=device(Xb)) - X_mean
+        if self.init == "random":
+            return _init.random_init(Xb, k, sample_weight=sw, random_state=rs, xp=xp)[0]
+        return _init.kmeans_plusplus(Xb, k, sample_weight=sw, random_state=rs, xp=xp,
+                                     rows=rows)[0]
+
+    def fit(self, X, y=None, sample_weight=None):
+        """Compute k-means clustering. X: (n_samples, n_features) array of any supported
+        namespace (NumPy, CuPy, torch, dask, lists)."""
+        t_start = time.perf_counter()
+        X_user = X
+        X, sw_host, init_array = self._check_inputs(X, sample_weight)
+        n_init = self._resolved_n_init()
+        rs = check_random_state(self.random_state)
+        backend, why = select_backend(self.backend, X, n_clusters=self.n_clusters,
+                                      sample_weight=sw_host,
+                                      backend_options=self.backend_options,
+                                      max_memory=self.max_memory)
+        timings = {}
+        t0 = time.perf_counter()
+        Xb = backend.to_backend(X)
+        xp = array_namespace(Xb)
+        sw = xp.asarray(sw_host, device=device(Xb))
+        backend.synchronize()
+        timings["transfer"] = time.perf_counter() - t0
+        tol = tolerance(Xb, self.tol, xp)
+        X_mean = xp.mean(Xb, axis=0)
+        in_place = (not self.copy_x and Xb is X_user and isinstance(Xb, np.ndarray)
+                    and Xb.flags.writeable)
+        try:
+            if in_place:
+                Xb -= X_mean
+                Xc = Xb
+            else:
+                Xc = Xb - X_mean
+            best, timings_runs = self._run(backend, Xc, X_user, X_mean, sw, rs, xp, n_init,
+                                           tol, init_array)
+        finally:
+            if in_place:
+                Xb += X_mean  # the user's data comes back even when the fit fails
+        timings.update(timings_runs)
+        timings["total"] = time.perf_counter() - t_start
+        self._store(best, backend, why, X_mean, X_user, Xb, timings)
+        return self
+
+    def _run(self, backend, Xc, X_user, X_mean, sw, rs, xp, n_init, tol, init_array):
+        rows = backend.driver_rows(Xc.shape[0], Xc.shape[1], Xc.dtype)
+        best = None
+        t_init = t_lloyd = 0.0
+        for run in range(n_init):
+            t0 = time.perf_counter()
+            with backend.stage("init"):
+                centers = self._initial_centers(Xc, X_user, X_mean, sw, rs, xp, rows,
+                                                init_array)
+                centers = xp.astype(centers, Xc.dtype)
+            backend.synchronize()
+            t1 = time.perf_counter()
+            single = backend.kmeans_single
+            if single is not None:
+                result = single(Xc, sw, centers, xp=xp, max_iter=self.max_iter, tol=tol,
+                                verbose=self.verbose)
+            else:
+                result = kmeans_single_lloyd(backend, Xc, sw, centers, xp=xp,
+                                             max_iter=self.max_iter, tol=tol, rows=rows,
+                                             verbose=self.verbose)
+            backend.synchronize()
+            t_init += t1 - t0
+            t_lloyd += time.perf_counter() - t1
+            if self.verbose:
+                print(f"Run {run}: inertia {result.inertia:.6g} after {result.n_iter} "
+                      f"iterations.")
+            if best is None or result.inertia < best.inertia:
+                best = result
+        return best, {"init": t_init, "lloyd": t_lloyd,
+                      "per_iteration": t_lloyd / max(best.n_iter, 1) / n_init}
+
+    def _store(self, best, backend, why, X_mean, X_user, Xb, timings):
+        xp = array_namespace(Xb)
+        self._X_mean = X_mean
+        self._centers_fit = best.centers
+        self._backend_key = (backend.name, dict(self.backend_options or {}), self.max_memory)
+        self.cluster_centers_ = backend.from_backend(best.centers + X_mean, like=X_user)
+        self.labels_ = backend.from_backend(best.labels, like=X_user)
+        self.inertia_ = float(best.inertia)
+        self.n_iter_ = int(best.n_iter)
+        self.n_features_in_ = int(Xb.shape[1])
+        self.backend_ = backend.name
+        self.backend_reason_ = why
+        self.history_ = best.history
+        self.timings_ = timings
+        self.memory_report_ = dict(backend.memory_report)
+        distinct = int(np.unique(to_numpy(best.labels)).size)
+        if distinct < self.n_clusters:
+            warnings.warn(f"Number of distinct clusters ({distinct}) found smaller than "
+                          f"n_clusters ({self.n_clusters}). Possibly due to duplicate points "
+                          f"in X.", ConvergenceWarning, stacklevel=3)
+        if self.verbose:
+            self._print_report(xp)
+
+    def _print_report(self, xp):
+        print(f"backend: {self.backend_} ({self.backend_reason_})")
+        print("timings: " + ", ".join(f"{k} {v:.4f}s" for k, v in self.timings_.items()))
+        if self.memory_report_:
+            print("memory (peak per stage): " + ", ".join(
+                f"{k} {format_bytes(v)}" for k, v in self.memory_report_.items()))
+
+    # -- using the fit ------------------------------------------------------------------------
+    def _check_fitted(self):
+        if not hasattr(self, "cluster_centers_"):
+            raise NotFittedError(f"This {type(self).__name__} instance is not fitted yet. Call "
+                                 f"'fit' with appropriate arguments before using this "
+                                 f"estimator.")
+
+    def _prepare(self, X):
+        """(backend, X centered in the backend's namespace, xp, validated X) for predict etc."""
+        self._check_fitted()
+        X = check_array(X, owner=type(self).__name__)
+        if X.shape[1] != self.n_features_in_:
+            raise ValueError(f"X has {X.shape[1]} features, but {type(self).__name__} is "
+                             f"expecting {self.n_features_in_} features as input.")
+        name, options, max_memory = self._backend_key
+        backend = get_backend(name)(max_memory=max_memory, **options)
+        Xb = backend.to_backend(X)
+        xp = array_namespace(Xb)
+        mean = xp.asarray(self._X_mean, device=device(Xb)) if namespace_name(
+            self._X_mean) == namespace_name(Xb) else xp.asarray(to_numpy(self._X_mean),
+                                                                  device=device(Xb))
+        centers = xp.asarray(self._centers_fit, device=device(Xb)) if namespace_name(
+            self._centers_fit) == namespace_name(Xb) else xp.asarray(
+                to_numpy(self._centers_fit), device=device(Xb))
+        Xc = xp.astype(Xb, centers.dtype) - xp.astype(mean, centers.dtype)
+        return backend, Xc, xp, X, centers
+
+    def predict(self, X):
+        """Index of the closest cluster center for each sample."""
+        backend, Xc, xp, X, centers = self._prepare(X)
+        return backend.from_backend(backend.assign(Xc, centers, xp=xp).labels, like=X)
+
+    def fit_predict(self, X, y=None, sample_weight=None):
+        return self.fit(X, sample_weight=sample_weight).labels_
+
+    def transform(self, X):
+        """Euclidean distance of each sample to each center, shape (n_samples, n_clusters)."""
+        backend, Xc, xp, X, centers = self._prepare(X)
+        d2 = (xp.sum(Xc * Xc, axis=1)[:, None] - 2 * (Xc @ centers.T)
+              + xp.sum(centers * centers, axis=1)[None, :])
+        d2 = xp.where(d2 < 0, xp.zeros_like(d2), d2)
+        return backend.from_backend(xp.sqrt(d2), like=X)
+
+    def fit_transform(self, X, y=None, sample_weight=None):
+        return self.fit(X, sample_weight=sample_weight).transform(X)
+
+    def score(self, X, y=None, sample_weight=None):
+        """Opposite of the (weighted) inertia of X under the fitted centers."""
+        backend, Xc, xp, X, centers = self._prepare(X)
+        sw = xp.asarray(check_sample_weight(sample_weight, Xc.shape[0], np.float64),
+                        device=device(Xc))
+        labels = backend.assign(Xc, centers, xp=xp).labels
+        rows = backend.driver_rows(Xc.shape[0], Xc.shape[1], Xc.dtype)
+        d = direct_sq_dist(Xc, centers, labels, xp, rows)
+        return -float(xp.sum(xp.astype(d, xp.float64) * sw))
+
+
+def _host_dtype(X):
+    return np.float32 if "float32" in str(X.dtype) else np.float64

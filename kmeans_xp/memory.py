@@ -1,0 +1,121 @@
+"""Memory as a feature: budgets, estimates before anything runs, and the memory error.
+
+`max_memory` bounds the working memory of a fit beyond X, labels and centers. Backends size
+their chunks from it with `chunk_rows`, so memory stays bounded whatever n and k are.
+"""
+from __future__ import annotations
+
+import os
+import re
+from typing import NamedTuple
+
+_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9,
+          "gb": 10**9, "t": 10**12, "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30,
+          "tib": 2**40}
+
+#: fraction of free memory "auto" may use, leaving room for the rest of the process
+AUTO_FRACTION = 0.5
+#: "auto" on the host never takes more than this: bigger chunks stop paying once out of cache
+HOST_AUTO_CAP = 1 << 30
+
+
+class KMeansMemoryError(MemoryError):
+    """The fit cannot run within the memory it may use; the message says what to change."""
+
+
+class MemoryEstimate(NamedTuple):
+    parts: dict      # name -> bytes
+    total: int
+    chunk_rows: int  # rows per chunk the backend would use
+
+    def __str__(self):
+        rows = ", ".join(f"{k}={format_bytes(v)}" for k, v in self.parts.items())
+        return f"{format_bytes(self.total)} ({rows}; chunk of {self.chunk_rows} rows)"
+
+
+def format_bytes(n) -> str:
+    n = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1024
+    return f"{n:.2f} TiB"
+
+
+def parse_memory(value):
+    """'auto', a byte count, or a string like '2GB' / '512MiB' -> 'auto' or int bytes."""
+    if isinstance(value, str):
+        text = value.strip().lower()
+        if text == "auto":
+            return "auto"
+        m = re.fullmatch(r"([0-9]*\.?[0-9]+)\s*([a-z]*)", text)
+        if not m or m.group(2) not in _UNITS:
+            raise ValueError(
+                f"max_memory={value!r} is not understood; give 'auto', a number of bytes, "
+                f"or a string such as '2GB' or '512MiB'")
+        return int(float(m.group(1)) * _UNITS[m.group(2)])
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        raise ValueError(
+            f"max_memory={value!r} must be 'auto', a positive number of bytes, or a string "
+            f"such as '2GB'")
+    return int(value)
+
+
+def host_available_memory() -> int:
+    """Free host memory in bytes (MemAvailable on Linux), or 4 GiB where unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return 4 << 30
+
+
+def resolve_budget(max_memory, available: int, cap: int | None = None) -> int:
+    """Bytes of working memory a fit may use."""
+    value = parse_memory(max_memory)
+    if value == "auto":
+        value = int(available * AUTO_FRACTION)
+        if cap is not None:
+            value = min(value, cap)
+    return max(int(value), 1)
+
+
+def chunk_rows(budget: int, bytes_per_row: int, fixed: int = 0, *, n_samples: int,
+               floor: int = 1, what: str = "the fit") -> int:
+    """Rows per chunk so that fixed + rows * bytes_per_row <= budget (at most n_samples)."""
+    rows = (budget - fixed) // max(bytes_per_row, 1)
+    if rows < floor:
+        raise KMeansMemoryError(
+            f"{what} needs at least {format_bytes(fixed + floor * bytes_per_row)} of working "
+            f"memory ({floor} rows of {bytes_per_row} B plus {format_bytes(fixed)} fixed), "
+            f"but max_memory allows {format_bytes(budget)}. Raise max_memory, use float32, "
+            f"or use fewer clusters.")
+    return int(min(rows, max(n_samples, 1)))
+
+
+def estimate_memory(n_samples, n_features, n_clusters, *, dtype="float32", backend="numpy",
+                    max_memory="auto") -> MemoryEstimate:
+    """Bytes per part and in total that `backend` needs for this problem, before anything runs.
+
+    The parts cover the working memory the backend allocates (chunk buffers, partial sums);
+    `data` is X itself on the backend's device (0 when it stays where it is).
+    """
+    import numpy as np
+    from .registry import get_backend
+
+    for name, v in (("n_samples", n_samples), ("n_features", n_features),
+                    ("n_clusters", n_clusters)):
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+            raise ValueError(f"{name} must be a positive integer, got {v!r}")
+    itemsize = np.dtype(dtype).itemsize
+    if itemsize < 4:
+        itemsize = 4  # float16 is computed in float32
+    cls = get_backend(backend)
+    return cls.estimate_memory(int(n_samples), int(n_features), int(n_clusters),
+                               itemsize=itemsize, max_memory=max_memory)

@@ -1,0 +1,201 @@
+"""Which backends exist, which are installed, and which one a fit uses.
+
+First-party backends are data (name -> module they need, "import.path:Class", pip extra), so
+`import kmeans_xp` imports no CuPy or Dask. Third parties add backends through the entry-point
+group ``kmeans_xp.backends``; a plugin that fails to load warns and is skipped.
+"""
+from __future__ import annotations
+
+import functools
+import importlib
+import importlib.util
+import warnings
+from importlib.metadata import entry_points
+from typing import NamedTuple
+
+from .backend import KMeansBackend
+
+ENTRY_POINT_GROUP = "kmeans_xp.backends"
+CUDA_EXTRA = "cuda12] or kmeans_xp[cuda13"  # spelled inside "pip install 'kmeans_xp[...]'"
+
+
+class BuiltinSpec(NamedTuple):
+    requires: str   # module that must import for the backend to work
+    target: str     # "module:Class"
+    extra: str      # pip extra that installs `requires` ("" when always installed)
+    gpu: bool       # needs a CUDA device
+
+
+BUILTIN_BACKENDS = {
+    "numpy": BuiltinSpec("numpy", "kmeans_xp_backends.numpy_:NumpyBackend", "", False),
+    "array-api": BuiltinSpec("array_api_compat", "kmeans_xp_backends.array_api:ArrayAPIBackend",
+                             "", False),
+    "cupy-kernels": BuiltinSpec("cupy", "kmeans_xp_backends.cupy_kernels:CupyKernelsBackend",
+                                CUDA_EXTRA, True),
+    "cupy-chunked": BuiltinSpec("cupy", "kmeans_xp_backends.cupy_chunked:CupyChunkedBackend",
+                                CUDA_EXTRA, True),
+    "cupy-fused": BuiltinSpec("cupy", "kmeans_xp_backends.cupy_fused:CupyFusedBackend",
+                              CUDA_EXTRA, True),
+    "dask": BuiltinSpec("dask.array", "kmeans_xp_backends.dask_:DaskBackend", "dask", False),
+}
+
+#: what "auto" tries, in order, for each input namespace
+AUTO_PREFERENCE = {
+    "numpy": ("numpy",),
+    "cupy": ("cupy-fused", "cupy-chunked", "cupy-kernels", "array-api"),
+    "dask.array": ("dask",),
+}
+#: NumPy input at least this large (n * k * d) goes to a GPU backend under "auto" when one works
+AUTO_GPU_MIN_WORK = 2 * 10**8
+AUTO_GPU_FOR_HOST = ("cupy-fused", "cupy-chunked")
+
+
+class BackendInfo(NamedTuple):
+    name: str
+    available: bool
+    reason: str        # why not available ("" when it is)
+    target: str
+    provider: str      # distribution that provides it
+    install: str       # what to pip-install to get it ("" when nothing)
+    gpu: bool
+
+
+class BackendNotAvailableError(ImportError):
+    """A known backend whose library (or device) is missing."""
+
+
+_runtime = {}
+
+
+def register_backend(cls, *, replace=False):
+    """Register a backend class at run time (entry points are the packaged way)."""
+    if not (isinstance(cls, type) and issubclass(cls, KMeansBackend)) or not cls.name:
+        raise TypeError(f"{cls!r} is not a KMeansBackend subclass with a name")
+    if cls.name in BUILTIN_BACKENDS and not replace:
+        raise ValueError(f"backend name {cls.name!r} is a built-in; choose another name")
+    _runtime[cls.name] = cls
+    list_backends.cache_clear()
+    return cls
+
+
+def _gpu_present() -> tuple[bool, str]:
+    try:
+        import cupy
+        n = cupy.cuda.runtime.getDeviceCount()
+    except Exception as exc:  # no driver, no device, broken install: all mean "not usable"
+        return False, f"no usable CUDA device ({type(exc).__name__}: {exc})"
+    return (n > 0, "" if n > 0 else "no CUDA device found")
+
+
+def _builtin_info(name, spec) -> BackendInfo:
+    install = f"pip install 'kmeans_xp[{spec.extra}]'" if spec.extra else ""
+    module = spec.target.split(":")[0]
+    if importlib.util.find_spec(spec.requires.split(".")[0]) is None:
+        reason = f"{spec.requires} is not installed"
+    elif importlib.util.find_spec(module) is None:
+        reason, install = "not built into this version of kmeans_xp", ""
+    elif spec.gpu:
+        ok, reason = _gpu_present()
+        reason = "" if ok else reason
+    else:
+        reason = ""
+    return BackendInfo(name, not reason, reason, spec.target, "kmeans_xp", install, spec.gpu)
+
+
+@functools.lru_cache(maxsize=1)
+def list_backends() -> dict:
+    """name -> BackendInfo for built-in, plugin and runtime-registered backends."""
+    infos = {name: _builtin_info(name, spec) for name, spec in BUILTIN_BACKENDS.items()}
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        provider = getattr(getattr(ep, "dist", None), "name", "?")
+        if ep.name in infos:
+            warnings.warn(f"kmeans_xp: plugin backend {ep.name!r} from {provider} clashes with "
+                          f"a backend of the same name and is skipped", RuntimeWarning, 2)
+            continue
+        try:
+            cls = ep.load()
+            if not (isinstance(cls, type) and issubclass(cls, KMeansBackend)):
+                raise TypeError(f"{ep.value} is not a KMeansBackend subclass")
+        except Exception as exc:  # a broken plugin must not break the library
+            warnings.warn(f"kmeans_xp: plugin backend {ep.name!r} ({ep.value}) from {provider} "
+                          f"failed to load and is skipped: {type(exc).__name__}: {exc}",
+                          RuntimeWarning, 2)
+            continue
+        infos[ep.name] = BackendInfo(ep.name, True, "", ep.value, provider, "", False)
+    for name, cls in _runtime.items():
+        infos[name] = BackendInfo(name, True, "", f"{cls.__module__}:{cls.__qualname__}",
+                                  "runtime", "", cls.device == "gpu")
+    return infos
+
+
+def _load(target: str):
+    module, _, attr = target.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+def available_backends() -> list:
+    return [name for name, info in list_backends().items() if info.available]
+
+
+def get_backend(name: str):
+    """The backend class registered as `name`; errors say what is installed and what to do."""
+    infos = list_backends()
+    if not isinstance(name, str) or name not in infos:
+        raise ValueError(
+            f"unknown backend {name!r}. Installed backends: {available_backends()}; all known: "
+            f"{sorted(infos)}. Third-party backends register under the entry-point group "
+            f"{ENTRY_POINT_GROUP!r}.")
+    info = infos[name]
+    if not info.available:
+        todo = f" Install it with: {info.install}." if info.install else ""
+        raise BackendNotAvailableError(
+            f"backend {name!r} is not available: {info.reason}.{todo} Installed backends: "
+            f"{available_backends()}.")
+    if name in _runtime:
+        return _runtime[name]
+    if info.provider == "kmeans_xp":
+        return _load(info.target)
+    for ep in entry_points(group=ENTRY_POINT_GROUP, name=name):
+        return ep.load()
+    raise ValueError(f"backend {name!r} vanished from the entry points; reinstall its package")
+
+
+def select_backend(backend, X, *, n_clusters, sample_weight=None, backend_options=None,
+                   max_memory="auto"):
+    """(backend instance, why it was chosen) for this input; never a silent fallback."""
+    from ._xp import namespace_name
+
+    options = dict(backend_options or {})
+    if backend != "auto":
+        cls = get_backend(backend)
+        inst = cls(max_memory=max_memory, **options)
+        reason = inst.reject_reason(X, n_clusters=n_clusters, sample_weight=sample_weight)
+        if reason is not None:
+            takers = [n for n in available_backends() if n != backend and _takes(
+                n, X, n_clusters, sample_weight)]
+            raise ValueError(f"backend {backend!r} cannot take this input: {reason}. Backends "
+                             f"that would: {takers or 'none installed'}.")
+        return inst, "named by the user"
+
+    ns = namespace_name(X)
+    candidates = list(AUTO_PREFERENCE.get(ns, ("array-api",)))
+    why = f"{ns} input"
+    if ns in ("numpy", "list"):
+        n, d = (len(X), len(X[0]) if len(X) else 0) if ns == "list" else X.shape[:2]
+        if n * n_clusters * max(d, 1) >= AUTO_GPU_MIN_WORK:
+            candidates = [*AUTO_GPU_FOR_HOST, "numpy"]
+            why = f"NumPy input with n*k*d = {n * n_clusters * d:.2g} >= {AUTO_GPU_MIN_WORK:.0e}"
+        else:
+            candidates = ["numpy"]
+    for name in candidates:
+        if name in available_backends() and _takes(name, X, n_clusters, sample_weight):
+            return get_backend(name)(max_memory=max_memory, **options), (
+                f"auto: {why}; first of {candidates} installed that takes it")
+    raise ValueError(f"no installed backend takes {ns} input; installed: {available_backends()}")
+
+
+def _takes(name, X, n_clusters, sample_weight) -> bool:
+    try:
+        return get_backend(name)().accepts(X, n_clusters=n_clusters, sample_weight=sample_weight)
+    except Exception:
+        return False

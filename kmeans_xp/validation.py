@@ -1,0 +1,210 @@
+"""Checks on parameters and inputs, done before any device work.
+
+Parameter constraints are data (`PARAMETER_CONSTRAINTS`); messages are generated from them and
+name the parameter, what is allowed and what was given.
+"""
+from __future__ import annotations
+
+import numbers
+
+import numpy as np
+
+from ._xp import array_namespace, is_array_api_obj, namespace_name, to_numpy
+from .memory import parse_memory
+
+
+class NotFittedError(ValueError, AttributeError):
+    """The estimator is used before `fit` (a ValueError and AttributeError, as in sklearn)."""
+
+
+class Interval:
+    def __init__(self, kind, low, high=None, closed="both"):
+        self.kind, self.low, self.high, self.closed = kind, low, high, closed
+
+    def __call__(self, v):
+        if isinstance(v, bool) or not isinstance(v, self.kind):
+            return False
+        lo_ok = self.low is None or (v >= self.low if self.closed in ("both", "left")
+                                     else v > self.low)
+        hi_ok = self.high is None or v <= self.high
+        return lo_ok and hi_ok
+
+    def __str__(self):
+        kind = "an int" if self.kind is numbers.Integral else "a float"
+        left = "[" if self.closed in ("both", "left") else "("
+        return f"{kind} in the range {left}{self.low}, {self.high if self.high else 'inf'})"
+
+
+class Options:
+    def __init__(self, *values):
+        self.values = values
+
+    def __call__(self, v):
+        return isinstance(v, str) and v in self.values
+
+    def __str__(self):
+        return "a str among " + ", ".join(repr(v) for v in self.values)
+
+
+class Check:
+    def __init__(self, fn, text):
+        self.fn, self.text = fn, text
+
+    def __call__(self, v):
+        return self.fn(v)
+
+    def __str__(self):
+        return self.text
+
+
+def _is_random_state(v):
+    return v is None or isinstance(v, (numbers.Integral, np.random.RandomState,
+                                       np.random.Generator)) and not isinstance(v, bool)
+
+
+def _is_memory(v):
+    try:
+        parse_memory(v)
+        return True
+    except ValueError:
+        return False
+
+
+INIT_METHODS = ("k-means++", "random")
+
+PARAMETER_CONSTRAINTS = {
+    "n_clusters": [Interval(numbers.Integral, 1)],
+    "init": [Options(*INIT_METHODS), Check(callable, "a callable"),
+             Check(lambda v: isinstance(v, (list, tuple)) or is_array_api_obj(v),
+                   "an array of shape (n_clusters, n_features)")],
+    "n_init": [Options("auto"), Interval(numbers.Integral, 1)],
+    "max_iter": [Interval(numbers.Integral, 1)],
+    "tol": [Interval(numbers.Real, 0)],
+    "verbose": [Interval(numbers.Integral, 0), Check(lambda v: isinstance(v, bool), "a bool")],
+    "random_state": [Check(_is_random_state, "None, an int or a numpy RandomState")],
+    "copy_x": [Check(lambda v: isinstance(v, (bool, np.bool_)), "a bool")],
+    "backend": [Check(lambda v: isinstance(v, str), "a backend name (str) or 'auto'")],
+    "backend_options": [Check(lambda v: v is None or isinstance(v, dict), "None or a dict")],
+    "max_memory": [Check(_is_memory, "'auto', a positive number of bytes or a string like "
+                                     "'2GB'")],
+}
+
+
+def validate_params(params: dict, owner="KMeans"):
+    for name, constraints in PARAMETER_CONSTRAINTS.items():
+        value = params[name]
+        if not any(c(value) for c in constraints):
+            allowed = " or ".join(str(c) for c in constraints)
+            raise ValueError(f"The {name!r} parameter of {owner} must be {allowed}. "
+                             f"Got {value!r} instead.")
+
+
+def check_random_state(seed):
+    if seed is None or isinstance(seed, numbers.Integral):
+        return np.random.RandomState(seed)
+    if isinstance(seed, np.random.RandomState):
+        return seed
+    if isinstance(seed, np.random.Generator):
+        return np.random.RandomState(seed.integers(2**31))
+    raise ValueError(f"random_state={seed!r} cannot seed a numpy RandomState")
+
+
+def _float_dtype_for(xp, dtype):
+    """The floating dtype computation uses for input of `dtype`, or an error."""
+    if xp.isdtype(dtype, "complex floating"):
+        raise ValueError("Complex data not supported; give real-valued X (e.g. X.real or "
+                         "np.abs(X)).")
+    if dtype == xp.float64 or dtype == xp.float32:
+        return dtype
+    if xp.isdtype(dtype, "real floating"):  # float16, bfloat16
+        return xp.float32
+    if xp.isdtype(dtype, ("integral", "bool")):
+        return xp.float64
+    raise ValueError(f"X has dtype {dtype}, which is not numeric; give float32 or float64 data.")
+
+
+def check_array(X, *, name="X", owner="KMeans"):
+    """X as a 2-D float32/float64 array in its own namespace (lists become NumPy)."""
+    ns = namespace_name(X)
+    if ns == "list" or (isinstance(X, np.ndarray) and X.dtype == object):
+        try:
+            X = np.asarray(X)
+        except ValueError as exc:
+            raise ValueError(f"{name} could not be made into an array ({exc}); give a 2-D "
+                             f"array of shape (n_samples, n_features).") from exc
+        if X.dtype == object or X.dtype.kind in "USV":
+            if X.dtype.kind in "USV":
+                raise ValueError(f"{name} has dtype {X.dtype}, which is not numeric; give "
+                                 f"float32 or float64 data.")
+            X = X.astype(np.float64)  # raises TypeError for non-numbers, as sklearn does
+    if isinstance(X, np.ndarray) and X.dtype.kind in "USVO":
+        raise ValueError(f"{name} has dtype {X.dtype}, which is not numeric.")
+    xp = array_namespace(X)
+    if X.ndim == 1 or X.ndim == 0:
+        raise ValueError(
+            f"Expected 2D array, got {X.ndim}D array instead. Reshape your data either using "
+            f"X.reshape(-1, 1) if your data has a single feature or X.reshape(1, -1) if it "
+            f"contains a single sample.")
+    if X.ndim > 2:
+        raise ValueError(f"Found array with dim {X.ndim}. {owner} expected <= 2 (X of shape "
+                         f"(n_samples, n_features)); got shape {tuple(X.shape)}.")
+    if X.shape[0] == 0 or X.shape[1] == 0:
+        what, minimum = ("sample(s)", X.shape[0]) if X.shape[0] == 0 else ("feature(s)", 0)
+        raise ValueError(f"Found array with {X.shape[0] if X.shape[0] == 0 else X.shape[1]} "
+                         f"{what} (shape={tuple(X.shape)}) while a minimum of 1 is required.")
+    dtype = _float_dtype_for(xp, X.dtype)
+    if dtype != X.dtype:
+        X = xp.astype(X, dtype)
+    if ns != "dask.array":  # dask checks lazily while it persists X
+        check_finite(X, xp, name)
+    return X
+
+
+def check_finite(X, xp, name="X"):
+    if not bool(xp.all(xp.isfinite(X))):
+        if bool(xp.any(xp.isnan(X))):
+            raise ValueError(f"Input {name} contains NaN. Remove or impute missing values "
+                             f"before clustering.")
+        raise ValueError(f"Input {name} contains infinity or a value too large for "
+                         f"dtype('{X.dtype}').")
+
+
+def check_sample_weight(sample_weight, n_samples, dtype):
+    """Validated weights as a NumPy array of `dtype` (they are small: n floats)."""
+    if sample_weight is None:
+        return np.ones(n_samples, dtype=dtype)
+    if isinstance(sample_weight, numbers.Number):
+        w = np.full(n_samples, sample_weight, dtype=dtype)
+    else:
+        w = np.asarray(to_numpy(sample_weight) if is_array_api_obj(sample_weight)
+                       else sample_weight)
+        if w.ndim != 1:
+            raise ValueError(f"sample_weight must be 1-D of shape ({n_samples},), got shape "
+                             f"{w.shape}.")
+        if w.shape[0] != n_samples:
+            raise ValueError(f"sample_weight.shape == ({w.shape[0]},), expected "
+                             f"({n_samples},): one weight per sample.")
+        if w.dtype.kind not in "biuf":
+            raise ValueError(f"sample_weight has dtype {w.dtype}; give real numbers.")
+        w = w.astype(dtype)
+    if not np.all(np.isfinite(w)):
+        raise ValueError("sample_weight contains NaN or infinity.")
+    if np.any(w < 0):
+        raise ValueError(f"Negative values in sample_weight (min {w.min()}); weights must be "
+                         f">= 0.")
+    return w
+
+
+def check_init_array(init, n_clusters, n_features, *, xp_target=None):
+    """The user's init centers as a NumPy float64 array, checked."""
+    centers = to_numpy(init) if is_array_api_obj(init) else np.asarray(init)
+    if centers.dtype.kind not in "biuf":
+        raise ValueError(f"init array has dtype {centers.dtype}; give real numbers.")
+    if centers.shape != (n_clusters, n_features):
+        raise ValueError(f"The shape of the initial centers {centers.shape} does not match "
+                         f"the number of clusters and features: expected ({n_clusters}, "
+                         f"{n_features}). Pass n_clusters={centers.shape[0] if centers.ndim else '?'} "
+                         f"or an init of the right shape.")
+    if not np.all(np.isfinite(centers)):
+        raise ValueError("The initial centers (init) contain NaN or infinity.")
+    return centers
