@@ -1,7 +1,7 @@
 """Benchmark options: small sizes by default, the seed's workloads behind --big."""
 import pytest
 
-from tests.conftest import gpu_available  # noqa: F401  (same GPU detection as the tests)
+from tests.conftest import cp, gpu_available, pytest_collection_modifyitems  # noqa: F401
 
 
 def pytest_addoption(parser):
