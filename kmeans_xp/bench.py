@@ -20,6 +20,7 @@ of another library, e.g. "array-api@cupy"), the seed's original algorithm
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import gc
 import hashlib
@@ -218,57 +219,114 @@ def is_out_of_memory(exc) -> bool:
     return isinstance(exc, MemoryError) or "OutOfMemory" in type(exc).__name__
 
 
-class BackendEntry:
-    """A kmeans_xp backend, fitted through `KMeans` (the product path), the copy timed apart."""
+class Fitted(NamedTuple):
+    """What an entry's fit leaves on its device, before anything comes back to the host."""
+    labels: Any
+    centers: Any
+    inertia: float | None     # None: computed on the host afterwards, untimed
+    n_iter: int
+    lloyd_s: float
+    memory_report: dict
+
+
+class Entry:
+    """One row of the comparison. Subclasses say how data gets in (`to_input`), how the fit
+    runs (`fit`), how to wait for the device (`sync`) and what memory they need (`estimate`);
+    `run` is the protocol's clocking, the same for all."""
+
+    name = ""
+    device = "cpu"
+    memory_measured = "measured"
+
+    def check(self):
+        """Raise Unavailable when the entry cannot run here; bind what `run` needs."""
+
+    def sync(self):
+        """Wait for the device's queued work."""
+
+    def to_input(self, X):
+        return X
+
+    def fit(self, Xb, C, iters) -> Fitted:
+        raise NotImplementedError
+
+    def estimate(self):
+        return None
+
+    def memory_scope(self):
+        """Context around one whole run (copy + fit) yielding a dict that gets "peak" bytes."""
+        return _null({})
+
+    def run(self, X, C, iters) -> Measurement:
+        with self.memory_scope() as measured:
+            self.sync()
+            t0 = time.perf_counter()
+            Xb = self.to_input(X)
+            self.sync()
+            t1 = time.perf_counter()
+            fitted = self.fit(Xb, C, iters)
+            self.sync()
+            t2 = time.perf_counter()
+            labels, centers = to_numpy(fitted.labels), to_numpy(fitted.centers)
+            t3 = time.perf_counter()
+            fitted = fitted._replace(labels=None, centers=None)  # free the device now
+            del Xb
+        report = dict(fitted.memory_report)
+        if measured.get("peak"):
+            report["fit"] = int(measured["peak"])
+        inertia = fitted.inertia if fitted.inertia is not None else host_inertia(
+            X, centers, labels)
+        return Measurement(np.asarray(labels), float(inertia), fitted.n_iter, t1 - t0,
+                           t2 - t1, fitted.lloyd_s, t3 - t0, max(report.values(), default=None),
+                           report)
+
+
+class BackendEntry(Entry):
+    """A kmeans_xp backend, fitted through `KMeans` (the product path); the copy in is the
+    backend's own `to_backend` (or, for "name@ns", a plain copy into that namespace)."""
+
+    memory_measured = "measured: peak of the device pool over the fit's stages (includes X)"
 
     def __init__(self, spec, w: Workload):
         self.name = spec
         self.backend_name, _, self.namespace = spec.partition("@")
         self.w = w
+        from .registry import list_backends
+        info = list_backends().get(self.backend_name)
+        self.device = "gpu" if (info is not None and info.gpu) or self.namespace == "cupy" \
+            else "cpu"
 
     def check(self):
         from .registry import get_backend, list_backends
-        infos = list_backends()
-        if self.backend_name not in infos:
-            raise Unavailable(f"unknown backend; known: {sorted(infos)}")
-        try:
-            self.cls = get_backend(self.backend_name)
-        except ImportError as exc:
-            raise Unavailable(str(exc)) from exc
+        info = list_backends().get(self.backend_name)
+        if info is None:
+            raise Unavailable(f"unknown backend; known: {sorted(list_backends())}")
+        if not info.available:
+            raise Unavailable(info.reason + (f" ({info.install})" if info.install else ""))
+        self.cls = get_backend(self.backend_name)
         self.device = "gpu" if (self.cls.device == "gpu" or self.namespace == "cupy" or (
             self.namespace == "torch" and _torch_cuda())) else "cpu"
         self.backend = self.cls(max_memory=self.w.max_memory)
 
-    def _to_input(self, X):
+    def to_input(self, X):
         if self.namespace:
             return _converter(self.namespace)(X)
         if self.backend.reject_reason(X, n_clusters=self.w.k) is None:
-            return self.backend.to_backend(X)  # the backend's own host->device copy
-        first = sorted(self.cls.namespaces)[0]
-        return _converter(first)(X)
+            return self.backend.to_backend(X)
+        return _converter(sorted(self.cls.namespaces)[0])(X)
 
-    def _sync(self):
+    def sync(self):
+        # the backend's own sync, and the namespace's for "name@ns" (array-api's is a no-op)
         self.backend.synchronize()
         _sync_namespace(self.namespace)
 
-    def run(self, X, C, iters) -> Measurement:
+    def fit(self, Xb, C, iters) -> Fitted:
         from .estimator import KMeans
-        self._sync()
-        t0 = time.perf_counter()
-        Xb = self._to_input(X)
-        self._sync()
-        t1 = time.perf_counter()
         km = KMeans(self.w.k, init=C, n_init=1, max_iter=iters, tol=0, random_state=0,
                     backend=self.backend_name, max_memory=self.w.max_memory).fit(Xb)
-        self._sync()
-        t2 = time.perf_counter()
-        labels = to_numpy(km.labels_)
-        to_numpy(km.cluster_centers_)
-        t3 = time.perf_counter()
         report = {k: int(v) for k, v in km.memory_report_.items()}
-        return Measurement(np.asarray(labels), km.inertia_, km.n_iter_, t1 - t0, t2 - t1,
-                           km.timings_["lloyd"], t3 - t0, max(report.values(), default=None),
-                           report)
+        return Fitted(km.labels_, km.cluster_centers_, km.inertia_, km.n_iter_,
+                      km.timings_["lloyd"], report)
 
     def estimate(self):
         from .memory import estimate_memory
@@ -278,8 +336,6 @@ class BackendEntry:
         except Exception:  # no estimate (plugin without one, or the budget refuses)
             return None
         return int(est.total)
-
-    memory_measured = "measured: peak of the device pool over the fit's stages (includes X)"
 
 
 def _torch_cuda():
@@ -305,7 +361,7 @@ def _load_reference(module):
 
 
 def host_inertia(X, centers, labels, rows=1 << 20) -> float:
-    """Sum of squared distances in float64 on the host (for the reference rows)."""
+    """Sum of squared distances in float64 on the host (for the reference rows; untimed)."""
     total = 0.0
     C = np.asarray(centers, np.float64)
     for s in range(0, len(X), rows):
@@ -314,8 +370,10 @@ def host_inertia(X, centers, labels, rows=1 << 20) -> float:
     return total
 
 
-class SeedEntry:
+class SeedEntry(Entry):
     """The seed's broadcasting KMeans (float64), on CuPy ("gpu") or NumPy ("cpu")."""
+
+    memory_measured = "measured: peak of the CuPy pool (includes X in float64)"
 
     def __init__(self, device, w: Workload):
         self.device = device
@@ -336,43 +394,37 @@ class SeedEntry:
             # never let the host swap or meet the OOM killer: refuse as a card of that size would
             self.cap = int(host_available_memory() * 0.8)
 
-    def _sync(self):
+    def sync(self):
         if self.device == "gpu":
             self.xp.cuda.get_current_stream().synchronize()
 
-    def run(self, X, C, iters) -> Measurement:
-        n, d = X.shape
+    def memory_scope(self):
+        if self.device == "gpu":  # the cap acts as a smaller card; the peak is measured
+            return _chain(self.mod.cupy_pool_limit(self.cap), self.mod.cupy_peak())
+        return _null({})
+
+    def to_input(self, X):
+        return self.xp.asarray(X.astype(np.float64))  # the seed's data were float64
+
+    def fit(self, Xb, C, iters) -> Fitted:
+        n, d = Xb.shape
         if self.device == "cpu":
             self.mod.check_host_cap(n, len(C), d, self.cap)
-        limit = self.mod.cupy_pool_limit(self.cap) if self.device == "gpu" else _null()
-        peak = self.mod.cupy_peak() if self.device == "gpu" else _null({})
-        with limit, peak as measured:
-            self._sync()
-            t0 = time.perf_counter()
-            Xd = self.xp.asarray(X.astype(np.float64))   # the seed's data were float64
-            Cd = self.xp.asarray(C.astype(np.float64))
-            self._sync()
-            t1 = time.perf_counter()
-            centers, labels, n_iter = self.mod.fit_xp(Xd, Cd, iters)
-            self._sync()
-            t2 = time.perf_counter()
-            labels, centers = to_numpy(labels), to_numpy(centers)
-            t3 = time.perf_counter()
-            del Xd, Cd
-        peak_bytes = measured.get("peak")
-        return Measurement(labels, host_inertia(X, centers, labels), n_iter, t1 - t0, t2 - t1,
-                           t2 - t1, t3 - t0, peak_bytes, {"fit": peak_bytes} if peak_bytes else {})
+        Cd = self.xp.asarray(C.astype(np.float64))
+        t0 = time.perf_counter()
+        centers, labels, n_iter = self.mod.fit_xp(Xb, Cd, iters)
+        self.sync()
+        return Fitted(labels, centers, None, n_iter, time.perf_counter() - t0, {})
 
     def estimate(self):
         return int(self.mod.peak_bytes(self.w.n, self.w.k, self.w.d))
 
-    memory_measured = "measured: peak of the CuPy pool (includes X in float64)"
 
-
-class TorchEntry:
+class TorchEntry(Entry):
     """Chunked GEMM + argmin Lloyd in torch (CUDA when available, else CPU)."""
 
     name = TORCH_ROW
+    memory_measured = "measured: torch.cuda.max_memory_allocated (includes X)"
 
     def __init__(self, w: Workload):
         self.w = w
@@ -387,31 +439,38 @@ class TorchEntry:
         cap = parse_memory(self.w.max_memory)
         self.budget = None if cap == "auto" else cap
 
-    def run(self, X, C, iters) -> Measurement:
-        t = self.mod.torch()
-        cuda = self.dev == "cuda"
-        if cuda:
-            t.cuda.reset_peak_memory_stats()
+    def sync(self):
         self.mod.synchronize(self.dev)
+
+    def memory_scope(self):
+        return _TorchPeak(self.mod.torch()) if self.dev == "cuda" else _null({})
+
+    def to_input(self, X):
+        return self.mod.torch().from_numpy(X).to(self.dev)
+
+    def fit(self, Xb, C, iters) -> Fitted:
+        Ct = self.mod.torch().from_numpy(C).to(self.dev)
         t0 = time.perf_counter()
-        Xt = t.from_numpy(X).to(self.dev)
-        Ct = t.from_numpy(C).to(self.dev)
-        self.mod.synchronize(self.dev)
-        t1 = time.perf_counter()
-        centers, labels, inertia, n_iter = self.mod.fit(Xt, Ct, iters, budget=self.budget)
-        self.mod.synchronize(self.dev)
-        t2 = time.perf_counter()
-        labels, centers = labels.cpu().numpy(), centers.cpu().numpy()
-        t3 = time.perf_counter()
-        peak = int(t.cuda.max_memory_allocated()) if cuda else None
-        return Measurement(labels, inertia, n_iter, t1 - t0, t2 - t1, t2 - t1, t3 - t0, peak,
-                           {"fit": peak} if peak else {})
+        centers, labels, inertia, n_iter = self.mod.fit(Xb, Ct, iters, budget=self.budget)
+        self.sync()
+        return Fitted(labels, centers, inertia, n_iter, time.perf_counter() - t0, {})
 
     def estimate(self):
         itemsize = np.dtype(self.w.dtype).itemsize
         return int(self.mod.memory_estimate(self.w.n, self.w.k, self.w.d, itemsize, self.budget))
 
-    memory_measured = "measured: torch.cuda.max_memory_allocated (includes X)"
+
+class _TorchPeak:
+    def __init__(self, torch):
+        self.torch, self.out = torch, {}
+
+    def __enter__(self):
+        self.torch.cuda.reset_peak_memory_stats()
+        return self.out
+
+    def __exit__(self, *exc):
+        self.out["peak"] = int(self.torch.cuda.max_memory_allocated())
+        return False
 
 
 class _null:
@@ -425,6 +484,12 @@ class _null:
 
     def __exit__(self, *exc):
         return False
+
+
+@contextlib.contextmanager
+def _chain(outer, inner):
+    with outer, inner as value:
+        yield value
 
 
 def _cupy_gpu() -> bool:
@@ -783,7 +848,7 @@ def _fmt_row(r: dict) -> list:
             mem, f"{r['inertia']:.6g}", agree, speed]
 
 
-def _short(text, width=90):
+def _short(text, width=100):
     text = " ".join(str(text).split())
     return text if len(text) <= width else text[: width - 3] + "..."
 
