@@ -32,10 +32,11 @@ def _save(fig, path):
     return str(path)
 
 
-def _title(result):
+def _title(result, varied=None):
     i, m = result["inputs"], result["machine"]
     gpu = ", ".join(g.get("name", "?") for g in m.get("gpus", [])) or "no GPU"
-    return (f"n={i['n']:,}  d={i['d']}  k={i['k']}  {i['dtype']}  {i['iters']} iterations, "
+    size = "  ".join(f"{key}={i[key]:,}" for key in ("n", "d", "k") if key != varied)
+    return (f"{size}  {i['dtype']}  {i['iters']} iterations, "
             f"median of {i['repeats']}\n{m['cpu']['model']} ({m['cpu']['usable_cores']} "
             f"cores) | {gpu} | {m['date'][:10]}")
 
@@ -163,7 +164,8 @@ def plot_sweep(result, path):
         ax.set_ylabel(ylabel)
         ax.grid(which="both", alpha=0.3)
     ax_t.legend(fontsize=7)
-    fig.suptitle(f"sweep over {vary}: " + _title(result).replace("\n", " | "), fontsize=8)
+    fig.suptitle(f"sweep over {vary}: " + _title(result, vary).replace("\n", " | "),
+                 fontsize=8)
     return _save(fig, path)
 
 
