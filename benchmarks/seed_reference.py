@@ -110,21 +110,3 @@ def cupy_pool_limit(cap):
     finally:
         pool.set_limit(size=old)
         pool.free_all_blocks()
-
-
-@contextlib.contextmanager
-def cupy_peak():
-    """Measure the CuPy pool's peak used bytes inside the block: yields a dict whose "peak"
-    is filled in (a memory hook sees every allocation, so short temporaries count)."""
-    cp = sys.modules["cupy"]
-    pool = cp.get_default_memory_pool()
-    out = {"peak": pool.used_bytes()}
-
-    class Peak(cp.cuda.memory_hook.MemoryHook):
-        name = "seed_reference_peak"
-
-        def malloc_postprocess(self, device_id, size, mem_size, mem_ptr, pmem_id):
-            out["peak"] = max(out["peak"], pool.used_bytes())
-
-    with Peak():
-        yield out

@@ -73,7 +73,11 @@ class Workload:
     seed: int = 0
     repeats: int = 3
     warmup_iters: int = 2
+    cpu_repeats: int | None = None   # timed fits for CPU rows (None: `repeats`); slow rows
     max_memory: Any = "auto"
+
+    def repeats_for(self, device):
+        return self.cpu_repeats if device == "cpu" and self.cpu_repeats else self.repeats
 
     def pairs(self, n_iter):
         return self.n * self.k * n_iter
@@ -315,6 +319,14 @@ class BackendEntry(Entry):
             return self.backend.to_backend(X)
         return _converter(sorted(self.cls.namespaces)[0])(X)
 
+    def memory_scope(self):
+        # the library's own counters where the backend reports none (array-api on a GPU)
+        if self.namespace == "cupy":
+            return _CupyPeak()
+        if self.namespace == "torch" and self.device == "gpu":
+            return _TorchPeak(importlib.import_module("torch"))
+        return _null({})
+
     def sync(self):
         # the backend's own sync, and the namespace's for "name@ns" (array-api's is a no-op)
         self.backend.synchronize()
@@ -324,7 +336,9 @@ class BackendEntry(Entry):
         from .estimator import KMeans
         km = KMeans(self.w.k, init=C, n_init=1, max_iter=iters, tol=0, random_state=0,
                     backend=self.backend_name, max_memory=self.w.max_memory).fit(Xb)
-        report = {k: int(v) for k, v in km.memory_report_.items()}
+        # the copy-in stage was recorded by our own instance (to_input), the rest by the fit's
+        stages = {**self.backend.memory_report, **km.memory_report_}
+        report = {k: int(v) for k, v in stages.items()}
         return Fitted(km.labels_, km.cluster_centers_, km.inertia_, km.n_iter_,
                       km.timings_["lloyd"], report)
 
@@ -400,7 +414,7 @@ class SeedEntry(Entry):
 
     def memory_scope(self):
         if self.device == "gpu":  # the cap acts as a smaller card; the peak is measured
-            return _chain(self.mod.cupy_pool_limit(self.cap), self.mod.cupy_peak())
+            return _chain(self.mod.cupy_pool_limit(self.cap), _CupyPeak())
         return _null({})
 
     def to_input(self, X):
@@ -460,6 +474,30 @@ class TorchEntry(Entry):
         return int(self.mod.memory_estimate(self.w.n, self.w.k, self.w.d, itemsize, self.budget))
 
 
+class _CupyPeak:
+    """Peak used bytes of CuPy's default pool inside the block, seen by a memory hook on every
+    allocation (so short-lived temporaries count); yields a dict that gets "peak"."""
+
+    def __enter__(self):
+        cp = importlib.import_module("cupy")
+        pool, out = cp.get_default_memory_pool(), {}
+        out["peak"] = pool.used_bytes()
+
+        class Peak(cp.cuda.memory_hook.MemoryHook):
+            name = "kmeans_xp_bench_peak"
+
+            def malloc_postprocess(self, device_id, size, mem_size, mem_ptr, pmem_id):
+                out["peak"] = max(out["peak"], pool.used_bytes())
+
+        self.hook = Peak()
+        self.hook.__enter__()
+        return out
+
+    def __exit__(self, *exc):
+        self.hook.__exit__(*exc)
+        return False
+
+
 class _TorchPeak:
     def __init__(self, torch):
         self.torch, self.out = torch, {}
@@ -516,9 +554,9 @@ def measure(entry, X, C, w: Workload, progress=None) -> Row:
             row.dtype = "float64"
         _tick(progress, f"{entry.name}: warm-up")
         entry.run(X, C, min(w.warmup_iters, w.iters))
-        runs = []
-        for r in range(w.repeats):
-            _tick(progress, f"{entry.name}: run {r + 1}/{w.repeats}")
+        runs, repeats = [], w.repeats_for(entry.device)
+        for r in range(repeats):
+            _tick(progress, f"{entry.name}: run {r + 1}/{repeats}")
             runs.append(entry.run(X, C, w.iters))
         _summarise(row, runs, entry, w)
         row.labels = runs[-1].labels
@@ -617,7 +655,7 @@ def compare(backends="auto", workload=None, *, include_seed=False, seed_device="
     entries = _numpy_first(make_entries(resolve_backends(backends), w,
                                         include_seed=include_seed, seed_device=seed_device,
                                         include_torch=include_torch))
-    bar = _progress_bar(len(entries) * (1 + w.repeats), progress)
+    bar = _progress_bar(sum(1 + w.repeats_for(e.device) for e in entries), progress)
     try:
         rows = _measure_all(entries, X, C, w, bar)
     finally:

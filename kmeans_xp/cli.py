@@ -111,6 +111,9 @@ def _add_protocol_args(p):
                    help="working-memory bound for every backend (e.g. 2GB); for the seed "
                         "reference, the memory it may use (a smaller card)")
     g.add_argument("--repeats", type=_int, default=3, help="timed fits per row; median (3)")
+    g.add_argument("--cpu-repeats", type=_int, default=None,
+                   help="timed fits for CPU rows (default: --repeats); seconds-long CPU "
+                        "iterations need fewer repeats than millisecond GPU ones")
     g.add_argument("--warmup-iters", type=_int, default=2,
                    help="iterations of the untimed warm-up fit (2)")
     g.add_argument("--include-seed", action="store_true",
@@ -132,8 +135,8 @@ def _workload(args):
     named = WORKLOADS.get(args.workload, {})
     size = {key: getattr(args, key) or named.get(key) or defaults[key] for key in ("n", "d", "k")}
     w = Workload(**size, iters=args.iters, dtype=args.dtype, data=args.data, init=args.init,
-                 seed=args.seed, repeats=args.repeats, warmup_iters=args.warmup_iters,
-                 max_memory=args.max_memory)
+                 seed=args.seed, repeats=args.repeats, cpu_repeats=args.cpu_repeats,
+                 warmup_iters=args.warmup_iters, max_memory=args.max_memory)
     return w, args.backends or defaults["backends"]
 
 

@@ -1,5 +1,6 @@
 """kmeans_xp.bench: the protocol (one init, fixed iterations, computed agreement, speed-ups) and
 failures as rows. Tiny sizes: CPU only, well under a second each."""
+import importlib.util
 import json
 
 import numpy as np
@@ -168,14 +169,18 @@ def test_seed_peak_formula_matches_the_measured_h200_numbers():
 def test_torch_row_runs_or_says_why():
     rows = rows_by_name(bench.compare("numpy", include_torch=True, **TINY))
     torch_row = next(r for n, r in rows.items() if n.startswith("torch-gemm"))
-    try:
-        import torch  # noqa: F401
-    except ImportError:
+    if importlib.util.find_spec("torch") is None:
         assert torch_row["status"] == "unavailable"
         assert "torch is not installed" in torch_row["message"]
     else:
         assert torch_row["status"] == "ok", torch_row["message"]
         assert torch_row["agreement"] > 0.99
+
+
+def test_cpu_rows_may_take_fewer_repeats():
+    res = bench.compare("numpy", **{**TINY, "repeats": 3, "cpu_repeats": 1})
+    assert len(res["rows"][0]["times_per_iter_s"]) == 1
+    assert res["inputs"]["cpu_repeats"] == 1
 
 
 def test_sweep_gives_one_row_per_value_and_backend():
