@@ -156,7 +156,7 @@ class Row:
     transfer_s: float | None = None
     peak_memory_bytes: int | None = None
     memory_source: str = ""      # "measured: ..." or "estimate: ..."
-    memory_estimate_bytes: int | None = None
+    memory_estimate_bytes: int | None = None   # before running: working memory + X
     memory_report: dict = dataclasses.field(default_factory=dict)
     inertia: float | None = None
     agreement: float | None = None
@@ -255,7 +255,12 @@ class Entry:
         raise NotImplementedError
 
     def estimate(self):
+        """Working memory beyond X in bytes, before running (None: no estimate)."""
         return None
+
+    def data_bytes(self, w):
+        """X as the entry holds it (the seed converts to float64)."""
+        return w.n * w.d * np.dtype(w.dtype).itemsize
 
     def memory_scope(self):
         """Context around one whole run (copy + fit) yielding a dict that gets "peak" bytes."""
@@ -433,6 +438,9 @@ class SeedEntry(Entry):
     def estimate(self):
         return int(self.mod.peak_bytes(self.w.n, self.w.k, self.w.d))
 
+    def data_bytes(self, w):
+        return w.n * w.d * 8
+
 
 class TorchEntry(Entry):
     """Chunked GEMM + argmin Lloyd in torch (CUDA when available, else CPU)."""
@@ -549,7 +557,9 @@ def measure(entry, X, C, w: Workload, progress=None) -> Row:
     try:
         entry.check()
         row.device = entry.device
-        row.memory_estimate_bytes = entry.estimate()
+        est = entry.estimate()
+        # peaks measured on a device include X, so estimates include it too: same quantity
+        row.memory_estimate_bytes = None if est is None else est + entry.data_bytes(w)
         if isinstance(entry, SeedEntry):
             row.dtype = "float64"
         _tick(progress, f"{entry.name}: warm-up")
@@ -588,7 +598,7 @@ def _summarise(row, runs, entry, w):
         row.peak_memory_bytes, row.memory_source = max(peaks), entry.memory_measured
     elif row.memory_estimate_bytes is not None:
         row.peak_memory_bytes = row.memory_estimate_bytes
-        row.memory_source = "estimate: working memory beyond X, before running"
+        row.memory_source = "estimate: the backend's working memory plus X, before running"
 
 
 def _tick(progress, text):

@@ -2,6 +2,7 @@
 
     kmeans-xp compare        same fit on every backend: time, memory, agreement (the default)
     kmeans-xp sweep          the same protocol over a range of n or k: scaling curves
+    kmeans-xp plot           the PNGs again from a saved compare/sweep JSON
     kmeans-xp plot-clusters  the seed's picture of points and centers, readable for large k
     kmeans-xp run            one fit of the seed's workload on the best backend
     kmeans-xp backends       which backends are installed
@@ -204,6 +205,33 @@ def _add_compare(sub):
     p.set_defaults(func=cmd_sweep)
 
 
+def cmd_plot(args):
+    """PNGs again from a saved compare/sweep JSON (e.g. a result brought back from a GPU host)."""
+    from . import plot
+    result = json.loads(args.result.read_text())
+    kind = result.get("kind")
+    plots = {"compare": [("time", plot.plot_time), ("memory", plot.plot_memory)],
+             "sweep": [("scaling", plot.plot_sweep)]}.get(kind)
+    if plots is None:
+        raise SystemExit(f"{args.result}: not a kmeans-xp compare or sweep result (kind={kind!r})")
+    out = args.out or args.result.parent
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        written = [fn(result, out / f"{args.result.stem}-{suffix}.png") for suffix, fn in plots]
+    except plot.PlotUnavailable as exc:
+        print(f"plot: {exc}", file=sys.stderr)
+        return 1
+    print("wrote " + ", ".join(written))
+    return 0
+
+
+def _add_plot(sub):
+    p = sub.add_parser("plot", help="draw the PNGs of a saved compare or sweep JSON result")
+    p.add_argument("result", type=Path, help="a JSON file written by compare or sweep")
+    p.add_argument("--out", type=Path, help="directory for the PNGs (default: beside it)")
+    p.set_defaults(func=cmd_plot)
+
+
 # -- plot-clusters --------------------------------------------------------------------------
 
 
@@ -276,6 +304,7 @@ def build_parser():
                                      epilog=__doc__.split("\n\n", 1)[1])
     sub = parser.add_subparsers(dest="command")
     _add_compare(sub)
+    _add_plot(sub)
     _add_plot_clusters(sub)
     _add_run(sub)
     p = sub.add_parser("backends", help="list backends and whether they are installed")

@@ -43,6 +43,15 @@ def test_compare_writes_json_and_plots(tmp_path, capsys):
     read_png(tmp_path / "compare-memory.png")
 
 
+def test_plot_redraws_a_saved_result(tmp_path):
+    assert cli.main(["compare", *TINY, "--backends", "numpy", "--out", str(tmp_path),
+                     "--name", "W0", "--quiet"]) == 0
+    redraw = tmp_path / "again"
+    assert cli.main(["plot", str(tmp_path / "W0.json"), "--out", str(redraw)]) == 0
+    read_png(redraw / "W0-time.png")
+    read_png(redraw / "W0-memory.png")
+
+
 def test_include_seed_with_a_tiny_cap_reports_its_oom(tmp_path):
     rc = cli.main(["compare", *TINY, "--backends", "numpy", "--include-seed",
                    "--seed-device", "cpu", "--max-memory", "100KB", "--out", str(tmp_path),
