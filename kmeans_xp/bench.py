@@ -494,7 +494,7 @@ class _CupyPeak:
         class Peak(cp.cuda.memory_hook.MemoryHook):
             name = "kmeans_xp_bench_peak"
 
-            def malloc_postprocess(self, device_id, size, mem_size, mem_ptr, pmem_id):
+            def malloc_postprocess(self, **kwargs):  # CuPy passes keywords only
                 out["peak"] = max(out["peak"], pool.used_bytes())
 
         self.hook = Peak()
