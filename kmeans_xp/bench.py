@@ -326,6 +326,9 @@ class BackendEntry(Entry):
 
     def memory_scope(self):
         # the library's own counters where the backend reports none (array-api on a GPU)
+        if self.namespace in ("cupy", "torch"):
+            self.memory_measured = (f"measured: peak of the {self.namespace} allocator over "
+                                    f"copy and fit (includes X)")
         if self.namespace == "cupy":
             return _CupyPeak()
         if self.namespace == "torch" and self.device == "gpu":
