@@ -90,9 +90,10 @@ def check_host_cap(n_samples, n_clusters, n_features, cap):
     need = peak_bytes(n_samples, n_clusters, n_features)
     if need > cap:
         from kmeans_xp.memory import format_bytes
+        first = diff_bytes(n_samples, n_clusters, n_features)
         raise EmulatedOutOfMemory(
-            f"Out of memory allocating {format_bytes(diff_bytes(n_samples, n_clusters, n_features))}"
-            f" for the (n, k, d) float64 difference: one seed iteration needs "
+            f"Out of memory allocating {format_bytes(first)} for the (n, k, d) float64 "
+            f"difference: one seed iteration needs "
             f"{format_bytes(need)}, the cap is {format_bytes(cap)} (emulated on the CPU)")
 
 

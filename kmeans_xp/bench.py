@@ -109,6 +109,7 @@ def shared_init(X, w: Workload) -> np.ndarray:
         return np.ascontiguousarray(X[np.sort(idx)])
     if w.init == "k-means++":
         from array_api_compat import array_namespace
+
         from .init import kmeans_plusplus
         from .validation import check_random_state
         xp = array_namespace(X)
@@ -256,7 +257,7 @@ class Entry:
 
     def estimate(self):
         """Working memory beyond X in bytes, before running (None: no estimate)."""
-        return None
+        return
 
     def data_bytes(self, w):
         """X as the entry holds it (the seed converts to float64)."""

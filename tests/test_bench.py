@@ -5,12 +5,12 @@ import json
 
 import numpy as np
 import pytest
+from kmeans_xp_backends.numpy_ import NumpyBackend
 
 from kmeans_xp import bench
 from kmeans_xp.backend import IterResult
 from kmeans_xp.memory import KMeansMemoryError
 from kmeans_xp.registry import list_backends, register_backend
-from kmeans_xp_backends.numpy_ import NumpyBackend
 
 TINY = dict(n=3000, d=3, k=8, iters=4, repeats=2, warmup_iters=1)
 
