@@ -135,6 +135,8 @@ def _workload(args):
     defaults = GPU_DEFAULTS if _cupy_gpu() else CPU_DEFAULTS
     named = WORKLOADS.get(args.workload, {})
     size = {key: getattr(args, key) or named.get(key) or defaults[key] for key in ("n", "d", "k")}
+    if args.data not in ("seed", "blobs") and not (args.n or named):
+        size["n"] = 0  # a file: all its rows unless --n says fewer (d comes from the file)
     w = Workload(**size, iters=args.iters, dtype=args.dtype, data=args.data, init=args.init,
                  seed=args.seed, repeats=args.repeats, cpu_repeats=args.cpu_repeats,
                  warmup_iters=args.warmup_iters, max_memory=args.max_memory)

@@ -43,6 +43,16 @@ def test_compare_writes_json_and_plots(tmp_path, capsys):
     read_png(tmp_path / "compare-memory.png")
 
 
+def test_compare_on_data_from_a_npy_file(tmp_path):
+    np = pytest.importorskip("numpy")
+    np.save(tmp_path / "x.npy", np.random.default_rng(0).normal(size=(1500, 2)))
+    assert cli.main(["compare", "--data", str(tmp_path / "x.npy"), "--k", "4", "--iters", "2",
+                     "--repeats", "1", "--backends", "numpy", "--out", str(tmp_path),
+                     "--quiet"]) == 0
+    inputs = json.loads((tmp_path / "compare.json").read_text())["inputs"]
+    assert (inputs["n"], inputs["d"]) == (1500, 2)
+
+
 def test_plot_redraws_a_saved_result(tmp_path):
     assert cli.main(["compare", *TINY, "--backends", "numpy", "--out", str(tmp_path),
                      "--name", "W0", "--quiet"]) == 0
