@@ -1,0 +1,223 @@
+"""kmeans_xp.bench: the protocol (one init, fixed iterations, computed agreement, speed-ups) and
+failures as rows. Tiny sizes: CPU only, well under a second each."""
+import importlib.util
+import json
+
+import numpy as np
+import pytest
+from kmeans_xp_backends.numpy_ import NumpyBackend
+
+from kmeans_xp import bench
+from kmeans_xp.backend import IterResult
+from kmeans_xp.memory import KMeansMemoryError
+from kmeans_xp.registry import list_backends, register_backend
+
+TINY = dict(n=3000, d=3, k=8, iters=4, repeats=2, warmup_iters=1)
+
+
+class SwappedFeatures(NumpyBackend):
+    """The seed's `fit_custom` bugs on purpose: 2 of 3 features, centers' x and y swapped."""
+    name = "toy-swapped"
+
+    def assign(self, X, centers, *, xp=None):
+        return super().assign(np.ascontiguousarray(X[:, :2]),
+                              np.ascontiguousarray(centers[:, [1, 0]]))
+
+    def lloyd_iter(self, X, sample_weight, centers, *, xp=None, update_centers=True):
+        labels, min_sq = self.assign(X, centers)
+        if not update_centers:
+            return IterResult(labels, min_sq, None, None)
+        return IterResult(labels, min_sq, *self.reduce(X, labels, sample_weight,
+                                                       centers.shape[0]))
+
+
+class Exploding(NumpyBackend):
+    """Fails inside the fit with whatever `error` is set to."""
+    name = "toy-exploding"
+    error = RuntimeError("kernel launch failed")
+
+    def lloyd_iter(self, *args, **kwargs):
+        raise type(self).error
+
+
+@pytest.fixture
+def toy_backends():
+    from kmeans_xp import registry
+    for cls in (SwappedFeatures, Exploding):
+        register_backend(cls)
+    yield
+    for cls in (SwappedFeatures, Exploding):
+        registry._runtime.pop(cls.name, None)
+    list_backends.cache_clear()
+
+
+def rows_by_name(result):
+    return {r["name"]: r for r in result["rows"]}
+
+
+def test_compare_measures_every_row_with_the_protocol():
+    res = bench.compare("numpy,array-api", **TINY)
+    rows = rows_by_name(res)
+    assert res["schema"] == bench.SCHEMA and res["kind"] == "compare"
+    for name in ("numpy", "array-api"):
+        r = rows[name]
+        assert r["status"] == "ok", r["message"]
+        assert 1 <= r["n_iter"] <= TINY["iters"]
+        assert len(r["times_per_iter_s"]) == TINY["repeats"]
+        assert r["time_per_iter_s"] == pytest.approx(np.median(r["times_per_iter_s"]))
+        assert r["pairs_per_s"] == pytest.approx(TINY["n"] * TINY["k"] / r["time_per_iter_s"])
+        assert r["end_to_end_s"] >= r["fit_s"] > 0
+        assert r["memory_source"].startswith("estimate")
+        assert r["agreement"] == pytest.approx(1.0)
+    slowest = max(r["time_per_iter_s"] for r in res["rows"])
+    assert min(r["speedup"] for r in res["rows"]) == pytest.approx(1.0)
+    assert rows["numpy"]["speedup"] == pytest.approx(slowest / rows["numpy"]["time_per_iter_s"])
+    assert rows["numpy"]["inertia"] == pytest.approx(rows["array-api"]["inertia"], rel=1e-5)
+    json.dumps(res)  # everything in the result is JSON
+
+
+def test_every_row_gets_the_same_single_init(monkeypatch):
+    seen, calls = [], []
+    real_init, real_fit = bench.shared_init, bench.BackendEntry.fit
+    monkeypatch.setattr(bench, "shared_init", lambda X, w: calls.append(1) or real_init(X, w))
+    monkeypatch.setattr(bench.BackendEntry, "fit",
+                        lambda self, Xb, C, iters: seen.append(bench.fingerprint(C))
+                        or real_fit(self, Xb, C, iters))
+    res = bench.compare("numpy,array-api", **TINY)
+    assert len(calls) == 1
+    assert len(seen) == 2 * (1 + TINY["repeats"])  # warm-up + repeats, two rows
+    assert set(seen) == {res["inputs"]["init_sha256_16"]}
+
+
+def test_agreement_is_computed_not_assumed(toy_backends):
+    res = bench.compare("numpy,toy-swapped", **TINY)
+    rows = rows_by_name(res)
+    assert rows["numpy"]["agreement"] == 1.0
+    assert rows["toy-swapped"]["status"] == "ok"
+    assert rows["toy-swapped"]["agreement"] < 0.9
+
+
+def test_agreement_without_a_numpy_row_uses_an_untimed_reference(toy_backends):
+    rows = rows_by_name(bench.compare("array-api,toy-swapped", **TINY))
+    assert rows["array-api"]["agreement"] == pytest.approx(1.0)
+    assert rows["toy-swapped"]["agreement"] < 0.9
+
+
+def test_missing_and_unknown_backends_are_rows():
+    missing = [n for n, i in list_backends().items() if not i.available][:1]
+    res = bench.compare(",".join(["numpy", "no-such-backend", *missing]), **TINY)
+    rows = rows_by_name(res)
+    assert rows["numpy"]["status"] == "ok"
+    assert rows["no-such-backend"]["status"] == "unavailable"
+    assert "known" in rows["no-such-backend"]["message"]
+    for name in missing:
+        assert rows[name]["status"] == "unavailable" and rows[name]["message"]
+    assert "UNAVAILABLE" in bench.format_table(res)
+
+
+@pytest.mark.parametrize("error, status", [
+    (RuntimeError("kernel launch failed"), "error"),
+    (KMeansMemoryError("asked 3 GB, 1 GB free"), "oom"),
+    (type("OutOfMemoryError", (Exception,), {})("cupy says no"), "oom"),
+])
+def test_a_failing_backend_is_a_row(toy_backends, monkeypatch, error, status):
+    monkeypatch.setattr(Exploding, "error", error)
+    rows = rows_by_name(bench.compare("numpy,toy-exploding", **TINY))
+    assert rows["numpy"]["status"] == "ok"
+    assert rows["toy-exploding"]["status"] == status
+    assert str(error) in rows["toy-exploding"]["message"]
+    assert rows["toy-exploding"]["speedup"] is None
+
+
+def test_seed_reference_runs_float64_and_agrees():
+    res = bench.compare("numpy", include_seed=True, seed_device="cpu", **TINY)
+    seed = rows_by_name(res)["seed-reference[numpy]"]
+    assert seed["status"] == "ok", seed["message"]
+    assert seed["dtype"] == "float64"
+    assert seed["agreement"] > 0.99
+    assert seed["memory_estimate_bytes"] >= 2 * TINY["n"] * TINY["k"] * TINY["d"] * 8
+
+
+def test_seed_reference_oom_under_a_memory_cap_is_a_row():
+    res = bench.compare("numpy", include_seed=True, seed_device="cpu", max_memory="200KB",
+                        **TINY)
+    rows = rows_by_name(res)
+    seed = rows["seed-reference[numpy]"]
+    assert seed["status"] == "oom"
+    assert "Out of memory" in seed["message"] and "(n, k, d)" in seed["message"]
+    assert seed["memory_estimate_bytes"] > 200_000
+    assert rows["numpy"]["status"] == "ok"  # the chunked backend fits in the same cap
+
+
+def test_seed_fit_uses_every_feature():
+    from benchmarks import seed_reference
+    from kmeans_xp.testing import asymmetric_data
+    X = asymmetric_data(500, 3, 5, seed=3)
+    C = X[:5].copy()
+    centers, labels, n_iter = seed_reference.fit_xp(X, C, 10)
+    d = ((X[:, None, :] - centers[None]) ** 2).sum(-1)
+    assert np.array_equal(labels, d.argmin(1))
+    assert 1 <= n_iter <= 10
+
+
+def test_seed_peak_formula_matches_the_measured_h200_numbers():
+    from benchmarks.seed_reference import peak_bytes
+    assert peak_bytes(2_000_000, 200, 3) / 2**30 == pytest.approx(20.9, rel=0.01)
+    assert peak_bytes(2_000_000, 500, 3) / 2**30 == pytest.approx(52.2, rel=0.01)
+
+
+def test_torch_row_runs_or_says_why():
+    rows = rows_by_name(bench.compare("numpy", include_torch=True, **TINY))
+    torch_row = next(r for n, r in rows.items() if n.startswith("torch-gemm"))
+    if importlib.util.find_spec("torch") is None:
+        assert torch_row["status"] == "unavailable"
+        assert "torch is not installed" in torch_row["message"]
+    else:
+        assert torch_row["status"] == "ok", torch_row["message"]
+        assert torch_row["agreement"] > 0.99
+
+
+def test_cpu_rows_may_take_fewer_repeats():
+    res = bench.compare("numpy", **{**TINY, "repeats": 3, "cpu_repeats": 1})
+    assert len(res["rows"][0]["times_per_iter_s"]) == 1
+    assert res["inputs"]["cpu_repeats"] == 1
+
+
+def test_sweep_gives_one_row_per_value_and_backend():
+    res = bench.sweep("k", [4, 8, 16], "numpy", **{**TINY, "repeats": 1})
+    assert res["kind"] == "sweep" and res["values"] == [4, 8, 16]
+    assert [r["value"] for r in res["rows"]] == [4, 8, 16]
+    assert all(r["status"] == "ok" for r in res["rows"])
+    assert len(res["runs"]) == 3
+
+
+def test_data_from_a_npy_file(tmp_path):
+    X = np.random.default_rng(0).normal(size=(500, 4))
+    np.save(tmp_path / "x.npy", X)
+    w = bench.Workload(n=300, k=3, data=str(tmp_path / "x.npy"))
+    got = bench.make_data(w)
+    assert got.shape == (300, 4) and got.dtype == np.float32 and (w.n, w.d) == (300, 4)
+    with pytest.raises(ValueError, match=".npy"):
+        bench.make_data(bench.Workload(data=str(tmp_path / "missing.npy")))
+
+
+def test_kmeans_plusplus_shared_init_is_deterministic():
+    w = bench.Workload(n=2000, k=7, init="k-means++")
+    X = bench.make_data(w)
+    a, b = bench.shared_init(X, w), bench.shared_init(X, w)
+    assert a.shape == (7, 3) and np.array_equal(a, b)
+
+
+def test_machine_info_names_cpu_blas_versions_and_date():
+    m = bench.machine_info()
+    assert m["cpu"]["logical_cores"] >= 1 and m["cpu"]["model"]
+    assert isinstance(m["blas"], list) and isinstance(m["gpus"], list)
+    assert m["versions"]["numpy"] == np.__version__
+    assert m["date"][:2] == "20"
+
+
+def test_resolve_backends():
+    assert bench.resolve_backends("numpy, array-api") == ["numpy", "array-api"]
+    assert set(list_backends()) <= set(bench.resolve_backends("all"))
+    with pytest.raises(ValueError):
+        bench.resolve_backends(" , ")
