@@ -521,7 +521,7 @@ class CupyFusedBackend(CupyBackendBase):
         _launch(_common(st.dtype_name, "direct_inertia"), grid,
                 (st.X, st.w, st.labels, centers, _i32(st.n), _i32(st.d), partials, st.stats,
                  _i32(FINAL_INERTIA), st.done[DONE_INERTIA:]))
-        return float(st.stats[FINAL_INERTIA].get())
+        return float(st.stats[FINAL_INERTIA:FINAL_INERTIA + 1].get()[0])
 
     # -- the contract's primitives ----------------------------------------------------------------
     def assign(self, X, centers, *, xp=None):
@@ -591,7 +591,7 @@ class CupyFusedBackend(CupyBackendBase):
             centers, spare = spare, centers
             pending = True
             if i > 0 and changed == 0:                 # strict convergence
-                shift = float(st.stats[SHIFT].get())
+                shift = float(st.stats[SHIFT:SHIFT + 1].get()[0])
                 self._record(history, i, shift, verbose)
                 if verbose:
                     print(f"Converged at iteration {i}: strict convergence.")
