@@ -240,6 +240,7 @@ def _plan(n, d, k, dtype_name, dev, *, precision="fp32", fuse="auto", P=None,
         "block_partials": 8 * (n_partials + _cdiv(k, BLOCK) + 2 * dev.sms * 8) + 64,
         "relocation": k * 20,
         "labels_int32": n * 4,
+        "labels_int64_output": n * 8,
     }
     if path == "tf32":
         parts["tf32_distance_chunk"] = chunk_rows * kpad * 4
@@ -371,7 +372,7 @@ class CupyFusedBackend(CupyBackendBase):
         budget = self.budget()
         plan = _plan(n, d, k, str(X.dtype), dev, precision=self.precision, fuse=self.fuse,
                      P=self.points_per_thread, budget=budget)
-        fixed = sum(v for p, v in plan.fixed_bytes.items() if p != "labels_int32")
+        fixed = sum(v for p, v in plan.fixed_bytes.items() if not p.startswith("labels"))
         if fixed > budget:
             free, total = self._free()
             raise KMeansMemoryError(
