@@ -159,11 +159,29 @@ _NOMINAL = _Device(132, 227 * 1024, 228 * 1024)
 _SMEM_OPTED = {}
 
 
-def _launch(fn, grid, args, shared_mem=0, block=BLOCK):
+def _opt_in(fn, shared_mem):
+    """A block gets more than 48 KB of dynamic shared memory only after an opt-in."""
     if shared_mem > 48 * 1024 and _SMEM_OPTED.get(id(fn), 0) < shared_mem:
-        fn.max_dynamic_shared_size_bytes = int(shared_mem)  # above 48 KB needs an opt-in
+        fn.max_dynamic_shared_size_bytes = int(shared_mem)
         _SMEM_OPTED[id(fn)] = shared_mem
+
+
+def _launch(fn, grid, args, shared_mem=0, block=BLOCK):
+    _opt_in(fn, shared_mem)
     fn((int(max(grid, 1)),), (block,), args, shared_mem=int(shared_mem))
+
+
+def _blocks_per_sm(fn, shared_mem, block=BLOCK):
+    """Resident blocks per SM (registers and shared memory), so that a grid-stride kernel's
+    grid is exactly one wave: no second, partial wave."""
+    _opt_in(fn, shared_mem)
+    try:
+        n = cupy().cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(
+            fn.kernel.ptr, block, int(shared_mem))
+    except Exception:  # fall back on the register count alone
+        regs = (fn.num_regs + 7) // 8 * 8
+        n = min(2048 // block, 65536 // max(regs * block, 1))
+    return max(1, int(n))
 
 
 def _i32(v):
@@ -246,6 +264,20 @@ def _plan(n, d, k, dtype_name, dev, *, precision="fp32", fuse="auto", P=None,
         parts["tf32_distance_chunk"] = chunk_rows * kpad * 4
     return _Plan(path, fused, P, tc, assign_smem, assign_grid, layout, S, kpad, acc_mode,
                  acc_smem, acc_grid, n_partials, chunk_rows, parts)
+
+
+def _one_wave(plan, n, d, dtype_name, dev):
+    """Grid-stride grids sized to what is resident at once on this GPU (compiles the kernel)."""
+    if plan.path == "small":
+        names = small_kernel_names(dtype_name, d, plan.P)
+        fn = _kernel(names, names[0] if plan.fuse else names[1])
+        per_sm = _blocks_per_sm(fn, plan.assign_smem)
+        grid = max(1, min(_cdiv(n, BLOCK * plan.P), dev.sms * per_sm))
+        plan = plan._replace(assign_grid=grid, n_partials=grid)
+    if plan.acc_mode == "shared":
+        per_sm = _blocks_per_sm(_common(dtype_name, "accumulate_shared"), plan.acc_smem)
+        plan = plan._replace(acc_grid=max(1, min(_cdiv(n, BLOCK), dev.sms * per_sm)))
+    return plan
 
 
 @contextlib.contextmanager
@@ -372,6 +404,7 @@ class CupyFusedBackend(CupyBackendBase):
         budget = self.budget()
         plan = _plan(n, d, k, str(X.dtype), dev, precision=self.precision, fuse=self.fuse,
                      P=self.points_per_thread, budget=budget)
+        plan = _one_wave(plan, n, d, str(X.dtype), dev)
         fixed = sum(v for p, v in plan.fixed_bytes.items() if not p.startswith("labels"))
         if fixed > budget:
             free, total = self._free()
