@@ -1,0 +1,797 @@
+// CUDA kernels of the `cupy-fused` backend (kmeans_xp_backends.cupy_fused).
+//
+// Compiled at run time by NVRTC through cupy.RawModule, one module per (dtype, small d), with
+// the template instances named through `name_expressions`; tests/test_cuda_compile.py compiles
+// the same instances with nvcc. No headers: NVRTC has none by default.
+//
+// Numerics, chosen so the GPU gives the numpy backend's partition from the same centers:
+//  * distance = fma-chain(x_j * (-2 c_j), j = 0..d-1, from 0) + ||c||^2, the exact rounding
+//    OpenBLAS's sgemm/dgemm kernels produce for numpy's `X @ (-2 C).T + ||c||^2`;
+//    ||c||^2 and ||x||^2 are sequential non-fused sums (what np.einsum does for d <= 3);
+//    argmin keeps the first minimum, as numpy does.
+//  * per-cluster sums use 64-bit fixed point (a hi word and a lo word per value, scaled per
+//    feature by a power of two chosen from max|x| and the total weight so nothing overflows).
+//    Integer addition is associative, so atomics in any order give bit-identical sums run to
+//    run, in shared and in global memory alike, and the two words keep about 90 bits: the sum
+//    is as exact as a float64 sum of float64 terms (better than numpy's sequential one).
+//  * every other reduction (inertia, center shift) is a fixed-order tree over per-block
+//    partials: deterministic for a fixed grid.
+// The host compiles with --fmad=false so that no a*b+c written below is contracted: every
+// rounding happens where numpy rounds.
+
+#define FULL_MASK 0xffffffffu
+
+typedef long long i64;
+typedef unsigned long long u64;
+
+// threads of the point-parallel kernels; the host code reads the same number
+constexpr int BLOCK = 256;
+constexpr int WARPS = BLOCK / 32;
+
+// ---------------------------------------------------------------------------------------------
+// IEEE single-rounding helpers, overloaded on float and double
+// ---------------------------------------------------------------------------------------------
+__device__ __forceinline__ float add_rn(float a, float b) { return __fadd_rn(a, b); }
+__device__ __forceinline__ double add_rn(double a, double b) { return __dadd_rn(a, b); }
+__device__ __forceinline__ float sub_rn(float a, float b) { return __fsub_rn(a, b); }
+__device__ __forceinline__ double sub_rn(double a, double b) { return __dsub_rn(a, b); }
+__device__ __forceinline__ float mul_rn(float a, float b) { return __fmul_rn(a, b); }
+__device__ __forceinline__ double mul_rn(double a, double b) { return __dmul_rn(a, b); }
+__device__ __forceinline__ float fma_rn(float a, float b, float c) { return __fmaf_rn(a, b, c); }
+__device__ __forceinline__ double fma_rn(double a, double b, double c) { return __fma_rn(a, b, c); }
+__device__ __forceinline__ float to_t(double v, float) { return __double2float_rn(v); }
+__device__ __forceinline__ double to_t(double v, double) { return v; }
+
+template <typename T> __device__ __forceinline__ T pos_inf();
+template <> __device__ __forceinline__ float pos_inf<float>() { return __int_as_float(0x7f800000); }
+template <> __device__ __forceinline__ double pos_inf<double>() {
+    return __longlong_as_double(0x7ff0000000000000LL);
+}
+
+// Row stride of the packed small-d center operands: d + 1 values (-2c, ||c||^2) rounded up to
+// one 16-byte vector, so a center is read from shared memory in (d + 1) / 4 loads.
+template <typename T, int D> __host__ __device__ constexpr int ops_stride() {
+    return ((D + 1) * (int)sizeof(T) + 15) / 16 * 16 / (int)sizeof(T);
+}
+
+// ---------------------------------------------------------------------------------------------
+// numpy's arithmetic, reproduced where the driver's result depends on it
+// ---------------------------------------------------------------------------------------------
+
+// ||x - c||^2 exactly as numpy's `np.sum((x - c) ** 2, axis=1)` rounds it: the difference and
+// the square in T, then numpy's pairwise summation (8 accumulators for 8 <= n <= 128, halving
+// above) in T. Used for relocation (farthest points) and the final inertia.
+template <typename T>
+__device__ T sq_diff(const T* __restrict__ x, const T* __restrict__ c, int j) {
+    T df = sub_rn(x[j], c[j]);
+    return mul_rn(df, df);
+}
+
+template <typename T>
+__device__ T pairwise_sq_dist(const T* __restrict__ x, const T* __restrict__ c, int n) {
+    if (n < 8) {
+        T res = (T)0;
+        for (int i = 0; i < n; ++i) res = add_rn(res, sq_diff(x, c, i));
+        return res;
+    }
+    if (n <= 128) {
+        T r[8];
+#pragma unroll
+        for (int j = 0; j < 8; ++j) r[j] = sq_diff(x, c, j);
+        int i = 8;
+        for (; i < n - (n % 8); i += 8) {
+#pragma unroll
+            for (int j = 0; j < 8; ++j) r[j] = add_rn(r[j], sq_diff(x, c, i + j));
+        }
+        T res = add_rn(add_rn(add_rn(r[0], r[1]), add_rn(r[2], r[3])),
+                       add_rn(add_rn(r[4], r[5]), add_rn(r[6], r[7])));
+        for (; i < n; ++i) res = add_rn(res, sq_diff(x, c, i));
+        return res;
+    }
+    int n2 = n / 2;
+    n2 -= n2 % 8;
+    return add_rn(pairwise_sq_dist(x, c, n2), pairwise_sq_dist(x + n2, c + n2, n - n2));
+}
+
+// ---------------------------------------------------------------------------------------------
+// fixed-point accumulation (deterministic per-cluster sums)
+// ---------------------------------------------------------------------------------------------
+
+// v * scale = hi + f, |f| <= 1/2, lo = round(f * 2^L). scale and 2^L are powers of two, so
+// every step but the final rounding of lo is exact.
+__device__ __forceinline__ void to_fixed(double v, double scale, double two_l, i64& hi, i64& lo) {
+    double s = v * scale;
+    hi = __double2ll_rn(s);
+    double f = s - __ll2double_rn(hi);
+    lo = __double2ll_rn(f * two_l);
+}
+
+__device__ __forceinline__ void add_pair(u64* dst, i64 hi, i64 lo) {
+    if (hi) atomicAdd(dst, (u64)hi);
+    if (lo) atomicAdd(dst + 1, (u64)lo);
+}
+
+// Add (hi, lo) of every lane to dst (a pair of words). When the whole warp adds to the same
+// cluster (few clusters, or sorted data) the warp sums first and one lane adds: no contention.
+// `same` must be warp-uniform; integer sums make both paths give the same bits.
+__device__ __forceinline__ void warp_add_pair(u64* dst, i64 hi, i64 lo, bool same, bool active) {
+    if (same) {
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            hi += __shfl_xor_sync(FULL_MASK, hi, o);
+            lo += __shfl_xor_sync(FULL_MASK, lo, o);
+        }
+        if ((threadIdx.x & 31) == 0) add_pair(dst, hi, lo);
+    } else if (active) {
+        add_pair(dst, hi, lo);
+    }
+}
+
+// The whole warp (all 32 lanes valid) has one label.
+__device__ __forceinline__ bool warp_same_label(int label, bool valid) {
+    int first = __shfl_sync(FULL_MASK, label, 0);
+    return __all_sync(FULL_MASK, valid && label == first);
+}
+
+// ---------------------------------------------------------------------------------------------
+// fixed-order block reductions
+// ---------------------------------------------------------------------------------------------
+__device__ double block_sum(double v, double* red /* WARPS doubles of shared memory */) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(FULL_MASK, v, o);
+    int warp = threadIdx.x >> 5;
+    if ((threadIdx.x & 31) == 0) red[warp] = v;
+    __syncthreads();
+    double total = 0.0;
+    if (threadIdx.x == 0)
+        for (int w = 0; w < (int)(blockDim.x >> 5); ++w) total += red[w];
+    __syncthreads();
+    return total;  // valid in thread 0
+}
+
+__device__ u64 block_count(unsigned v, u64* red /* WARPS words */) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(FULL_MASK, v, o);
+    int warp = threadIdx.x >> 5;
+    if ((threadIdx.x & 31) == 0) red[warp] = v;
+    __syncthreads();
+    u64 total = 0;
+    if (threadIdx.x == 0)
+        for (int w = 0; w < (int)(blockDim.x >> 5); ++w) total += red[w];
+    __syncthreads();
+    return total;
+}
+
+// Sum of partials[0..count) in a fixed order by one block; result in thread 0.
+__device__ double block_sum_partials(const double* partials, int count, double* red) {
+    double v = 0.0;
+    for (int i = threadIdx.x; i < count; i += blockDim.x) v += __ldcg(partials + i);
+    return block_sum(v, red);
+}
+
+// True in every thread of the block that finishes last among the grid's blocks (the classic
+// threadfence reduction). `done` is reset for the next launch by that block.
+__device__ bool last_block_done(unsigned* done) {
+    __shared__ bool am_last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) am_last = (atomicAdd(done, 1u) == gridDim.x - 1);
+    __syncthreads();
+    if (am_last && threadIdx.x == 0) *done = 0u;
+    return am_last;
+}
+
+// Per point after its argmin: label, min_sq = max(best + ||x||^2, 0) as numpy's assign does,
+// the labels-changed count and the inertia term.
+template <typename T>
+__device__ __forceinline__ void store_point(i64 i, int label, T best, T xnorm, T w, int* labels,
+                                            T* min_sq, int want_min, int count_changed,
+                                            unsigned& changed, double& inertia) {
+    T m = add_rn(best, xnorm);
+    if (m < (T)0) m = (T)0;
+    if (count_changed) changed += (labels[i] != label);
+    labels[i] = label;
+    if (want_min) min_sq[i] = m;
+    inertia += (double)m * (double)w;
+}
+
+// ---------------------------------------------------------------------------------------------
+// (a) small d: distance + argmin with d known at compile time, P points per thread, centers
+//     streamed through shared memory in tiles of `tc`; with FUSE the per-cluster sums are
+//     privatised in shared memory (fixed point) in the same pass and flushed once per block.
+// ---------------------------------------------------------------------------------------------
+template <typename T, int S>
+__device__ __forceinline__ void load_center(const T* __restrict__ src, T (&op)[S]) {
+    if constexpr (sizeof(T) == 4 && S % 4 == 0) {
+#pragma unroll
+        for (int v = 0; v < S / 4; ++v) {
+            float4 q = reinterpret_cast<const float4*>(src)[v];
+            op[4 * v] = q.x; op[4 * v + 1] = q.y; op[4 * v + 2] = q.z; op[4 * v + 3] = q.w;
+        }
+    } else if constexpr (sizeof(T) == 8 && S % 2 == 0) {
+#pragma unroll
+        for (int v = 0; v < S / 2; ++v) {
+            double2 q = reinterpret_cast<const double2*>(src)[v];
+            op[2 * v] = q.x; op[2 * v + 1] = q.y;
+        }
+    } else {
+#pragma unroll
+        for (int j = 0; j < S; ++j) op[j] = src[j];
+    }
+}
+
+template <typename T, int D, int P, bool FUSE>
+__global__ void __launch_bounds__(BLOCK)
+assign_small(const T* __restrict__ X, const T* __restrict__ W, const T* __restrict__ ops,
+             int n, int k, int tc, int* __restrict__ labels, T* __restrict__ min_sq,
+             int want_min, int count_changed, double* __restrict__ block_inertia,
+             u64* __restrict__ counters, u64* __restrict__ acc,
+             const double* __restrict__ scale, double two_l) {
+    constexpr int S = ops_stride<T, D>();
+    extern __shared__ __align__(16) unsigned char smem[];
+    // [center tile: tc * S T][FUSE: k*(D+1) pairs of words][FUSE: D+1 scales]
+    T* tile = reinterpret_cast<T*>(smem);
+    u64* sacc = reinterpret_cast<u64*>(smem + (size_t)tc * S * sizeof(T));
+    const int acc_words = FUSE ? k * (D + 1) * 2 : 0;
+    double* sscale = reinterpret_cast<double*>(sacc + acc_words);
+    __shared__ double red[WARPS];
+    __shared__ u64 redc[WARPS];
+
+    if (FUSE) {
+        for (int e = threadIdx.x; e < acc_words; e += BLOCK) sacc[e] = 0ull;
+        for (int j = threadIdx.x; j <= D; j += BLOCK) sscale[j] = scale[j];
+    }
+    const bool resident = k <= tc;  // all centers fit: load once, no syncs in the loop
+    if (resident)
+        for (int e = threadIdx.x; e < k * S; e += BLOCK) tile[e] = ops[e];
+    __syncthreads();
+
+    double inertia = 0.0;
+    unsigned changed = 0;
+    const i64 step = (i64)gridDim.x * BLOCK * P;
+    for (i64 base = (i64)blockIdx.x * BLOCK * P; base < n; base += step) {
+        T x[P][D], w[P];
+        bool valid[P];
+#pragma unroll
+        for (int p = 0; p < P; ++p) {
+            i64 i = base + p * BLOCK + threadIdx.x;
+            valid[p] = i < n;
+#pragma unroll
+            for (int j = 0; j < D; ++j) x[p][j] = valid[p] ? X[i * D + j] : (T)0;
+            w[p] = valid[p] ? W[i] : (T)0;
+        }
+        T best[P];
+        int bidx[P];
+#pragma unroll
+        for (int p = 0; p < P; ++p) { best[p] = pos_inf<T>(); bidx[p] = 0; }
+
+        for (int c0 = 0; c0 < k; c0 += tc) {
+            const int nc = min(tc, k - c0);
+            if (!resident) {
+                __syncthreads();
+                for (int e = threadIdx.x; e < nc * S; e += BLOCK) tile[e] = ops[(i64)c0 * S + e];
+                __syncthreads();
+            }
+#pragma unroll 2
+            for (int c = 0; c < nc; ++c) {
+                T op[S];
+                load_center<T, S>(tile + c * S, op);
+#pragma unroll
+                for (int p = 0; p < P; ++p) {
+                    T a = mul_rn(x[p][0], op[0]);
+#pragma unroll
+                    for (int j = 1; j < D; ++j) a = fma_rn(x[p][j], op[j], a);
+                    T dist = add_rn(a, op[D]);
+                    if (dist < best[p]) { best[p] = dist; bidx[p] = c0 + c; }
+                }
+            }
+        }
+
+#pragma unroll
+        for (int p = 0; p < P; ++p) {
+            if (!valid[p]) continue;
+            T xn = (T)0;
+#pragma unroll
+            for (int j = 0; j < D; ++j) xn = add_rn(xn, mul_rn(x[p][j], x[p][j]));
+            store_point<T>(base + p * BLOCK + threadIdx.x, bidx[p], best[p], xn, w[p], labels,
+                           min_sq, want_min, count_changed, changed, inertia);
+        }
+        if (FUSE) {
+#pragma unroll
+            for (int p = 0; p < P; ++p) {
+                const bool same = warp_same_label(bidx[p], valid[p]);
+                const bool active = valid[p] && w[p] != (T)0;
+                u64* dst = sacc + (size_t)bidx[p] * (D + 1) * 2;
+#pragma unroll
+                for (int j = 0; j <= D; ++j) {
+                    // numpy: bincount(weights=x * w) with the product rounded in T
+                    double v = j < D ? (double)mul_rn(x[p][j], w[p]) : (double)w[p];
+                    i64 hi, lo;
+                    to_fixed(v, sscale[j], two_l, hi, lo);
+                    warp_add_pair(dst + 2 * j, hi, lo, same, active);
+                }
+            }
+        }
+    }
+
+    double tot = block_sum(inertia, red);
+    u64 ch = block_count(changed, redc);
+    if (threadIdx.x == 0) {
+        block_inertia[blockIdx.x] = tot;
+        if (count_changed && ch) atomicAdd(counters, ch);
+    }
+    if (FUSE) {
+        __syncthreads();
+        for (int e = threadIdx.x; e < acc_words; e += BLOCK)
+            if (sacc[e]) atomicAdd(acc + e, sacc[e]);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// (a) any d: register-blocked SIMT GEMM tile (BM points x BN centers, BK features per step,
+//     TM x TN outputs per thread) with the argmin in its epilogue. Accumulators start at 0 and
+//     take the features in order, so each distance has the small-d kernel's (and OpenBLAS's)
+//     exact rounding. Centers come as -2 C^T (d, kpad) and ||c||^2 (kpad), padded with
+//     ||c||^2 = inf so that padding columns never win.
+// ---------------------------------------------------------------------------------------------
+template <typename T, int TM, int TN>
+__global__ void __launch_bounds__(256, 2)  // two blocks per SM: at most 128 registers
+assign_gemm(const T* __restrict__ X, const T* __restrict__ W, const T* __restrict__ m2ct,
+            const T* __restrict__ cnorm, int n, int d, int kpad, int* __restrict__ labels,
+            T* __restrict__ min_sq, int want_min, int count_changed,
+            double* __restrict__ block_inertia, u64* __restrict__ counters) {
+    constexpr int BM = 16 * TM, BN = 16 * TN, BK = 8, HM = TM / 2, HN = TN / 2;
+    constexpr int APAD = 16 / sizeof(T);  // keeps rows 16-byte aligned, spreads the stores
+    __shared__ __align__(16) T As[BK][BM + APAD];
+    __shared__ __align__(16) T Bs[BK][BN];
+    __shared__ T rbest[BM][17];
+    __shared__ int ridx[BM][17];
+    __shared__ double red[8];
+    __shared__ u64 redc[8];
+
+    const int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
+    const i64 row0 = (i64)blockIdx.x * BM;
+
+    T best[TM];
+    int bidx[TM];
+#pragma unroll
+    for (int i = 0; i < TM; ++i) { best[i] = pos_inf<T>(); bidx[i] = 0; }
+
+    for (int col0 = 0; col0 < kpad; col0 += BN) {
+        T acc[TM][TN];
+#pragma unroll
+        for (int i = 0; i < TM; ++i)
+#pragma unroll
+            for (int j = 0; j < TN; ++j) acc[i][j] = (T)0;
+
+        for (int k0 = 0; k0 < d; k0 += BK) {
+            __syncthreads();
+            for (int e = tid; e < BM * BK; e += 256) {
+                const int m = e / BK, kk = e % BK;
+                const i64 gx = row0 + m;
+                const int gk = k0 + kk;
+                As[kk][m] = (gx < n && gk < d) ? X[gx * d + gk] : (T)0;
+            }
+            for (int e = tid; e < BK * BN; e += 256) {
+                const int kk = e / BN, c = e % BN;
+                const int gk = k0 + kk;
+                Bs[kk][c] = gk < d ? m2ct[(i64)gk * kpad + col0 + c] : (T)0;
+            }
+            __syncthreads();
+#pragma unroll
+            for (int kk = 0; kk < BK; ++kk) {
+                T a[TM], b[TN];
+#pragma unroll
+                for (int i = 0; i < HM; ++i) {
+                    a[i] = As[kk][ty * HM + i];
+                    a[HM + i] = As[kk][BM / 2 + ty * HM + i];
+                }
+#pragma unroll
+                for (int j = 0; j < HN; ++j) {
+                    b[j] = Bs[kk][tx * HN + j];
+                    b[HN + j] = Bs[kk][BN / 2 + tx * HN + j];
+                }
+#pragma unroll
+                for (int i = 0; i < TM; ++i)
+#pragma unroll
+                    for (int j = 0; j < TN; ++j) acc[i][j] = fma_rn(a[i], b[j], acc[i][j]);
+            }
+        }
+        // epilogue: + ||c||^2, running first-minimum over this thread's columns (ascending)
+#pragma unroll
+        for (int j = 0; j < TN; ++j) {
+            const int col = col0 + (j < HN ? tx * HN + j : BN / 2 + tx * HN + (j - HN));
+            const T cn = cnorm[col];
+#pragma unroll
+            for (int i = 0; i < TM; ++i) {
+                T dist = add_rn(acc[i][j], cn);
+                if (dist < best[i]) { best[i] = dist; bidx[i] = col; }
+            }
+        }
+    }
+
+    // the 16 threads sharing a row hold disjoint column sets: lexicographic (dist, index) min
+#pragma unroll
+    for (int i = 0; i < TM; ++i) {
+        const int r = i < HM ? ty * HM + i : BM / 2 + ty * HM + (i - HM);
+        rbest[r][tx] = best[i];
+        ridx[r][tx] = bidx[i];
+    }
+    __syncthreads();
+    double inertia = 0.0;
+    unsigned changed = 0;
+    for (int r = tid; r < BM; r += 256) {
+        const i64 gx = row0 + r;
+        if (gx >= n) continue;
+        T b = rbest[r][0];
+        int bi = ridx[r][0];
+        for (int t = 1; t < 16; ++t) {
+            const T v = rbest[r][t];
+            const int vi = ridx[r][t];
+            if (v < b || (v == b && vi < bi)) { b = v; bi = vi; }
+        }
+        T xn = (T)0;
+        for (int j = 0; j < d; ++j) {
+            const T xv = X[gx * d + j];
+            xn = add_rn(xn, mul_rn(xv, xv));
+        }
+        store_point<T>(gx, bi, b, xn, W[gx], labels, min_sq, want_min, count_changed, changed,
+                       inertia);
+    }
+    double tot = block_sum(inertia, red);
+    u64 ch = block_count(changed, redc);
+    if (tid == 0) {
+        block_inertia[blockIdx.x] = tot;
+        if (count_changed && ch) atomicAdd(counters, ch);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// (a) tf32 option: argmin over rows of G = X_chunk @ (-2 C^T) computed by cuBLAS (TF32 tensor
+//     cores), one warp per row. Not bit-exact FP32: G's products are rounded to TF32.
+// ---------------------------------------------------------------------------------------------
+template <typename T>
+__global__ void __launch_bounds__(BLOCK)
+argmin_rows(const T* __restrict__ G, const T* __restrict__ cnorm, int rows, int kpad, int k,
+            i64 row0, const T* __restrict__ X, int d, const T* __restrict__ W,
+            int* __restrict__ labels, T* __restrict__ min_sq, int want_min, int count_changed,
+            double* __restrict__ block_inertia, u64* __restrict__ counters) {
+    __shared__ double red[WARPS];
+    __shared__ u64 redc[WARPS];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    double inertia = 0.0;
+    unsigned changed = 0;
+    for (int r = blockIdx.x * WARPS + warp; r < rows; r += gridDim.x * WARPS) {
+        const T* g = G + (i64)r * kpad;
+        T b = pos_inf<T>();
+        int bi = 0x7fffffff;
+        for (int c = lane; c < k; c += 32) {
+            T dist = add_rn(g[c], cnorm[c]);
+            if (dist < b) { b = dist; bi = c; }
+        }
+        const i64 gx = row0 + r;
+        T xn = (T)0;
+        for (int j = lane; j < d; j += 32) {
+            T xv = X[gx * d + j];
+            xn = add_rn(xn, mul_rn(xv, xv));
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            T ob = __shfl_xor_sync(FULL_MASK, b, o);
+            int oi = __shfl_xor_sync(FULL_MASK, bi, o);
+            if (ob < b || (ob == b && oi < bi)) { b = ob; bi = oi; }
+            xn = add_rn(xn, __shfl_xor_sync(FULL_MASK, xn, o));
+        }
+        if (bi == 0x7fffffff) bi = 0;  // only when every distance is NaN
+        if (lane == 0)
+            store_point<T>(gx, bi, b, xn, W[gx], labels, min_sq, want_min, count_changed,
+                           changed, inertia);
+    }
+    double tot = block_sum(inertia, red);
+    u64 ch = block_count(changed, redc);
+    if (threadIdx.x == 0) {
+        block_inertia[blockIdx.x] = tot;
+        if (count_changed && ch) atomicAdd(counters, ch);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// (b) per-cluster weighted sums and weights, fixed point, no (k, n) anything
+// ---------------------------------------------------------------------------------------------
+
+// Shared-memory privatisation (k*(d+1) pairs of words per block), one point per thread,
+// warp aggregation when a warp's points share a cluster; one flush per block.
+template <typename T>
+__global__ void __launch_bounds__(BLOCK)
+accumulate_shared(const T* __restrict__ X, const T* __restrict__ W, const int* __restrict__ labels,
+                  int n, int d, int k, u64* __restrict__ acc, const double* __restrict__ scale,
+                  double two_l) {
+    extern __shared__ __align__(16) unsigned char smem[];
+    u64* sacc = reinterpret_cast<u64*>(smem);
+    const int words = k * (d + 1) * 2;
+    double* sscale = reinterpret_cast<double*>(sacc + words);
+    for (int e = threadIdx.x; e < words; e += BLOCK) sacc[e] = 0ull;
+    for (int j = threadIdx.x; j <= d; j += BLOCK) sscale[j] = scale[j];
+    __syncthreads();
+    for (i64 base = (i64)blockIdx.x * BLOCK; base < n; base += (i64)gridDim.x * BLOCK) {
+        const i64 i = base + threadIdx.x;
+        const bool valid = i < n;
+        const int lab = valid ? labels[i] : -1;
+        const T w = valid ? W[i] : (T)0;
+        const bool same = warp_same_label(lab, valid);
+        const bool active = valid && w != (T)0;
+        u64* dst = sacc + (size_t)(lab < 0 ? 0 : lab) * (d + 1) * 2;
+        for (int j = 0; j <= d; ++j) {
+            double v = 0.0;
+            if (valid) v = j < d ? (double)mul_rn(X[i * d + j], w) : (double)w;
+            i64 hi, lo;
+            to_fixed(v, sscale[j], two_l, hi, lo);
+            warp_add_pair(dst + 2 * j, hi, lo, same, active);
+        }
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < words; e += BLOCK)
+        if (sacc[e]) atomicAdd(acc + e, sacc[e]);
+}
+
+// Global atomics, one thread per (point, feature-or-weight) element, coalesced over X. Used
+// when k*(d+1) does not fit in shared memory; still bit-reproducible (integer atomics).
+template <typename T>
+__global__ void __launch_bounds__(BLOCK)
+accumulate_global(const T* __restrict__ X, const T* __restrict__ W, const int* __restrict__ labels,
+                  int n, int d, u64* __restrict__ acc, const double* __restrict__ scale,
+                  double two_l) {
+    const i64 total = (i64)n * (d + 1);
+    for (i64 e = (i64)blockIdx.x * BLOCK + threadIdx.x; e < total; e += (i64)gridDim.x * BLOCK) {
+        const i64 i = e / (d + 1);
+        const int j = (int)(e - i * (d + 1));
+        const T w = W[i];
+        if (w == (T)0) continue;
+        const double v = j < d ? (double)mul_rn(X[i * d + j], w) : (double)w;
+        i64 hi, lo;
+        to_fixed(v, scale[j], two_l, hi, lo);
+        add_pair(acc + ((i64)labels[i] * (d + 1) + j) * 2, hi, lo);
+    }
+}
+
+// Fixed point -> float64 sums (k, d) and weights (k); zeroes the accumulator for the next
+// pass; counts empty clusters into counters[1]; block 0 sums the assignment's per-block
+// inertia partials (fixed order) into stats[2].
+__global__ void __launch_bounds__(BLOCK)
+finalize_sums(u64* __restrict__ acc, int k, int d, const double* __restrict__ inv_scale,
+              double inv_two_l, double* __restrict__ sums, double* __restrict__ weights,
+              const double* __restrict__ block_inertia, int n_partials,
+              double* __restrict__ stats) {
+    __shared__ double red[WARPS];
+    u64* counters = reinterpret_cast<u64*>(stats);
+    const i64 total = (i64)k * (d + 1);
+    for (i64 e = (i64)blockIdx.x * BLOCK + threadIdx.x; e < total; e += (i64)gridDim.x * BLOCK) {
+        const i64 c = e / (d + 1);
+        const int j = (int)(e - c * (d + 1));
+        const i64 hi = (i64)acc[2 * e], lo = (i64)acc[2 * e + 1];
+        acc[2 * e] = 0ull;
+        acc[2 * e + 1] = 0ull;
+        const double v = (__ll2double_rn(hi) + __ll2double_rn(lo) * inv_two_l) * inv_scale[j];
+        if (j < d) {
+            sums[c * d + j] = v;
+        } else {
+            weights[c] = v;
+            if (v == 0.0) atomicAdd(counters + 1, 1ull);
+        }
+    }
+    if (blockIdx.x == 0 && n_partials > 0) {
+        double tot = block_sum_partials(block_inertia, n_partials, red);
+        if (threadIdx.x == 0) stats[2] = tot;
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// (c) center update, packing of the distance operands, center shift
+// ---------------------------------------------------------------------------------------------
+
+// Writes -2c and ||c||^2 of center c in the layout the assignment kernel reads:
+// layout 0: ops (k, S) rows [-2c_0 .. -2c_{d-1}, ||c||^2, 0...]; layout 1: -2C^T (d, kpad) in
+// ops and ||c||^2 in cnorm.
+template <typename T>
+__device__ void pack_center(const T* __restrict__ c_row, int c, int d, int layout, int S,
+                            int kpad, T* __restrict__ ops, T* __restrict__ cnorm) {
+    T cn = (T)0;
+    for (int j = 0; j < d; ++j) {
+        const T v = c_row[j];
+        cn = add_rn(cn, mul_rn(v, v));
+        const T m2 = mul_rn((T)-2, v);
+        if (layout == 0) ops[(i64)c * S + j] = m2;
+        else ops[(i64)j * kpad + c] = m2;
+    }
+    if (layout == 0) {
+        ops[(i64)c * S + d] = cn;
+        for (int j = d + 1; j < S; ++j) ops[(i64)c * S + j] = (T)0;
+    } else {
+        cnorm[c] = cn;
+    }
+}
+
+template <typename T>
+__global__ void __launch_bounds__(BLOCK)
+pack_centers(const T* __restrict__ C, int k, int d, int layout, int S, int kpad,
+             T* __restrict__ ops, T* __restrict__ cnorm) {
+    for (int c = blockIdx.x * BLOCK + threadIdx.x; c < k; c += gridDim.x * BLOCK)
+        pack_center<T>(C + (i64)c * d, c, d, layout, S, kpad, ops, cnorm);
+}
+
+// The driver's new_centers (weighted mean in float64 rounded to T, or the old center when the
+// cluster has no weight), the squared shift sum((new - old)^2) with the difference and the
+// square in T and the sum in float64 (fixed order), the packed operands for the next pass;
+// the last block writes the shift to stats[3] and clears the counters stats[0:2].
+template <typename T>
+__global__ void __launch_bounds__(BLOCK)
+update_centers(const double* __restrict__ sums, const double* __restrict__ weights,
+               const T* __restrict__ c_old, T* __restrict__ c_new, int k, int d, int layout,
+               int S, int kpad, T* __restrict__ ops, T* __restrict__ cnorm,
+               double* __restrict__ shift_partials, double* __restrict__ stats,
+               unsigned* __restrict__ done) {
+    __shared__ double red[WARPS];
+    double shift = 0.0;
+    const int c = blockIdx.x * BLOCK + threadIdx.x;
+    if (c < k) {
+        const double w = weights[c];
+        for (int j = 0; j < d; ++j) {
+            const i64 e = (i64)c * d + j;
+            const T old = c_old[e];
+            const T v = w > 0.0 ? to_t(sums[e] / w, (T)0) : old;
+            c_new[e] = v;
+            const T df = sub_rn(v, old);
+            shift += (double)mul_rn(df, df);
+        }
+        pack_center<T>(c_new + (i64)c * d, c, d, layout, S, kpad, ops, cnorm);
+    }
+    double tot = block_sum(shift, red);
+    if (threadIdx.x == 0) shift_partials[blockIdx.x] = tot;
+    if (last_block_done(done)) {
+        double all = block_sum_partials(shift_partials, gridDim.x, red);
+        if (threadIdx.x == 0) {
+            stats[3] = all;
+            u64* counters = reinterpret_cast<u64*>(stats);
+            counters[0] = 0ull;
+            counters[1] = 0ull;
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// empty clusters: the driver's relocation, on the device
+// ---------------------------------------------------------------------------------------------
+
+// Ids of the clusters with zero weight, ascending (one block).
+__global__ void __launch_bounds__(1024)
+list_empty_clusters(const double* __restrict__ weights, int k, int* __restrict__ empty_ids) {
+    __shared__ int counts[32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int base = 0;
+    for (int c0 = 0; c0 < k; c0 += 1024) {
+        const int c = c0 + threadIdx.x;
+        const bool e = c < k && weights[c] == 0.0;
+        const unsigned bal = __ballot_sync(FULL_MASK, e);
+        if (lane == 0) counts[warp] = __popc(bal);
+        __syncthreads();
+        int off = 0, total = 0;
+        for (int w = 0; w < 32; ++w) {
+            if (w < warp) off += counts[w];
+            total += counts[w];
+        }
+        if (e) empty_ids[base + off + __popc(bal & ((1u << lane) - 1u))] = c;
+        base += total;
+        __syncthreads();
+    }
+}
+
+// One relocation step p: find the point that comes next in the driver's order (distance to its
+// own center descending, index ascending; zero-weight points count as -1) after pick p-1, then
+// move it as relocate_empty does: sums[old] -= x*w; sums[new] = x*w; weights likewise, in
+// float64 and in the driver's order. The last block combines the per-block candidates.
+template <typename T>
+__global__ void __launch_bounds__(BLOCK)
+relocate_farthest(const T* __restrict__ X, const T* __restrict__ W, const int* __restrict__ labels,
+                  const T* __restrict__ c_old, int n, int d, int p,
+                  const int* __restrict__ empty_ids, double* __restrict__ far_dist,
+                  i64* __restrict__ far_idx, double* __restrict__ sums,
+                  double* __restrict__ weights, double* __restrict__ part_d,
+                  i64* __restrict__ part_i, unsigned* __restrict__ done) {
+    __shared__ double sd[BLOCK];
+    __shared__ i64 si[BLOCK];
+    const double prev_d = p > 0 ? far_dist[p - 1] : pos_inf<double>();
+    const i64 prev_i = p > 0 ? far_idx[p - 1] : -1;
+    double bd = -pos_inf<double>();
+    i64 bi = -1;
+    for (i64 i = (i64)blockIdx.x * BLOCK + threadIdx.x; i < n; i += (i64)gridDim.x * BLOCK) {
+        const double key = W[i] > (T)0
+            ? (double)pairwise_sq_dist<T>(X + i * d, c_old + (i64)labels[i] * d, d) : -1.0;
+        const bool after = key < prev_d || (key == prev_d && i > prev_i);
+        if (after && (bi < 0 || key > bd)) { bd = key; bi = i; }  // i ascends: ties keep first
+    }
+    sd[threadIdx.x] = bd;
+    si[threadIdx.x] = bi;
+    __syncthreads();
+    for (int s = BLOCK / 2; s > 0; s >>= 1) {
+        if (threadIdx.x < s) {
+            const double od = sd[threadIdx.x + s];
+            const i64 oi = si[threadIdx.x + s];
+            if (oi >= 0 && (si[threadIdx.x] < 0 || od > sd[threadIdx.x] ||
+                            (od == sd[threadIdx.x] && oi < si[threadIdx.x]))) {
+                sd[threadIdx.x] = od;
+                si[threadIdx.x] = oi;
+            }
+        }
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) {
+        part_d[blockIdx.x] = sd[0];
+        part_i[blockIdx.x] = si[0];
+    }
+    if (!last_block_done(done)) return;
+    if (threadIdx.x == 0) {
+        double gd = -pos_inf<double>();
+        i64 gi = -1;
+        for (int b = 0; b < (int)gridDim.x; ++b) {
+            const double od = __ldcg(part_d + b);
+            const i64 oi = __ldcg(part_i + b);
+            if (oi >= 0 && (gi < 0 || od > gd || (od == gd && oi < gi))) { gd = od; gi = oi; }
+        }
+        far_dist[p] = gd;
+        far_idx[p] = gi;
+        si[0] = gi;
+    }
+    __syncthreads();
+    const i64 idx = si[0];
+    if (idx < 0) return;  // fewer candidates than empty clusters: cannot happen after validation
+    const int old_id = labels[idx], new_id = empty_ids[p];
+    const double wt = (double)W[idx];
+    for (int j = threadIdx.x; j < d; j += BLOCK) {
+        const double xw = (double)X[idx * d + j] * wt;
+        sums[(i64)old_id * d + j] -= xw;
+        sums[(i64)new_id * d + j] = xw;
+    }
+    if (threadIdx.x == 0) {
+        weights[old_id] -= wt;
+        weights[new_id] = wt;
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// final inertia and the fixed-point scales
+// ---------------------------------------------------------------------------------------------
+
+// sum_i w_i * ||x_i - c_label||^2 with the driver's direct differences; stats[slot] gets it.
+template <typename T>
+__global__ void __launch_bounds__(BLOCK)
+direct_inertia(const T* __restrict__ X, const T* __restrict__ W, const int* __restrict__ labels,
+               const T* __restrict__ C, int n, int d, double* __restrict__ partials,
+               double* __restrict__ stats, int slot, unsigned* __restrict__ done) {
+    __shared__ double red[WARPS];
+    double s = 0.0;
+    for (i64 i = (i64)blockIdx.x * BLOCK + threadIdx.x; i < n; i += (i64)gridDim.x * BLOCK)
+        s += (double)pairwise_sq_dist<T>(X + i * d, C + (i64)labels[i] * d, d) * (double)W[i];
+    double tot = block_sum(s, red);
+    if (threadIdx.x == 0) partials[blockIdx.x] = tot;
+    if (last_block_done(done)) {
+        double all = block_sum_partials(partials, gridDim.x, red);
+        if (threadIdx.x == 0) stats[slot] = all;
+    }
+}
+
+// max |x_j| per feature as float64 bits (non-negative doubles order like their bits). The
+// stride over the flattened X is a multiple of d, so each thread keeps one feature.
+template <typename T>
+__global__ void __launch_bounds__(BLOCK)
+column_absmax(const T* __restrict__ X, i64 total, int d, u64* __restrict__ out) {
+    const i64 tid = (i64)blockIdx.x * BLOCK + threadIdx.x;
+    const i64 threads = (i64)gridDim.x * BLOCK;
+    const i64 stride = threads / d * d;  // the host launches at least d threads
+    if (tid >= stride) return;
+    double m = 0.0;
+    for (i64 e = tid; e < total; e += stride) {
+        const double v = fabs((double)X[e]);
+        if (v > m) m = v;
+    }
+    if (m > 0.0) atomicMax(out + tid % d, (u64)__double_as_longlong(m));
+}

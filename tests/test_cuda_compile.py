@@ -1,0 +1,66 @@
+"""The CUDA source of `cupy-fused` compiles for Hopper (sm_90) with nvcc, every template instance
+the backend can ask NVRTC for, so CI catches compile errors without a GPU. Skipped without nvcc.
+Also reports registers and spills (-Xptxas -v) and fails if an assignment kernel spills in a
+way that would cost speed (any spill in the small-d kernels)."""
+import re
+import shutil
+import subprocess
+
+import pytest
+
+from kmeans_xp_backends import cupy_fused
+
+NVCC = shutil.which("nvcc")
+pytestmark = pytest.mark.skipif(NVCC is None, reason="nvcc is not on PATH")
+
+
+def _instances_source():
+    refs = ",\n    ".join(f"(void*)&{name}" for name in cupy_fused.all_kernel_names())
+    return (f'#include "{cupy_fused.KERNEL_SOURCE}"\n'
+            f"// force every instance the backend names through name_expressions\n"
+            f"void* kmeans_xp_fused_instances[] = {{\n    {refs}\n}};\n")
+
+
+@pytest.fixture(scope="module")
+def ptxas_report(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("nvcc")
+    src = tmp / "instances.cu"
+    src.write_text(_instances_source())
+    cmd = [NVCC, "-arch=sm_90", "-std=c++17", "-fmad=false", "-Xptxas", "-v", "-cubin",
+           "-o", str(tmp / "instances.cubin"), str(src)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, f"nvcc failed:\n{proc.stderr[-6000:]}"
+    return proc.stderr
+
+
+def _functions(report):
+    """{mangled name: (registers, spill store bytes)} from the ptxas -v report."""
+    out, current, spill = {}, None, 0
+    for line in report.splitlines():
+        m = re.search(r"Function properties for (\S+)", line)
+        if m:
+            current = m.group(1)
+            continue
+        m = re.search(r"(\d+) bytes spill stores", line)
+        if m and current:
+            spill = int(m.group(1))
+        m = re.search(r"Used (\d+) registers", line)
+        if m and current:
+            out[current] = (int(m.group(1)), spill)
+            current, spill = None, 0
+    return out
+
+
+def test_every_instance_compiles_for_sm90(ptxas_report):
+    funcs = _functions(ptxas_report)
+    for kernel in ("assign_small", "assign_gemm", "accumulate_shared", "finalize_sums",
+                   "update_centers", "relocate_farthest", "argmin_rows"):
+        assert any(kernel in f for f in funcs), f"{kernel} missing from the ptxas report"
+
+
+def test_small_d_kernels_do_not_spill(ptxas_report):
+    funcs = _functions(ptxas_report)
+    small = {f: v for f, v in funcs.items() if "assign_small" in f}
+    assert len(small) == 2 * 2 * cupy_fused.SMALL_D_MAX
+    spilling = {f: v for f, v in small.items() if v[1] > 0}
+    assert not spilling, f"small-d assignment kernels spill: {spilling}"

@@ -1,0 +1,232 @@
+"""`cupy-fused` against the numpy backend, on asymmetric data (a swapped or dropped feature
+fails), n never a multiple of any block size, k from 1 to 20000, d from 1 to 1024, float32 and
+float64, weights with zeros, empty clusters forced by crafted inits, run-to-run bit identity.
+Sizes keep n*k*d modest so the file runs in well under 3 minutes on an H200."""
+import numpy as np
+import pytest
+
+from kmeans_xp import KMeans
+from kmeans_xp.testing import asymmetric_data, check_backend
+from kmeans_xp_backends.numpy_ import NumpyBackend
+
+pytestmark = pytest.mark.gpu
+
+DTYPES = [np.float32, np.float64]
+D_VALUES = [1, 2, 3, 4, 7, 16, 33, 128, 1024]
+
+
+def _backend(**options):
+    from kmeans_xp_backends.cupy_fused import CupyFusedBackend
+    return CupyFusedBackend(**options)
+
+
+def _problem(n, d, k, dtype, seed=0):
+    """Mean-centred asymmetric X, centers near data points, weights in [0.5, 2] with ~10%
+    zeros (what the driver hands a backend)."""
+    X = asymmetric_data(n, d, max(1, min(k, 50)), dtype=dtype, seed=seed)
+    X -= X.mean(axis=0)
+    rng = np.random.default_rng(seed + 1)
+    C = X[rng.choice(n, k, replace=k > n)] + rng.normal(size=(k, d)).astype(dtype) * 0.05
+    w = rng.uniform(0.5, 2.0, n).astype(dtype)
+    w[rng.random(n) < 0.1] = 0
+    return X, C.astype(dtype), w
+
+
+def _n_for(d, k):
+    """n not a multiple of 256 / 1024 / 128 and n*k*d at most ~1e9."""
+    n = int(min(20011, max(1031, 1e9 // (k * d))))
+    return n | 1
+
+
+def _near_tie(X, C, a, b, dtype):
+    """Rows where centers a and b are equally near up to the expansion's rounding."""
+    X64, C64 = X.astype(np.float64), C.astype(np.float64)
+    da = ((X64 - C64[a]) ** 2).sum(1)
+    db = ((X64 - C64[b]) ** 2).sum(1)
+    scale = (X64 ** 2).sum(1) + np.maximum((C64[a] ** 2).sum(1), (C64[b] ** 2).sum(1))
+    return np.abs(da - db) <= 64 * np.finfo(dtype).eps * (scale + 1)
+
+
+def _assert_same_argmin(X, C, got, ref, dtype, where):
+    bad = np.flatnonzero(got != ref)
+    if bad.size:
+        ties = _near_tie(X[bad], C, got[bad], ref[bad], dtype)
+        assert ties.all(), (f"{where}: {np.count_nonzero(~ties)} labels differ from numpy away "
+                            f"from ties (rows {bad[~ties][:5]})")
+        assert bad.size <= max(2, len(got) // 1000), f"{where}: {bad.size} near-tie flips"
+
+
+def test_contract_suite():
+    from kmeans_xp_backends.cupy_fused import CupyFusedBackend
+    assert check_backend(CupyFusedBackend) > 0
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("d", D_VALUES)
+@pytest.mark.parametrize("k", [1, 13, 300])
+def test_assign_reduce_iter_match_numpy(cp, d, k, dtype):
+    _check_primitives(cp, _n_for(d, k), d, k, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n,d,k", [(20011, 1, 20000), (20011, 3, 20000), (3001, 16, 5000),
+                                   (3001, 128, 4097), (257, 3, 257)])
+def test_large_k_matches_numpy(cp, n, d, k, dtype):
+    _check_primitives(cp, n, d, k, dtype)
+
+
+def _check_primitives(cp, n, d, k, dtype):
+    where = f"n={n} d={d} k={k} {np.dtype(dtype)}"
+    X, C, w = _problem(n, d, k, dtype, seed=d + k)
+    ref = NumpyBackend(n_threads=4)
+    ref_lab, ref_min = ref.assign(X, C)
+    be = _backend()
+    Xg, Cg, wg = cp.asarray(X), cp.asarray(C), cp.asarray(w)
+
+    lab, msq = be.assign(Xg, Cg)
+    lab, msq = lab.get(), msq.get()
+    assert lab.dtype == np.int64 and msq.dtype == dtype
+    _assert_same_argmin(X, C, lab, ref_lab, dtype, where)
+    same = lab == ref_lab
+    eps = np.finfo(dtype).eps
+    scale = (X.astype(np.float64) ** 2).sum(1) + (C.astype(np.float64) ** 2).sum(1)[lab]
+    assert np.all(msq >= 0)
+    assert np.all(np.abs(msq[same] - ref_min[same]) <= 16 * eps * scale[same]), \
+        f"{where}: min_sq_dist differs from numpy's"
+
+    sums, weights = be.reduce(Xg, cp.asarray(ref_lab), wg, k)
+    r_sums, r_weights = ref.reduce(X, ref_lab, w, k)
+    bound = np.zeros((k, d))
+    np.add.at(bound, ref_lab, np.abs(X.astype(np.float64) * w[:, None]))
+    # ours is exact to float64 rounding; numpy's sequential float64 sum is not quite
+    assert np.all(np.abs(sums.get() - r_sums) <= 1e-11 * bound), \
+        f"{where}: weighted sums differ from numpy's"
+    assert np.allclose(weights.get(), r_weights, rtol=1e-11, atol=0), f"{where}: weights"
+
+    it = be.lloyd_iter(Xg, wg, Cg)
+    assert np.array_equal(it.labels.get(), lab), f"{where}: lloyd_iter labels != assign"
+    it_sums, it_w = be.reduce(Xg, it.labels, wg, k)
+    # fused or not, integer accumulation gives the same bits
+    assert np.array_equal(it.weighted_sums.get(), it_sums.get()), f"{where}: fused sums"
+    assert np.array_equal(it.weight_in_clusters.get(), it_w.get()), f"{where}: fused weights"
+    assert be.lloyd_iter(Xg, wg, Cg, update_centers=False).weighted_sums is None
+
+
+@pytest.mark.parametrize("fuse", ["auto", False])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("d,k", [(1, 5), (2, 12), (3, 12), (3, 200), (7, 30), (16, 20),
+                                 (33, 25), (128, 10)])
+def test_fit_partition_equals_numpy(cp, d, k, dtype, fuse):
+    X = asymmetric_data(6007, d, k, dtype=dtype, seed=d * 7 + k)
+    w = np.random.default_rng(k).uniform(0.5, 2, len(X)).astype(dtype)
+    init = X[np.random.default_rng(d).choice(len(X), k, replace=False)]
+    _compare_fits(cp, X, w, init, dtype, {"fuse": fuse}, f"d={d} k={k} {np.dtype(dtype)}")
+
+
+def _compare_fits(cp, X, w, init, dtype, options, where, tol=1e-4, max_iter=100):
+    ref = KMeans(len(init), init=init, backend="numpy", max_iter=max_iter, tol=tol).fit(
+        X, sample_weight=w)
+    got = KMeans(len(init), init=init, backend="cupy-fused", backend_options=options,
+                 max_iter=max_iter, tol=tol).fit(cp.asarray(X), sample_weight=cp.asarray(w))
+    labels = got.labels_.get()
+    assert np.array_equal(labels, ref.labels_), \
+        f"{where}: partition differs from numpy's ({np.mean(labels != ref.labels_):.3%})"
+    assert got.n_iter_ == ref.n_iter_, f"{where}: n_iter {got.n_iter_} != {ref.n_iter_}"
+    rtol = 1e-5 if dtype == np.float32 else 1e-11
+    assert np.allclose(got.cluster_centers_.get(), ref.cluster_centers_, rtol=rtol,
+                       atol=rtol * np.abs(X).max()), f"{where}: centers"
+    assert abs(got.inertia_ - ref.inertia_) <= rtol * ref.inertia_, f"{where}: inertia"
+    assert np.allclose(got.history_["inertia"], ref.history_["inertia"], rtol=rtol)
+    assert np.allclose(got.history_["center_shift"], ref.history_["center_shift"],
+                       rtol=1e-3, atol=1e-6 * ref.history_["center_shift"][0])
+    assert got.backend_ == "cupy-fused"
+    return got
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("d,k,n_far", [(2, 6, 1), (3, 9, 3), (7, 40, 2), (33, 8, 1),
+                                       (3, 20000, 1)])
+def test_empty_clusters_relocated_like_numpy(cp, d, k, n_far, dtype):
+    n = 20011 if k > 1000 else 4001
+    X = asymmetric_data(n, d, min(k, 50), dtype=dtype, seed=k + d)
+    w = np.random.default_rng(d).uniform(0.5, 2, n).astype(dtype)
+    w[: n // 50] = 0  # zero-weight points are never taken as relocated centers
+    rng = np.random.default_rng(k)
+    init = X[rng.choice(n, k, replace=False)].copy()
+    far = rng.choice(k, n_far, replace=False)
+    init[far] = X.max(axis=0) + (np.abs(X).max() * (10 + np.arange(n_far)))[:, None]
+    big = k > 1000  # ~1 point per cluster: many clusters go empty on the way
+    _compare_fits(cp, X, w, init, dtype, {}, f"empty d={d} k={k} far={n_far}",
+                  tol=0.0 if big else 1e-4, max_iter=12 if big else 100)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("d,k,fuse", [(3, 5, "auto"), (3, 1000, "auto"), (3, 1000, False),
+                                      (3, 20000, "auto"), (33, 40, "auto"), (128, 2000, "auto")])
+def test_bit_identical_run_to_run(cp, d, k, fuse, dtype):
+    n = 40009
+    X = cp.asarray(asymmetric_data(n, d, min(k, 50), dtype=dtype, seed=5))
+    w = cp.asarray(np.random.default_rng(5).uniform(0, 2, n).astype(dtype))
+    init = X[cp.asarray(np.random.default_rng(6).choice(n, k, replace=False))].get()
+    fits = [KMeans(k, init=init, backend="cupy-fused", backend_options={"fuse": fuse},
+                   max_iter=8, tol=0).fit(X, sample_weight=w) for _ in range(2)]
+    a, b = fits
+    assert cp.array_equal(a.labels_, b.labels_)
+    assert a.cluster_centers_.tobytes() == b.cluster_centers_.tobytes()
+    assert a.inertia_ == b.inertia_ and a.history_ == b.history_
+    be = _backend(fuse=fuse)
+    it1, it2 = (be.lloyd_iter(X - X.mean(0), w, cp.asarray(init)) for _ in range(2))
+    assert it1.weighted_sums.tobytes() == it2.weighted_sums.tobytes()
+    assert it1.weight_in_clusters.tobytes() == it2.weight_in_clusters.tobytes()
+
+
+def test_fused_and_split_passes_agree(cp):
+    """The fused small-d pass and the assign-then-accumulate pass give the same bits."""
+    X = cp.asarray(asymmetric_data(100003, 3, 50, dtype=np.float32, seed=9))
+    init = X[:500].get()
+    a = KMeans(500, init=init, backend="cupy-fused", backend_options={"fuse": True},
+               max_iter=5, tol=0).fit(X)
+    b = KMeans(500, init=init, backend="cupy-fused", backend_options={"fuse": False},
+               max_iter=5, tol=0).fit(X)
+    assert cp.array_equal(a.labels_, b.labels_)
+    assert a.cluster_centers_.tobytes() == b.cluster_centers_.tobytes()
+
+
+def test_tf32_option_close_to_fp32(cp):
+    X = asymmetric_data(20011, 128, 64, dtype=np.float32, seed=3)
+    init = X[np.random.default_rng(3).choice(len(X), 64, replace=False)]
+    exact = KMeans(64, init=init, backend="cupy-fused", max_iter=20).fit(cp.asarray(X))
+    fast = KMeans(64, init=init, backend="cupy-fused", backend_options={"precision": "tf32"},
+                  max_iter=20).fit(cp.asarray(X))
+    agree = float(cp.mean(exact.labels_ == fast.labels_))
+    assert agree >= 0.99, f"tf32 labels agree on {agree:.2%} only"
+    assert abs(fast.inertia_ - exact.inertia_) <= 1e-2 * exact.inertia_
+    with pytest.raises(ValueError, match="float32"):
+        KMeans(4, backend="cupy-fused", backend_options={"precision": "tf32"}).fit(
+            cp.asarray(X[:100].astype(np.float64)))
+
+
+def test_options_are_validated(cp):
+    with pytest.raises(TypeError, match="precision"):
+        _backend(bogus=1)
+    with pytest.raises(ValueError):
+        _backend(precision="bf16")
+
+
+@pytest.mark.parametrize("n,d,k", [(2_000_003, 3, 200), (300_007, 128, 512),
+                                   (100_003, 3, 20000)])
+def test_memory_stays_under_estimate(cp, n, d, k):
+    from kmeans_xp import estimate_memory
+    X = cp.asarray(asymmetric_data(n, d, 20, dtype=np.float32, seed=1))
+    X -= X.mean(axis=0)
+    w = cp.ones(n, dtype=cp.float32)
+    init = X[:k].copy()
+    be = _backend()
+    pool = cp.get_default_memory_pool()
+    pool.free_all_blocks()
+    before = pool.used_bytes()
+    be.kmeans_single(X, w, init, max_iter=3, tol=0.0)
+    used = be.memory_report["lloyd"] - before
+    est = estimate_memory(n, d, k, dtype="float32", backend="cupy-fused")
+    assert used <= est.total + (1 << 20), f"peak {used} B > estimate {est}"
+    assert est.total < 16 * n + 256 * k * (d + 1) + (8 << 20)  # O(n + k d), never O(n k)
