@@ -123,22 +123,30 @@ def _float_dtype_for(xp, dtype):
     raise ValueError(f"X has dtype {dtype}, which is not numeric; give float32 or float64 data.")
 
 
+def _numeric_from_python(X, name):
+    """Lists and object arrays as a NumPy array of numbers, or a ValueError saying why not."""
+    try:
+        X = np.asarray(X)
+    except ValueError as exc:
+        raise ValueError(f"{name} could not be made into an array ({exc}); give a 2-D "
+                         f"array of shape (n_samples, n_features).") from exc
+    if X.dtype != object:
+        return X  # numbers, or strings/bytes that the caller rejects by dtype
+    try:
+        return X.astype(np.float64)
+    except (TypeError, ValueError) as exc:  # strings, None, nested sequences in the cells
+        raise ValueError(f"{name} has dtype object with a value that is not a number ({exc}); "
+                         f"give float32 or float64 data.") from exc
+
+
 def check_array(X, *, name="X", owner="KMeans"):
     """X as a 2-D float32/float64 array in its own namespace (lists become NumPy)."""
     ns = namespace_name(X)
     if ns == "list" or (isinstance(X, np.ndarray) and X.dtype == object):
-        try:
-            X = np.asarray(X)
-        except ValueError as exc:
-            raise ValueError(f"{name} could not be made into an array ({exc}); give a 2-D "
-                             f"array of shape (n_samples, n_features).") from exc
-        if X.dtype == object or X.dtype.kind in "USV":
-            if X.dtype.kind in "USV":
-                raise ValueError(f"{name} has dtype {X.dtype}, which is not numeric; give "
-                                 f"float32 or float64 data.")
-            X = X.astype(np.float64)  # raises TypeError for non-numbers, as sklearn does
+        X = _numeric_from_python(X, name)
     if isinstance(X, np.ndarray) and X.dtype.kind in "USVO":
-        raise ValueError(f"{name} has dtype {X.dtype}, which is not numeric.")
+        raise ValueError(f"{name} has dtype {X.dtype}, which is not numeric; give float32 or "
+                         f"float64 data.")
     xp = array_namespace(X)
     if X.ndim == 1 or X.ndim == 0:
         raise ValueError(
@@ -149,9 +157,9 @@ def check_array(X, *, name="X", owner="KMeans"):
         raise ValueError(f"Found array with dim {X.ndim}. {owner} expected <= 2 (X of shape "
                          f"(n_samples, n_features)); got shape {tuple(X.shape)}.")
     if X.shape[0] == 0 or X.shape[1] == 0:
-        what, minimum = ("sample(s)", X.shape[0]) if X.shape[0] == 0 else ("feature(s)", 0)
-        raise ValueError(f"Found array with {X.shape[0] if X.shape[0] == 0 else X.shape[1]} "
-                         f"{what} (shape={tuple(X.shape)}) while a minimum of 1 is required.")
+        what = "sample(s)" if X.shape[0] == 0 else "feature(s)"
+        raise ValueError(f"Found array with 0 {what} (shape={tuple(X.shape)}) while a minimum "
+                         f"of 1 is required.")
     dtype = _float_dtype_for(xp, X.dtype)
     if dtype != X.dtype:
         X = xp.astype(X, dtype)
