@@ -116,8 +116,9 @@ def _float_dtype_for(xp, dtype):
                          "np.abs(X)).")
     if dtype == xp.float64 or dtype == xp.float32:
         return dtype
-    if xp.isdtype(dtype, "real floating"):  # float16, bfloat16
-        return xp.float32
+    if xp.isdtype(dtype, "real floating"):
+        # float16/bfloat16 gain precision in float32; long double would lose it there
+        return xp.float32 if xp.finfo(dtype).bits < 32 else xp.float64
     if xp.isdtype(dtype, ("integral", "bool")):
         return xp.float64
     raise ValueError(f"X has dtype {dtype}, which is not numeric; give float32 or float64 data.")
