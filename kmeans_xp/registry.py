@@ -16,13 +16,13 @@ from typing import NamedTuple
 from .backend import KMeansBackend
 
 ENTRY_POINT_GROUP = "kmeans_xp.backends"
-CUDA_EXTRA = "cuda12] or kmeans_xp[cuda13"  # spelled inside "pip install 'kmeans_xp[...]'"
+CUDA_EXTRA = "cuda12|cuda13"  # alternatives: one per CUDA major version
 
 
 class BuiltinSpec(NamedTuple):
     requires: str   # module that must import for the backend to work
     target: str     # "module:Class"
-    extra: str      # pip extra that installs `requires` ("" when always installed)
+    extra: str      # pip extra that installs `requires`, "a|b" for alternatives ("" if none)
     gpu: bool       # needs a CUDA device
 
 
@@ -82,13 +82,20 @@ def _gpu_present() -> tuple[bool, str]:
     try:
         import cupy
         n = cupy.cuda.runtime.getDeviceCount()
-    except Exception as exc:  # no driver, no device, broken install: all mean "not usable"
+    except Exception as exc:  # noqa: BLE001 - no driver, no device, broken install: unusable
         return False, f"no usable CUDA device ({type(exc).__name__}: {exc})"
     return (n > 0, "" if n > 0 else "no CUDA device found")
 
 
+def _install_hint(extra: str) -> str:
+    """A command a user can paste: "pip install 'kmeans_xp[cuda12]'" (or one per alternative)."""
+    if not extra:
+        return ""
+    return " or ".join(f"pip install 'kmeans_xp[{e}]'" for e in extra.split("|"))
+
+
 def _builtin_info(name, spec) -> BackendInfo:
-    install = f"pip install 'kmeans_xp[{spec.extra}]'" if spec.extra else ""
+    install = _install_hint(spec.extra)
     module = spec.target.split(":")[0]
     if importlib.util.find_spec(spec.requires.split(".")[0]) is None:
         reason = f"{spec.requires} is not installed"
@@ -116,7 +123,7 @@ def list_backends() -> dict:
             cls = ep.load()
             if not (isinstance(cls, type) and issubclass(cls, KMeansBackend)):
                 raise TypeError(f"{ep.value} is not a KMeansBackend subclass")
-        except Exception as exc:  # a broken plugin must not break the library
+        except Exception as exc:  # noqa: BLE001 - a broken plugin must not break the library
             warnings.warn(f"kmeans_xp: plugin backend {ep.name!r} ({ep.value}) from {provider} "
                           f"failed to load and is skipped: {type(exc).__name__}: {exc}",
                           RuntimeWarning, 2)
@@ -197,5 +204,5 @@ def select_backend(backend, X, *, n_clusters, sample_weight=None, backend_option
 def _takes(name, X, n_clusters, sample_weight) -> bool:
     try:
         return get_backend(name)().accepts(X, n_clusters=n_clusters, sample_weight=sample_weight)
-    except Exception:
+    except Exception:  # noqa: BLE001 - a backend that cannot even start does not take X
         return False
