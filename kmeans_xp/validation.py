@@ -216,4 +216,5 @@ def check_init_array(init, n_clusters, n_features, *, xp_target=None):
                          f"or an init of the right shape.")
     if not np.all(np.isfinite(centers)):
         raise ValueError("The initial centers (init) contain NaN or infinity.")
-    return centers
+    # a copy: init is often a view of X, which copy_x=False centers in place during the fit
+    return np.array(centers, dtype=np.float64)
