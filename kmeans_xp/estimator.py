@@ -16,8 +16,14 @@ from ._xp import array_namespace, device, namespace_name, to_numpy
 from .lloyd import direct_sq_dist, kmeans_single_lloyd, tolerance
 from .memory import format_bytes
 from .registry import get_backend, select_backend
-from .validation import (NotFittedError, check_array, check_init_array, check_random_state,
-                         check_sample_weight, validate_params)
+from .validation import (
+    NotFittedError,
+    check_array,
+    check_init_array,
+    check_random_state,
+    check_sample_weight,
+    validate_params,
+)
 
 
 class ConvergenceWarning(UserWarning):
@@ -123,14 +129,22 @@ class KMeans:
             init_array = check_init_array(self.init, self.n_clusters, d)
         return X, sw, init_array
 
-    def _initial_centers(self, Xb, X_user, X_mean, sw, rs, xp, rows, init_array):
-        k = self.n_clusters
+    def _given_inits(self, X, init_array, n_init, rs):
+        """Host center arrays for each run when the user gives them (array or callable), else
+        None. A callable is called here, before X may be centered in place (copy_x=False),
+        so it always sees X as the user gave it; it draws from `rs` in run order as before."""
         if init_array is not None:
-            c = xp.asarray(init_array.astype(_host_dtype(Xb)), device=device(Xb))
+            return [init_array] * n_init
+        if not callable(self.init):
+            return None
+        k, d = self.n_clusters, X.shape[1]
+        return [check_init_array(self.init(X, k, random_state=rs), k, d) for _ in range(n_init)]
+
+    def _initial_centers(self, Xb, X_mean, sw, rs, xp, rows, given):
+        k = self.n_clusters
+        if given is not None:
+            c = xp.asarray(given.astype(_host_dtype(Xb)), device=device(Xb))
             return c - X_mean
-        if callable(self.init):
-            c = check_init_array(self.init(X_user, k, random_state=rs), k, Xb.shape[1])
-            return xp.asarray(c.astype(_host_dtype(Xb)), device=device(Xb)) - X_mean
         if self.init == "random":
             return _init.random_init(Xb, k, sample_weight=sw, random_state=rs, xp=xp)[0]
         return _init.kmeans_plusplus(Xb, k, sample_weight=sw, random_state=rs, xp=xp,
@@ -148,6 +162,8 @@ class KMeans:
                                       sample_weight=sw_host,
                                       backend_options=self.backend_options,
                                       max_memory=self.max_memory)
+        _check_memory(backend, X, self.n_clusters)
+        given = self._given_inits(X, init_array, n_init, rs)
         timings = {}
         t0 = time.perf_counter()
         Xb = backend.to_backend(X)
@@ -165,8 +181,8 @@ class KMeans:
                 Xc = Xb
             else:
                 Xc = Xb - X_mean
-            best, timings_runs = self._run(backend, Xc, X_user, X_mean, sw, rs, xp, n_init,
-                                           tol, init_array)
+            best, timings_runs = self._run(backend, Xc, X_mean, sw, rs, xp, n_init, tol,
+                                           given)
         finally:
             if in_place:
                 Xb += X_mean  # the user's data comes back even when the fit fails
@@ -175,15 +191,15 @@ class KMeans:
         self._store(best, backend, why, X_mean, X_user, Xb, timings)
         return self
 
-    def _run(self, backend, Xc, X_user, X_mean, sw, rs, xp, n_init, tol, init_array):
+    def _run(self, backend, Xc, X_mean, sw, rs, xp, n_init, tol, given):
         rows = backend.driver_rows(Xc.shape[0], Xc.shape[1], Xc.dtype)
         best = None
         t_init = t_lloyd = 0.0
         for run in range(n_init):
             t0 = time.perf_counter()
             with backend.stage("init"):
-                centers = self._initial_centers(Xc, X_user, X_mean, sw, rs, xp, rows,
-                                                init_array)
+                centers = self._initial_centers(Xc, X_mean, sw, rs, xp, rows,
+                                                None if given is None else given[run])
                 centers = xp.astype(centers, Xc.dtype)
             backend.synchronize()
             t1 = time.perf_counter()
@@ -291,6 +307,17 @@ class KMeans:
         rows = backend.driver_rows(Xc.shape[0], Xc.shape[1], Xc.dtype)
         d = direct_sq_dist(Xc, centers, labels, xp, rows)
         return -float(xp.sum(xp.astype(d, xp.float64) * sw))
+
+
+def _check_memory(backend, X, n_clusters):
+    """Raise KMeansMemoryError now, before any work, when max_memory cannot hold even the
+    backend's smallest chunk (its estimate applies the same plan as the fit)."""
+    n, d = X.shape
+    try:
+        type(backend).estimate_memory(n, d, n_clusters, itemsize=np.dtype(_host_dtype(X)).itemsize,
+                                      max_memory=backend.max_memory)
+    except NotImplementedError:
+        pass  # a backend without an estimate raises from its first chunk instead
 
 
 def _host_dtype(X):
