@@ -17,11 +17,11 @@ from .lloyd import direct_sq_dist, kmeans_single_lloyd, tolerance
 from .memory import format_bytes
 from .registry import get_backend, select_backend
 from .validation import (
-    NotFittedError,
     check_array,
     check_init_array,
     check_random_state,
     check_sample_weight,
+    not_fitted_error,
     validate_params,
 )
 
@@ -90,8 +90,10 @@ class KMeans:
     def __sklearn_tags__(self):
         # only scikit-learn calls this, so importing it here adds no run-time dependency
         from sklearn.utils import InputTags, Tags, TargetTags, TransformerTags
+        # transform keeps float32 as float32 (sklearn's KMeans declares the same)
         return Tags(estimator_type="clusterer", target_tags=TargetTags(required=False),
-                    transformer_tags=TransformerTags(), input_tags=InputTags())
+                    transformer_tags=TransformerTags(preserves_dtype=["float64", "float32"]),
+                    input_tags=InputTags())
 
     def __sklearn_is_fitted__(self):
         return hasattr(self, "cluster_centers_")
@@ -122,8 +124,9 @@ class KMeans:
         sw = check_sample_weight(sample_weight, n, _host_dtype(X))
         positive = int(np.count_nonzero(sw))
         if positive < self.n_clusters:
-            raise ValueError(f"only {positive} samples have a positive sample_weight, fewer "
-                             f"than n_clusters={self.n_clusters}.")
+            raise ValueError(f"sample_weight is zero for all but {positive} samples, fewer "
+                             f"than n_clusters={self.n_clusters}: at least n_clusters samples "
+                             f"need a positive weight.")
         init_array = None
         if not isinstance(self.init, str) and not callable(self.init):
             init_array = check_init_array(self.init, self.n_clusters, d)
@@ -255,7 +258,7 @@ class KMeans:
     # -- using the fit ------------------------------------------------------------------------
     def _check_fitted(self):
         if not hasattr(self, "cluster_centers_"):
-            raise NotFittedError(f"This {type(self).__name__} instance is not fitted yet. Call "
+            raise not_fitted_error(f"This {type(self).__name__} instance is not fitted yet. Call "
                                  f"'fit' with appropriate arguments before using this "
                                  f"estimator.")
 

@@ -5,7 +5,9 @@ name the parameter, what is allowed and what was given.
 """
 from __future__ import annotations
 
+import functools
 import numbers
+import sys
 
 import numpy as np
 
@@ -15,6 +17,21 @@ from .memory import parse_memory
 
 class NotFittedError(ValueError, AttributeError):
     """The estimator is used before `fit` (a ValueError and AttributeError, as in sklearn)."""
+
+
+@functools.lru_cache(maxsize=4)
+def _not_fitted_class(sklearn_error):
+    return type("NotFittedError", (NotFittedError, sklearn_error), {
+        "__module__": __name__, "__doc__": NotFittedError.__doc__})
+
+
+def not_fitted_error(message):
+    """A NotFittedError that is also sklearn's when the caller has imported scikit-learn, so
+    `except sklearn.exceptions.NotFittedError` (and sklearn's own checks) catch it; without
+    scikit-learn imported it is ours alone, and scikit-learn is never imported here."""
+    sk = sys.modules.get("sklearn.exceptions")
+    cls = _not_fitted_class(sk.NotFittedError) if sk is not None else NotFittedError
+    return cls(message)
 
 
 class Interval:
@@ -135,13 +152,18 @@ def _numeric_from_python(X, name):
         return X  # numbers, or strings/bytes that the caller rejects by dtype
     try:
         return X.astype(np.float64)
-    except (TypeError, ValueError) as exc:  # strings, None, nested sequences in the cells
-        raise ValueError(f"{name} has dtype object with a value that is not a number ({exc}); "
-                         f"give float32 or float64 data.") from exc
+    except (TypeError, ValueError) as exc:  # strings, None, dicts in the cells
+        # the same class NumPy raises (sklearn does the same): ValueError for a string that
+        # is not a number, TypeError for a cell of another type
+        raise type(exc)(f"{name} has dtype object with a value that is not a number ({exc}); "
+                        f"give float32 or float64 data.") from exc
 
 
 def check_array(X, *, name="X", owner="KMeans"):
     """X as a 2-D float32/float64 array in its own namespace (lists become NumPy)."""
+    if type(X).__module__.startswith("scipy.sparse"):
+        raise TypeError(f"Sparse data was passed for {name}, but dense data is required; use "
+                        f"{name}.toarray() to convert it to a dense array.")
     ns = namespace_name(X)
     if ns == "list" or (isinstance(X, np.ndarray) and X.dtype == object):
         X = _numeric_from_python(X, name)
