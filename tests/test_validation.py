@@ -4,14 +4,15 @@ import importlib.util
 import array_api_strict as xps
 import numpy as np
 import pytest
+import scipy.sparse
+from kmeans_xp_backends.array_api import ArrayAPIBackend
+from kmeans_xp_backends.numpy_ import NumpyBackend
 
 import kmeans_xp
 import kmeans_xp.estimator as est_mod
 import kmeans_xp.init as init_mod
 from kmeans_xp import KMeans, NotFittedError
 from kmeans_xp.testing import asymmetric_data
-from kmeans_xp_backends.array_api import ArrayAPIBackend
-from kmeans_xp_backends.numpy_ import NumpyBackend
 
 X = asymmetric_data(50, 3, 3, seed=0)
 
@@ -61,6 +62,10 @@ BAD_FITS = [
     ("strings", {}, np.array([["a", "b"], ["c", "d"]] * 5), {}, ValueError, ["<U1", "numeric"]),
     ("object strings", {"n_clusters": 1}, np.array([["a", 1.0], [2.0, 3.0]], dtype=object), {},
      ValueError, ["object", "'a'"]),
+    ("object dict", {"n_clusters": 1}, np.array([[{"a": 1}, 1.0], [2.0, 3.0]], dtype=object),
+     {}, TypeError, ["object", "dict"]),
+    ("sparse", {}, scipy.sparse.csr_matrix(X), {}, TypeError, ["Sparse", "toarray()"]),
+    ("sparse array", {}, scipy.sparse.csr_array(X), {}, TypeError, ["Sparse"]),
     ("list of strings", {"n_clusters": 1}, [["x", "y"], ["z", "w"]], {}, ValueError,
      ["numeric"]),
     ("ragged list", {"n_clusters": 1}, [[1.0, 2.0], [3.0]], {}, ValueError, ["2-D"]),
