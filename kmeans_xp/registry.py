@@ -109,10 +109,31 @@ def _builtin_info(name, spec) -> BackendInfo:
     return BackendInfo(name, not reason, reason, spec.target, "kmeans_xp", install, spec.gpu)
 
 
+@functools.cache
+def _builtin_info_cached(name) -> BackendInfo:
+    return _builtin_info(name, BUILTIN_BACKENDS[name])
+
+
+def _runtime_info(name) -> BackendInfo:
+    cls = _runtime[name]
+    return BackendInfo(name, True, "", f"{cls.__module__}:{cls.__qualname__}", "runtime", "",
+                       cls.device == "gpu")
+
+
+def _info(name):
+    """BackendInfo of one backend, or None if unknown. A built-in is looked at alone, so that
+    using the numpy backend never probes for a GPU (which would import CuPy)."""
+    if name in _runtime:
+        return _runtime_info(name)
+    if name in BUILTIN_BACKENDS:
+        return _builtin_info_cached(name)
+    return list_backends().get(name)  # plugins: the entry-point scan
+
+
 @functools.lru_cache(maxsize=1)
 def list_backends() -> dict:
     """name -> BackendInfo for built-in, plugin and runtime-registered backends."""
-    infos = {name: _builtin_info(name, spec) for name, spec in BUILTIN_BACKENDS.items()}
+    infos = {name: _builtin_info_cached(name) for name in BUILTIN_BACKENDS}
     for ep in entry_points(group=ENTRY_POINT_GROUP):
         provider = getattr(getattr(ep, "dist", None), "name", "?")
         if ep.name in infos:
@@ -129,9 +150,8 @@ def list_backends() -> dict:
                           RuntimeWarning, 2)
             continue
         infos[ep.name] = BackendInfo(ep.name, True, "", ep.value, provider, "", False)
-    for name, cls in _runtime.items():
-        infos[name] = BackendInfo(name, True, "", f"{cls.__module__}:{cls.__qualname__}",
-                                  "runtime", "", cls.device == "gpu")
+    for name in _runtime:
+        infos[name] = _runtime_info(name)
     return infos
 
 
@@ -146,13 +166,12 @@ def available_backends() -> list:
 
 def get_backend(name: str):
     """The backend class registered as `name`; errors say what is installed and what to do."""
-    infos = list_backends()
-    if not isinstance(name, str) or name not in infos:
+    info = _info(name) if isinstance(name, str) else None
+    if info is None:
         raise ValueError(
             f"unknown backend {name!r}. Installed backends: {available_backends()}; all known: "
-            f"{sorted(infos)}. Third-party backends register under the entry-point group "
-            f"{ENTRY_POINT_GROUP!r}.")
-    info = infos[name]
+            f"{sorted(list_backends())}. Third-party backends register under the entry-point "
+            f"group {ENTRY_POINT_GROUP!r}.")
     if not info.available:
         todo = f" Install it with: {info.install}." if info.install else ""
         raise BackendNotAvailableError(
@@ -194,8 +213,9 @@ def select_backend(backend, X, *, n_clusters, sample_weight=None, backend_option
             why = f"NumPy input with n*k*d = {n * n_clusters * d:.2g} >= {AUTO_GPU_MIN_WORK:.0e}"
         else:
             candidates = ["numpy"]
-    for name in candidates:
-        if name in available_backends() and _takes(name, X, n_clusters, sample_weight):
+    for name in candidates:  # only these are looked at: a NumPy fit never probes a GPU
+        info = _info(name)
+        if info is not None and info.available and _takes(name, X, n_clusters, sample_weight):
             return get_backend(name)(max_memory=max_memory, **options), (
                 f"auto: {why}; first of {candidates} installed that takes it")
     raise ValueError(f"no installed backend takes {ns} input; installed: {available_backends()}")
