@@ -5,6 +5,8 @@ their chunks from it with `chunk_rows`, so memory stays bounded whatever n and k
 """
 from __future__ import annotations
 
+import math
+import numbers
 import os
 import re
 from typing import NamedTuple
@@ -58,7 +60,10 @@ def parse_memory(value):
             raise ValueError(f"max_memory={value!r} is less than one byte; give 'auto', a "
                              f"positive number of bytes, or a string such as '2GB'")
         return nbytes
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+    # numbers.Real takes NumPy scalars (np.int64 from arithmetic on shapes) too; bools are not
+    # byte counts, and nan/inf are not either
+    if (isinstance(value, bool) or not isinstance(value, numbers.Real)
+            or not math.isfinite(value) or value < 1):
         raise ValueError(
             f"max_memory={value!r} must be 'auto', a positive number of bytes, or a string "
             f"such as '2GB'")
