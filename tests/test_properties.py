@@ -153,3 +153,29 @@ def test_plusplus_local_trials_default():
     xp = array_namespace(X)
     kmeans_plusplus(X, 20, sample_weight=xp.ones(200), random_state=Counting(0), xp=xp, rows=50)
     assert calls[0] is None and calls[1:] == [2 + int(math.log(20))] * 19
+
+
+def test_zero_weight_never_seed_when_draws_come_close_to_one():
+    """RandomState.uniform may return 1 - 2**-53. When every positive-weight point is already
+    a center (duplicates), the draw falls back on the weights alone; its total must be the
+    cumulative sum's last value, or the draw lands past it, on the last (zero-weight) row."""
+    class NearOne(np.random.RandomState):
+        def uniform(self, low=0.0, high=1.0, size=None):
+            v = 1.0 - 2.0**-53
+            return v if size is None else np.full(size, v)
+
+    n = 1000
+    X = np.zeros((n, 2))
+    X[-5:] = 100.0  # the zero-weight rows are the only other points
+    rng = np.random.default_rng(0)
+    for _ in range(100):  # weights whose pairwise sum exceeds their sequential cumsum
+        w = rng.uniform(0.1, 1.0, size=n)
+        w[-5:] = 0.0
+        if float(np.sum(w)) > float(np.cumsum(w)[-1]):
+            break
+    else:
+        pytest.fail("no weights found whose sum and cumsum round apart")
+    xp = array_namespace(X)
+    _, idx = kmeans_plusplus(X, 3, sample_weight=xp.asarray(w), random_state=NearOne(0),
+                             xp=xp, rows=64)
+    assert np.all(w[np.asarray(idx)] > 0), f"zero-weight seeds: {idx}"
