@@ -99,14 +99,20 @@ def test_float32_with_large_offset():
     _assert_agree(ref, got, np.float32)
 
 
-def test_empty_cluster_relocation_matches_sklearn():
-    """A center far from every point loses all its points and is relocated as sklearn does."""
+@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize("n_empty", [1, 3])
+def test_empty_cluster_relocation_matches_sklearn(n_empty, weighted):
+    """Centers far from every point lose all their points and are relocated, farthest point
+    first, as sklearn does."""
     X = asymmetric_data(1201, 3, 6, seed=21)
-    init = _init_rows(X, 6, seed=2)
-    init[2] = X.max(axis=0) * 50 + 1e3  # nobody is closest to this one at first
-    ref, got = _both(X, init)
+    init = _init_rows(X, 8, seed=2)
+    far = [X.max(axis=0) * 50 + 1e3, X.max(axis=0) * 70 + 2e3, -X.max(axis=0) * 70 - 2e3]
+    for j, c in zip([2, 5, 6][:n_empty], far):
+        init[j] = c  # nobody is closest to these at first
+    w = np.random.default_rng(0).uniform(0.5, 2, len(X)) if weighted else None
+    ref, got = _both(X, init, sample_weight=w)
     _assert_agree(ref, got, np.float64)
-    assert len(np.unique(got.labels_)) == 6
+    assert len(np.unique(got.labels_)) == 8
 
 
 @pytest.mark.parametrize("max_iter", [1, 2, 5])
