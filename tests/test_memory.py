@@ -155,7 +155,9 @@ PARTIALS_XFAIL = pytest.mark.xfail(strict=True, reason=(
 @pytest.mark.parametrize("n,d,k,dtype,max_memory", [
     (7919, 40, 37, np.float64, "1MB"),
     (12007, 8, 64, np.float64, "auto"),
-    pytest.param(20011, 3, 200, np.float32, "4MB", marks=PARTIALS_XFAIL),  # the seed's shape
+    # the seed's shape; measured 1.25x the estimate, the k=500 case 1.38x (margins wide
+    # enough for a strict xfail: a fixed numpy_.py turns these into XPASS failures)
+    pytest.param(200_003, 3, 200, np.float32, "2MB", marks=PARTIALS_XFAIL),
     pytest.param(30011, 3, 500, np.float32, "2MiB", marks=PARTIALS_XFAIL),
 ])
 def test_numpy_backend_peak_under_estimate(n, d, k, dtype, max_memory):
