@@ -10,6 +10,8 @@ Lloyd run that must give the numpy backend's partition from the same initial cen
 """
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 
 from ._xp import array_namespace, to_numpy
@@ -126,19 +128,38 @@ def _check_primitives(backend, X, C, w, X_np, C_np, w_np, xp, rtol, where):
     return 4
 
 
+@contextlib.contextmanager
+def _registered(cls):
+    """`cls` is what its name resolves to while the fit runs, then the registry is as it was:
+    the class under test is used even when an installed backend (a built-in, a plugin, an
+    older version of it) has the same name."""
+    from . import registry
+
+    previous = registry._runtime.get(cls.name)
+    registry._runtime[cls.name] = cls
+    registry.list_backends.cache_clear()
+    try:
+        yield
+    finally:
+        if previous is None:
+            registry._runtime.pop(cls.name, None)
+        else:
+            registry._runtime[cls.name] = previous
+        registry.list_backends.cache_clear()
+
+
 def _check_lloyd(backend, to_arr, dtype):
     """A whole fit from the same init gives the numpy backend's partition."""
     from .estimator import KMeans
-    from .registry import register_backend, list_backends
 
     X = asymmetric_data(2049, 3, 12, dtype=dtype, seed=7)
     init = X[np.random.default_rng(1).choice(len(X), 12, replace=False)]
     ref = KMeans(12, init=init, backend="numpy", max_iter=50).fit(X)
     name = backend.name
-    if name not in list_backends():
-        register_backend(type(backend))
-    got = KMeans(12, init=init, backend=name, max_iter=50,
-                 max_memory=backend.max_memory).fit(to_arr(X))
+    with _registered(type(backend)):
+        got = KMeans(12, init=init, backend=name, max_iter=50,
+                     max_memory=backend.max_memory).fit(to_arr(X))
+    assert got.backend_ == name, f"the fit ran on {got.backend_!r}, not {name!r}"
     labels = to_numpy(got.labels_)
     assert np.array_equal(labels, ref.labels_), \
         f"{name} {np.dtype(dtype)}: partition differs from numpy backend " \
