@@ -111,6 +111,32 @@ def test_contract_catches_broken_backends(bad, match):
         check_backend(bad, cases=[(257, 3, 7), (1031, 3, 13)], dtypes=(np.float64,))
 
 
+class OneIterationLoop(NumpyBackend):
+    """Primitives right, but its on-device loop stops after one iteration; it even takes the
+    name of the built-in, which the suite must not test in its place."""
+    name = "numpy"
+
+    def kmeans_single(self, X, sample_weight, centers, *, xp, max_iter, tol, verbose=0):
+        from kmeans_xp.lloyd import kmeans_single_lloyd
+        return kmeans_single_lloyd(self, X, sample_weight, centers, xp=xp, max_iter=1,
+                                   tol=tol, rows=256)
+
+
+def test_contract_tests_the_class_given_not_the_installed_namesake():
+    with pytest.raises(AssertionError, match="partition differs|n_iter"):
+        check_backend(OneIterationLoop, cases=[(257, 3, 7)], dtypes=(np.float64,))
+    assert registry.get_backend("numpy") is NumpyBackend  # the registry is as it was
+    assert "numpy" not in registry._runtime
+
+
+def test_contract_leaves_registry_as_it_was():
+    class Fresh(NumpyBackend):
+        name = "fresh-backend"
+
+    check_backend(Fresh, cases=[(97, 2, 3)], dtypes=(np.float64,))
+    assert "fresh-backend" not in registry.list_backends()
+
+
 def test_contract_rejects_non_backends():
     class NoName(NumpyBackend):
         name = ""
