@@ -229,7 +229,8 @@ class KMeans:
         xp = array_namespace(Xb)
         self._X_mean = X_mean
         self._centers_fit = best.centers
-        self._backend_key = (backend.name, dict(self.backend_options or {}), self.max_memory)
+        self._backend_key = (backend.name, dict(self.backend_options or {}), self.max_memory,
+                             self.backend == "auto")
         self.cluster_centers_ = backend.from_backend(best.centers + X_mean, like=X_user)
         self.labels_ = backend.from_backend(best.labels, like=X_user)
         self.inertia_ = float(best.inertia)
@@ -262,6 +263,18 @@ class KMeans:
                                  f"'fit' with appropriate arguments before using this "
                                  f"estimator.")
 
+    def _predict_backend(self, X):
+        """The fit's backend when it takes X. Otherwise, after an "auto" fit, the backend
+        "auto" picks for X; a backend the user named raises, listing those that would take
+        X (as fit does): never a silent fallback."""
+        name, options, max_memory, auto = self._backend_key
+        k = self._centers_fit.shape[0]
+        backend = get_backend(name)(max_memory=max_memory, **options)
+        if backend.accepts(X, n_clusters=k):
+            return backend
+        return select_backend("auto" if auto else name, X, n_clusters=k,
+                              backend_options=options, max_memory=max_memory)[0]
+
     def _prepare(self, X):
         """(backend, X centered in the backend's namespace, xp, validated X) for predict etc."""
         self._check_fitted()
@@ -269,8 +282,7 @@ class KMeans:
         if X.shape[1] != self.n_features_in_:
             raise ValueError(f"X has {X.shape[1]} features, but {type(self).__name__} is "
                              f"expecting {self.n_features_in_} features as input.")
-        name, options, max_memory = self._backend_key
-        backend = get_backend(name)(max_memory=max_memory, **options)
+        backend = self._predict_backend(X)
         Xb = backend.to_backend(X)
         xp = array_namespace(Xb)
         mean = xp.asarray(self._X_mean, device=device(Xb)) if namespace_name(
