@@ -185,3 +185,24 @@ def test_numpy_results_are_numpy():
     km = KMeans(3, random_state=0, backend="array-api").fit(X)
     for arr in (km.labels_, km.cluster_centers_, km.predict(X), km.transform(X)):
         assert type(arr) is np.ndarray
+
+
+def test_predict_in_another_namespace_after_auto_fit():
+    """An "auto" fit on NumPy predicts array-api-strict input with the backend "auto" picks
+    for it, and answers in that namespace."""
+    X_np = asymmetric_data(509, 3, 4, seed=3)
+    km = KMeans(4, random_state=0).fit(X_np)
+    assert km.backend_ == "numpy"
+    X = xps.asarray(X_np)
+    labels = km.predict(X)
+    assert isinstance(labels, type(X))
+    np.testing.assert_array_equal(np.from_dlpack(labels), km.labels_)
+    np.testing.assert_allclose(np.from_dlpack(km.transform(X)), km.transform(X_np))
+    assert km.score(X) == pytest.approx(km.score(X_np))
+
+
+def test_predict_in_another_namespace_after_named_fit_says_what_would():
+    X_np = asymmetric_data(509, 3, 4, seed=3)
+    km = KMeans(4, random_state=0, backend="numpy").fit(X_np)
+    with pytest.raises(ValueError, match=r"'numpy' cannot take.*would: \['array-api'\]"):
+        km.predict(xps.asarray(X_np))
