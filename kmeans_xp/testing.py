@@ -68,7 +68,7 @@ def check_backend(cls, *, make_array=None, dtypes=(np.float32, np.float64),
     assert isinstance(cls.namespaces, frozenset) and cls.namespaces, \
         "backend needs `namespaces`, a non-empty frozenset of namespace names"
     backend = cls(max_memory=max_memory)
-    to_arr = make_array or (lambda a: a)
+    to_arr = make_array or _default_maker(backend)
     passed = 0
     for dtype in dtypes:
         rtol = 1e-4 if dtype == np.float32 else 1e-10
@@ -89,6 +89,14 @@ def check_backend(cls, *, make_array=None, dtypes=(np.float32, np.float64),
                                         f"{cls.name} n={n} d={d} k={k} {np.dtype(dtype)}")
         passed += _check_lloyd(backend, to_arr, dtype)
     return passed
+
+
+def _default_maker(backend):
+    """NumPy input when the backend takes it, else the backend's own `to_backend` (as the
+    docstring of `check_backend` promises)."""
+    if backend.accepts(np.zeros((2, 2)), n_clusters=1):
+        return lambda a: a
+    return backend.to_backend
 
 
 def _dev(x):
