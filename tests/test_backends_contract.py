@@ -206,3 +206,19 @@ def test_predict_in_another_namespace_after_named_fit_says_what_would():
     km = KMeans(4, random_state=0, backend="numpy").fit(X_np)
     with pytest.raises(ValueError, match=r"'numpy' cannot take.*would: \['array-api'\]"):
         km.predict(xps.asarray(X_np))
+
+
+def test_contract_default_input_is_the_backends_own_when_it_refuses_numpy():
+    """A backend that computes only on array-api-strict gets its input through to_backend."""
+    class StrictOnly(ArrayAPIBackend):
+        name = "strict-only"
+        namespaces = frozenset({"array_api_strict"})
+
+        def reject_reason(self, X, *, n_clusters, sample_weight=None):
+            ns = type(X).__module__.split(".")[0]
+            return None if ns == "array_api_strict" else f"not {ns}"
+
+        def to_backend(self, X):
+            return X if type(X).__module__.startswith("array_api_strict") else xps.asarray(X)
+
+    assert check_backend(StrictOnly, cases=[(97, 3, 5)]) > 0
