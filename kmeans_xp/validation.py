@@ -161,6 +161,9 @@ def _numeric_from_python(X, name):
 
 def check_array(X, *, name="X", owner="KMeans"):
     """X as a 2-D float32/float64 array in its own namespace (lists become NumPy)."""
+    if isinstance(X, np.matrix):  # its * is a matrix product: the xp code would be wrong
+        raise TypeError(f"np.matrix is not supported for {name}; convert it with "
+                        f"np.asarray({name}).")
     if type(X).__module__.startswith("scipy.sparse"):
         raise TypeError(f"Sparse data was passed for {name}, but dense data is required; use "
                         f"{name}.toarray() to convert it to a dense array.")
