@@ -65,6 +65,7 @@ BAD_FITS = [
     ("object dict", {"n_clusters": 1}, np.array([[{"a": 1}, 1.0], [2.0, 3.0]], dtype=object),
      {}, TypeError, ["object", "dict"]),
     ("sparse", {}, scipy.sparse.csr_matrix(X), {}, TypeError, ["Sparse", "toarray()"]),
+    ("np.matrix", {}, np.matrix(X), {}, TypeError, ["np.matrix", "np.asarray"]),
     ("sparse array", {}, scipy.sparse.csr_array(X), {}, TypeError, ["Sparse"]),
     ("list of strings", {"n_clusters": 1}, [["x", "y"], ["z", "w"]], {}, ValueError,
      ["numeric"]),
