@@ -133,7 +133,20 @@ def _check_primitives(backend, X, C, w, X_np, C_np, w_np, xp, rtol, where):
                        atol=rtol * scale ** 0.5 * n ** 0.5), f"{where}: lloyd_iter sums"
     it2 = backend.lloyd_iter(X, w, C, xp=xp, update_centers=False)
     assert np.array_equal(to_numpy(it2.labels), lab), f"{where}: update_centers=False labels"
-    return 4
+    _check_fresh_results(backend, X, w, C, it, xp, where)
+    return 5
+
+
+def _check_fresh_results(backend, X, w, C, it, xp, where):
+    """Results are new arrays: the driver keeps last iteration's labels to detect strict
+    convergence, which a backend that reuses its output buffers would silently overwrite."""
+    before = to_numpy(it.labels).copy(), to_numpy(it.min_sq_dist).copy()
+    other = xp.flip(C, axis=0) * 2 + 1  # other centers: other labels and distances
+    backend.lloyd_iter(X, w, other, xp=xp)
+    backend.assign(X, other, xp=xp)
+    assert np.array_equal(to_numpy(it.labels), before[0]) and np.array_equal(
+        to_numpy(it.min_sq_dist), before[1]), \
+        f"{where}: a later call overwrote earlier results (reused output buffers)"
 
 
 @contextlib.contextmanager
