@@ -222,3 +222,33 @@ def test_contract_default_input_is_the_backends_own_when_it_refuses_numpy():
             return X if type(X).__module__.startswith("array_api_strict") else xps.asarray(X)
 
     assert check_backend(StrictOnly, cases=[(97, 3, 5)]) > 0
+
+
+class ReusesBuffers(NumpyBackend):
+    """Writes every result into the same arrays: fast, but it breaks strict convergence."""
+    name = "bad-reuse"
+
+    def lloyd_iter(self, X, sample_weight, centers, *, xp=None, update_centers=True):
+        it = super().lloyd_iter(X, sample_weight, centers, xp=xp,
+                                update_centers=update_centers)
+        if getattr(self, "_buf", None) is None or self._buf[0].shape != it.labels.shape:
+            self._buf = (np.empty_like(it.labels), np.empty_like(it.min_sq_dist))
+        self._buf[0][...] = it.labels
+        self._buf[1][...] = it.min_sq_dist
+        return it._replace(labels=self._buf[0], min_sq_dist=self._buf[1])
+
+
+def test_contract_catches_reused_output_buffers():
+    with pytest.raises(AssertionError, match="reused output buffers"):
+        check_backend(ReusesBuffers, cases=[(257, 3, 7)], dtypes=(np.float64,))
+
+
+def test_driver_survives_reused_output_buffers():
+    """Even so, the driver does not stop early: it keeps its own copy of the last labels."""
+    registry.register_backend(ReusesBuffers)
+    X = asymmetric_data(2049, 3, 12, seed=7)
+    init = X[:12].copy()
+    got = KMeans(12, init=init, backend="bad-reuse").fit(X)
+    ref = KMeans(12, init=init, backend="numpy").fit(X)
+    assert ref.n_iter_ > 2 and got.n_iter_ == ref.n_iter_
+    np.testing.assert_array_equal(got.labels_, ref.labels_)
