@@ -198,6 +198,7 @@ class KMeans:
         rows = backend.driver_rows(Xc.shape[0], Xc.shape[1], Xc.dtype)
         best = None
         t_init = t_lloyd = 0.0
+        iterations = 0  # over all runs: runs stop after different numbers of iterations
         for run in range(n_init):
             t0 = time.perf_counter()
             with backend.stage("init"):
@@ -217,13 +218,14 @@ class KMeans:
             backend.synchronize()
             t_init += t1 - t0
             t_lloyd += time.perf_counter() - t1
+            iterations += int(result.n_iter)
             if self.verbose:
                 print(f"Run {run}: inertia {result.inertia:.6g} after {result.n_iter} "
                       f"iterations.")
             if best is None or result.inertia < best.inertia:
                 best = result
         return best, {"init": t_init, "lloyd": t_lloyd,
-                      "per_iteration": t_lloyd / max(best.n_iter, 1) / n_init}
+                      "per_iteration": t_lloyd / max(iterations, 1)}
 
     def _store(self, best, backend, why, X_mean, X_user, Xb, timings):
         xp = array_namespace(Xb)
