@@ -216,6 +216,16 @@ def test_fitted_attributes():
     assert isinstance(km.memory_report_, dict)
 
 
+def test_per_iteration_time_counts_every_run():
+    """timings_["per_iteration"] is Lloyd time over the iterations of all n_init runs."""
+    km = KMeans(5, init="random", n_init=4, random_state=0).fit(X)
+    rs = np.random.RandomState(0)  # the runs draw from one RandomState in turn
+    runs = [KMeans(5, init="random", n_init=1, random_state=rs).fit(X).n_iter_
+            for _ in range(4)]
+    assert len(set(runs)) > 1, "the runs should differ in length for this test to bite"
+    assert km.timings_["per_iteration"] * sum(runs) == pytest.approx(km.timings_["lloyd"])
+
+
 def test_refit_is_idempotent_and_overwrites():
     km = KMeans(5, random_state=0)
     a = km.fit(X).cluster_centers_.copy()
