@@ -165,7 +165,7 @@ class KMeans:
                                       sample_weight=sw_host,
                                       backend_options=self.backend_options,
                                       max_memory=self.max_memory)
-        _check_memory(backend, X, self.n_clusters)
+        _check_memory(backend, X, self.n_clusters, self.backend_options or {})
         given = self._given_inits(X, init_array, n_init, rs)
         timings = {}
         t0 = time.perf_counter()
@@ -326,15 +326,25 @@ class KMeans:
         return -float(xp.sum(xp.astype(d, xp.float64) * sw))
 
 
-def _check_memory(backend, X, n_clusters):
+def _check_memory(backend, X, n_clusters, options):
     """Raise KMeansMemoryError now, before any work, when max_memory cannot hold even the
     backend's smallest chunk (its estimate applies the same plan as the fit)."""
     n, d = X.shape
+    estimate = type(backend).estimate_memory
     try:
-        type(backend).estimate_memory(n, d, n_clusters, itemsize=np.dtype(_host_dtype(X)).itemsize,
-                                      max_memory=backend.max_memory)
+        estimate(n, d, n_clusters, itemsize=np.dtype(_host_dtype(X)).itemsize,
+                 max_memory=backend.max_memory, **_accepted(estimate, options))
     except NotImplementedError:
         pass  # a backend without an estimate raises from its first chunk instead
+
+
+def _accepted(fn, options):
+    """The backend_options `fn` takes (the estimate plans with the fit's options, e.g. the
+    numpy backend's n_threads), all of them when it takes **kwargs."""
+    params = inspect.signature(fn).parameters
+    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        return dict(options)
+    return {k: v for k, v in options.items() if k in params}
 
 
 def _host_dtype(X):
