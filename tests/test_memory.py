@@ -169,3 +169,48 @@ def test_numpy_backend_peak_under_estimate(n, d, k, dtype, max_memory):
     peak = _peak_lloyd_iters(NumpyBackend(max_memory=max_memory), X, w, C)
     assert peak > est.parts["outputs"]  # the measurement sees the backend's allocations
     assert peak <= est.total, f"measured {format_bytes(peak)} > estimate {est}"
+
+
+def test_early_memory_check_plans_with_the_backend_options():
+    from kmeans_xp import registry
+
+    seen = []
+
+    class Recording(NumpyBackend):
+        name = "recording-numpy"
+
+        @classmethod
+        def estimate_memory(cls, *args, n_threads=None, **kwargs):
+            seen.append(n_threads)
+            return super().estimate_memory(*args, n_threads=n_threads, **kwargs)
+
+    registry.register_backend(Recording)
+    try:
+        X = asymmetric_data(301, 3, 3, seed=0)
+        KMeans(3, backend="recording-numpy", backend_options={"n_threads": 1},
+               random_state=0).fit(X)
+        assert seen == [1]
+    finally:
+        registry._runtime.pop("recording-numpy")
+        registry.list_backends.cache_clear()
+
+
+def test_backend_without_estimate_still_fits():
+    """estimate_memory is optional: the base class raises NotImplementedError, and then
+    the memory check is the backend's own, at its first chunk."""
+    from kmeans_xp import KMeansBackend, registry
+
+    class NoEstimate(NumpyBackend):
+        name = "no-estimate"
+        estimate_memory = KMeansBackend.estimate_memory
+
+    registry.register_backend(NoEstimate)
+    try:
+        X = asymmetric_data(301, 3, 3, seed=0)
+        km = KMeans(3, backend="no-estimate", random_state=0).fit(X)
+        assert km.backend_ == "no-estimate"
+        with pytest.raises(NotImplementedError):
+            estimate_memory(301, 3, 3, backend="no-estimate")
+    finally:
+        registry._runtime.pop("no-estimate")
+        registry.list_backends.cache_clear()
