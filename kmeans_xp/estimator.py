@@ -5,7 +5,9 @@ chosen backend, keeps the best, and stores the fitted attributes in the caller's
 """
 from __future__ import annotations
 
+import functools
 import inspect
+import sys
 import time
 import warnings
 
@@ -28,6 +30,19 @@ from .validation import (
 
 class ConvergenceWarning(UserWarning):
     """Fewer distinct clusters than asked for (duplicate points, too few distinct values)."""
+
+
+@functools.lru_cache(maxsize=4)
+def _with_sklearn_warning(sklearn_warning):
+    return type("ConvergenceWarning", (ConvergenceWarning, sklearn_warning),
+                {"__module__": __name__, "__doc__": ConvergenceWarning.__doc__})
+
+
+def _convergence_warning():
+    """Our ConvergenceWarning, also sklearn's once the caller has imported scikit-learn, so
+    filters on `sklearn.exceptions.ConvergenceWarning` apply (sklearn is never imported)."""
+    sk = sys.modules.get("sklearn.exceptions")
+    return ConvergenceWarning if sk is None else _with_sklearn_warning(sk.ConvergenceWarning)
 
 
 class KMeans:
@@ -247,7 +262,7 @@ class KMeans:
         if distinct < self.n_clusters:
             warnings.warn(f"Number of distinct clusters ({distinct}) found smaller than "
                           f"n_clusters ({self.n_clusters}). Possibly due to duplicate points "
-                          f"in X.", ConvergenceWarning, stacklevel=3)
+                          f"in X.", _convergence_warning(), stacklevel=3)
         if self.verbose:
             self._print_report(xp)
 
