@@ -242,6 +242,18 @@ def test_convergence_warning_with_duplicate_points():
     assert km.inertia_ == pytest.approx(0.0, abs=1e-12)
 
 
+def test_convergence_warning_is_sklearns_when_sklearn_is_loaded():
+    from sklearn.exceptions import ConvergenceWarning as SkConvergenceWarning
+
+    A = np.repeat(np.array([[0.0, 1.0], [5.0, -2.0]]), [30, 21], axis=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        warnings.filterwarnings("ignore", category=SkConvergenceWarning)
+        KMeans(3, random_state=0).fit(A)  # sklearn's filter silences it
+    with pytest.warns(SkConvergenceWarning):
+        KMeans(3, random_state=0).fit(A)
+
+
 def test_no_convergence_warning_when_all_clusters_found():
     with warnings.catch_warnings():
         warnings.simplefilter("error", ConvergenceWarning)
