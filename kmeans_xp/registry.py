@@ -109,11 +109,6 @@ def _builtin_info(name, spec) -> BackendInfo:
     return BackendInfo(name, not reason, reason, spec.target, "kmeans_xp", install, spec.gpu)
 
 
-@functools.cache
-def _builtin_info_cached(name) -> BackendInfo:
-    return _builtin_info(name, BUILTIN_BACKENDS[name])
-
-
 def _runtime_info(name) -> BackendInfo:
     cls = _runtime[name]
     return BackendInfo(name, True, "", f"{cls.__module__}:{cls.__qualname__}", "runtime", "",
@@ -126,14 +121,16 @@ def _info(name):
     if name in _runtime:
         return _runtime_info(name)
     if name in BUILTIN_BACKENDS:
-        return _builtin_info_cached(name)
+        # not cached apart from list_backends: its cache_clear() must re-read built-ins too
+        # (tests fake a GPU that way); the look-up is a couple of find_spec calls
+        return _builtin_info(name, BUILTIN_BACKENDS[name])
     return list_backends().get(name)  # plugins: the entry-point scan
 
 
 @functools.lru_cache(maxsize=1)
 def list_backends() -> dict:
     """name -> BackendInfo for built-in, plugin and runtime-registered backends."""
-    infos = {name: _builtin_info_cached(name) for name in BUILTIN_BACKENDS}
+    infos = {name: _builtin_info(name, spec) for name, spec in BUILTIN_BACKENDS.items()}
     for ep in entry_points(group=ENTRY_POINT_GROUP):
         provider = getattr(getattr(ep, "dist", None), "name", "?")
         if ep.name in infos:
