@@ -296,3 +296,16 @@ def test_plugin_distribution_installed_with_pip(tmp_path):
         [sys.executable, "-c", "import kmeans_xp; kmeans_xp.get_backend('my-backend')"],
         capture_output=True, text=True, cwd=tmp_path, check=False, timeout=120)
     assert bare.returncode != 0 and "unknown backend 'my-backend'" in bare.stderr
+
+
+def test_cache_clear_rereads_builtins(monkeypatch):
+    """Tests (and users who install a library mid-session) refresh with cache_clear()."""
+    kmeans_xp.list_backends()
+    if importlib.util.find_spec("dask") is None:
+        with pytest.raises(kmeans_xp.BackendNotAvailableError):
+            kmeans_xp.get_backend("dask")
+    monkeypatch.setitem(registry.BUILTIN_BACKENDS, "dask", registry.BuiltinSpec(
+        "numpy", "kmeans_xp_backends.numpy_:NumpyBackend", "dask", False))
+    registry.list_backends.cache_clear()
+    assert kmeans_xp.list_backends()["dask"].available
+    assert kmeans_xp.get_backend("dask") is NumpyBackend
