@@ -5,7 +5,9 @@ chosen backend, keeps the best, and stores the fitted attributes in the caller's
 """
 from __future__ import annotations
 
+import functools
 import inspect
+import sys
 import time
 import warnings
 
@@ -16,12 +18,31 @@ from ._xp import array_namespace, device, namespace_name, to_numpy
 from .lloyd import direct_sq_dist, kmeans_single_lloyd, tolerance
 from .memory import format_bytes
 from .registry import get_backend, select_backend
-from .validation import (NotFittedError, check_array, check_init_array, check_random_state,
-                         check_sample_weight, validate_params)
+from .validation import (
+    check_array,
+    check_init_array,
+    check_random_state,
+    check_sample_weight,
+    not_fitted_error,
+    validate_params,
+)
 
 
 class ConvergenceWarning(UserWarning):
     """Fewer distinct clusters than asked for (duplicate points, too few distinct values)."""
+
+
+@functools.lru_cache(maxsize=4)
+def _with_sklearn_warning(sklearn_warning):
+    return type("ConvergenceWarning", (ConvergenceWarning, sklearn_warning),
+                {"__module__": __name__, "__doc__": ConvergenceWarning.__doc__})
+
+
+def _convergence_warning():
+    """Our ConvergenceWarning, also sklearn's once the caller has imported scikit-learn, so
+    filters on `sklearn.exceptions.ConvergenceWarning` apply (sklearn is never imported)."""
+    sk = sys.modules.get("sklearn.exceptions")
+    return ConvergenceWarning if sk is None else _with_sklearn_warning(sk.ConvergenceWarning)
 
 
 class KMeans:
@@ -84,8 +105,10 @@ class KMeans:
     def __sklearn_tags__(self):
         # only scikit-learn calls this, so importing it here adds no run-time dependency
         from sklearn.utils import InputTags, Tags, TargetTags, TransformerTags
+        # transform keeps float32 as float32 (sklearn's KMeans declares the same)
         return Tags(estimator_type="clusterer", target_tags=TargetTags(required=False),
-                    transformer_tags=TransformerTags(), input_tags=InputTags())
+                    transformer_tags=TransformerTags(preserves_dtype=["float64", "float32"]),
+                    input_tags=InputTags())
 
     def __sklearn_is_fitted__(self):
         return hasattr(self, "cluster_centers_")
@@ -116,21 +139,30 @@ class KMeans:
         sw = check_sample_weight(sample_weight, n, _host_dtype(X))
         positive = int(np.count_nonzero(sw))
         if positive < self.n_clusters:
-            raise ValueError(f"only {positive} samples have a positive sample_weight, fewer "
-                             f"than n_clusters={self.n_clusters}.")
+            raise ValueError(f"sample_weight is zero for all but {positive} samples, fewer "
+                             f"than n_clusters={self.n_clusters}: at least n_clusters samples "
+                             f"need a positive weight.")
         init_array = None
         if not isinstance(self.init, str) and not callable(self.init):
             init_array = check_init_array(self.init, self.n_clusters, d)
         return X, sw, init_array
 
-    def _initial_centers(self, Xb, X_user, X_mean, sw, rs, xp, rows, init_array):
-        k = self.n_clusters
+    def _given_inits(self, X, init_array, n_init, rs):
+        """Host center arrays for each run when the user gives them (array or callable), else
+        None. A callable is called here, before X may be centered in place (copy_x=False),
+        so it always sees X as the user gave it; it draws from `rs` in run order as before."""
         if init_array is not None:
-            c = xp.asarray(init_array.astype(_host_dtype(Xb)), device=device(Xb))
+            return [init_array] * n_init
+        if not callable(self.init):
+            return None
+        k, d = self.n_clusters, X.shape[1]
+        return [check_init_array(self.init(X, k, random_state=rs), k, d) for _ in range(n_init)]
+
+    def _initial_centers(self, Xb, X_mean, sw, rs, xp, rows, given):
+        k = self.n_clusters
+        if given is not None:
+            c = xp.asarray(given.astype(_host_dtype(Xb)), device=device(Xb))
             return c - X_mean
-        if callable(self.init):
-            c = check_init_array(self.init(X_user, k, random_state=rs), k, Xb.shape[1])
-            return xp.asarray(c.astype(_host_dtype(Xb)), device=device(Xb)) - X_mean
         if self.init == "random":
             return _init.random_init(Xb, k, sample_weight=sw, random_state=rs, xp=xp)[0]
         return _init.kmeans_plusplus(Xb, k, sample_weight=sw, random_state=rs, xp=xp,
@@ -148,6 +180,8 @@ class KMeans:
                                       sample_weight=sw_host,
                                       backend_options=self.backend_options,
                                       max_memory=self.max_memory)
+        _check_memory(backend, X, self.n_clusters, self.backend_options or {})
+        given = self._given_inits(X, init_array, n_init, rs)
         timings = {}
         t0 = time.perf_counter()
         Xb = backend.to_backend(X)
@@ -165,8 +199,8 @@ class KMeans:
                 Xc = Xb
             else:
                 Xc = Xb - X_mean
-            best, timings_runs = self._run(backend, Xc, X_user, X_mean, sw, rs, xp, n_init,
-                                           tol, init_array)
+            best, timings_runs = self._run(backend, Xc, X_mean, sw, rs, xp, n_init, tol,
+                                           given)
         finally:
             if in_place:
                 Xb += X_mean  # the user's data comes back even when the fit fails
@@ -175,15 +209,16 @@ class KMeans:
         self._store(best, backend, why, X_mean, X_user, Xb, timings)
         return self
 
-    def _run(self, backend, Xc, X_user, X_mean, sw, rs, xp, n_init, tol, init_array):
+    def _run(self, backend, Xc, X_mean, sw, rs, xp, n_init, tol, given):
         rows = backend.driver_rows(Xc.shape[0], Xc.shape[1], Xc.dtype)
         best = None
         t_init = t_lloyd = 0.0
+        iterations = 0  # over all runs: runs stop after different numbers of iterations
         for run in range(n_init):
             t0 = time.perf_counter()
             with backend.stage("init"):
-                centers = self._initial_centers(Xc, X_user, X_mean, sw, rs, xp, rows,
-                                                init_array)
+                centers = self._initial_centers(Xc, X_mean, sw, rs, xp, rows,
+                                                None if given is None else given[run])
                 centers = xp.astype(centers, Xc.dtype)
             backend.synchronize()
             t1 = time.perf_counter()
@@ -198,19 +233,21 @@ class KMeans:
             backend.synchronize()
             t_init += t1 - t0
             t_lloyd += time.perf_counter() - t1
+            iterations += int(result.n_iter)
             if self.verbose:
                 print(f"Run {run}: inertia {result.inertia:.6g} after {result.n_iter} "
                       f"iterations.")
             if best is None or result.inertia < best.inertia:
                 best = result
         return best, {"init": t_init, "lloyd": t_lloyd,
-                      "per_iteration": t_lloyd / max(best.n_iter, 1) / n_init}
+                      "per_iteration": t_lloyd / max(iterations, 1)}
 
     def _store(self, best, backend, why, X_mean, X_user, Xb, timings):
         xp = array_namespace(Xb)
         self._X_mean = X_mean
         self._centers_fit = best.centers
-        self._backend_key = (backend.name, dict(self.backend_options or {}), self.max_memory)
+        self._backend_key = (backend.name, dict(self.backend_options or {}), self.max_memory,
+                             self.backend == "auto")
         self.cluster_centers_ = backend.from_backend(best.centers + X_mean, like=X_user)
         self.labels_ = backend.from_backend(best.labels, like=X_user)
         self.inertia_ = float(best.inertia)
@@ -225,7 +262,7 @@ class KMeans:
         if distinct < self.n_clusters:
             warnings.warn(f"Number of distinct clusters ({distinct}) found smaller than "
                           f"n_clusters ({self.n_clusters}). Possibly due to duplicate points "
-                          f"in X.", ConvergenceWarning, stacklevel=3)
+                          f"in X.", _convergence_warning(), stacklevel=3)
         if self.verbose:
             self._print_report(xp)
 
@@ -239,9 +276,21 @@ class KMeans:
     # -- using the fit ------------------------------------------------------------------------
     def _check_fitted(self):
         if not hasattr(self, "cluster_centers_"):
-            raise NotFittedError(f"This {type(self).__name__} instance is not fitted yet. Call "
+            raise not_fitted_error(f"This {type(self).__name__} instance is not fitted yet. Call "
                                  f"'fit' with appropriate arguments before using this "
                                  f"estimator.")
+
+    def _predict_backend(self, X):
+        """The fit's backend when it takes X. Otherwise, after an "auto" fit, the backend
+        "auto" picks for X; a backend the user named raises, listing those that would take
+        X (as fit does): never a silent fallback."""
+        name, options, max_memory, auto = self._backend_key
+        k = self._centers_fit.shape[0]
+        backend = get_backend(name)(max_memory=max_memory, **options)
+        if backend.accepts(X, n_clusters=k):
+            return backend
+        return select_backend("auto" if auto else name, X, n_clusters=k,
+                              backend_options=options, max_memory=max_memory)[0]
 
     def _prepare(self, X):
         """(backend, X centered in the backend's namespace, xp, validated X) for predict etc."""
@@ -250,8 +299,7 @@ class KMeans:
         if X.shape[1] != self.n_features_in_:
             raise ValueError(f"X has {X.shape[1]} features, but {type(self).__name__} is "
                              f"expecting {self.n_features_in_} features as input.")
-        name, options, max_memory = self._backend_key
-        backend = get_backend(name)(max_memory=max_memory, **options)
+        backend = self._predict_backend(X)
         Xb = backend.to_backend(X)
         xp = array_namespace(Xb)
         mean = xp.asarray(self._X_mean, device=device(Xb)) if namespace_name(
@@ -291,6 +339,27 @@ class KMeans:
         rows = backend.driver_rows(Xc.shape[0], Xc.shape[1], Xc.dtype)
         d = direct_sq_dist(Xc, centers, labels, xp, rows)
         return -float(xp.sum(xp.astype(d, xp.float64) * sw))
+
+
+def _check_memory(backend, X, n_clusters, options):
+    """Raise KMeansMemoryError now, before any work, when max_memory cannot hold even the
+    backend's smallest chunk (its estimate applies the same plan as the fit)."""
+    n, d = X.shape
+    estimate = type(backend).estimate_memory
+    try:
+        estimate(n, d, n_clusters, itemsize=np.dtype(_host_dtype(X)).itemsize,
+                 max_memory=backend.max_memory, **_accepted(estimate, options))
+    except NotImplementedError:
+        pass  # a backend without an estimate raises from its first chunk instead
+
+
+def _accepted(fn, options):
+    """The backend_options `fn` takes (the estimate plans with the fit's options, e.g. the
+    numpy backend's n_threads), all of them when it takes **kwargs."""
+    params = inspect.signature(fn).parameters
+    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        return dict(options)
+    return {k: v for k, v in options.items() if k in params}
 
 
 def _host_dtype(X):

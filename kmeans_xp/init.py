@@ -67,7 +67,7 @@ def kmeans_plusplus(X, n_clusters, *, sample_weight, random_state, xp, rows,
     """Greedy k-means++ (Arthur & Vassilvitskii; scikit-learn's variant): each new center is the
     best of 2 + int(ln k) candidates drawn with probability w * D(x)^2. Returns (centers, indices).
     """
-    n, d = X.shape
+    n = X.shape[0]
     if n_local_trials is None:
         n_local_trials = 2 + int(math.log(n_clusters))
     sw64 = xp.astype(sample_weight, xp.float64)
@@ -80,7 +80,10 @@ def kmeans_plusplus(X, n_clusters, *, sample_weight, random_state, xp, rows,
         cum = xp.cumulative_sum(xp.astype(closest, xp.float64) * sw64)
         pot = float(cum[-1])
         if pot <= 0:  # every positive-weight point is already a center (duplicates)
-            cum, pot = xp.cumulative_sum(sw64), float(xp.sum(sw64))
+            # the total must be cum[-1] itself: xp.sum rounds differently, and a draw past
+            # cum[-1] would be clipped onto the last row, which may have zero weight
+            cum = xp.cumulative_sum(sw64)
+            pot = float(cum[-1])
         cand = _draw(cum, pot, random_state.uniform(size=n_local_trials), xp, n)
         P = xp.take(X, cand, axis=0)
         pots = _min_update(closest, X, P, xp, rows, sw64)

@@ -114,7 +114,9 @@ def kmeans_single_lloyd(backend, X, sample_weight, centers, *, xp, max_iter, tol
                 print(f"Converged at iteration {i}: center shift {shift:.3g} within tolerance "
                       f"{tol:.3g}.")
             break
-        labels_old = it.labels
+        # a copy: a backend that reuses its output buffer would otherwise make the next
+        # iteration's labels equal these by aliasing, and stop the run as converged
+        labels_old = xp.asarray(it.labels, copy=True)
     labels = it.labels
     if not strict:
         labels = backend.lloyd_iter(X, sample_weight, centers, xp=xp,

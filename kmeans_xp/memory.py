@@ -5,6 +5,8 @@ their chunks from it with `chunk_rows`, so memory stays bounded whatever n and k
 """
 from __future__ import annotations
 
+import math
+import numbers
 import os
 import re
 from typing import NamedTuple
@@ -53,8 +55,15 @@ def parse_memory(value):
             raise ValueError(
                 f"max_memory={value!r} is not understood; give 'auto', a number of bytes, "
                 f"or a string such as '2GB' or '512MiB'")
-        return int(float(m.group(1)) * _UNITS[m.group(2)])
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        nbytes = int(float(m.group(1)) * _UNITS[m.group(2)])
+        if nbytes <= 0:  # "0GB" would pass the pattern and give a budget of nothing
+            raise ValueError(f"max_memory={value!r} is less than one byte; give 'auto', a "
+                             f"positive number of bytes, or a string such as '2GB'")
+        return nbytes
+    # numbers.Real takes NumPy scalars (np.int64 from arithmetic on shapes) too; bools are not
+    # byte counts, and nan/inf are not either
+    if (isinstance(value, bool) or not isinstance(value, numbers.Real)
+            or not math.isfinite(value) or value < 1):
         raise ValueError(
             f"max_memory={value!r} must be 'auto', a positive number of bytes, or a string "
             f"such as '2GB'")
@@ -107,15 +116,23 @@ def estimate_memory(n_samples, n_features, n_clusters, *, dtype="float32", backe
     `data` is X itself on the backend's device (0 when it stays where it is).
     """
     import numpy as np
+
     from .registry import get_backend
 
     for name, v in (("n_samples", n_samples), ("n_features", n_features),
                     ("n_clusters", n_clusters)):
         if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
             raise ValueError(f"{name} must be a positive integer, got {v!r}")
-    itemsize = np.dtype(dtype).itemsize
-    if itemsize < 4:
-        itemsize = 4  # float16 is computed in float32
     cls = get_backend(backend)
     return cls.estimate_memory(int(n_samples), int(n_features), int(n_clusters),
-                               itemsize=itemsize, max_memory=max_memory)
+                               itemsize=compute_itemsize(dtype), max_memory=max_memory)
+
+
+def compute_itemsize(dtype) -> int:
+    """Bytes per element of the dtype a fit computes in for input of `dtype`, as
+    `check_array` converts: float32 kept, float16 in float32, float64, ints and bools in
+    float64 (so an int8 input costs 8 bytes per value, not 1)."""
+    import numpy as np
+
+    dt = np.dtype(dtype)
+    return 4 if dt.kind == "f" and dt.itemsize <= 4 else 8

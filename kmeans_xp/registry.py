@@ -16,13 +16,13 @@ from typing import NamedTuple
 from .backend import KMeansBackend
 
 ENTRY_POINT_GROUP = "kmeans_xp.backends"
-CUDA_EXTRA = "cuda12] or kmeans_xp[cuda13"  # spelled inside "pip install 'kmeans_xp[...]'"
+CUDA_EXTRA = "cuda12|cuda13"  # alternatives: one per CUDA major version
 
 
 class BuiltinSpec(NamedTuple):
     requires: str   # module that must import for the backend to work
     target: str     # "module:Class"
-    extra: str      # pip extra that installs `requires` ("" when always installed)
+    extra: str      # pip extra that installs `requires`, "a|b" for alternatives ("" if none)
     gpu: bool       # needs a CUDA device
 
 
@@ -82,13 +82,20 @@ def _gpu_present() -> tuple[bool, str]:
     try:
         import cupy
         n = cupy.cuda.runtime.getDeviceCount()
-    except Exception as exc:  # no driver, no device, broken install: all mean "not usable"
+    except Exception as exc:  # noqa: BLE001 - no driver, no device, broken install: unusable
         return False, f"no usable CUDA device ({type(exc).__name__}: {exc})"
     return (n > 0, "" if n > 0 else "no CUDA device found")
 
 
+def _install_hint(extra: str) -> str:
+    """A command a user can paste: "pip install 'kmeans_xp[cuda12]'" (or one per alternative)."""
+    if not extra:
+        return ""
+    return " or ".join(f"pip install 'kmeans_xp[{e}]'" for e in extra.split("|"))
+
+
 def _builtin_info(name, spec) -> BackendInfo:
-    install = f"pip install 'kmeans_xp[{spec.extra}]'" if spec.extra else ""
+    install = _install_hint(spec.extra)
     module = spec.target.split(":")[0]
     if importlib.util.find_spec(spec.requires.split(".")[0]) is None:
         reason = f"{spec.requires} is not installed"
@@ -100,6 +107,24 @@ def _builtin_info(name, spec) -> BackendInfo:
     else:
         reason = ""
     return BackendInfo(name, not reason, reason, spec.target, "kmeans_xp", install, spec.gpu)
+
+
+def _runtime_info(name) -> BackendInfo:
+    cls = _runtime[name]
+    return BackendInfo(name, True, "", f"{cls.__module__}:{cls.__qualname__}", "runtime", "",
+                       cls.device == "gpu")
+
+
+def _info(name):
+    """BackendInfo of one backend, or None if unknown. A built-in is looked at alone, so that
+    using the numpy backend never probes for a GPU (which would import CuPy)."""
+    if name in _runtime:
+        return _runtime_info(name)
+    if name in BUILTIN_BACKENDS:
+        # not cached apart from list_backends: its cache_clear() must re-read built-ins too
+        # (tests fake a GPU that way); the look-up is a couple of find_spec calls
+        return _builtin_info(name, BUILTIN_BACKENDS[name])
+    return list_backends().get(name)  # plugins: the entry-point scan
 
 
 @functools.lru_cache(maxsize=1)
@@ -116,15 +141,14 @@ def list_backends() -> dict:
             cls = ep.load()
             if not (isinstance(cls, type) and issubclass(cls, KMeansBackend)):
                 raise TypeError(f"{ep.value} is not a KMeansBackend subclass")
-        except Exception as exc:  # a broken plugin must not break the library
+        except Exception as exc:  # noqa: BLE001 - a broken plugin must not break the library
             warnings.warn(f"kmeans_xp: plugin backend {ep.name!r} ({ep.value}) from {provider} "
                           f"failed to load and is skipped: {type(exc).__name__}: {exc}",
                           RuntimeWarning, 2)
             continue
         infos[ep.name] = BackendInfo(ep.name, True, "", ep.value, provider, "", False)
-    for name, cls in _runtime.items():
-        infos[name] = BackendInfo(name, True, "", f"{cls.__module__}:{cls.__qualname__}",
-                                  "runtime", "", cls.device == "gpu")
+    for name in _runtime:
+        infos[name] = _runtime_info(name)
     return infos
 
 
@@ -139,13 +163,12 @@ def available_backends() -> list:
 
 def get_backend(name: str):
     """The backend class registered as `name`; errors say what is installed and what to do."""
-    infos = list_backends()
-    if not isinstance(name, str) or name not in infos:
+    info = _info(name) if isinstance(name, str) else None
+    if info is None:
         raise ValueError(
             f"unknown backend {name!r}. Installed backends: {available_backends()}; all known: "
-            f"{sorted(infos)}. Third-party backends register under the entry-point group "
-            f"{ENTRY_POINT_GROUP!r}.")
-    info = infos[name]
+            f"{sorted(list_backends())}. Third-party backends register under the entry-point "
+            f"group {ENTRY_POINT_GROUP!r}.")
     if not info.available:
         todo = f" Install it with: {info.install}." if info.install else ""
         raise BackendNotAvailableError(
@@ -187,8 +210,9 @@ def select_backend(backend, X, *, n_clusters, sample_weight=None, backend_option
             why = f"NumPy input with n*k*d = {n * n_clusters * d:.2g} >= {AUTO_GPU_MIN_WORK:.0e}"
         else:
             candidates = ["numpy"]
-    for name in candidates:
-        if name in available_backends() and _takes(name, X, n_clusters, sample_weight):
+    for name in candidates:  # only these are looked at: a NumPy fit never probes a GPU
+        info = _info(name)
+        if info is not None and info.available and _takes(name, X, n_clusters, sample_weight):
             return get_backend(name)(max_memory=max_memory, **options), (
                 f"auto: {why}; first of {candidates} installed that takes it")
     raise ValueError(f"no installed backend takes {ns} input; installed: {available_backends()}")
@@ -197,5 +221,5 @@ def select_backend(backend, X, *, n_clusters, sample_weight=None, backend_option
 def _takes(name, X, n_clusters, sample_weight) -> bool:
     try:
         return get_backend(name)().accepts(X, n_clusters=n_clusters, sample_weight=sample_weight)
-    except Exception:
+    except Exception:  # noqa: BLE001 - a backend that cannot even start does not take X
         return False

@@ -10,6 +10,8 @@ Lloyd run that must give the numpy backend's partition from the same initial cen
 """
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 
 from ._xp import array_namespace, to_numpy
@@ -66,7 +68,7 @@ def check_backend(cls, *, make_array=None, dtypes=(np.float32, np.float64),
     assert isinstance(cls.namespaces, frozenset) and cls.namespaces, \
         "backend needs `namespaces`, a non-empty frozenset of namespace names"
     backend = cls(max_memory=max_memory)
-    to_arr = make_array or (lambda a: a)
+    to_arr = make_array or _default_maker(backend)
     passed = 0
     for dtype in dtypes:
         rtol = 1e-4 if dtype == np.float32 else 1e-10
@@ -87,6 +89,14 @@ def check_backend(cls, *, make_array=None, dtypes=(np.float32, np.float64),
                                         f"{cls.name} n={n} d={d} k={k} {np.dtype(dtype)}")
         passed += _check_lloyd(backend, to_arr, dtype)
     return passed
+
+
+def _default_maker(backend):
+    """NumPy input when the backend takes it, else the backend's own `to_backend` (as the
+    docstring of `check_backend` promises)."""
+    if backend.accepts(np.zeros((2, 2)), n_clusters=1):
+        return lambda a: a
+    return backend.to_backend
 
 
 def _dev(x):
@@ -123,22 +133,54 @@ def _check_primitives(backend, X, C, w, X_np, C_np, w_np, xp, rtol, where):
                        atol=rtol * scale ** 0.5 * n ** 0.5), f"{where}: lloyd_iter sums"
     it2 = backend.lloyd_iter(X, w, C, xp=xp, update_centers=False)
     assert np.array_equal(to_numpy(it2.labels), lab), f"{where}: update_centers=False labels"
-    return 4
+    _check_fresh_results(backend, X, w, C, it, xp, where)
+    return 5
+
+
+def _check_fresh_results(backend, X, w, C, it, xp, where):
+    """Results are new arrays: the driver keeps last iteration's labels to detect strict
+    convergence, which a backend that reuses its output buffers would silently overwrite."""
+    before = to_numpy(it.labels).copy(), to_numpy(it.min_sq_dist).copy()
+    other = xp.flip(C, axis=0) * 2 + 1  # other centers: other labels and distances
+    backend.lloyd_iter(X, w, other, xp=xp)
+    backend.assign(X, other, xp=xp)
+    assert np.array_equal(to_numpy(it.labels), before[0]) and np.array_equal(
+        to_numpy(it.min_sq_dist), before[1]), \
+        f"{where}: a later call overwrote earlier results (reused output buffers)"
+
+
+@contextlib.contextmanager
+def _registered(cls):
+    """`cls` is what its name resolves to while the fit runs, then the registry is as it was:
+    the class under test is used even when an installed backend (a built-in, a plugin, an
+    older version of it) has the same name."""
+    from . import registry
+
+    previous = registry._runtime.get(cls.name)
+    registry._runtime[cls.name] = cls
+    registry.list_backends.cache_clear()
+    try:
+        yield
+    finally:
+        if previous is None:
+            registry._runtime.pop(cls.name, None)
+        else:
+            registry._runtime[cls.name] = previous
+        registry.list_backends.cache_clear()
 
 
 def _check_lloyd(backend, to_arr, dtype):
     """A whole fit from the same init gives the numpy backend's partition."""
     from .estimator import KMeans
-    from .registry import register_backend, list_backends
 
     X = asymmetric_data(2049, 3, 12, dtype=dtype, seed=7)
     init = X[np.random.default_rng(1).choice(len(X), 12, replace=False)]
     ref = KMeans(12, init=init, backend="numpy", max_iter=50).fit(X)
     name = backend.name
-    if name not in list_backends():
-        register_backend(type(backend))
-    got = KMeans(12, init=init, backend=name, max_iter=50,
-                 max_memory=backend.max_memory).fit(to_arr(X))
+    with _registered(type(backend)):
+        got = KMeans(12, init=init, backend=name, max_iter=50,
+                     max_memory=backend.max_memory).fit(to_arr(X))
+    assert got.backend_ == name, f"the fit ran on {got.backend_!r}, not {name!r}"
     labels = to_numpy(got.labels_)
     assert np.array_equal(labels, ref.labels_), \
         f"{name} {np.dtype(dtype)}: partition differs from numpy backend " \

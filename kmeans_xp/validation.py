@@ -5,7 +5,9 @@ name the parameter, what is allowed and what was given.
 """
 from __future__ import annotations
 
+import functools
 import numbers
+import sys
 
 import numpy as np
 
@@ -15,6 +17,21 @@ from .memory import parse_memory
 
 class NotFittedError(ValueError, AttributeError):
     """The estimator is used before `fit` (a ValueError and AttributeError, as in sklearn)."""
+
+
+@functools.lru_cache(maxsize=4)
+def _not_fitted_class(sklearn_error):
+    return type("NotFittedError", (NotFittedError, sklearn_error), {
+        "__module__": __name__, "__doc__": NotFittedError.__doc__})
+
+
+def not_fitted_error(message):
+    """A NotFittedError that is also sklearn's when the caller has imported scikit-learn, so
+    `except sklearn.exceptions.NotFittedError` (and sklearn's own checks) catch it; without
+    scikit-learn imported it is ours alone, and scikit-learn is never imported here."""
+    sk = sys.modules.get("sklearn.exceptions")
+    cls = _not_fitted_class(sk.NotFittedError) if sk is not None else NotFittedError
+    return cls(message)
 
 
 class Interval:
@@ -116,29 +133,46 @@ def _float_dtype_for(xp, dtype):
                          "np.abs(X)).")
     if dtype == xp.float64 or dtype == xp.float32:
         return dtype
-    if xp.isdtype(dtype, "real floating"):  # float16, bfloat16
-        return xp.float32
+    if xp.isdtype(dtype, "real floating"):
+        # float16/bfloat16 gain precision in float32; long double would lose it there
+        return xp.float32 if xp.finfo(dtype).bits < 32 else xp.float64
     if xp.isdtype(dtype, ("integral", "bool")):
         return xp.float64
     raise ValueError(f"X has dtype {dtype}, which is not numeric; give float32 or float64 data.")
 
 
+def _numeric_from_python(X, name):
+    """Lists and object arrays as a NumPy array of numbers, or a ValueError saying why not."""
+    try:
+        X = np.asarray(X)
+    except ValueError as exc:
+        raise ValueError(f"{name} could not be made into an array ({exc}); give a 2-D "
+                         f"array of shape (n_samples, n_features).") from exc
+    if X.dtype != object:
+        return X  # numbers, or strings/bytes that the caller rejects by dtype
+    try:
+        return X.astype(np.float64)
+    except (TypeError, ValueError) as exc:  # strings, None, dicts in the cells
+        # the same class NumPy raises (sklearn does the same): ValueError for a string that
+        # is not a number, TypeError for a cell of another type
+        raise type(exc)(f"{name} has dtype object with a value that is not a number ({exc}); "
+                        f"give float32 or float64 data.") from exc
+
+
 def check_array(X, *, name="X", owner="KMeans"):
     """X as a 2-D float32/float64 array in its own namespace (lists become NumPy)."""
+    if isinstance(X, np.matrix):  # its * is a matrix product: the xp code would be wrong
+        raise TypeError(f"np.matrix is not supported for {name}; convert it with "
+                        f"np.asarray({name}).")
+    if type(X).__module__.startswith("scipy.sparse"):
+        raise TypeError(f"Sparse data was passed for {name}, but dense data is required; use "
+                        f"{name}.toarray() to convert it to a dense array.")
     ns = namespace_name(X)
     if ns == "list" or (isinstance(X, np.ndarray) and X.dtype == object):
-        try:
-            X = np.asarray(X)
-        except ValueError as exc:
-            raise ValueError(f"{name} could not be made into an array ({exc}); give a 2-D "
-                             f"array of shape (n_samples, n_features).") from exc
-        if X.dtype == object or X.dtype.kind in "USV":
-            if X.dtype.kind in "USV":
-                raise ValueError(f"{name} has dtype {X.dtype}, which is not numeric; give "
-                                 f"float32 or float64 data.")
-            X = X.astype(np.float64)  # raises TypeError for non-numbers, as sklearn does
+        X = _numeric_from_python(X, name)
     if isinstance(X, np.ndarray) and X.dtype.kind in "USVO":
-        raise ValueError(f"{name} has dtype {X.dtype}, which is not numeric.")
+        raise ValueError(f"{name} has dtype {X.dtype}, which is not numeric; give float32 or "
+                         f"float64 data.")
     xp = array_namespace(X)
     if X.ndim == 1 or X.ndim == 0:
         raise ValueError(
@@ -149,9 +183,9 @@ def check_array(X, *, name="X", owner="KMeans"):
         raise ValueError(f"Found array with dim {X.ndim}. {owner} expected <= 2 (X of shape "
                          f"(n_samples, n_features)); got shape {tuple(X.shape)}.")
     if X.shape[0] == 0 or X.shape[1] == 0:
-        what, minimum = ("sample(s)", X.shape[0]) if X.shape[0] == 0 else ("feature(s)", 0)
-        raise ValueError(f"Found array with {X.shape[0] if X.shape[0] == 0 else X.shape[1]} "
-                         f"{what} (shape={tuple(X.shape)}) while a minimum of 1 is required.")
+        what = "sample(s)" if X.shape[0] == 0 else "feature(s)"
+        raise ValueError(f"Found array with 0 {what} (shape={tuple(X.shape)}) while a minimum "
+                         f"of 1 is required.")
     dtype = _float_dtype_for(xp, X.dtype)
     if dtype != X.dtype:
         X = xp.astype(X, dtype)
@@ -207,4 +241,5 @@ def check_init_array(init, n_clusters, n_features, *, xp_target=None):
                          f"or an init of the right shape.")
     if not np.all(np.isfinite(centers)):
         raise ValueError("The initial centers (init) contain NaN or infinity.")
-    return centers
+    # a copy: init is often a view of X, which copy_x=False centers in place during the fit
+    return np.array(centers, dtype=np.float64)

@@ -1,0 +1,254 @@
+"""The contract suite on our backends, its power to catch the seed's bugs, and namespaces."""
+import array_api_strict as xps
+import numpy as np
+import pytest
+from kmeans_xp_backends.array_api import ArrayAPIBackend
+from kmeans_xp_backends.numpy_ import NumpyBackend
+
+from kmeans_xp import AssignResult, KMeans, ReduceResult, registry
+from kmeans_xp.testing import asymmetric_data, check_backend
+
+
+@pytest.fixture(autouse=True)
+def _clean_registry():
+    yield
+    registry._runtime.clear()
+    registry.list_backends.cache_clear()
+
+
+def test_numpy_backend_passes_contract():
+    assert check_backend(NumpyBackend) > 50
+
+
+def test_numpy_backend_single_thread_passes_contract():
+    class OneThread(NumpyBackend):
+        name = "numpy-one-thread"
+
+        def __init__(self, max_memory="auto"):
+            super().__init__(max_memory, n_threads=1)
+
+    assert check_backend(OneThread) > 50
+
+
+def test_array_api_backend_passes_contract_on_numpy():
+    assert check_backend(ArrayAPIBackend) > 50
+
+
+def test_array_api_backend_passes_contract_on_array_api_strict():
+    assert check_backend(ArrayAPIBackend, make_array=xps.asarray) > 50
+
+
+def test_array_api_backend_passes_contract_on_torch_cpu():
+    torch = pytest.importorskip("torch")
+    assert check_backend(ArrayAPIBackend, make_array=torch.from_numpy) > 50
+
+
+# -- the suite catches the seed's bugs ---------------------------------------------------------
+class FirstTwoFeatures(NumpyBackend):
+    """The seed's fit_custom bug: distances from the first 2 of d features only."""
+    name = "bad-first-two"
+
+    def assign(self, X, centers, *, xp=None):
+        d = min(2, X.shape[1])
+        return super().assign(np.ascontiguousarray(X[:, :d]),
+                              np.ascontiguousarray(centers[:, :d]), xp=xp)
+
+    def lloyd_iter(self, X, sample_weight, centers, *, xp=None, update_centers=True):
+        return super(NumpyBackend, self).lloyd_iter(X, sample_weight, centers, xp=xp,
+                                                    update_centers=update_centers)
+
+
+class SwappedXY(FirstTwoFeatures):
+    """The seed's other bug: the centers' x and y passed swapped."""
+    name = "bad-swapped"
+
+    def assign(self, X, centers, *, xp=None):
+        c = np.array(centers, copy=True)
+        if c.shape[1] >= 2:
+            c[:, [0, 1]] = c[:, [1, 0]]
+        return NumpyBackend.assign(self, X, c, xp=xp)
+
+
+class IgnoresWeights(FirstTwoFeatures):
+    name = "bad-weights"
+
+    def assign(self, X, centers, *, xp=None):
+        return NumpyBackend.assign(self, X, centers, xp=xp)
+
+    def reduce(self, X, labels, sample_weight, n_clusters, *, xp=None):
+        return super().reduce(X, labels, np.ones_like(sample_weight), n_clusters, xp=xp)
+
+
+class NegativeDistances(FirstTwoFeatures):
+    name = "bad-negative"
+
+    def assign(self, X, centers, *, xp=None):
+        labels, mins = NumpyBackend.assign(self, X, centers, xp=xp)
+        return AssignResult(labels, mins - 1e-3)
+
+
+class DropsLastChunk(FirstTwoFeatures):
+    """Loses the rows of a ragged last chunk: n not a multiple of the chunk size catches it."""
+    name = "bad-ragged"
+
+    def assign(self, X, centers, *, xp=None):
+        return NumpyBackend.assign(self, X, centers, xp=xp)
+
+    def reduce(self, X, labels, sample_weight, n_clusters, *, xp=None):
+        keep = (X.shape[0] // 64) * 64 or X.shape[0]
+        sums, weights = NumpyBackend.reduce(self, X[:keep], labels[:keep],
+                                            sample_weight[:keep], n_clusters, xp=xp)
+        return ReduceResult(sums, weights)
+
+
+@pytest.mark.parametrize("bad,match", [
+    (FirstTwoFeatures, "labels are not the argmin"), (SwappedXY, "labels are not the argmin"),
+    (IgnoresWeights, "weight_in_clusters wrong"), (NegativeDistances, "negative min_sq_dist"),
+    (DropsLastChunk, "weight_in_clusters wrong"),
+])
+def test_contract_catches_broken_backends(bad, match):
+    with pytest.raises(AssertionError, match=match):
+        check_backend(bad, cases=[(257, 3, 7), (1031, 3, 13)], dtypes=(np.float64,))
+
+
+class OneIterationLoop(NumpyBackend):
+    """Primitives right, but its on-device loop stops after one iteration; it even takes the
+    name of the built-in, which the suite must not test in its place."""
+    name = "numpy"
+
+    def kmeans_single(self, X, sample_weight, centers, *, xp, max_iter, tol, verbose=0):
+        from kmeans_xp.lloyd import kmeans_single_lloyd
+        return kmeans_single_lloyd(self, X, sample_weight, centers, xp=xp, max_iter=1,
+                                   tol=tol, rows=256)
+
+
+def test_contract_tests_the_class_given_not_the_installed_namesake():
+    with pytest.raises(AssertionError, match="partition differs|n_iter"):
+        check_backend(OneIterationLoop, cases=[(257, 3, 7)], dtypes=(np.float64,))
+    assert registry.get_backend("numpy") is NumpyBackend  # the registry is as it was
+    assert "numpy" not in registry._runtime
+
+
+def test_contract_leaves_registry_as_it_was():
+    class Fresh(NumpyBackend):
+        name = "fresh-backend"
+
+    check_backend(Fresh, cases=[(97, 2, 3)], dtypes=(np.float64,))
+    assert "fresh-backend" not in registry.list_backends()
+
+
+def test_contract_rejects_non_backends():
+    class NoName(NumpyBackend):
+        name = ""
+
+    with pytest.raises(AssertionError, match="name"):
+        check_backend(NoName)
+    with pytest.raises(AssertionError, match="KMeansBackend"):
+        check_backend(dict)
+
+
+# -- results in the caller's namespace ---------------------------------------------------------
+@pytest.mark.parametrize("dev", [None, "device1"])
+def test_array_api_results_in_callers_namespace_and_device(dev):
+    device = xps.Device(dev) if dev else None
+    X_np = asymmetric_data(1031, 3, 6, seed=6)
+    X = xps.asarray(X_np, device=device)
+    init = X_np[:6].copy()
+    km = KMeans(6, init=init, backend="array-api").fit(X)
+    ref = KMeans(6, init=init, backend="numpy").fit(X_np)
+    expect_dev = X.device
+    for name, arr in [("labels_", km.labels_), ("cluster_centers_", km.cluster_centers_),
+                      ("predict", km.predict(X)), ("transform", km.transform(X)),
+                      ("fit_predict", KMeans(6, init=init).fit_predict(X))]:
+        assert isinstance(arr, type(X)), f"{name} is {type(arr)}"
+        assert arr.device == expect_dev, f"{name} on {arr.device}"
+    assert km.labels_.dtype == xps.int64 and km.cluster_centers_.dtype == xps.float64
+    assert km.transform(X).shape == (1031, 6)
+    np.testing.assert_array_equal(np.from_dlpack(km.labels_), ref.labels_)
+    np.testing.assert_allclose(np.from_dlpack(km.cluster_centers_), ref.cluster_centers_,
+                               rtol=1e-12)
+    assert km.n_iter_ == ref.n_iter_
+    assert km.inertia_ == pytest.approx(ref.inertia_, rel=1e-12)
+    assert isinstance(km.score(X), float)
+    assert km.score(X) == pytest.approx(-km.inertia_, rel=1e-10)
+
+
+def test_array_api_float32_stays_float32():
+    X = xps.asarray(asymmetric_data(509, 4, 3, seed=1, dtype=np.float32))
+    km = KMeans(3, random_state=0, backend="array-api").fit(X)
+    assert km.cluster_centers_.dtype == xps.float32
+    assert km.transform(X).dtype == xps.float32
+
+
+def test_numpy_results_are_numpy():
+    X = asymmetric_data(509, 4, 3, seed=1)
+    km = KMeans(3, random_state=0, backend="array-api").fit(X)
+    for arr in (km.labels_, km.cluster_centers_, km.predict(X), km.transform(X)):
+        assert type(arr) is np.ndarray
+
+
+def test_predict_in_another_namespace_after_auto_fit():
+    """An "auto" fit on NumPy predicts array-api-strict input with the backend "auto" picks
+    for it, and answers in that namespace."""
+    X_np = asymmetric_data(509, 3, 4, seed=3)
+    km = KMeans(4, random_state=0).fit(X_np)
+    assert km.backend_ == "numpy"
+    X = xps.asarray(X_np)
+    labels = km.predict(X)
+    assert isinstance(labels, type(X))
+    np.testing.assert_array_equal(np.from_dlpack(labels), km.labels_)
+    np.testing.assert_allclose(np.from_dlpack(km.transform(X)), km.transform(X_np))
+    assert km.score(X) == pytest.approx(km.score(X_np))
+
+
+def test_predict_in_another_namespace_after_named_fit_says_what_would():
+    X_np = asymmetric_data(509, 3, 4, seed=3)
+    km = KMeans(4, random_state=0, backend="numpy").fit(X_np)
+    with pytest.raises(ValueError, match=r"'numpy' cannot take.*would: \['array-api'\]"):
+        km.predict(xps.asarray(X_np))
+
+
+def test_contract_default_input_is_the_backends_own_when_it_refuses_numpy():
+    """A backend that computes only on array-api-strict gets its input through to_backend."""
+    class StrictOnly(ArrayAPIBackend):
+        name = "strict-only"
+        namespaces = frozenset({"array_api_strict"})
+
+        def reject_reason(self, X, *, n_clusters, sample_weight=None):
+            ns = type(X).__module__.split(".")[0]
+            return None if ns == "array_api_strict" else f"not {ns}"
+
+        def to_backend(self, X):
+            return X if type(X).__module__.startswith("array_api_strict") else xps.asarray(X)
+
+    assert check_backend(StrictOnly, cases=[(97, 3, 5)]) > 0
+
+
+class ReusesBuffers(NumpyBackend):
+    """Writes every result into the same arrays: fast, but it breaks strict convergence."""
+    name = "bad-reuse"
+
+    def lloyd_iter(self, X, sample_weight, centers, *, xp=None, update_centers=True):
+        it = super().lloyd_iter(X, sample_weight, centers, xp=xp,
+                                update_centers=update_centers)
+        if getattr(self, "_buf", None) is None or self._buf[0].shape != it.labels.shape:
+            self._buf = (np.empty_like(it.labels), np.empty_like(it.min_sq_dist))
+        self._buf[0][...] = it.labels
+        self._buf[1][...] = it.min_sq_dist
+        return it._replace(labels=self._buf[0], min_sq_dist=self._buf[1])
+
+
+def test_contract_catches_reused_output_buffers():
+    with pytest.raises(AssertionError, match="reused output buffers"):
+        check_backend(ReusesBuffers, cases=[(257, 3, 7)], dtypes=(np.float64,))
+
+
+def test_driver_survives_reused_output_buffers():
+    """Even so, the driver does not stop early: it keeps its own copy of the last labels."""
+    registry.register_backend(ReusesBuffers)
+    X = asymmetric_data(2049, 3, 12, seed=7)
+    init = X[:12].copy()
+    got = KMeans(12, init=init, backend="bad-reuse").fit(X)
+    ref = KMeans(12, init=init, backend="numpy").fit(X)
+    assert ref.n_iter_ > 2 and got.n_iter_ == ref.n_iter_
+    np.testing.assert_array_equal(got.labels_, ref.labels_)

@@ -1,0 +1,311 @@
+"""The backend registry: built-ins as data, entry-point plugins, errors, and "auto"."""
+import importlib.util
+import os
+import subprocess
+import sys
+import textwrap
+from importlib.metadata import EntryPoint
+
+import array_api_strict as xps
+import numpy as np
+import pytest
+from kmeans_xp_backends.numpy_ import NumpyBackend
+
+import kmeans_xp
+from kmeans_xp import KMeans, KMeansBackend, registry
+from kmeans_xp.testing import asymmetric_data
+
+BUILTINS = ["numpy", "array-api", "cupy-kernels", "cupy-chunked", "cupy-fused", "dask"]
+X = asymmetric_data(301, 3, 4, seed=3)
+
+
+@pytest.fixture(autouse=True)
+def fresh_registry():
+    """Each test sees the registry as the environment makes it, and leaves it so."""
+    registry.list_backends.cache_clear()
+    yield
+    registry._runtime.clear()
+    registry.list_backends.cache_clear()
+
+
+def _has(module):
+    return importlib.util.find_spec(module) is not None
+
+
+def test_list_backends_has_every_builtin():
+    infos = kmeans_xp.list_backends()
+    assert set(BUILTINS) <= set(infos)
+    for name in BUILTINS:
+        info = infos[name]
+        assert info.name == name and info.provider == "kmeans_xp"
+        assert info.target.startswith("kmeans_xp_backends.")
+    assert infos["numpy"].available and infos["array-api"].available
+    assert infos["numpy"].reason == "" and infos["numpy"].install == ""
+    assert {"numpy", "array-api"} <= set(kmeans_xp.available_backends())
+
+
+@pytest.mark.parametrize("name", ["cupy-kernels", "cupy-chunked", "cupy-fused"])
+def test_cupy_backends_listed_unavailable_without_cupy(name):
+    if _has("cupy"):
+        pytest.skip("cupy is installed here")
+    info = kmeans_xp.list_backends()[name]
+    assert not info.available and info.gpu
+    assert info.reason == "cupy is not installed"
+    assert info.install == "pip install 'kmeans_xp[cuda12]' or pip install 'kmeans_xp[cuda13]'"
+    assert name not in kmeans_xp.available_backends()
+
+
+def test_dask_listed_unavailable_without_dask():
+    if _has("dask"):
+        pytest.skip("dask is installed here")
+    info = kmeans_xp.list_backends()["dask"]
+    assert not info.available and not info.gpu
+    assert "dask" in info.reason and info.install == "pip install 'kmeans_xp[dask]'"
+
+
+def test_list_backends_is_cached():
+    assert kmeans_xp.list_backends() is kmeans_xp.list_backends()
+
+
+def test_get_backend_returns_classes():
+    from kmeans_xp_backends.array_api import ArrayAPIBackend
+    assert kmeans_xp.get_backend("numpy") is NumpyBackend
+    assert kmeans_xp.get_backend("array-api") is ArrayAPIBackend
+    assert issubclass(NumpyBackend, KMeansBackend)
+
+
+@pytest.mark.parametrize("bad", ["nope", "NumPy", "", None, 3])
+def test_get_backend_unknown(bad):
+    with pytest.raises(ValueError) as info:
+        kmeans_xp.get_backend(bad)
+    msg = str(info.value)
+    assert repr(bad) in msg and "Installed backends" in msg and "'numpy'" in msg
+    assert "kmeans_xp.backends" in msg  # where plugins come from
+
+
+def test_get_backend_unavailable_says_what_to_install():
+    if _has("cupy"):
+        pytest.skip("cupy is installed here")
+    with pytest.raises(kmeans_xp.BackendNotAvailableError) as info:
+        kmeans_xp.get_backend("cupy-chunked")
+    assert "pip install 'kmeans_xp[cuda12]'" in str(info.value)
+    assert "Installed backends" in str(info.value)
+
+
+# -- entry points --------------------------------------------------------------------------
+class PluginBackend(NumpyBackend):
+    name = "plugin-ok"
+
+
+class NotABackend:
+    name = "plugin-bad-class"
+
+
+def _fake_entry_points(monkeypatch, *eps):
+    eps = list(eps)
+
+    def fake(group=None, name=None):
+        assert group == registry.ENTRY_POINT_GROUP
+        return [ep for ep in eps if name is None or ep.name == name]
+
+    monkeypatch.setattr(registry, "entry_points", fake)
+
+
+def _ep(name, value):
+    return EntryPoint(name, value, registry.ENTRY_POINT_GROUP)
+
+
+def test_broken_plugins_warn_and_are_skipped(monkeypatch):
+    here = __name__
+    _fake_entry_points(
+        monkeypatch,
+        _ep("plugin-missing", "no_such_module_for_kmeans_xp:Backend"),
+        _ep("plugin-bad-attr", f"{here}:DoesNotExist"),
+        _ep("plugin-bad-class", f"{here}:NotABackend"),
+        _ep("numpy", f"{here}:PluginBackend"),  # clashes with a built-in
+        _ep("plugin-ok", f"{here}:PluginBackend"),
+    )
+    with pytest.warns(RuntimeWarning) as record:
+        infos = kmeans_xp.list_backends()
+    messages = "\n".join(str(w.message) for w in record)
+    for name in ("plugin-missing", "plugin-bad-attr", "plugin-bad-class"):
+        assert name not in infos
+        assert f"plugin backend {name!r}" in messages
+    assert "ModuleNotFoundError" in messages and "not a KMeansBackend subclass" in messages
+    assert "clashes" in messages
+    assert infos["numpy"].provider == "kmeans_xp"  # the built-in wins
+    assert infos["plugin-ok"].available
+    assert kmeans_xp.get_backend("plugin-ok") is PluginBackend
+    km = KMeans(3, init=X[:3], backend="plugin-ok").fit(X)
+    ref = KMeans(3, init=X[:3], backend="numpy").fit(X)
+    assert km.backend_ == "plugin-ok"
+    np.testing.assert_array_equal(km.labels_, ref.labels_)
+
+
+def test_register_backend_at_run_time():
+    class Runtime(NumpyBackend):
+        name = "runtime-numpy"
+
+    assert kmeans_xp.register_backend(Runtime) is Runtime
+    assert kmeans_xp.list_backends()["runtime-numpy"].provider == "runtime"
+    km = KMeans(3, init=X[:3], backend="runtime-numpy").fit(X)
+    assert km.backend_ == "runtime-numpy"
+    np.testing.assert_array_equal(km.predict(X), km.labels_)
+
+
+def test_register_backend_errors():
+    class Clash(NumpyBackend):
+        name = "numpy"
+
+    class Nameless(NumpyBackend):
+        name = ""
+
+    with pytest.raises(ValueError, match="built-in"):
+        kmeans_xp.register_backend(Clash)
+    with pytest.raises(TypeError, match="KMeansBackend"):
+        kmeans_xp.register_backend(Nameless)
+    with pytest.raises(TypeError, match="KMeansBackend"):
+        kmeans_xp.register_backend(NotABackend)
+
+
+# -- choosing a backend ----------------------------------------------------------------------
+def test_named_backend_that_cannot_take_input_lists_those_that_would():
+    with pytest.raises(ValueError) as info:
+        KMeans(3, backend="numpy").fit(xps.asarray(X))
+    msg = str(info.value)
+    assert "backend 'numpy' cannot take this input" in msg
+    assert "array_api_strict" in msg and "Backends that would: ['array-api']" in msg
+
+
+def test_lists_become_numpy_before_a_backend_is_chosen():
+    km = KMeans(3, init=X[:3], backend="array-api").fit(X.tolist())
+    assert isinstance(km.labels_, np.ndarray) and km.backend_ == "array-api"
+    ref = KMeans(3, init=X[:3], backend="numpy").fit(X)
+    np.testing.assert_array_equal(km.labels_, ref.labels_)
+
+
+def test_auto_records_why():
+    km = KMeans(3, random_state=0).fit(X)
+    assert km.backend_ == "numpy"
+    assert km.backend_reason_.startswith("auto: numpy input")
+    km = KMeans(3, random_state=0).fit(xps.asarray(X))
+    assert km.backend_ == "array-api"
+    assert km.backend_reason_.startswith("auto: array_api_strict input")
+    km = KMeans(3, random_state=0).fit(X.tolist())
+    assert km.backend_ == "numpy" and "auto:" in km.backend_reason_
+
+
+def test_auto_for_big_host_input_without_gpu_says_so():
+    if kmeans_xp.list_backends()["cupy-fused"].available:
+        pytest.skip("a GPU backend is available here")
+    big = np.broadcast_to(np.zeros(1, np.float32), (10**6, 3))  # shape only, no memory
+    backend, why = registry.select_backend("auto", big, n_clusters=100)
+    assert backend.name == "numpy"
+    assert "n*k*d" in why and "cupy-fused" in why and "numpy" in why
+
+
+def test_named_backend_reason():
+    km = KMeans(3, random_state=0, backend="array-api").fit(X)
+    assert km.backend_ == "array-api" and km.backend_reason_ == "named by the user"
+
+
+# -- a real plugin distribution, installed with pip ---------------------------------------
+PLUGIN_PYPROJECT = """
+[build-system]
+requires = ["setuptools>=61"]
+build-backend = "setuptools.build_meta"
+
+[project]
+name = "kmeans-xp-myplugin"
+version = "0.0.1"
+
+[project.entry-points."kmeans_xp.backends"]
+my-backend = "myplugin:MyBackend"
+
+[tool.setuptools]
+py-modules = ["myplugin"]
+"""
+
+PLUGIN_MODULE = """
+from kmeans_xp_backends.numpy_ import NumpyBackend
+
+
+class MyBackend(NumpyBackend):
+    '''The numpy backend under another name: a plugin as a third party would write it.'''
+    name = "my-backend"
+"""
+
+PLUGIN_CHECK = """
+import numpy as np
+import kmeans_xp
+from kmeans_xp import KMeans
+from kmeans_xp.testing import asymmetric_data, check_backend
+
+info = kmeans_xp.list_backends()["my-backend"]
+assert info.available and info.provider == "kmeans-xp-myplugin", info
+assert info.target == "myplugin:MyBackend", info
+cls = kmeans_xp.get_backend("my-backend")
+assert cls.__module__ == "myplugin" and cls.name == "my-backend"
+
+X = asymmetric_data(1031, 3, 7, seed=4)
+init = X[np.random.default_rng(0).choice(len(X), 7, replace=False)]
+got = KMeans(7, init=init, backend="my-backend").fit(X)
+ref = KMeans(7, init=init, backend="numpy").fit(X)
+assert got.backend_ == "my-backend", got.backend_
+assert np.array_equal(got.labels_, ref.labels_)
+assert np.array_equal(got.cluster_centers_, ref.cluster_centers_)
+assert got.inertia_ == ref.inertia_ and got.n_iter_ == ref.n_iter_
+assert np.array_equal(got.predict(X), ref.predict(X))
+print("CHECKS", check_backend(cls))
+"""
+
+
+def _can_build_without_isolation():
+    """--no-build-isolation builds with this environment's setuptools: it needs bdist_wheel,
+    built into setuptools >= 70.1, or the `wheel` package for older ones."""
+    try:
+        import setuptools
+    except ImportError:
+        return False
+    major, minor = (int(p) for p in setuptools.__version__.split(".")[:2])
+    return (major, minor) >= (70, 1) or _has("wheel")
+
+
+def test_plugin_distribution_installed_with_pip(tmp_path):
+    assert _can_build_without_isolation(), (
+        "this test builds a plugin with pip --no-build-isolation: install setuptools>=70.1 "
+        "(or wheel) in the test environment")
+    src, site = tmp_path / "src", tmp_path / "site"
+    src.mkdir()
+    (src / "pyproject.toml").write_text(PLUGIN_PYPROJECT)
+    (src / "myplugin.py").write_text(textwrap.dedent(PLUGIN_MODULE))
+    install = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--no-deps", "--no-build-isolation",
+         "--no-index", "--disable-pip-version-check", "-q", "--target", str(site), str(src)],
+        capture_output=True, text=True, check=False, timeout=300)
+    assert install.returncode == 0, install.stdout + install.stderr
+    assert list(site.glob("kmeans_xp_myplugin-*.dist-info"))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(site), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    run = subprocess.run([sys.executable, "-c", PLUGIN_CHECK], capture_output=True, text=True,
+                         env=env, cwd=tmp_path, check=False, timeout=300)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert int(run.stdout.split("CHECKS")[-1]) > 10
+    # without the plugin on the path the name is unknown, and says so
+    bare = subprocess.run(
+        [sys.executable, "-c", "import kmeans_xp; kmeans_xp.get_backend('my-backend')"],
+        capture_output=True, text=True, cwd=tmp_path, check=False, timeout=120)
+    assert bare.returncode != 0 and "unknown backend 'my-backend'" in bare.stderr
+
+
+def test_cache_clear_rereads_builtins(monkeypatch):
+    """Tests (and users who install a library mid-session) refresh with cache_clear()."""
+    kmeans_xp.list_backends()
+    if importlib.util.find_spec("dask") is None:
+        with pytest.raises(kmeans_xp.BackendNotAvailableError):
+            kmeans_xp.get_backend("dask")
+    monkeypatch.setitem(registry.BUILTIN_BACKENDS, "dask", registry.BuiltinSpec(
+        "numpy", "kmeans_xp_backends.numpy_:NumpyBackend", "dask", False))
+    registry.list_backends.cache_clear()
+    assert kmeans_xp.list_backends()["dask"].available
+    assert kmeans_xp.get_backend("dask") is NumpyBackend
