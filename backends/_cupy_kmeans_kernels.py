@@ -240,7 +240,8 @@ def cluster_sums(X, labels, sample_weight, sums, weights):
 
 
 def labelled_sq_dist(X, C, labels, out):
-    elementwise("labelled_sq_dist")(X, C, labels, X.shape[1], out)
+    """out[i] = ||X[i] - C[labels[i]]||^2 by differences (X, C C-contiguous, same dtype)."""
+    elementwise("labelled_sq_dist")(X, cupy().ascontiguousarray(C), labels, X.shape[1], out)
     return out
 
 
