@@ -1,0 +1,201 @@
+"""CPU checks of the CuPy backends: registry entries, the error without CuPy or a GPU, the chunk
+plan, and cupy-chunked's chunk/tile/OOM-halving loop driven through a NumPy stand-in for CuPy
+(kernels and GEMM emulated), so the orchestration is tested where no GPU is."""
+import contextlib
+import sys
+import types
+
+import numpy as np
+import pytest
+
+from kmeans_xp import BackendNotAvailableError, KMeansMemoryError, get_backend, list_backends
+from kmeans_xp.testing import asymmetric_data
+from kmeans_xp_backends import _cupy_kmeans_kernels as kernels
+from kmeans_xp_backends._cupy_common import MIN_CHUNK_ROWS, fit_state_bytes, kmeanspp_bytes
+from kmeans_xp_backends.cupy_chunked import (MAX_BLOCK_BYTES, TILE_MIN_ROWS, CupyChunkedBackend,
+                                             plan_chunks)
+from tests.conftest import gpu_available
+
+CUPY_BACKENDS = ("cupy-kernels", "cupy-chunked")
+
+
+# -- registry ---------------------------------------------------------------------------------
+def test_cupy_backends_are_listed():
+    infos = list_backends()
+    for name in CUPY_BACKENDS:
+        assert name in infos
+        assert infos[name].gpu
+        assert infos[name].target.startswith("kmeans_xp_backends.cupy_")
+
+
+@pytest.mark.skipif(gpu_available(), reason="CuPy and a GPU are present")
+@pytest.mark.parametrize("name", CUPY_BACKENDS)
+def test_without_cupy_or_gpu_get_backend_says_why(name):
+    with pytest.raises(BackendNotAvailableError) as info:
+        get_backend(name)
+    msg = str(info.value)
+    assert f"backend {name!r} is not available" in msg
+    assert "cupy is not installed" in msg or "no usable CUDA device" in msg
+    assert "Installed backends" in msg and "'numpy'" in msg
+    if "not installed" in msg:
+        assert "pip install 'kmeans_xp[cuda12] or kmeans_xp[cuda13]'" in msg
+
+
+def test_backend_modules_import_without_touching_cupy():
+    import importlib
+    for mod in ("kmeans_xp_backends.cupy_kernels", "kmeans_xp_backends.cupy_chunked"):
+        importlib.import_module(mod)  # CuPy is imported only when a backend is instantiated
+
+
+# -- chunk plan -----------------------------------------------------------------------------
+@pytest.mark.parametrize("n,d,k,itemsize,budget", [
+    (2_000_000, 3, 200, 4, 2 << 30),
+    (20_000_000, 3, 1000, 4, 12 << 30),
+    (3001, 3, 500, 4, 2_000_000),           # check_backend's 2MB: centers get tiled
+    (1_000_000, 128, 4096, 4, 256 << 20),
+    (10_000, 2, 1_000_000, 8, 64 << 20),    # huge k: tiles of k
+    (97, 1, 1, 8, 1 << 20),
+])
+def test_plan_fits_the_budget(n, d, k, itemsize, budget):
+    plan = plan_chunks(n, d, k, itemsize, budget)
+    assert 1 <= plan.k_tile <= k
+    assert min(n, MIN_CHUNK_ROWS) <= plan.rows <= n
+    assert plan.buffer_bytes(itemsize) + k * itemsize <= budget
+    assert plan.rows * plan.k_tile * itemsize <= max(MAX_BLOCK_BYTES, TILE_MIN_ROWS * plan.k_tile
+                                                     * itemsize)
+    if plan.k_tile < k:  # tiled only when all k would leave too few rows
+        assert (budget - k * itemsize) // ((k + 1) * itemsize) < min(n, TILE_MIN_ROWS)
+
+
+def test_plan_refuses_a_budget_below_the_floor():
+    with pytest.raises(KMeansMemoryError, match="max_memory allows"):
+        plan_chunks(10**6, 3, 100, 4, 1000)
+
+
+def test_state_and_init_bytes_grow_with_n():
+    a, b = fit_state_bytes(1000, 3, 10, 4), fit_state_bytes(2000, 3, 10, 4)
+    assert a["data"] == 1000 * 3 * 4 and b["data"] == 2 * a["data"]
+    per_sample, chunk = kmeanspp_bytes(1000, 3, 10, 4, 256)
+    assert per_sample > a["labels_and_distances"] / 2 and chunk > 0
+
+
+def test_full_reduce_splits_into_parts_and_tail():
+    def kernel(v, w, axis=None):
+        return np.sum(v.astype(np.float64) * w, axis=axis)
+    rng = np.random.default_rng(0)
+    for n in (10, kernels.REDUCE_PARTS * kernels.REDUCE_MIN_PART + 12345):
+        v, w = rng.random(n).astype(np.float32), rng.random(n).astype(np.float32)
+        assert float(kernels.full_reduce(kernel, v, w)) == pytest.approx(
+            float(kernel(v, w)), rel=1e-12)
+
+
+# -- cupy-chunked's loop on a NumPy stand-in ------------------------------------------------
+class FakeOOM(MemoryError):
+    pass
+
+
+class FakeCupy(types.ModuleType):
+    """Just what cupy-chunked's assignment touches, on NumPy; `empty` fails above a size."""
+
+    def __init__(self, max_alloc):
+        super().__init__("cupy")
+        self.max_alloc = max_alloc
+        self.allocations = []
+        self.ndarray, self.int64, self.float64 = np.ndarray, np.int64, np.float64
+        self.ascontiguousarray, self.zeros = np.ascontiguousarray, np.zeros
+        pool = types.SimpleNamespace(free_all_blocks=lambda: None, used_bytes=lambda: 0,
+                                     free_bytes=lambda: 0, get_limit=lambda: 0)
+        self.get_default_memory_pool = lambda: pool
+        self.cuda = types.SimpleNamespace(
+            memory=types.SimpleNamespace(OutOfMemoryError=FakeOOM),
+            runtime=types.SimpleNamespace(memGetInfo=lambda: (1 << 34, 1 << 35)))
+        self.cublas = types.SimpleNamespace(gemm=self._gemm)
+
+    def empty(self, shape, dtype):
+        nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
+        if nbytes > self.max_alloc:
+            raise FakeOOM(f"{nbytes} bytes")
+        self.allocations.append(nbytes)
+        return np.empty(shape, dtype=dtype)
+
+    @staticmethod
+    def _gemm(transa, transb, a, b, out, alpha):
+        assert (transa, transb) == ("N", "T") and out.flags.c_contiguous
+        out[...] = alpha * (a @ b.T)
+
+
+def _row_argmin(dist, c_norm, col0, first, run_min, labels):
+    v = dist + c_norm
+    j = v.argmin(axis=1)
+    best = v[np.arange(len(v)), j]
+    take = np.ones(len(v), bool) if first else best < run_min
+    run_min[take] = best[take]
+    labels[take] = col0 + j[take]
+
+
+def _labelled_sq_dist(X, C, labels, out):
+    diff = X - C[labels]
+    out[...] = np.einsum("ij,ij->i", diff, diff)
+    return out
+
+
+@pytest.fixture
+def fake_chunked(monkeypatch):
+    def make(max_memory, max_alloc=1 << 40):
+        fake = FakeCupy(max_alloc)
+        monkeypatch.setitem(sys.modules, "cupy", fake)
+        monkeypatch.setattr(kernels, "row_argmin_shifted", _row_argmin)
+        monkeypatch.setattr(kernels, "labelled_sq_dist", _labelled_sq_dist)
+        b = CupyChunkedBackend.__new__(CupyChunkedBackend)
+        b.max_memory, b.memory_report, b.free_memory = max_memory, {}, False
+        b._cp, b._input_on_host, b._peak_stack, b._plan, b._blocks = fake, False, [], None, None
+        b.stage = lambda name: contextlib.nullcontext()
+        return b, fake
+    return make
+
+
+def _reference(X, C):
+    d = ((X[:, None, :].astype(np.float64) - C[None].astype(np.float64)) ** 2).sum(-1)
+    return d.argmin(1), d
+
+
+@pytest.mark.parametrize("n,d,k,max_memory", [
+    (5003, 3, 7, "10MB"),      # one chunk, one tile
+    (20011, 3, 500, "2MB"),    # chunks and center tiles
+    (3001, 17, 64, 300_000),   # tiles with an uneven last tile
+])
+def test_chunked_assign_loop_gives_the_argmin(fake_chunked, n, d, k, max_memory):
+    b, fake = fake_chunked(max_memory)
+    X = asymmetric_data(n, d, k, dtype=np.float64, seed=n)
+    C = X[np.random.default_rng(k).choice(n, k, replace=False)] + 0.01
+    labels, min_sq = b.assign(X, C)
+    ref, dist = _reference(X, C)
+    np.testing.assert_array_equal(labels, ref)
+    np.testing.assert_allclose(min_sq, dist[np.arange(n), ref], rtol=1e-12)
+    plan = b._plan[1]
+    assert plan.buffer_bytes(8) + k * 8 <= b.budget(reserve=n * 16)
+    blocks = b._blocks
+    b.assign(X, C)
+    assert b._blocks[3] is blocks[3], "the distance block is reused across iterations"
+
+
+def test_chunked_assign_halves_the_chunk_on_oom(fake_chunked):
+    n, d, k = 40_009, 3, 50
+    b, fake = fake_chunked("64MB", max_alloc=2048 * k * 8)  # blocks of <= 2048 rows fit
+    X = asymmetric_data(n, d, k, dtype=np.float64, seed=1)
+    C = X[:k] + 0.5
+    planned = plan_chunks(n, d, k, 8, b.budget(reserve=n * 16)).rows
+    labels, _ = b.assign(X, C)
+    np.testing.assert_array_equal(labels, _reference(X, C)[0])
+    rows = b._plan[1].rows
+    assert rows < planned and rows * k * 8 <= fake.max_alloc
+    n_allocs = len(fake.allocations)
+    b.assign(X, C)  # starts from the chunk that fitted: no new blocks, no new failures
+    assert len(fake.allocations) == n_allocs + 2  # only this call's labels and distances
+
+
+def test_chunked_assign_below_the_floor_raises_memory_error(fake_chunked):
+    b, fake = fake_chunked("64MB", max_alloc=200_000)  # labels fit, no block of 1024 rows does
+    X = asymmetric_data(20_000, 3, 400, dtype=np.float64, seed=2)
+    with pytest.raises(KMeansMemoryError, match=f"chunk of {MIN_CHUNK_ROWS} rows"):
+        b.assign(X, X[:400])
