@@ -300,4 +300,4 @@ class DeviceReductions:
     def fetch(scalars):
         cp = cupy()
         stacked = cp.stack([cp.asarray(s, dtype=cp.float64) for s in scalars])
-        return [float(v) for v in stacked.get()]
+        return [float(v) for v in cp.asnumpy(stacked)]
