@@ -1,19 +1,17 @@
 """CPU checks of the CuPy backends: registry entries, the error without CuPy or a GPU, the chunk
 plan, and cupy-chunked's chunk/tile/OOM-halving loop driven through a NumPy stand-in for CuPy
 (kernels and GEMM emulated), so the orchestration is tested where no GPU is."""
-import contextlib
-import sys
-import types
-
 import numpy as np
 import pytest
 
-from kmeans_xp import BackendNotAvailableError, KMeansMemoryError, get_backend, list_backends
+from kmeans_xp import (BackendNotAvailableError, KMeans, KMeansMemoryError, get_backend,
+                       list_backends)
 from kmeans_xp.testing import asymmetric_data
 from kmeans_xp_backends import _cupy_kmeans_kernels as kernels
 from kmeans_xp_backends._cupy_common import MIN_CHUNK_ROWS, fit_state_bytes, kmeanspp_bytes
 from kmeans_xp_backends.cupy_chunked import (MAX_BLOCK_BYTES, TILE_MIN_ROWS, CupyChunkedBackend,
                                              plan_chunks)
+from tests import _fake_cupy
 from tests.conftest import gpu_available
 
 CUPY_BACKENDS = ("cupy-kernels", "cupy-chunked")
@@ -89,69 +87,22 @@ def test_full_reduce_splits_into_parts_and_tail():
             float(kernel(v, w)), rel=1e-12)
 
 
-# -- cupy-chunked's loop on a NumPy stand-in ------------------------------------------------
-class FakeOOM(MemoryError):
-    pass
-
-
-class FakeCupy(types.ModuleType):
-    """Just what cupy-chunked's assignment touches, on NumPy; `empty` fails above a size."""
-
-    def __init__(self, max_alloc):
-        super().__init__("cupy")
-        self.max_alloc = max_alloc
-        self.allocations = []
-        self.ndarray, self.int64, self.float64 = np.ndarray, np.int64, np.float64
-        self.ascontiguousarray, self.zeros = np.ascontiguousarray, np.zeros
-        pool = types.SimpleNamespace(free_all_blocks=lambda: None, used_bytes=lambda: 0,
-                                     free_bytes=lambda: 0, get_limit=lambda: 0)
-        self.get_default_memory_pool = lambda: pool
-        self.cuda = types.SimpleNamespace(
-            memory=types.SimpleNamespace(OutOfMemoryError=FakeOOM),
-            runtime=types.SimpleNamespace(memGetInfo=lambda: (1 << 34, 1 << 35)))
-        self.cublas = types.SimpleNamespace(gemm=self._gemm)
-
-    def empty(self, shape, dtype):
-        nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
-        if nbytes > self.max_alloc:
-            raise FakeOOM(f"{nbytes} bytes")
-        self.allocations.append(nbytes)
-        return np.empty(shape, dtype=dtype)
-
-    @staticmethod
-    def _gemm(transa, transb, a, b, out, alpha):
-        assert (transa, transb) == ("N", "T") and out.flags.c_contiguous
-        out[...] = alpha * (a @ b.T)
-
-
-def _row_argmin(dist, c_norm, col0, first, run_min, labels):
-    v = dist + c_norm
-    j = v.argmin(axis=1)
-    best = v[np.arange(len(v)), j]
-    take = np.ones(len(v), bool) if first else best < run_min
-    run_min[take] = best[take]
-    labels[take] = col0 + j[take]
-
-
-def _labelled_sq_dist(X, C, labels, out):
-    diff = X - C[labels]
-    out[...] = np.einsum("ij,ij->i", diff, diff)
-    return out
+# -- the backends' Python paths on a NumPy stand-in for CuPy ---------------------------------
+@pytest.fixture
+def fake_cupy(monkeypatch):
+    fake = _fake_cupy.install(monkeypatch)
+    yield fake
+    _fake_cupy.uninstall()
 
 
 @pytest.fixture
 def fake_chunked(monkeypatch):
     def make(max_memory, max_alloc=1 << 40):
-        fake = FakeCupy(max_alloc)
-        monkeypatch.setitem(sys.modules, "cupy", fake)
-        monkeypatch.setattr(kernels, "row_argmin_shifted", _row_argmin)
-        monkeypatch.setattr(kernels, "labelled_sq_dist", _labelled_sq_dist)
-        b = CupyChunkedBackend.__new__(CupyChunkedBackend)
-        b.max_memory, b.memory_report, b.free_memory = max_memory, {}, False
-        b._cp, b._input_on_host, b._peak_stack, b._plan, b._blocks = fake, False, [], None, None
-        b.stage = lambda name: contextlib.nullcontext()
+        fake = _fake_cupy.install(monkeypatch, max_alloc)
+        b = CupyChunkedBackend(max_memory=max_memory)
         return b, fake
-    return make
+    yield make
+    _fake_cupy.uninstall()
 
 
 def _reference(X, C):
@@ -199,3 +150,46 @@ def test_chunked_assign_below_the_floor_raises_memory_error(fake_chunked):
     X = asymmetric_data(20_000, 3, 400, dtype=np.float64, seed=2)
     with pytest.raises(KMeansMemoryError, match=f"chunk of {MIN_CHUNK_ROWS} rows"):
         b.assign(X, X[:400])
+
+
+@pytest.mark.parametrize("name", CUPY_BACKENDS)
+def test_fit_through_the_estimator_matches_numpy(fake_cupy, name):
+    X = asymmetric_data(3001, 3, 9, dtype=np.float64, seed=11)
+    init = X[:9] + 0.1
+    ref = KMeans(9, init=init, backend="numpy").fit(X)
+    got = KMeans(9, init=init, backend=name, max_memory="200KB").fit(X)
+    assert got.backend_ == name
+    np.testing.assert_array_equal(got.labels_, ref.labels_)
+    np.testing.assert_allclose(got.cluster_centers_, ref.cluster_centers_, rtol=1e-12)
+    assert got.n_iter_ == ref.n_iter_
+    assert got.inertia_ == pytest.approx(ref.inertia_, rel=1e-12)
+    assert {"init", "assign", "update"} <= set(got.memory_report_)
+    assert got.memory_report_["assign"] >= 3001 * 16  # its labels and distances, at least
+    np.testing.assert_array_equal(got.predict(X), got.labels_)
+
+
+@pytest.mark.parametrize("name", CUPY_BACKENDS)
+def test_free_memory_frees_the_pool_when_fit_ends(fake_cupy, name):
+    X = asymmetric_data(501, 2, 3, dtype=np.float32, seed=12)
+    KMeans(3, backend=name, random_state=0).fit(X)
+    assert fake_cupy.pool.frees == 0
+    KMeans(3, backend=name, random_state=0, backend_options={"free_memory": True}).fit(X)
+    assert fake_cupy.pool.frees == 1
+
+
+def test_backend_options_are_checked(fake_cupy):
+    with pytest.raises(TypeError, match="free_memory"):
+        CupyChunkedBackend(free_memory="yes")
+    with pytest.raises(TypeError):
+        get_backend("cupy-kernels")(chunk=3)
+
+
+def test_nested_stages_report_their_own_peaks(fake_cupy):
+    b = CupyChunkedBackend()
+    with b.stage("outer"):
+        fake_cupy.empty((1000,), np.float64)
+        with b.stage("inner"):
+            fake_cupy.empty((10,), np.float64)
+        fake_cupy.empty((10_000,), np.float64)
+    assert b.memory_report["inner"] == 8080
+    assert b.memory_report["outer"] == 8080 + 80_000
