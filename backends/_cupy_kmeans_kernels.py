@@ -3,8 +3,9 @@
 Built on first use (CuPy is imported lazily) and memoized here; CuPy compiles each kernel
 once per dtype and keeps the binary in its on-disk cache. None of them makes an n x k array:
 
-- `nearest_center`: one thread per point loops over all k centers (every feature; small d
-  held in registers) and writes the label and the squared distance, by differences.
+- `nearest_center`: one thread per point loops over all k centers (every feature; the point
+  held in registers up to 128 float32 / 64 float64 features) and writes the label and the
+  squared distance, by differences.
 - `cluster_sums`: one thread per point adds w * x and w into float64 (k, d) / (k,) outputs
   with atomicAdd (native for double on sm_60+), so float32 centers stay right at n = 1e8.
 - `labelled_sq_dist`: ||x - c_label||^2 by differences, for a given assignment.
@@ -92,6 +93,39 @@ __device__ __forceinline__ void nearest_center(const T* x, const T* C, int k, in
     }
 }
 
+// d <= W features held in W registers (predicated past d): the point is read once instead
+// of once per center, which is what makes a thread-per-point loop viable for wider data.
+template <typename T, int W>
+__device__ __forceinline__ T sq_dist_regs(const T (&xr)[W], const T* __restrict__ c, int d) {
+    T s = T(0);
+#pragma unroll
+    for (int f = 0; f < W; ++f) {
+        if (f < d) {
+            const T t = xr[f] - c[f];
+            s += t * t;
+        }
+    }
+    return s;
+}
+
+template <typename T, int W>
+__device__ __forceinline__ void nearest_regs(const T* __restrict__ x,
+                                             const T* __restrict__ C, int k, int d,
+                                             long long& best_j, T& best_d) {
+    T xr[W];
+#pragma unroll
+    for (int f = 0; f < W; ++f) xr[f] = f < d ? x[f] : T(0);
+    best_j = 0;
+    best_d = sq_dist_regs<T, W>(xr, C, d);
+    for (int j = 1; j < k; ++j) {
+        const T s = sq_dist_regs<T, W>(xr, C + (ptrdiff_t)j * d, d);
+        if (s < best_d) {
+            best_d = s;
+            best_j = j;
+        }
+    }
+}
+
 template <typename T>
 __device__ __forceinline__ void add_to_cluster(const T* __restrict__ x, long long label,
                                                T w, int d, double* sums, double* wsum) {
@@ -167,12 +201,24 @@ extern "C" __global__ void kmeans_row_argmin_f64(
 }
 """
 
+#: register widths of the nearest-center kernels for 4 < d <= width; one kernel each, so a
+#: narrow one is not held to the register count (and occupancy) of a wide one
+REGISTER_WIDTHS = (8, 16, 32, 64, 128)
+#: bytes of registers a thread may spend on its point (128 float32 or 64 float64 features)
+MAX_REGISTER_BYTES = 512
+
+_NEAREST_PARAMS = ("raw T X, raw T C, int32 k, int32 d", "int64 label, T min_sq")
+
 #: (in_params, out_params, operation, name) of each elementwise kernel
 ELEMENTWISE = {
     "nearest_center": (
-        "raw T X, raw T C, int32 k, int32 d", "int64 label, T min_sq",
+        *_NEAREST_PARAMS,
         "nearest_center<T>(&X[i * d], &C[0], k, d, label, min_sq)",
         "kmeans_nearest_center"),
+    **{f"nearest_center_r{w}": (
+        *_NEAREST_PARAMS,
+        f"nearest_regs<T, {w}>(&X[i * d], &C[0], k, d, label, min_sq)",
+        f"kmeans_nearest_center_r{w}") for w in REGISTER_WIDTHS},
     "cluster_sums": (
         "raw T X, int64 label, T w, int32 d", "raw float64 sums, raw float64 wsum",
         "add_to_cluster<T>(&X[i * d], label, w, d, &sums[0], &wsum[0])",
@@ -229,9 +275,20 @@ def _row_argmin_function(dtype):
 
 
 # -- calls ------------------------------------------------------------------------------------
+def nearest_kernel_kind(d, itemsize):
+    """Which nearest-center kernel serves d features: fixed widths for d <= 4, the smallest
+    register width that holds the point, else the loop reading the point from memory."""
+    if d > 4:
+        for width in REGISTER_WIDTHS:
+            if d <= width and width * itemsize <= MAX_REGISTER_BYTES:
+                return f"nearest_center_r{width}"
+    return "nearest_center"
+
+
 def nearest_center(X, C, labels, min_sq):
     """labels[i], min_sq[i] = argmin_j / min_j ||X[i] - C[j]||^2 (all C-contiguous, same dtype)."""
-    elementwise("nearest_center")(X, C, C.shape[0], X.shape[1], labels, min_sq)
+    kind = nearest_kernel_kind(X.shape[1], X.dtype.itemsize)
+    elementwise(kind)(X, C, C.shape[0], X.shape[1], labels, min_sq)
 
 
 def cluster_sums(X, labels, sample_weight, sums, weights):

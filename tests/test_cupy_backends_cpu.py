@@ -193,3 +193,12 @@ def test_nested_stages_report_their_own_peaks(fake_cupy):
         fake_cupy.empty((10_000,), np.float64)
     assert b.memory_report["inner"] == 8080
     assert b.memory_report["outer"] == 8080 + 80_000
+
+
+def test_nearest_kernel_kind_by_width_and_dtype():
+    kind = kernels.nearest_kernel_kind
+    assert [kind(d, 4) for d in (1, 4, 5, 8, 9, 17, 128, 129)] == [
+        "nearest_center", "nearest_center", "nearest_center_r8", "nearest_center_r8",
+        "nearest_center_r16", "nearest_center_r32", "nearest_center_r128", "nearest_center"]
+    assert kind(64, 8) == "nearest_center_r64" and kind(65, 8) == "nearest_center"
+    assert all(k in kernels.ELEMENTWISE for k in map(lambda d: kind(d, 4), range(1, 200)))
