@@ -86,9 +86,20 @@ def _reduction_source(kind, dtype, ndim):
         red.preamble, ())
 
 
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
-@pytest.mark.parametrize("idx32", [True, False])
-@pytest.mark.parametrize("kind", sorted(K.ELEMENTWISE))
+def _used_elementwise():
+    """(kind, dtype, 32-bit indexing) of every elementwise kernel the backends launch."""
+    cases = []
+    for dtype in (np.float32, np.float64):
+        itemsize = np.dtype(dtype).itemsize
+        kinds = sorted({K.nearest_kernel_kind(d, itemsize) for d in range(1, 300)}
+                       | {"cluster_sums", "labelled_sq_dist"})
+        cases += [(kind, dtype, True) for kind in kinds]
+        # arrays past 2**31 elements index in 64 bits
+        cases += [(kind, dtype, False) for kind in ("nearest_center", "cluster_sums")]
+    return cases
+
+
+@pytest.mark.parametrize("kind,dtype,idx32", _used_elementwise())
 def test_elementwise_kernels_compile(kind, dtype, idx32):
     assert _nvrtc(_elementwise_source(kind, dtype, idx32), kind)
 
