@@ -118,7 +118,10 @@ class CupyBackendBase(KMeansBackend):
     device = "gpu"
 
     def __init__(self, max_memory="auto", free_memory=False, **options):
-        super().__init__(max_memory, **options)
+        if options:
+            raise TypeError(f"backend {self.name!r} takes no options {sorted(options)}; "
+                            f"backend_options it knows: ['free_memory']")
+        super().__init__(max_memory)
         if not isinstance(free_memory, bool):
             raise TypeError(f"free_memory must be True or False, got {free_memory!r}")
         self.free_memory = free_memory

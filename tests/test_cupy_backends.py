@@ -260,5 +260,6 @@ def test_free_memory_hands_cached_blocks_back(cp, pool, name):
     del kept
     pool.free_all_blocks()
     kept = KMeans(10, backend_options={"free_memory": True}, **kw).fit(X)
-    assert pool.free_bytes() < min(cached / 4, X.nbytes / 2)
+    # what stays cached is at most the unused tail of a block split for a result array
+    assert pool.free_bytes() < min(cached / 2, X.nbytes)
     assert kept.labels_.shape == (X.shape[0],)

@@ -180,7 +180,7 @@ def test_free_memory_frees_the_pool_when_fit_ends(fake_cupy, name):
 def test_backend_options_are_checked(fake_cupy):
     with pytest.raises(TypeError, match="free_memory"):
         CupyChunkedBackend(free_memory="yes")
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match=r"knows: \['free_memory'\]"):
         get_backend("cupy-kernels")(chunk=3)
 
 
