@@ -38,11 +38,12 @@ def plan_chunks(n, d, k, itemsize, budget) -> ChunkPlan:
 
         rows * (k_tile + 1) * itemsize + k * itemsize <= budget
 
-    k_tile = k unless that leaves fewer than TILE_MIN_ROWS rows; rows are capped so the block
-    stays under MAX_BLOCK_BYTES."""
+    k_tile = k unless a block of TILE_MIN_ROWS rows of all k centers would not fit in the
+    budget or in MAX_BLOCK_BYTES; rows are capped so the block stays under MAX_BLOCK_BYTES
+    (or TILE_MIN_ROWS rows, when a tile is that wide)."""
     fixed = k * itemsize
     want = min(n, TILE_MIN_ROWS)
-    room = max(budget - fixed, 0)
+    room = min(max(budget - fixed, 0), MAX_BLOCK_BYTES)
     if room // ((k + 1) * itemsize) >= want:
         k_tile = k
     else:
@@ -50,15 +51,15 @@ def plan_chunks(n, d, k, itemsize, budget) -> ChunkPlan:
     rows = chunk_rows(budget, (k_tile + 1) * itemsize, fixed, n_samples=n,
                       floor=min(n, MIN_CHUNK_ROWS),
                       what=f"cupy-chunked (k={k}, {k_tile} centers per tile)")
-    rows = min(rows, max(want, MAX_BLOCK_BYTES // (k_tile * itemsize)))
+    rows = min(rows, max(want, MAX_BLOCK_BYTES // ((k_tile + 1) * itemsize)))
     return ChunkPlan(int(rows), k_tile)
 
 
 class CupyChunkedBackend(CupyBackendBase):
     name = "cupy-chunked"
 
-    def __init__(self, max_memory="auto", free_memory=False):
-        super().__init__(max_memory, free_memory=free_memory)
+    def __init__(self, max_memory="auto", free_memory=False, **options):
+        super().__init__(max_memory, free_memory=free_memory, **options)
         self._plan = None      # (n, d, k, dtype) -> ChunkPlan, fixed for a fit
         self._blocks = None    # (rows, k_tile, dtype, distance block, running minimum)
 

@@ -52,6 +52,7 @@ def test_backend_modules_import_without_touching_cupy():
     (3001, 3, 500, 4, 2_000_000),           # check_backend's 2MB: centers get tiled
     (1_000_000, 128, 4096, 4, 256 << 20),
     (10_000, 2, 1_000_000, 8, 64 << 20),    # huge k: tiles of k
+    (100_000, 3, 1_000_000, 4, 100 << 30),  # huge k, huge budget: tiles keep blocks ~1 GiB
     (97, 1, 1, 8, 1 << 20),
 ])
 def test_plan_fits_the_budget(n, d, k, itemsize, budget):
@@ -61,8 +62,11 @@ def test_plan_fits_the_budget(n, d, k, itemsize, budget):
     assert plan.buffer_bytes(itemsize) + k * itemsize <= budget
     assert plan.rows * plan.k_tile * itemsize <= max(MAX_BLOCK_BYTES, TILE_MIN_ROWS * plan.k_tile
                                                      * itemsize)
+    room = min(budget - k * itemsize, MAX_BLOCK_BYTES)
     if plan.k_tile < k:  # tiled only when all k would leave too few rows
-        assert (budget - k * itemsize) // ((k + 1) * itemsize) < min(n, TILE_MIN_ROWS)
+        assert room // ((k + 1) * itemsize) < min(n, TILE_MIN_ROWS)
+    else:
+        assert room // ((k + 1) * itemsize) >= min(n, TILE_MIN_ROWS)
 
 
 def test_plan_refuses_a_budget_below_the_floor():
@@ -180,8 +184,9 @@ def test_free_memory_frees_the_pool_when_fit_ends(fake_cupy, name):
 def test_backend_options_are_checked(fake_cupy):
     with pytest.raises(TypeError, match="free_memory"):
         CupyChunkedBackend(free_memory="yes")
-    with pytest.raises(TypeError, match=r"knows: \['free_memory'\]"):
-        get_backend("cupy-kernels")(chunk=3)
+    for name in CUPY_BACKENDS:
+        with pytest.raises(TypeError, match=r"knows: \['free_memory'\]"):
+            get_backend(name)(chunk=3)
 
 
 def test_nested_stages_report_their_own_peaks(fake_cupy):
