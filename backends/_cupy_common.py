@@ -201,7 +201,7 @@ class CupyBackendBase(KMeansBackend):
             try:
                 yield
             finally:
-                self._record(name, hook.peak)
+                self._record_peak(name, hook.peak)
                 hook.peak = max(outer_peak, hook.peak)
             return
         hook = _peak_hook_class()()
@@ -212,9 +212,9 @@ class CupyBackendBase(KMeansBackend):
                 yield
         finally:
             self._peak_stack.pop()
-            self._record(name, hook.peak)
+            self._record_peak(name, hook.peak)
 
-    def _record(self, name, peak):
+    def _record_peak(self, name, peak):
         self.memory_report[name] = max(self.memory_report.get(name, 0), int(peak))
 
     def with_oom_retry(self, fn, rows, *, what):
