@@ -90,6 +90,10 @@ class KMeansBackend:
     def synchronize(self):
         """Wait for the device, so a clock read after it measures finished work."""
 
+    def finish(self):
+        """Called by the estimator when a fit has ended, after it dropped its device arrays:
+        release per-fit buffers (and, where the backend offers it, cached memory)."""
+
     @contextlib.contextmanager
     def stage(self, name):
         """Context of one stage ("transfer", "init", "assign", "update") for memory_report."""

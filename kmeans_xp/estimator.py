@@ -207,6 +207,8 @@ class KMeans:
         timings.update(timings_runs)
         timings["total"] = time.perf_counter() - t_start
         self._store(best, backend, why, X_mean, X_user, Xb, timings)
+        del X, Xb, Xc, sw, best  # drop the fit's device arrays so finish() can release them
+        backend.finish()
         return self
 
     def _run(self, backend, Xc, X_mean, sw, rs, xp, n_init, tol, given):

@@ -1,0 +1,156 @@
+"""`cupy-chunked`: the fix the seed asks for, distances by cuBLAS GEMM over row chunks.
+
+Each chunk of rows gets -2 x.c from one GEMM into a preallocated block, and a warp-per-row
+kernel adds ||c||^2 and takes the argmin (||x||^2 does not change the argmin). Chunk rows are
+sized from the budget so the working memory stays under `max_memory` whatever n and k are;
+when even a few thousand rows of all k centers would not fit, the centers are tiled too and
+a running minimum is carried across tiles. The blocks are allocated once per fit and reused
+every iteration, so the pool does not grow; an OutOfMemoryError halves the chunk and retries.
+Per-cluster sums use the atomicAdd kernel shared with cupy-kernels (no (k, n) arrays).
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from kmeans_xp.backend import AssignResult, ReduceResult
+from kmeans_xp.memory import MemoryEstimate, chunk_rows
+
+from . import _cupy_kmeans_kernels as kernels
+from ._cupy_common import MIN_CHUNK_ROWS, CupyBackendBase, fit_state_bytes, kmeanspp_bytes
+
+#: a chunk narrower than this many rows makes GEMMs too thin: tile the centers instead
+TILE_MIN_ROWS = 8192
+#: a distance block larger than this buys no speed, only memory
+MAX_BLOCK_BYTES = 1 << 30
+
+
+class ChunkPlan(NamedTuple):
+    rows: int     # rows per chunk
+    k_tile: int   # centers per GEMM (k when not tiled)
+
+    def buffer_bytes(self, itemsize):
+        return self.rows * (self.k_tile + 1) * itemsize
+
+
+def plan_chunks(n, d, k, itemsize, budget) -> ChunkPlan:
+    """Rows and center tile so that the distance block (rows x k_tile), the running minimum
+    (rows) and the center norms (k) fit in `budget` bytes:
+
+        rows * (k_tile + 1) * itemsize + k * itemsize <= budget
+
+    k_tile = k unless a block of TILE_MIN_ROWS rows of all k centers would not fit in the
+    budget or in MAX_BLOCK_BYTES; rows are capped so the block stays under MAX_BLOCK_BYTES
+    (or TILE_MIN_ROWS rows, when a tile is that wide)."""
+    fixed = k * itemsize
+    want = min(n, TILE_MIN_ROWS)
+    room = min(max(budget - fixed, 0), MAX_BLOCK_BYTES)
+    if room // ((k + 1) * itemsize) >= want:
+        k_tile = k
+    else:
+        k_tile = int(min(k, max(1, room // want // itemsize - 1)))
+    rows = chunk_rows(budget, (k_tile + 1) * itemsize, fixed, n_samples=n,
+                      floor=min(n, MIN_CHUNK_ROWS),
+                      what=f"cupy-chunked (k={k}, {k_tile} centers per tile)")
+    rows = min(rows, max(want, MAX_BLOCK_BYTES // ((k_tile + 1) * itemsize)))
+    return ChunkPlan(int(rows), k_tile)
+
+
+class CupyChunkedBackend(CupyBackendBase):
+    name = "cupy-chunked"
+
+    def __init__(self, max_memory="auto", free_memory=False, **options):
+        super().__init__(max_memory, free_memory=free_memory, **options)
+        self._plan = None      # (n, d, k, dtype) -> ChunkPlan, fixed for a fit
+        self._blocks = None    # (rows, k_tile, dtype, distance block, running minimum)
+
+    # -- buffers, kept for the whole fit ---------------------------------------------------------
+    def _plan_for(self, n, d, k, dtype):
+        key = (n, d, k, dtype)
+        if self._plan is None or self._plan[0] != key:
+            # the driver allocates the next iteration's labels and distances beside the blocks
+            budget = self.budget(reserve=n * (8 + dtype.itemsize))
+            self._plan = (key, plan_chunks(n, d, k, dtype.itemsize, budget))
+        return self._plan[1]
+
+    def _keep_rows(self, rows):
+        """Remember the chunk that fitted after halving, so later iterations start there."""
+        key, plan = self._plan
+        if rows != plan.rows:
+            self._plan = (key, plan._replace(rows=rows))
+
+    def _chunk_blocks(self, rows, k_tile, dtype):
+        if self._blocks is None or self._blocks[:3] != (rows, k_tile, dtype):
+            self._blocks = None  # release the old blocks before asking for new ones
+            cp = self._cp
+            self._blocks = (rows, k_tile, dtype, cp.empty(rows * k_tile, dtype=dtype),
+                            cp.empty(rows, dtype=dtype))
+        return self._blocks[3], self._blocks[4]
+
+    def on_chunk_halved(self, rows):
+        self._blocks = None
+
+    def release_buffers(self):
+        self._blocks = None
+        self._plan = None
+
+    # -- primitives ---------------------------------------------------------------------------
+    def assign(self, X, centers, *, xp=None) -> AssignResult:
+        X = self.contiguous(X)
+        C = self.contiguous(centers, X.dtype)
+        (n, d), k = X.shape, C.shape[0]
+        with self.stage("assign"):
+            labels = self.device_empty((n,), self._cp.int64, "labels")
+            min_sq = self.device_empty((n,), X.dtype, "squared distances")
+            plan = self._plan_for(n, d, k, X.dtype)
+            c_norm = (C * C).sum(axis=1)
+            rows = self.with_oom_retry(
+                lambda rows: self._assign_chunks(X, C, c_norm, labels, rows, plan.k_tile),
+                plan.rows, what=f"cupy-chunked assignment (n={n}, k={k}, d={d})")
+            self._keep_rows(rows)
+            # exact ||x - c||^2 by differences, not the cancellation-prone expansion
+            kernels.labelled_sq_dist(X, C, labels, min_sq)
+        return AssignResult(labels, min_sq)
+
+    def _assign_chunks(self, X, C, c_norm, labels, rows, k_tile):
+        from cupy import cublas  # needs the cuBLAS library: imported only when used
+
+        n, k = X.shape[0], C.shape[0]
+        block, run_min = self._chunk_blocks(rows, k_tile, X.dtype)
+        for start in range(0, n, rows):
+            stop = min(start + rows, n)
+            m = stop - start
+            for j0 in range(0, k, k_tile):
+                j1 = min(j0 + k_tile, k)
+                dist = block[: m * (j1 - j0)].reshape(m, j1 - j0)
+                cublas.gemm("N", "T", X[start:stop], C[j0:j1], out=dist, alpha=-2.0)
+                kernels.row_argmin_shifted(dist, c_norm[j0:j1], j0, j0 == 0, run_min[:m],
+                                           labels[start:stop])
+        return rows
+
+    def reduce(self, X, labels, sample_weight, n_clusters, *, xp=None) -> ReduceResult:
+        cp = self._cp
+        X = self.contiguous(X)
+        with self.stage("update"):
+            sums = cp.zeros((n_clusters, X.shape[1]), dtype=cp.float64)
+            weights = cp.zeros((n_clusters,), dtype=cp.float64)
+            kernels.cluster_sums(X, self.contiguous(labels, cp.int64),
+                                 self.contiguous(sample_weight, X.dtype), sums, weights)
+        return ReduceResult(sums, weights)
+
+    # -- memory --------------------------------------------------------------------------------
+    @classmethod
+    def estimate_memory(cls, n_samples, n_features, n_clusters, *, itemsize,
+                        max_memory="auto") -> MemoryEstimate:
+        """Device bytes of a fit, part by part (see `fit_state_bytes`): chunk_buffers is the
+        larger of the GEMM block with its running minimum and center norms, and k-means++'s
+        chunk of driver rows."""
+        n, d, k = n_samples, n_features, n_clusters
+        inst = cls(max_memory=max_memory)
+        plan = plan_chunks(n, d, k, itemsize, inst.budget(reserve=n * (8 + itemsize)))
+        rows = inst.driver_rows(n, d, "float32" if itemsize == 4 else "float64")
+        parts = fit_state_bytes(n, d, k, itemsize)
+        init_per_sample, init_chunk = kmeanspp_bytes(n, d, k, itemsize, rows)
+        lloyd_per_sample = parts.pop("labels_and_distances")
+        parts["per_sample_work"] = max(lloyd_per_sample, init_per_sample)
+        parts["chunk_buffers"] = max(plan.buffer_bytes(itemsize) + k * itemsize, init_chunk)
+        return MemoryEstimate(parts, sum(parts.values()), plan.rows)

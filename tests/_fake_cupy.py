@@ -1,0 +1,155 @@
+"""A NumPy stand-in for the parts of CuPy the CuPy backends touch, with their kernels emulated,
+so the backends' Python paths (planning, chunk and tile loops, OOM halving, stages, the
+device-resident loop, finish) run in CPU tests. "Device" arrays are NumPy arrays here.
+
+Only orchestration is tested this way: the kernels themselves are checked by compiling them
+(test_cupy_kernel_sources.py) and against NumPy on a GPU (test_cupy_backends.py).
+"""
+import importlib.machinery
+import sys
+import types
+
+import numpy as np
+
+from kmeans_xp import registry
+from kmeans_xp_backends import _cupy_common
+from kmeans_xp_backends import _cupy_kmeans_kernels as kernels
+
+
+class FakeOOM(MemoryError):
+    pass
+
+
+class FakeHook:
+    """cupy.cuda.memory_hook.MemoryHook's protocol: the pool calls the active hooks."""
+
+    def __enter__(self):
+        ACTIVE_HOOKS.append(self)
+        return self
+
+    def __exit__(self, *exc):
+        ACTIVE_HOOKS.remove(self)
+
+
+ACTIVE_HOOKS = []
+
+
+class FakePool:
+    def __init__(self):
+        self.used = 0
+        self.frees = 0
+
+    def used_bytes(self):
+        return self.used
+
+    def free_bytes(self):
+        return 0
+
+    def get_limit(self):
+        return 0
+
+    def free_all_blocks(self):
+        self.frees += 1
+
+
+class FakeCupy(types.ModuleType):
+    """`empty` fails above `max_alloc` bytes, like a pool at its limit; allocations are
+    booked in the pool (never released: the peak is what the tests read)."""
+
+    def __init__(self, max_alloc=1 << 40):
+        super().__init__("cupy")
+        self.__spec__ = importlib.machinery.ModuleSpec("cupy", None)
+        self.max_alloc = max_alloc
+        self.allocations = []
+        self.pool = FakePool()
+        self.ndarray, self.int64, self.float64 = np.ndarray, np.int64, np.float64
+        self.float32 = np.float32
+        self.ascontiguousarray, self.stack = np.ascontiguousarray, np.stack
+        self.asarray, self.asnumpy = np.asarray, np.asarray
+        self.get_default_memory_pool = lambda: self.pool
+        stream = types.SimpleNamespace(synchronize=lambda: None)
+        self.cuda = types.SimpleNamespace(
+            memory=types.SimpleNamespace(OutOfMemoryError=FakeOOM),
+            memory_hook=types.SimpleNamespace(MemoryHook=FakeHook),
+            runtime=types.SimpleNamespace(memGetInfo=lambda: (1 << 34, 1 << 35),
+                                          getDeviceCount=lambda: 1),
+            get_current_stream=lambda: stream)
+        self.cublas = types.SimpleNamespace(gemm=_gemm)
+
+    def _book(self, shape, dtype):
+        nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
+        if nbytes > self.max_alloc:
+            raise FakeOOM(f"{nbytes} bytes")
+        self.allocations.append(nbytes)
+        self.pool.used += nbytes
+        for hook in ACTIVE_HOOKS:
+            hook.malloc_postprocess(device_id=0, size=nbytes, mem_size=nbytes, mem_ptr=1,
+                                    pmem_id=1)
+
+    def empty(self, shape, dtype):
+        self._book(shape, dtype)
+        return np.empty(shape, dtype=dtype)
+
+    def zeros(self, shape, dtype):
+        self._book(shape, dtype)
+        return np.zeros(shape, dtype=dtype)
+
+
+def _gemm(transa, transb, a, b, out, alpha):
+    assert (transa, transb) == ("N", "T") and out.flags.c_contiguous
+    out[...] = alpha * (a @ b.T)
+
+
+# -- the kernels, in NumPy --------------------------------------------------------------------
+def nearest_center(X, C, labels, min_sq):
+    for s in range(0, len(X), 4096):
+        diff = X[s:s + 4096, None, :] - C[None, :, :]
+        d = np.einsum("ijk,ijk->ij", diff, diff)
+        labels[s:s + 4096] = d.argmin(1)
+        min_sq[s:s + 4096] = d[np.arange(len(d)), labels[s:s + 4096]]
+
+
+def cluster_sums(X, labels, w, sums, weights):
+    np.add.at(sums, labels, X.astype(np.float64) * w.astype(np.float64)[:, None])
+    weights += np.bincount(labels, weights=w.astype(np.float64), minlength=len(weights))
+
+
+def labelled_sq_dist(X, C, labels, out):
+    diff = X - C[labels]
+    out[...] = np.einsum("ij,ij->i", diff, diff)
+    return out
+
+
+def row_argmin_shifted(dist, c_norm, col0, first, run_min, labels):
+    v = dist + c_norm
+    j = v.argmin(axis=1)
+    best = v[np.arange(len(v)), j]
+    take = np.ones(len(v), bool) if first else best < run_min
+    run_min[take] = best[take]
+    labels[take] = col0 + j[take]
+
+
+REDUCTIONS = {
+    "weighted_sum": lambda v, w, axis=None: np.sum(v.astype(np.float64) * w, axis=axis),
+    "center_shift": lambda a, b, axis=None: np.sum(
+        (a.astype(np.float64) - b.astype(np.float64)) ** 2, axis=axis),
+    "count_changed": lambda a, b, axis=None: np.sum(a != b, axis=axis, dtype=np.int64),
+}
+
+
+def install(monkeypatch, max_alloc=1 << 40):
+    """Put a FakeCupy in sys.modules and the NumPy kernels in place; returns the fake."""
+    fake = FakeCupy(max_alloc)
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+    for name in ("nearest_center", "cluster_sums", "labelled_sq_dist", "row_argmin_shifted"):
+        monkeypatch.setattr(kernels, name, globals()[name])
+    monkeypatch.setattr(kernels, "reduction", REDUCTIONS.__getitem__)
+    _cupy_common._peak_hook_class.cache_clear()
+    registry.list_backends.cache_clear()
+    monkeypatch.setattr(registry, "_gpu_present", lambda: (True, ""))
+    return fake
+
+
+def uninstall():
+    _cupy_common._peak_hook_class.cache_clear()
+    registry.list_backends.cache_clear()

@@ -1,0 +1,209 @@
+"""CPU checks of the CuPy backends: registry entries, the error without CuPy or a GPU, the chunk
+plan, and cupy-chunked's chunk/tile/OOM-halving loop driven through a NumPy stand-in for CuPy
+(kernels and GEMM emulated), so the orchestration is tested where no GPU is."""
+import numpy as np
+import pytest
+
+from kmeans_xp import (BackendNotAvailableError, KMeans, KMeansMemoryError, get_backend,
+                       list_backends)
+from kmeans_xp.testing import asymmetric_data
+from kmeans_xp_backends import _cupy_kmeans_kernels as kernels
+from kmeans_xp_backends._cupy_common import MIN_CHUNK_ROWS, fit_state_bytes, kmeanspp_bytes
+from kmeans_xp_backends.cupy_chunked import (MAX_BLOCK_BYTES, TILE_MIN_ROWS, CupyChunkedBackend,
+                                             plan_chunks)
+from tests import _fake_cupy
+from tests.conftest import gpu_available
+
+CUPY_BACKENDS = ("cupy-kernels", "cupy-chunked")
+
+
+# -- registry ---------------------------------------------------------------------------------
+def test_cupy_backends_are_listed():
+    infos = list_backends()
+    for name in CUPY_BACKENDS:
+        assert name in infos
+        assert infos[name].gpu
+        assert infos[name].target.startswith("kmeans_xp_backends.cupy_")
+
+
+@pytest.mark.skipif(gpu_available(), reason="CuPy and a GPU are present")
+@pytest.mark.parametrize("name", CUPY_BACKENDS)
+def test_without_cupy_or_gpu_get_backend_says_why(name):
+    with pytest.raises(BackendNotAvailableError) as info:
+        get_backend(name)
+    msg = str(info.value)
+    assert f"backend {name!r} is not available" in msg
+    assert "cupy is not installed" in msg or "no usable CUDA device" in msg
+    assert "Installed backends" in msg and "'numpy'" in msg
+    if "not installed" in msg:
+        assert "pip install 'kmeans_xp[cuda12] or kmeans_xp[cuda13]'" in msg
+
+
+def test_backend_modules_import_without_touching_cupy():
+    import importlib
+    for mod in ("kmeans_xp_backends.cupy_kernels", "kmeans_xp_backends.cupy_chunked"):
+        importlib.import_module(mod)  # CuPy is imported only when a backend is instantiated
+
+
+# -- chunk plan -----------------------------------------------------------------------------
+@pytest.mark.parametrize("n,d,k,itemsize,budget", [
+    (2_000_000, 3, 200, 4, 2 << 30),
+    (20_000_000, 3, 1000, 4, 12 << 30),
+    (3001, 3, 500, 4, 2_000_000),           # check_backend's 2MB: centers get tiled
+    (1_000_000, 128, 4096, 4, 256 << 20),
+    (10_000, 2, 1_000_000, 8, 64 << 20),    # huge k: tiles of k
+    (100_000, 3, 1_000_000, 4, 100 << 30),  # huge k, huge budget: tiles keep blocks ~1 GiB
+    (97, 1, 1, 8, 1 << 20),
+])
+def test_plan_fits_the_budget(n, d, k, itemsize, budget):
+    plan = plan_chunks(n, d, k, itemsize, budget)
+    assert 1 <= plan.k_tile <= k
+    assert min(n, MIN_CHUNK_ROWS) <= plan.rows <= n
+    assert plan.buffer_bytes(itemsize) + k * itemsize <= budget
+    assert plan.rows * plan.k_tile * itemsize <= max(MAX_BLOCK_BYTES, TILE_MIN_ROWS * plan.k_tile
+                                                     * itemsize)
+    room = min(budget - k * itemsize, MAX_BLOCK_BYTES)
+    if plan.k_tile < k:  # tiled only when all k would leave too few rows
+        assert room // ((k + 1) * itemsize) < min(n, TILE_MIN_ROWS)
+    else:
+        assert room // ((k + 1) * itemsize) >= min(n, TILE_MIN_ROWS)
+
+
+def test_plan_refuses_a_budget_below_the_floor():
+    with pytest.raises(KMeansMemoryError, match="max_memory allows"):
+        plan_chunks(10**6, 3, 100, 4, 1000)
+
+
+def test_state_and_init_bytes_grow_with_n():
+    a, b = fit_state_bytes(1000, 3, 10, 4), fit_state_bytes(2000, 3, 10, 4)
+    assert a["data"] == 1000 * 3 * 4 and b["data"] == 2 * a["data"]
+    per_sample, chunk = kmeanspp_bytes(1000, 3, 10, 4, 256)
+    assert per_sample > a["labels_and_distances"] / 2 and chunk > 0
+
+
+def test_full_reduce_splits_into_parts_and_tail():
+    def kernel(v, w, axis=None):
+        return np.sum(v.astype(np.float64) * w, axis=axis)
+    rng = np.random.default_rng(0)
+    for n in (10, kernels.REDUCE_PARTS * kernels.REDUCE_MIN_PART + 12345):
+        v, w = rng.random(n).astype(np.float32), rng.random(n).astype(np.float32)
+        assert float(kernels.full_reduce(kernel, v, w)) == pytest.approx(
+            float(kernel(v, w)), rel=1e-12)
+
+
+# -- the backends' Python paths on a NumPy stand-in for CuPy ---------------------------------
+@pytest.fixture
+def fake_cupy(monkeypatch):
+    fake = _fake_cupy.install(monkeypatch)
+    yield fake
+    _fake_cupy.uninstall()
+
+
+@pytest.fixture
+def fake_chunked(monkeypatch):
+    def make(max_memory, max_alloc=1 << 40):
+        fake = _fake_cupy.install(monkeypatch, max_alloc)
+        b = CupyChunkedBackend(max_memory=max_memory)
+        return b, fake
+    yield make
+    _fake_cupy.uninstall()
+
+
+def _reference(X, C):
+    d = ((X[:, None, :].astype(np.float64) - C[None].astype(np.float64)) ** 2).sum(-1)
+    return d.argmin(1), d
+
+
+@pytest.mark.parametrize("n,d,k,max_memory", [
+    (5003, 3, 7, "10MB"),      # one chunk, one tile
+    (20011, 3, 500, "2MB"),    # chunks and center tiles
+    (3001, 17, 64, 300_000),   # tiles with an uneven last tile
+])
+def test_chunked_assign_loop_gives_the_argmin(fake_chunked, n, d, k, max_memory):
+    b, fake = fake_chunked(max_memory)
+    X = asymmetric_data(n, d, k, dtype=np.float64, seed=n)
+    C = X[np.random.default_rng(k).choice(n, k, replace=False)] + 0.01
+    labels, min_sq = b.assign(X, C)
+    ref, dist = _reference(X, C)
+    np.testing.assert_array_equal(labels, ref)
+    np.testing.assert_allclose(min_sq, dist[np.arange(n), ref], rtol=1e-12)
+    plan = b._plan[1]
+    assert plan.buffer_bytes(8) + k * 8 <= b.budget(reserve=n * 16)
+    blocks = b._blocks
+    b.assign(X, C)
+    assert b._blocks[3] is blocks[3], "the distance block is reused across iterations"
+
+
+def test_chunked_assign_halves_the_chunk_on_oom(fake_chunked):
+    n, d, k = 40_009, 3, 50
+    b, fake = fake_chunked("64MB", max_alloc=2048 * k * 8)  # blocks of <= 2048 rows fit
+    X = asymmetric_data(n, d, k, dtype=np.float64, seed=1)
+    C = X[:k] + 0.5
+    planned = plan_chunks(n, d, k, 8, b.budget(reserve=n * 16)).rows
+    labels, _ = b.assign(X, C)
+    np.testing.assert_array_equal(labels, _reference(X, C)[0])
+    rows = b._plan[1].rows
+    assert rows < planned and rows * k * 8 <= fake.max_alloc
+    n_allocs = len(fake.allocations)
+    b.assign(X, C)  # starts from the chunk that fitted: no new blocks, no new failures
+    assert len(fake.allocations) == n_allocs + 2  # only this call's labels and distances
+
+
+def test_chunked_assign_below_the_floor_raises_memory_error(fake_chunked):
+    b, fake = fake_chunked("64MB", max_alloc=200_000)  # labels fit, no block of 1024 rows does
+    X = asymmetric_data(20_000, 3, 400, dtype=np.float64, seed=2)
+    with pytest.raises(KMeansMemoryError, match=f"chunk of {MIN_CHUNK_ROWS} rows"):
+        b.assign(X, X[:400])
+
+
+@pytest.mark.parametrize("name", CUPY_BACKENDS)
+def test_fit_through_the_estimator_matches_numpy(fake_cupy, name):
+    X = asymmetric_data(3001, 3, 9, dtype=np.float64, seed=11)
+    init = X[:9] + 0.1
+    ref = KMeans(9, init=init, backend="numpy").fit(X)
+    got = KMeans(9, init=init, backend=name, max_memory="200KB").fit(X)
+    assert got.backend_ == name
+    np.testing.assert_array_equal(got.labels_, ref.labels_)
+    np.testing.assert_allclose(got.cluster_centers_, ref.cluster_centers_, rtol=1e-12)
+    assert got.n_iter_ == ref.n_iter_
+    assert got.inertia_ == pytest.approx(ref.inertia_, rel=1e-12)
+    assert {"init", "assign", "update"} <= set(got.memory_report_)
+    assert got.memory_report_["assign"] >= 3001 * 16  # its labels and distances, at least
+    np.testing.assert_array_equal(got.predict(X), got.labels_)
+
+
+@pytest.mark.parametrize("name", CUPY_BACKENDS)
+def test_free_memory_frees_the_pool_when_fit_ends(fake_cupy, name):
+    X = asymmetric_data(501, 2, 3, dtype=np.float32, seed=12)
+    KMeans(3, backend=name, random_state=0).fit(X)
+    assert fake_cupy.pool.frees == 0
+    KMeans(3, backend=name, random_state=0, backend_options={"free_memory": True}).fit(X)
+    assert fake_cupy.pool.frees == 1
+
+
+def test_backend_options_are_checked(fake_cupy):
+    with pytest.raises(TypeError, match="free_memory"):
+        CupyChunkedBackend(free_memory="yes")
+    for name in CUPY_BACKENDS:
+        with pytest.raises(TypeError, match=r"knows: \['free_memory'\]"):
+            get_backend(name)(chunk=3)
+
+
+def test_nested_stages_report_their_own_peaks(fake_cupy):
+    b = CupyChunkedBackend()
+    with b.stage("outer"):
+        fake_cupy.empty((1000,), np.float64)
+        with b.stage("inner"):
+            fake_cupy.empty((10,), np.float64)
+        fake_cupy.empty((10_000,), np.float64)
+    assert b.memory_report["inner"] == 8080
+    assert b.memory_report["outer"] == 8080 + 80_000
+
+
+def test_nearest_kernel_kind_by_width_and_dtype():
+    kind = kernels.nearest_kernel_kind
+    assert [kind(d, 4) for d in (1, 4, 5, 8, 9, 17, 128, 129)] == [
+        "nearest_center", "nearest_center", "nearest_center_r8", "nearest_center_r8",
+        "nearest_center_r16", "nearest_center_r32", "nearest_center_r128", "nearest_center"]
+    assert kind(64, 8) == "nearest_center_r64" and kind(65, 8) == "nearest_center"
+    assert all(k in kernels.ELEMENTWISE for k in map(lambda d: kind(d, 4), range(1, 200)))
