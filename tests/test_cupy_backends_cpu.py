@@ -36,7 +36,7 @@ def test_without_cupy_or_gpu_get_backend_says_why(name):
     assert "cupy is not installed" in msg or "no usable CUDA device" in msg
     assert "Installed backends" in msg and "'numpy'" in msg
     if "not installed" in msg:
-        assert "pip install 'kmeans_xp[cuda12] or kmeans_xp[cuda13]'" in msg
+        assert "pip install 'kmeans_xp[cuda12]' or pip install 'kmeans_xp[cuda13]'" in msg
 
 
 def test_backend_modules_import_without_touching_cupy():
