@@ -190,7 +190,7 @@ class KMeans:
         backend.synchronize()
         timings["transfer"] = time.perf_counter() - t0
         tol = tolerance(Xb, self.tol, xp)
-        X_mean = xp.mean(Xb, axis=0)
+        X_mean = _feature_mean(Xb, xp)
         in_place = (not self.copy_x and Xb is X_user and isinstance(Xb, np.ndarray)
                     and Xb.flags.writeable)
         try:
@@ -362,6 +362,14 @@ def _accepted(fn, options):
     if any(p.kind is p.VAR_KEYWORD for p in params.values()):
         return dict(options)
     return {k: v for k, v in options.items() if k in params}
+
+
+def _feature_mean(X, xp):
+    """Per-feature mean accumulated in float64, then cast: every library rounds it the same
+    way, so every backend centers X identically (a float32 pairwise mean differs in the last
+    bit between NumPy and CuPy, and near-tie labels would follow)."""
+    total = xp.sum(X, axis=0, dtype=xp.float64)
+    return xp.astype(total / X.shape[0], X.dtype)
 
 
 def _host_dtype(X):
