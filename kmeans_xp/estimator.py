@@ -92,7 +92,7 @@ class KMeans:
 
     # -- fitting ------------------------------------------------------------------------------
     def _resolved_n_init(self):
-        if isinstance(self.init, str) and self.init == "k-means++":
+        if isinstance(self.init, str) and self.init in ("k-means++", "k-means||"):
             default = 1
         elif isinstance(self.init, str) or callable(self.init):
             default = 10
@@ -123,7 +123,8 @@ class KMeans:
             init_array = check_init_array(self.init, self.n_clusters, d)
         return X, sw, init_array
 
-    def _initial_centers(self, Xb, X_user, X_mean, sw, rs, xp, rows, init_array):
+    def _initial_centers(self, Xb, X_user, X_mean, sw, rs, xp, rows, init_array,
+                         backend=None):
         k = self.n_clusters
         if init_array is not None:
             c = xp.asarray(init_array.astype(_host_dtype(Xb)), device=device(Xb))
@@ -133,8 +134,12 @@ class KMeans:
             return xp.asarray(c.astype(_host_dtype(Xb)), device=device(Xb)) - X_mean
         if self.init == "random":
             return _init.random_init(Xb, k, sample_weight=sw, random_state=rs, xp=xp)[0]
+        persist = backend.persist if backend is not None else None
+        if self.init == "k-means||":
+            return _init.kmeans_parallel(Xb, k, sample_weight=sw, random_state=rs, xp=xp,
+                                         rows=rows, backend=backend, persist=persist)[0]
         return _init.kmeans_plusplus(Xb, k, sample_weight=sw, random_state=rs, xp=xp,
-                                     rows=rows)[0]
+                                     rows=rows, persist=persist)[0]
 
     def fit(self, X, y=None, sample_weight=None):
         """Compute k-means clustering. X: (n_samples, n_features) array of any supported
@@ -151,12 +156,12 @@ class KMeans:
         timings = {}
         t0 = time.perf_counter()
         Xb = backend.to_backend(X)
-        xp = array_namespace(Xb)
-        sw = xp.asarray(sw_host, device=device(Xb))
+        xp = backend.array_namespace(Xb)
+        sw = backend.persist(xp.asarray(sw_host, device=device(Xb)))
         backend.synchronize()
         timings["transfer"] = time.perf_counter() - t0
         tol = tolerance(Xb, self.tol, xp)
-        X_mean = xp.mean(Xb, axis=0)
+        X_mean = backend.persist(xp.mean(Xb, axis=0))
         in_place = (not self.copy_x and Xb is X_user and isinstance(Xb, np.ndarray)
                     and Xb.flags.writeable)
         try:
@@ -183,7 +188,7 @@ class KMeans:
             t0 = time.perf_counter()
             with backend.stage("init"):
                 centers = self._initial_centers(Xc, X_user, X_mean, sw, rs, xp, rows,
-                                                init_array)
+                                                init_array, backend)
                 centers = xp.astype(centers, Xc.dtype)
             backend.synchronize()
             t1 = time.perf_counter()
@@ -253,7 +258,7 @@ class KMeans:
         name, options, max_memory = self._backend_key
         backend = get_backend(name)(max_memory=max_memory, **options)
         Xb = backend.to_backend(X)
-        xp = array_namespace(Xb)
+        xp = backend.array_namespace(Xb)
         mean = xp.asarray(self._X_mean, device=device(Xb)) if namespace_name(
             self._X_mean) == namespace_name(Xb) else xp.asarray(to_numpy(self._X_mean),
                                                                   device=device(Xb))
