@@ -245,14 +245,18 @@ def main(argv=None):
     p.add_argument("--iters", type=int, default=10, help="timed iterations")
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--workers", type=int, nargs="+", default=[1, 2])
-    p.add_argument("--blocks", type=int, default=8,
-                   help="row blocks of X (a multiple of every --workers value balances them)")
+    p.add_argument("--blocks", type=int, default=None,
+                   help="row blocks of X (default: the largest --workers value, one block per "
+                        "GPU: fewest tasks per iteration; a multiple of every --workers value "
+                        "keeps the GPUs balanced)")
     p.add_argument("--single-backend", default=None,
                    help="single-GPU backend (default: cupy-fused, else cupy-chunked)")
     p.add_argument("--fit", action="store_true",
                    help="also time a whole KMeans.fit per case")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
+    if args.blocks is None:
+        args.blocks = max(args.workers)
     if args.n < args.k or args.k < 1 or args.d < 1 or args.iters < 1 or args.blocks < 1:
         fail("need n >= k >= 1, d >= 1, iters >= 1, blocks >= 1")
     try:
