@@ -187,3 +187,24 @@ def test_estimate_memory():
     from kmeans_xp import estimate_memory
     est = estimate_memory(10**6, 3, 100, dtype="float32", backend="dask")
     assert est.parts["data"] == 12 * 10**6 and est.total > est.parts["data"]
+
+
+def test_namespace_keeps_small_arrays_eager_and_per_sample_arrays_aligned():
+    X = da.from_array(np.arange(30.0).reshape(10, 3), chunks=(4, 3))
+    xp = DaskBackend().array_namespace(X)
+    ones = xp.asarray(np.ones(10))
+    assert isinstance(ones, da.Array) and ones.chunks == ((4, 4, 2),)
+    assert not any(isinstance(v, np.ndarray) and v.size == 10
+                   for v in dict(ones.__dask_graph__()).values())  # made, not shipped
+    w = xp.asarray(np.arange(10.0))
+    assert isinstance(w, da.Array) and w.chunks == X.chunks[:1]
+    small = xp.asarray(np.ones((3, 3)))
+    assert isinstance(small, np.ndarray)
+    assert isinstance(xp.where(small > 0, small, xp.zeros_like(small)), np.ndarray)
+    assert isinstance(xp.full(10, 1.0), da.Array) and isinstance(xp.full(3, 1.0), np.ndarray)
+    mixed = xp.take(small, xp.asarray(np.array([0, 2, 1, 0, 0, 1, 2, 2, 0, 1])), axis=0)
+    assert isinstance(mixed, da.Array)
+    np.testing.assert_array_equal(mixed.compute(), np.ones((10, 3)))
+    idx = xp.searchsorted(xp.cumulative_sum(w), xp.asarray(np.array([0.5, 44.0])))
+    np.testing.assert_array_equal(idx.compute(), [1, 9])
+    assert xp.float64 is np.float64 and xp.isdtype(xp.float32, "real floating")
