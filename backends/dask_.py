@@ -200,8 +200,6 @@ class DaskNamespace:
       given a dask array runs in dask, with the small arrays lifted into one-block arrays.
     """
 
-    _CREATE = ("zeros", "ones", "empty", "full")
-
     def __init__(self, base, n_samples, row_chunks, kind):
         self._base = base                     # array-api-compat's dask namespace
         self._eager = _eager_namespace(kind)  # array-api-compat's numpy or cupy namespace
