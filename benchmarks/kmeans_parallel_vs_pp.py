@@ -31,7 +31,6 @@ def machine():
             names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
         if names:
             info["cpu_model"] = names[0]
-        info["load_average_at_start"] = os.getloadavg()
     except (OSError, AttributeError):
         pass
     return info
@@ -62,6 +61,10 @@ def main(argv=None):
 
     from kmeans_xp import KMeans
 
+    try:
+        load_start = os.getloadavg()
+    except (OSError, AttributeError):
+        load_start = None
     runs = []
     for wl in args.workloads:
         X = workload(wl, args.n, args.d, args.k, np.dtype(args.dtype))
@@ -97,6 +100,7 @@ def main(argv=None):
         print(f"{wl}: k-means|| init {s['init_speedup_median']:.1f}x faster (median); inertia "
               f"after fit k-means|| / k-means++ = {s['inertia_ratio_mean']:.4f} (mean)")
     info = machine()
+    info["load_average_at_start"] = load_start
     try:
         info["load_average_at_end"] = os.getloadavg()
     except (OSError, AttributeError):
