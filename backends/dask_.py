@@ -487,6 +487,12 @@ class DaskBackend(KMeansBackend):
         (x,) = self._persist(x)
         return x
 
+    def finish(self):
+        """After a fit: drop this backend's handles on the persisted X and weights, so the
+        workers can free them (labels_ stays, as the user holds it)."""
+        self._X = None
+        self._aligned = None
+
     def driver_rows(self, n_samples, n_features, dtype) -> int:
         return max(int(n_samples), 1)  # dask chunks the driver's passes itself
 
