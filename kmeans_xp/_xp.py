@@ -33,7 +33,7 @@ def to_numpy(X):
     if name == "torch":
         return X.detach().cpu().numpy()
     if name == "dask.array":
-        return np.asarray(X.compute())
+        return to_numpy(X.compute())  # the blocks may be CuPy arrays
     try:
         return np.asarray(X)
     except (TypeError, ValueError, RuntimeError):

@@ -94,6 +94,19 @@ class KMeansBackend:
         """Called by the estimator when a fit has ended, after it dropped its device arrays:
         release per-fit buffers (and, where the backend offers it, cached memory)."""
 
+    def array_namespace(self, X):
+        """The namespace the driver computes with on `X` (the output of `to_backend`).
+        Default: array-api-compat's; a backend whose arrays need more (e.g. dask arrays with
+        CuPy blocks, where new arrays must get CuPy blocks too) returns its own."""
+        from ._xp import array_namespace
+        return array_namespace(X)
+
+    def persist(self, x):
+        """Make a lazily evaluated array concrete, so later passes reuse it instead of
+        recomputing its whole history. The driver calls it on the small or reused arrays it
+        builds (mean, weights, centers each iteration, k-means++ distances). Default: `x`."""
+        return x
+
     @contextlib.contextmanager
     def stage(self, name):
         """Context of one stage ("transfer", "init", "assign", "update") for memory_report."""

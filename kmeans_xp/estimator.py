@@ -115,7 +115,7 @@ class KMeans:
 
     # -- fitting ------------------------------------------------------------------------------
     def _resolved_n_init(self):
-        if isinstance(self.init, str) and self.init == "k-means++":
+        if isinstance(self.init, str) and self.init in ("k-means++", "k-means||"):
             default = 1
         elif isinstance(self.init, str) or callable(self.init):
             default = 10
@@ -158,15 +158,19 @@ class KMeans:
         k, d = self.n_clusters, X.shape[1]
         return [check_init_array(self.init(X, k, random_state=rs), k, d) for _ in range(n_init)]
 
-    def _initial_centers(self, Xb, X_mean, sw, rs, xp, rows, given):
+    def _initial_centers(self, Xb, X_mean, sw, rs, xp, rows, given, backend=None):
         k = self.n_clusters
         if given is not None:
             c = xp.asarray(given.astype(_host_dtype(Xb)), device=device(Xb))
             return c - X_mean
         if self.init == "random":
             return _init.random_init(Xb, k, sample_weight=sw, random_state=rs, xp=xp)[0]
+        persist = backend.persist if backend is not None else None
+        if self.init == "k-means||":
+            return _init.kmeans_parallel(Xb, k, sample_weight=sw, random_state=rs, xp=xp,
+                                         rows=rows, backend=backend, persist=persist)[0]
         return _init.kmeans_plusplus(Xb, k, sample_weight=sw, random_state=rs, xp=xp,
-                                     rows=rows)[0]
+                                     rows=rows, persist=persist)[0]
 
     def fit(self, X, y=None, sample_weight=None):
         """Compute k-means clustering. X: (n_samples, n_features) array of any supported
@@ -185,12 +189,12 @@ class KMeans:
         timings = {}
         t0 = time.perf_counter()
         Xb = backend.to_backend(X)
-        xp = array_namespace(Xb)
-        sw = xp.asarray(sw_host, device=device(Xb))
+        xp = backend.array_namespace(Xb)
+        sw = backend.persist(xp.asarray(sw_host, device=device(Xb)))
         backend.synchronize()
         timings["transfer"] = time.perf_counter() - t0
         tol = tolerance(Xb, self.tol, xp)
-        X_mean = _feature_mean(Xb, xp)
+        X_mean = backend.persist(_feature_mean(Xb, xp))
         in_place = (not self.copy_x and Xb is X_user and isinstance(Xb, np.ndarray)
                     and Xb.flags.writeable)
         try:
@@ -220,7 +224,8 @@ class KMeans:
             t0 = time.perf_counter()
             with backend.stage("init"):
                 centers = self._initial_centers(Xc, X_mean, sw, rs, xp, rows,
-                                                None if given is None else given[run])
+                                                None if given is None else given[run],
+                                                backend)
                 centers = xp.astype(centers, Xc.dtype)
             backend.synchronize()
             t1 = time.perf_counter()
@@ -303,7 +308,7 @@ class KMeans:
                              f"expecting {self.n_features_in_} features as input.")
         backend = self._predict_backend(X)
         Xb = backend.to_backend(X)
-        xp = array_namespace(Xb)
+        xp = backend.array_namespace(Xb)
         mean = xp.asarray(self._X_mean, device=device(Xb)) if namespace_name(
             self._X_mean) == namespace_name(Xb) else xp.asarray(to_numpy(self._X_mean),
                                                                   device=device(Xb))

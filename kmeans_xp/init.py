@@ -63,10 +63,13 @@ def _device(x):
 
 
 def kmeans_plusplus(X, n_clusters, *, sample_weight, random_state, xp, rows,
-                    n_local_trials=None):
+                    n_local_trials=None, persist=None):
     """Greedy k-means++ (Arthur & Vassilvitskii; scikit-learn's variant): each new center is the
     best of 2 + int(ln k) candidates drawn with probability w * D(x)^2. Returns (centers, indices).
+    `persist` (a backend's `persist`) makes the running distances concrete at each step, so a
+    lazy namespace (dask) does not recompute their whole history.
     """
+    persist = persist or (lambda a: a)
     n = X.shape[0]
     if n_local_trials is None:
         n_local_trials = 2 + int(math.log(n_clusters))
@@ -74,10 +77,10 @@ def kmeans_plusplus(X, n_clusters, *, sample_weight, random_state, xp, rows,
     cum = xp.cumulative_sum(sw64)
     first = int(_draw(cum, float(cum[-1]), [random_state.uniform()], xp, n)[0])
     indices = [first]
-    closest = _closest_with(xp.full(n, math.inf, dtype=X.dtype, device=_device(X)), X,
-                            X[first, :], xp, rows)
+    closest = persist(_closest_with(xp.full(n, math.inf, dtype=X.dtype, device=_device(X)), X,
+                                    X[first, :], xp, rows))
     for _ in range(1, n_clusters):
-        cum = xp.cumulative_sum(xp.astype(closest, xp.float64) * sw64)
+        cum = persist(xp.cumulative_sum(xp.astype(closest, xp.float64) * sw64))
         pot = float(cum[-1])
         if pot <= 0:  # every positive-weight point is already a center (duplicates)
             # the total must be cum[-1] itself: xp.sum rounds differently, and a draw past
@@ -89,7 +92,7 @@ def kmeans_plusplus(X, n_clusters, *, sample_weight, random_state, xp, rows,
         pots = _min_update(closest, X, P, xp, rows, sw64)
         best = int(xp.argmin(pots))
         indices.append(int(cand[best]))
-        closest = _closest_with(closest, X, P[best, :], xp, rows)
+        closest = persist(_closest_with(closest, X, P[best, :], xp, rows))
     idx = xp.asarray(indices, dtype=xp.int64, device=_device(X))
     return xp.take(X, idx, axis=0), np.asarray(indices)
 
@@ -100,3 +103,118 @@ def random_init(X, n_clusters, *, sample_weight, random_state, xp):
     seeds = random_state.choice(X.shape[0], size=n_clusters, replace=False, p=w / w.sum())
     idx = xp.asarray(seeds, dtype=xp.int64, device=_device(X))
     return xp.take(X, idx, axis=0), seeds
+
+
+#: k-means|| defaults: candidates drawn per round = OVERSAMPLING * k, over ROUNDS rounds
+KMEANS_PARALLEL_OVERSAMPLING = 2.0
+KMEANS_PARALLEL_ROUNDS = 5
+#: extra rounds allowed when the candidates hold fewer than k distinct points
+_MAX_EXTRA_ROUNDS = 20
+
+
+def _min_sq_dist_to(X, P, xp, rows, backend):
+    """(n,) squared distance of each row of X to its nearest row of P: the backend's `assign`
+    when there is one (its device, its memory budget), else row chunks in xp."""
+    if backend is not None:
+        return backend.assign(X, P, xp=xp).min_sq_dist
+    parts = [xp.min(dist, axis=1) for _, dist in sq_dist_to_points(X, P, xp, rows)]
+    return parts[0] if len(parts) == 1 else xp.concat(parts)
+
+
+def _candidate_weights(X, sample_weight, C, xp, rows, backend):
+    """(m,) float64: the sample_weight of the points of X closest to each candidate."""
+    m = C.shape[0]
+    if backend is not None:
+        it = backend.lloyd_iter(X, sample_weight, C, xp=xp)
+        return to_numpy(it.weight_in_clusters).astype(np.float64)
+    # the standard has no scatter-add: a one-hot product per chunk, (m, rows) at most
+    ids = xp.arange(m, dtype=xp.int64, device=_device(X))
+    total = np.zeros(m, dtype=np.float64)
+    for sl, dist in sq_dist_to_points(X, C, xp, rows):
+        lab = xp.argmin(dist, axis=1)
+        onehot = xp.astype(lab[None, :] == ids[:, None], xp.float64)
+        total += to_numpy(onehot @ xp.astype(sample_weight[sl], xp.float64))
+    return total
+
+
+def kmeans_parallel(X, n_clusters, *, sample_weight, random_state, xp, rows,
+                    oversampling_factor=KMEANS_PARALLEL_OVERSAMPLING,
+                    n_rounds=KMEANS_PARALLEL_ROUNDS, backend=None, persist=None):
+    """k-means|| (scalable k-means++, Bahmani et al., VLDB 2012). Returns (centers, indices):
+    k distinct rows of X (as long as X has k distinct positive-weight rows) and their indices.
+
+    1. One center drawn with probability proportional to the sample weight.
+    2. `n_rounds` rounds; each draws l = ceil(oversampling_factor * k) candidates with
+       probability proportional to w * D(x)^2 (D: distance to the nearest candidate so far),
+       i.i.d. with replacement, which gives each point the expected count l * w D^2 / phi of
+       the paper's independent Bernoulli draws while needing only l random numbers per round
+       (drawn on the host, so the result is the same on every backend); repeats are merged.
+       Extra rounds run while fewer than k distinct positions have been drawn.
+    3. Each candidate is weighted by the sample_weight of the points nearest to it.
+    4. Greedy weighted k-means++ on the candidates (small: about l * n_rounds rows, on the
+       host) picks the k centers.
+
+    The O(n) work is a few passes per round instead of a few per center as in k-means++: the
+    distances go to `backend.assign` / `backend.lloyd_iter` when a backend is given (its
+    device, its memory budget), else to row chunks of `rows` in xp. `persist` (a backend's
+    `persist`) keeps lazy namespaces (dask) from recomputing history.
+    """
+    from array_api_compat import numpy as np_xp
+
+    persist = persist or (lambda a: a)
+    n = X.shape[0]
+    k = int(n_clusters)
+    if not oversampling_factor > 0:
+        raise ValueError(f"oversampling_factor must be > 0, got {oversampling_factor!r}")
+    if isinstance(n_rounds, bool) or not isinstance(n_rounds, (int, np.integer)) or n_rounds < 0:
+        raise ValueError(f"n_rounds must be an integer >= 0, got {n_rounds!r}")
+    l = max(1, math.ceil(oversampling_factor * k))
+    sw64 = persist(xp.astype(sample_weight, xp.float64))
+    cum = xp.cumulative_sum(sw64)
+    first = int(_draw(cum, float(cum[-1]), [random_state.uniform()], xp, n)[0])
+    chosen = [first]
+    seen = {first}
+    closest = persist(_min_sq_dist_to(X, X[first:first + 1, :], xp, rows, backend))
+
+    def one_round():
+        cum = persist(xp.cumulative_sum(xp.astype(closest, xp.float64) * sw64))
+        phi = float(cum[-1])
+        if not phi > 0:  # every positive-weight point sits on a candidate
+            return None
+        drawn = to_numpy(_draw(cum, phi, random_state.uniform(size=l), xp, n))
+        new = [int(i) for i in dict.fromkeys(drawn.tolist()) if int(i) not in seen]
+        seen.update(new)
+        chosen.extend(new)
+        return new
+
+    max_rounds = n_rounds + _MAX_EXTRA_ROUNDS
+    target, done, exhausted = n_rounds, 0, False
+    while True:
+        while done < target and not exhausted:
+            done += 1
+            new = one_round()
+            if new is None:
+                exhausted = True
+            elif new:
+                P = xp.take(X, xp.asarray(np.asarray(new, dtype=np.int64), dtype=xp.int64,
+                                          device=_device(X)), axis=0)
+                closest = persist(xp.minimum(closest, _min_sq_dist_to(X, P, xp, rows, backend)))
+        if len(chosen) < k and not exhausted and done < max_rounds:
+            target += 1  # fewer than k candidates so far: another round
+            continue
+        idx = np.asarray(chosen, dtype=np.int64)
+        C = xp.take(X, xp.asarray(idx, dtype=xp.int64, device=_device(X)), axis=0)
+        weights = _candidate_weights(X, sample_weight, C, xp, rows, backend)
+        # candidates at one position split nothing: one takes all their points' weight, so
+        # fewer than k positive weights means fewer than k distinct positions; draw more.
+        # When X has fewer than k distinct positive-weight rows, k-means++ below repeats
+        # centers, as sequential k-means++ does (the estimator warns).
+        if np.count_nonzero(weights) >= k or exhausted or done >= max_rounds:
+            break
+        target += 1
+    C_host = to_numpy(C).astype(np.float64)
+    _, picked = kmeans_plusplus(C_host, k, sample_weight=weights, random_state=random_state,
+                                xp=np_xp, rows=max(1, min(C_host.shape[0], 4096)))
+    indices = idx[np.asarray(picked, dtype=np.int64)]
+    centers = xp.take(X, xp.asarray(indices, dtype=xp.int64, device=_device(X)), axis=0)
+    return centers, indices

@@ -103,7 +103,7 @@ def kmeans_single_lloyd(backend, X, sample_weight, centers, *, xp, max_iter, tol
         if verbose:
             print(f"Iteration {i}, inertia {history['inertia'][-1]:.6g}, "
                   f"center shift {shift:.3g}")
-        centers = centers_new
+        centers = backend.persist(centers_new)  # lazy namespaces: no growing history
         if labels_old is not None and bool(xp.all(it.labels == labels_old)):
             strict = True
             if verbose:

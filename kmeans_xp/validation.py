@@ -87,7 +87,7 @@ def _is_memory(v):
         return False
 
 
-INIT_METHODS = ("k-means++", "random")
+INIT_METHODS = ("k-means++", "k-means||", "random")
 
 PARAMETER_CONSTRAINTS = {
     "n_clusters": [Interval(numbers.Integral, 1)],
