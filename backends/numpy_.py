@@ -33,7 +33,7 @@ TARGET_BLOCK_BYTES = 512 << 10
 TARGET_TASK_ROWS = 1 << 16
 MIN_ROWS = 64
 #: bytes of Python objects a call creates (thread pool, futures, thread-local dicts)
-PYTHON_OVERHEAD = 64 << 10
+PYTHON_OVERHEAD = 32 << 10
 
 
 def _n_threads(requested):
