@@ -212,9 +212,9 @@ class NumpyBackend(KMeansBackend):
             r = e - s
             Dv, lab = D[:r], labels[s0 + s:s0 + e]
             np.matmul(Xa[s:e], aug, out=Dv)             # ||c||^2 - 2 x.c
-            np.argmin(Dv, axis=1, out=lab)
+            Dv.argmin(axis=1, out=lab)
             np.add(lab, offs[:r], out=idx[:r])
-            np.take(Dflat, idx[:r], out=min_sq[s0 + s:s0 + e], mode="clip")
+            Dflat.take(idx[:r], out=min_sq[s0 + s:s0 + e], mode="clip")  # no take_along_axis
         m = min_sq[s0:e0]
         xn = xnorm[:r0]
         np.einsum("ij,ij->i", X[s0:e0], X[s0:e0], out=xn)
@@ -254,7 +254,11 @@ class NumpyBackend(KMeansBackend):
             sample_weight = np.asarray(sample_weight)
         epoch = object()
         n_tasks = -(-n // plan.block)
-        next_task = itertools.count().__next__  # atomic under the GIL: a shared work queue
+        counter, lock = itertools.count(), threading.Lock()
+
+        def next_task():  # a shared work queue (the lock also holds without a GIL)
+            with lock:
+                return next(counter)
 
         def worker():
             # one job per thread pulls blocks until none is left (balances a noisy machine,
