@@ -13,7 +13,8 @@ way), then times its own fit with ``benchmark.pedantic`` while the other library
 the untimed ``setup`` before every round, so the two are measured interleaved, in the same
 process, under the same machine load. ``extra_info`` holds the time per iteration (median) of
 both, their ratio, the numpy backend's working memory (estimate and measured peak) against
-``max_memory``, and the machine. Runs (each fit once) under ``--benchmark-disable`` too.
+``max_memory``, process CPU time per iteration (less sensitive to other load on the machine),
+and the machine. Runs (each fit once) under ``--benchmark-disable`` too.
 """
 from __future__ import annotations
 
@@ -161,11 +162,13 @@ def test_numpy_vs_sklearn(benchmark, big, workload, checked, memory, impl):
     X, init = workload
     other = "sklearn" if impl == "numpy" else "numpy"
     times = {impl: [], other: []}
+    cpu = {impl: [], other: []}
 
     def timed(name):
-        t0 = time.perf_counter()
+        c0, t0 = time.process_time(), time.perf_counter()
         model = FITS[name](X, init)
         times[name].append((time.perf_counter() - t0) / model.n_iter_)
+        cpu[name].append((time.process_time() - c0) / model.n_iter_)
         return model
 
     def setup():  # untimed by pytest-benchmark: the other library, interleaved
@@ -182,6 +185,13 @@ def test_numpy_vs_sklearn(benchmark, big, workload, checked, memory, impl):
     med_own, med_other = statistics.median(own), statistics.median(partner)
     ours = med_own if impl == "numpy" else med_other
     theirs = med_other if impl == "numpy" else med_own
+    cpu_own = statistics.median(cpu[impl][-rounds:])
+    cpu_other = statistics.median(cpu[other][-rounds:])
+    info = machine()
+    try:
+        info["loadavg_at_end"] = os.getloadavg()
+    except OSError:
+        pass
     benchmark.extra_info.update({
         "impl": impl, "n_samples": int(X.shape[0]), "n_features": D, "n_clusters": K,
         "dtype": "float32", "max_iter": MAX_ITER, "tol": 0, "n_init": 1, "rounds": rounds,
@@ -189,5 +199,7 @@ def test_numpy_vs_sklearn(benchmark, big, workload, checked, memory, impl):
         f"{other}_interleaved_time_per_iter_s": med_other,
         f"{other}_interleaved_time_per_iter_s_all": partner,
         "ratio_numpy_over_sklearn": ours / theirs,
-        "check": checked, "memory": memory, "machine": machine(),
+        # process CPU seconds (all threads) per iteration: less sensitive to other load
+        "cpu_per_iter_s": cpu_own, f"{other}_interleaved_cpu_per_iter_s": cpu_other,
+        "check": checked, "memory": memory, "machine": info,
     })
