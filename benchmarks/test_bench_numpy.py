@@ -86,11 +86,14 @@ def machine():
             for lib in threadpool_info()]
     except ImportError:
         info["threadpools"] = "threadpoolctl not installed"
-    try:
-        info["loadavg_at_start"] = os.getloadavg()
-    except OSError:
-        pass
     return info
+
+
+def loadavg():
+    try:
+        return os.getloadavg()
+    except OSError:
+        return None
 
 
 # -- fixtures ---------------------------------------------------------------------------------
@@ -160,6 +163,7 @@ def memory(workload):
 @pytest.mark.parametrize("impl", ["numpy", "sklearn"])
 def test_numpy_vs_sklearn(benchmark, big, workload, checked, memory, impl):
     X, init = workload
+    load_at_start = loadavg()
     other = "sklearn" if impl == "numpy" else "numpy"
     times = {impl: [], other: []}
     cpu = {impl: [], other: []}
@@ -188,10 +192,7 @@ def test_numpy_vs_sklearn(benchmark, big, workload, checked, memory, impl):
     cpu_own = statistics.median(cpu[impl][-rounds:])
     cpu_other = statistics.median(cpu[other][-rounds:])
     info = machine()
-    try:
-        info["loadavg_at_end"] = os.getloadavg()
-    except OSError:
-        pass
+    info["loadavg_at_start"], info["loadavg_at_end"] = load_at_start, loadavg()
     benchmark.extra_info.update({
         "impl": impl, "n_samples": int(X.shape[0]), "n_features": D, "n_clusters": K,
         "dtype": "float32", "max_iter": MAX_ITER, "tol": 0, "n_init": 1, "rounds": rounds,
