@@ -33,7 +33,7 @@ TARGET_BLOCK_BYTES = 512 << 10
 TARGET_TASK_ROWS = 1 << 16
 MIN_ROWS = 64
 #: bytes of Python objects a call creates (thread pool, futures, thread-local dicts)
-PYTHON_OVERHEAD = 32 << 10
+PYTHON_OVERHEAD = 48 << 10
 
 
 def _n_threads(requested):
@@ -153,7 +153,9 @@ class NumpyBackend(KMeansBackend):
         plan = cls._plan(n_samples, n_features, n_clusters, itemsize, max_memory, threads)
         parts = {"chunk_buffers": plan.threads * plan.per_thread, "shared": plan.shared,
                  "outputs": n_samples * (8 + itemsize)}
-        return MemoryEstimate(parts, sum(parts.values()), plan.sub)
+        # chunk_rows: the rows one thread holds at a time (its task); the GEMM runs on
+        # cache-sized sub-chunks of min(chunk_rows, plan.sub) rows within it
+        return MemoryEstimate(parts, sum(parts.values()), plan.block)
 
     # -- threads and buffers ----------------------------------------------------------------
     def _spawn(self, job, threads):
@@ -306,6 +308,14 @@ class NumpyBackend(KMeansBackend):
         labels, min_sq, sums, weights = self._run(X, sample_weight, centers,
                                                   reduce=update_centers)
         return IterResult(labels.astype(np.int64, copy=False), min_sq, sums, weights)
+
+    def finish(self):
+        """End of a fit: drop every thread's buffers and stop the pool (a later call on this
+        backend makes them again)."""
+        self._local = threading.local()  # the old one, and all threads' buffers, go with it
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool, self._pool_threads = None, 0
 
     def __del__(self):
         if getattr(self, "_pool", None) is not None:
