@@ -1,22 +1,39 @@
 """The CPU reference backend: BLAS GEMM per row chunk, argmin, bincount sums.
 
-Rows are processed in chunks sized from `max_memory` (and kept cache-sized), on a thread pool:
-NumPy releases the GIL in matmul and argmin, so chunks run on all cores while the BLAS call in
-each chunk runs single-threaded within it.
+Work is split in two levels, both sized from `max_memory`:
+
+- a *block* of rows is one task for the thread pool. Each thread copies its block once into a
+  preallocated augmented buffer ``[x, 1]``, and after the assignment reduces the whole block at
+  once (one ``np.bincount`` per feature, in float64, into per-thread accumulators);
+- a *sub-chunk* of the block is one GEMM ``[x, 1] @ [-2 C^T; ||c||^2]`` whose (rows, k)
+  result stays in the core's cache; ``argmin`` and a flat ``take`` of the minimum follow while
+  it is hot. The augmented row folds the ``+ ||c||^2`` pass into the GEMM.
+
+NumPy releases the GIL in matmul, argmin, take, copies and bincount's loop, so blocks run on
+all cores; BLAS is held to one thread inside the pool when threadpoolctl is importable (it is
+not a dependency), since a GEMM with K = d + 1 gains nothing from BLAS threads. All buffers
+are allocated once per thread and reused across iterations, so an iteration allocates only
+its outputs (labels, min_sq_dist) and a few k-sized vectors.
 """
 from __future__ import annotations
 
+import itertools
 import os
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
 from kmeans_xp.backend import AssignResult, IterResult, KMeansBackend, ReduceResult
-from kmeans_xp.memory import MemoryEstimate, chunk_rows, resolve_budget, host_available_memory
+from kmeans_xp.memory import MemoryEstimate, chunk_rows, host_available_memory, resolve_budget
 
-#: distance block per chunk kept near L2 size: bigger blocks stop paying and cost memory
-TARGET_BLOCK_BYTES = 1 << 20
+#: GEMM result per sub-chunk kept below this (it must stay in L2 while argmin reads it)
+TARGET_BLOCK_BYTES = 512 << 10
+#: rows per thread task: large enough to amortise per-call overhead, small enough to balance
+TARGET_TASK_ROWS = 1 << 16
 MIN_ROWS = 64
+#: bytes of Python objects a call creates (thread pool, futures, thread-local dicts)
+PYTHON_OVERHEAD = 48 << 10
 
 
 def _n_threads(requested):
@@ -28,6 +45,68 @@ def _n_threads(requested):
         return os.cpu_count() or 1
 
 
+def _blas_controller():
+    """threadpoolctl's controller when importable (it is not a dependency), else False.
+    Made once per process: it imports and inspects the loaded BLAS libraries."""
+    global _CONTROLLER
+    if _CONTROLLER is None:
+        try:
+            from threadpoolctl import ThreadpoolController
+            _CONTROLLER = ThreadpoolController()
+        except Exception:  # not installed, or a library it cannot introspect
+            _CONTROLLER = False
+    return _CONTROLLER
+
+
+def _blas_single_thread():
+    """A context holding BLAS to one thread, or None without threadpoolctl."""
+    controller = _blas_controller()
+    return controller.limit(limits=1, user_api="blas") if controller else None
+
+
+_CONTROLLER = None
+
+
+class _Plan:
+    """Rows per GEMM sub-chunk and per thread task, and the bytes they need."""
+
+    __slots__ = ("sub", "block", "threads", "budget", "per_thread", "shared", "k", "d",
+                 "itemsize")
+
+    def __init__(self, n, d, k, itemsize, max_memory, threads):
+        self.k, self.d, self.itemsize = k, d, itemsize
+        self.budget = resolve_budget(max_memory, host_available_memory(), cap=1 << 30)
+        cache_rows = max(MIN_ROWS, TARGET_BLOCK_BYTES // max(k * itemsize, 1))
+        # shared by all threads: the augmented centers [-2 C^T; ||c||^2] and the centers'
+        # conversion, the summed result (k, d) + (k,), and Python objects (pool, futures)
+        shared_fixed = 3 * k * (d + 1) * 8 + PYTHON_OVERHEAD
+        thread_fixed = NumpyBackend._thread_fixed_bytes(k, d)
+        sub_row = NumpyBackend._sub_row_bytes(k, itemsize)
+        block_row = NumpyBackend._block_row_bytes(d, itemsize)
+        # fewer threads when the budget cannot hold one row per thread
+        for t in range(max(1, threads), 0, -1):
+            per_thread = (self.budget - shared_fixed) // t - thread_fixed
+            if per_thread >= sub_row + block_row or t == 1:
+                break
+        self.threads = t
+        # the most rows one thread can hold when sub-chunk == block
+        rows = chunk_rows(self.budget, t * (sub_row + block_row),
+                          shared_fixed + t * thread_fixed, n_samples=n, floor=1,
+                          what=f"the numpy backend (k={k}, d={d}, {t} thread(s))")
+        sub = min(rows, cache_rows)
+        block = (per_thread - sub * sub_row) // block_row
+        # at least one task per thread so all cores work
+        block = min(block, TARGET_TASK_ROWS, max(sub, -(-n // t)), n)
+        self.block = max(block, 1)
+        self.sub = max(1, min(sub, self.block))
+        self.shared = shared_fixed
+        self.per_thread = thread_fixed + self.sub * sub_row + self.block * block_row
+
+    @property
+    def total(self):
+        return self.shared + self.threads * self.per_thread
+
+
 class NumpyBackend(KMeansBackend):
     name = "numpy"
     namespaces = frozenset({"numpy"})
@@ -37,113 +116,207 @@ class NumpyBackend(KMeansBackend):
         super().__init__(max_memory)
         self.n_threads = _n_threads(n_threads)
         self._pool = None
+        self._pool_threads = 0
+        self._local = threading.local()
+        if self.n_threads > 1:
+            _blas_controller()  # once, before any fit is measured
 
     def converts_from(self, namespace):
         return namespace == "list"
 
     # -- memory -----------------------------------------------------------------------------
     @staticmethod
-    def _row_bytes(k, d, itemsize):
-        # distance block row, its argmin/min row, labels, weights*x for the sums
-        return k * itemsize + 3 * 8 + d * 8
+    def _sub_row_bytes(k, itemsize):
+        # GEMM result row (rows, k), the flat index of its minimum (intp), and the row
+        # offsets (intp, shared by the threads but counted once per thread)
+        return k * itemsize + 16
 
-    @classmethod
-    def _fixed_bytes(cls, k, d, threads):
-        # per-thread partial sums (float64) and the -2 C^T / ||c||^2 operands
-        return threads * (k * d * 8 + k * 8) + 2 * k * (d + 1) * 8
+    @staticmethod
+    def _block_row_bytes(d, itemsize):
+        # augmented copy [x, 1], ||x||^2, and two float64 columns for bincount's weights
+        # (w, and x_j * w)
+        return (d + 1) * itemsize + itemsize + 16
+
+    @staticmethod
+    def _thread_fixed_bytes(k, d):
+        # per-thread float64 accumulators (k, d) + (k,), and bincount's two (k,) results alive
+        return k * (d + 1) * 8 + 2 * k * 8
 
     @classmethod
     def _plan(cls, n, d, k, itemsize, max_memory, threads):
-        budget = resolve_budget(max_memory, host_available_memory(), cap=1 << 30)
-        fixed = cls._fixed_bytes(k, d, threads)
-        per_thread_budget = (budget - fixed) // threads
-        rows = chunk_rows(per_thread_budget, cls._row_bytes(k, d, itemsize), 0, n_samples=n,
-                          floor=1, what=f"the numpy backend (k={k}, d={d})")
-        cache_rows = max(MIN_ROWS, TARGET_BLOCK_BYTES // max(k * itemsize, 1))
-        # at least one chunk per thread so all cores work
-        rows = min(rows, cache_rows, max(MIN_ROWS, -(-n // threads)))
-        return rows, budget, fixed
+        return _Plan(n, d, k, itemsize, max_memory, threads)
 
     @classmethod
     def estimate_memory(cls, n_samples, n_features, n_clusters, *, itemsize, max_memory="auto",
                         n_threads=None):
         threads = _n_threads(n_threads)
-        rows, _, fixed = cls._plan(n_samples, n_features, n_clusters, itemsize, max_memory,
-                                   threads)
-        per_chunk = rows * cls._row_bytes(n_clusters, n_features, itemsize)
-        parts = {"chunk_buffers": threads * per_chunk, "partial_sums": fixed,
+        plan = cls._plan(n_samples, n_features, n_clusters, itemsize, max_memory, threads)
+        parts = {"chunk_buffers": plan.threads * plan.per_thread, "shared": plan.shared,
                  "outputs": n_samples * (8 + itemsize)}
-        return MemoryEstimate(parts, sum(parts.values()), rows)
+        # chunk_rows: the rows one thread holds at a time (its task); the GEMM runs on
+        # cache-sized sub-chunks of min(chunk_rows, plan.sub) rows within it
+        return MemoryEstimate(parts, sum(parts.values()), plan.block)
 
-    # -- work -------------------------------------------------------------------------------
-    def _chunks(self, X, k):
-        n, d = X.shape
-        rows, _, _ = self._plan(n, d, k, X.dtype.itemsize, self.max_memory, self.n_threads)
-        return [slice(s, min(s + rows, n)) for s in range(0, n, rows)]
+    # -- threads and buffers ----------------------------------------------------------------
+    def _spawn(self, job, threads):
+        """Run `job` once on each of `threads` pool threads; their results in a list."""
+        if threads == 1:
+            return [job()]
+        if self._pool is None or self._pool_threads != threads:
+            if self._pool is not None:
+                self._pool.shutdown(wait=True)
+            self._pool = ThreadPoolExecutor(threads, thread_name_prefix="kmeans_xp")
+            self._pool_threads = threads
+        futures = [self._pool.submit(job) for _ in range(threads)]
+        return [f.result() for f in futures]
 
-    def _map(self, fn, items):
-        if self.n_threads == 1 or len(items) == 1:
-            return [fn(it) for it in items]
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(self.n_threads)
-        return list(self._pool.map(fn, items))
+    def _buffers(self, plan, dtype):
+        """This thread's buffers for `plan`, allocated once and reused across iterations."""
+        key = (plan.sub, plan.block, plan.k, plan.d, np.dtype(dtype).str)
+        bufs = getattr(self._local, "bufs", None)
+        if bufs is None or bufs["key"] != key:
+            self._local.bufs = None  # drop the old ones before allocating
+            Xa = np.empty((plan.block, plan.d + 1), dtype=dtype)
+            Xa[:, plan.d] = 1
+            bufs = {"key": key, "Xa": Xa,
+                    "D": np.empty((plan.sub, plan.k), dtype=dtype),
+                    "idx": np.empty(plan.sub, dtype=np.intp),
+                    "xnorm": np.empty(plan.block, dtype=dtype),
+                    "w64": np.empty(plan.block, dtype=np.float64),
+                    "xw64": np.empty(plan.block, dtype=np.float64),
+                    "sums": np.zeros((plan.k, plan.d), dtype=np.float64),
+                    "weights": np.zeros(plan.k, dtype=np.float64),
+                    "epoch": None}
+            self._local.bufs = bufs
+        return bufs
+
+    # -- kernels ----------------------------------------------------------------------------
+    @staticmethod
+    def _operands(centers, dtype):
+        """[-2 C^T; ||c||^2] of shape (d + 1, k), in X's dtype. ||c||^2 is summed in X's dtype
+        as scikit-learn does (``row_norms``), so near-ties break the same way."""
+        c = np.asarray(centers, dtype=dtype)
+        aug = np.empty((c.shape[1] + 1, c.shape[0]), dtype=dtype)
+        np.multiply(c.T, -2, out=aug[:-1])
+        np.einsum("ij,ij->i", c, c, out=aug[-1])
+        return aug
 
     @staticmethod
-    def _assign_chunk(Xc, neg2_ct, c_norm):
-        dist = Xc @ neg2_ct
-        dist += c_norm
-        labels = np.argmin(dist, axis=1)
-        best = np.take_along_axis(dist, labels[:, None], axis=1)[:, 0]
-        best += np.einsum("ij,ij->i", Xc, Xc)
-        np.maximum(best, 0, out=best)
-        return labels, best
+    def _assign_block(X, s0, e0, aug, offs, labels, min_sq, bufs, sub):
+        """Labels and squared distances of rows [s0, e0), written into the outputs."""
+        r0 = e0 - s0
+        d = X.shape[1]
+        Xa, D, idx, xnorm = bufs["Xa"], bufs["D"], bufs["idx"], bufs["xnorm"]
+        Dflat = D.reshape(-1)
+        Xa[:r0, :d] = X[s0:e0]
+        for s in range(0, r0, sub):
+            e = min(s + sub, r0)
+            r = e - s
+            Dv, lab = D[:r], labels[s0 + s:s0 + e]
+            np.matmul(Xa[s:e], aug, out=Dv)             # ||c||^2 - 2 x.c
+            Dv.argmin(axis=1, out=lab)
+            np.add(lab, offs[:r], out=idx[:r])
+            Dflat.take(idx[:r], out=min_sq[s0 + s:s0 + e], mode="clip")  # no take_along_axis
+        m = min_sq[s0:e0]
+        xn = xnorm[:r0]
+        np.einsum("ij,ij->i", X[s0:e0], X[s0:e0], out=xn)
+        m += xn
+        np.maximum(m, 0, out=m)
 
-    def _operands(self, centers, dtype):
-        c = np.asarray(centers, dtype=dtype)
-        return np.ascontiguousarray((-2 * c).T), np.einsum("ij,ij->i", c, c)
+    @staticmethod
+    def _reduce_block(X, s0, e0, labels, sample_weight, bufs, k):
+        """Add the block's weighted sums and weights into this thread's accumulators.
+        Weights go to bincount as contiguous float64 (it would copy anything else); the
+        casts are plain copies, so no ufunc cast buffers are needed."""
+        r0 = e0 - s0
+        lab = labels[s0:e0]
+        w64, xw = bufs["w64"][:r0], bufs["xw64"][:r0]
+        np.copyto(w64, sample_weight[s0:e0], casting="unsafe")
+        bufs["weights"] += np.bincount(lab, weights=w64, minlength=k)
+        sums = bufs["sums"]
+        for j in range(X.shape[1]):
+            np.copyto(xw, X[s0:e0, j], casting="unsafe")
+            xw *= w64
+            sums[:, j] += np.bincount(lab, weights=xw, minlength=k)
+
+    # -- the contract -----------------------------------------------------------------------
+    def _run(self, X, sample_weight, centers, labels_in=None, assign=True, reduce=True):
+        X = np.asarray(X)
+        n, d = X.shape
+        k = centers.shape[0]
+        plan = self._plan(n, d, k, X.dtype.itemsize, self.max_memory, self.n_threads)
+        if assign:
+            aug = self._operands(centers, X.dtype)
+            offs = np.arange(plan.sub, dtype=np.intp) * k
+            labels = np.empty(n, dtype=np.intp)
+            min_sq = np.empty(n, dtype=X.dtype)
+        else:
+            labels, min_sq = np.asarray(labels_in, dtype=np.intp), None
+        if reduce:
+            sample_weight = np.asarray(sample_weight)
+        epoch = object()
+        n_tasks = -(-n // plan.block)
+        counter, lock = itertools.count(), threading.Lock()
+
+        def next_task():  # a shared work queue (the lock also holds without a GIL)
+            with lock:
+                return next(counter)
+
+        def worker():
+            # one job per thread pulls blocks until none is left (balances a noisy machine,
+            # and costs no Python object per block)
+            bufs = self._buffers(plan, X.dtype)
+            if reduce and bufs["epoch"] is not epoch:
+                bufs["sums"].fill(0)
+                bufs["weights"].fill(0)
+                bufs["epoch"] = epoch
+            while (i := next_task()) < n_tasks:
+                s0, e0 = i * plan.block, min((i + 1) * plan.block, n)
+                if assign:
+                    self._assign_block(X, s0, e0, aug, offs, labels, min_sq, bufs, plan.sub)
+                if reduce:
+                    self._reduce_block(X, s0, e0, labels, sample_weight, bufs, k)
+            return bufs
+
+        threads = min(plan.threads, n_tasks)
+        limit = _blas_single_thread() if assign and threads > 1 else None
+        if limit is None:
+            accs = self._spawn(worker, threads)
+        else:
+            with limit:
+                accs = self._spawn(worker, threads)
+        if not reduce:
+            return labels, min_sq, None, None
+        accs = list({id(a): a for a in accs}.values())  # two jobs may have shared a thread
+        sums, weights = accs[0]["sums"].copy(), accs[0]["weights"].copy()
+        for a in accs[1:]:
+            sums += a["sums"]
+            weights += a["weights"]
+        return labels, min_sq, sums, weights
 
     def assign(self, X, centers, *, xp=None):
-        neg2_ct, c_norm = self._operands(centers, X.dtype)
-        labels = np.empty(X.shape[0], dtype=np.int64)
-        min_sq = np.empty(X.shape[0], dtype=X.dtype)
-
-        def work(sl):
-            labels[sl], min_sq[sl] = self._assign_chunk(X[sl], neg2_ct, c_norm)
-
-        self._map(work, self._chunks(X, centers.shape[0]))
-        return AssignResult(labels, min_sq)
-
-    @staticmethod
-    def _reduce_chunk(Xc, lab, w, k):
-        weights = np.bincount(lab, weights=w, minlength=k)
-        sums = np.empty((k, Xc.shape[1]), dtype=np.float64)
-        for j in range(Xc.shape[1]):
-            sums[:, j] = np.bincount(lab, weights=Xc[:, j] * w, minlength=k)
-        return sums, weights
+        labels, min_sq, _, _ = self._run(X, None, centers, reduce=False)
+        return AssignResult(labels.astype(np.int64, copy=False), min_sq)
 
     def reduce(self, X, labels, sample_weight, n_clusters, *, xp=None):
-        parts = self._map(
-            lambda sl: self._reduce_chunk(X[sl], labels[sl], sample_weight[sl], n_clusters),
-            self._chunks(X, n_clusters))
-        return ReduceResult(sum(p[0] for p in parts), sum(p[1] for p in parts))
+        centers_shape = np.empty((n_clusters, 0))
+        _, _, sums, weights = self._run(X, sample_weight, centers_shape, labels_in=labels,
+                                        assign=False)
+        return ReduceResult(sums, weights)
 
     def lloyd_iter(self, X, sample_weight, centers, *, xp=None, update_centers=True):
-        if not update_centers:
-            return IterResult(*self.assign(X, centers), None, None)
-        k = centers.shape[0]
-        neg2_ct, c_norm = self._operands(centers, X.dtype)
-        labels = np.empty(X.shape[0], dtype=np.int64)
-        min_sq = np.empty(X.shape[0], dtype=X.dtype)
+        labels, min_sq, sums, weights = self._run(X, sample_weight, centers,
+                                                  reduce=update_centers)
+        return IterResult(labels.astype(np.int64, copy=False), min_sq, sums, weights)
 
-        def work(sl):
-            labels[sl], min_sq[sl] = self._assign_chunk(X[sl], neg2_ct, c_norm)
-            return self._reduce_chunk(X[sl], labels[sl], sample_weight[sl], k)
-
-        parts = self._map(work, self._chunks(X, k))
-        sums = np.add.reduce([p[0] for p in parts])
-        weights = np.add.reduce([p[1] for p in parts])
-        return IterResult(labels, min_sq, sums, weights)
+    def finish(self):
+        """End of a fit: drop every thread's buffers and stop the pool (a later call on this
+        backend makes them again)."""
+        self._local = threading.local()  # the old one, and all threads' buffers, go with it
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool, self._pool_threads = None, 0
 
     def __del__(self):
-        if self._pool is not None:
+        if getattr(self, "_pool", None) is not None:
             self._pool.shutdown(wait=False)
