@@ -146,19 +146,12 @@ def _peak_lloyd_iters(backend, X, w, C, iters=3):
         tracemalloc.stop()
 
 
-PARTIALS_XFAIL = pytest.mark.xfail(strict=True, reason=(
-    "backends/numpy_.py keeps one (sums, weights) pair per chunk until the end of lloyd_iter "
-    "(n_chunks * k*(d+1)*8 bytes, growing with n) while its estimate counts one per thread; "
-    "numpy_.py belongs to the numpy-backend work"))
-
-
 @pytest.mark.parametrize("n,d,k,dtype,max_memory", [
     (7919, 40, 37, np.float64, "1MB"),
     (12007, 8, 64, np.float64, "auto"),
-    # the seed's shape; measured 1.25x the estimate, the k=500 case 1.38x (margins wide
-    # enough for a strict xfail: a fixed numpy_.py turns these into XPASS failures)
-    pytest.param(200_003, 3, 200, np.float32, "2MB", marks=PARTIALS_XFAIL),
-    pytest.param(30011, 3, 500, np.float32, "2MiB", marks=PARTIALS_XFAIL),
+    # the seed's shape, and many clusters under a tight budget
+    (200_003, 3, 200, np.float32, "2MB"),
+    (30011, 3, 500, np.float32, "2MiB"),
 ])
 def test_numpy_backend_peak_under_estimate(n, d, k, dtype, max_memory):
     rng = np.random.default_rng(0)
