@@ -96,8 +96,8 @@ def common_kernel_names(dtype_name: str) -> tuple:
     tf32 = ("argmin_rows<float>",) if dtype_name == "float32" else ()
     return (f"assign_gemm<{t},{tm},{tn}>", *tf32, f"accumulate_shared<{t}>",
             f"accumulate_global<{t}>", "finalize_sums", f"pack_centers<{t}>",
-            f"update_centers<{t}>", "list_empty_clusters", f"relocate_farthest<{t}>",
-            f"direct_inertia<{t}>", f"column_absmax<{t}>")
+            f"update_centers<{t}>", "list_empty_clusters", f"relocation_keys<{t}>",
+            f"relocate_farthest<{t}>", f"direct_inertia<{t}>", f"column_absmax<{t}>")
 
 
 def all_kernel_names() -> list:
@@ -257,6 +257,7 @@ def _plan(n, d, k, dtype_name, dev, *, precision="fp32", fuse="auto", P=None,
         "center_operands": ops,
         "block_partials": 8 * (n_partials + _cdiv(k, BLOCK) + 2 * dev.sms * 8) + 64,
         "relocation": k * 20,
+        "relocation_keys": n * itemsize,
         "labels_int32": n * 4,
         "labels_int64_output": n * 8,
     }
@@ -333,6 +334,7 @@ class _State:
         self.done = cp.zeros(4, dtype=cp.uint32)
         self.labels = cp.full(n, -1, dtype=cp.int32)
         self.gbuf = None
+        self.keys = None        # relocation keys (n values), allocated on the first relocation
         self._scales = None
 
     # fixed-point scales need max|x| per feature and the total weight: one sync, once
@@ -528,14 +530,20 @@ class CupyFusedBackend(CupyBackendBase):
                  st.done[DONE_UPDATE:]))
 
     def _relocate(self, st, centers, m):
-        """The driver's relocate_empty on the device: m passes, each picks the next farthest
-        point (distance to its own center descending, index ascending) and moves it."""
+        """The driver's relocate_empty on the device: one pass over X computes every point's
+        key (distance to its own center, -1 without weight), then m passes over the n keys,
+        each picking the next farthest point (key descending, index ascending) and moving
+        it, in the driver's order."""
         cp = self._cp
         k, n = st.k, st.n
+        dev = _device(cp.cuda.Device().id)
+        if st.keys is None:
+            st.keys = cp.empty(n, dtype=st.T)
+        _launch(_common(st.dtype_name, "relocation_keys"), self._rows_grid(st, dev),
+                (st.X, st.w, st.labels, centers, _i32(n), _i32(st.d), st.keys))
         empty_ids = cp.empty(k, dtype=cp.int32)
         far_dist = cp.empty(m, dtype=cp.float64)
         far_idx = cp.empty(m, dtype=cp.int64)
-        dev = _device(cp.cuda.Device().id)
         grid = max(1, min(_cdiv(n, BLOCK), dev.sms * 4))
         part_d = cp.empty(grid, dtype=cp.float64)
         part_i = cp.empty(grid, dtype=cp.int64)
@@ -543,14 +551,21 @@ class CupyFusedBackend(CupyBackendBase):
                 (st.weights, _i32(k), empty_ids), block=1024)
         fn = _common(st.dtype_name, "relocate_farthest")
         for p in range(m):
-            _launch(fn, grid, (st.X, st.w, st.labels, centers, _i32(n), _i32(st.d), _i32(p),
+            _launch(fn, grid, (st.X, st.w, st.labels, st.keys, _i32(n), _i32(st.d), _i32(p),
                                empty_ids, far_dist, far_idx, st.sums, st.weights, part_d,
                                part_i, st.done[DONE_RELOCATE:]))
+
+    @staticmethod
+    def _rows_grid(st, dev):
+        """Grid of the (grid-stride) kernels built on for_each_direct_sq_dist: eight lanes per
+        row from d = 16 on, one thread per row below; at most 8 blocks per SM."""
+        lanes = 8 if st.d >= 16 else 1
+        return max(1, min(_cdiv(st.n * lanes, BLOCK), dev.sms * 8))
 
     def _direct_inertia(self, st, centers):
         cp = self._cp
         dev = _device(cp.cuda.Device().id)
-        grid = max(1, min(_cdiv(st.n, BLOCK), dev.sms * 8))
+        grid = self._rows_grid(st, dev)
         partials = cp.empty(grid, dtype=cp.float64)
         _launch(_common(st.dtype_name, "direct_inertia"), grid,
                 (st.X, st.w, st.labels, centers, _i32(st.n), _i32(st.d), partials, st.stats,

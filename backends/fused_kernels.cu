@@ -93,6 +93,35 @@ __device__ T pairwise_sq_dist(const T* __restrict__ x, const T* __restrict__ c, 
     return add_rn(pairwise_sq_dist(x, c, n2), pairwise_sq_dist(x + n2, c + n2, n - n2));
 }
 
+// The same sum computed by a group of 8 consecutive lanes of a warp (lane8 = lane % 8), so that
+// a warp reads four rows at a time in 32-byte pieces instead of 32 rows element by element.
+// Lane l keeps numpy's accumulator r[l]; the combination ((r0+r1)+(r2+r3))+((r4+r5)+(r6+r7))
+// is three xor-shuffles (addition commutes, so every lane ends with the same bits); the tail
+// and the n < 8 case are summed by every lane alike. All 8 lanes return the value.
+template <typename T>
+__device__ T pairwise_sq_dist_g8(const T* __restrict__ x, const T* __restrict__ c, int n,
+                                 int lane8) {
+    if (n < 8) {
+        T res = (T)0;
+        for (int i = 0; i < n; ++i) res = add_rn(res, sq_diff(x, c, i));
+        return res;
+    }
+    if (n <= 128) {
+        const int body = n - (n % 8);
+        T r = sq_diff(x, c, lane8);
+        for (int i = 8; i < body; i += 8) r = add_rn(r, sq_diff(x, c, i + lane8));
+        r = add_rn(r, __shfl_xor_sync(FULL_MASK, r, 1));
+        r = add_rn(r, __shfl_xor_sync(FULL_MASK, r, 2));
+        r = add_rn(r, __shfl_xor_sync(FULL_MASK, r, 4));
+        for (int i = body; i < n; ++i) r = add_rn(r, sq_diff(x, c, i));
+        return r;
+    }
+    int n2 = n / 2;
+    n2 -= n2 % 8;
+    return add_rn(pairwise_sq_dist_g8(x, c, n2, lane8),
+                  pairwise_sq_dist_g8(x + n2, c + n2, n - n2, lane8));
+}
+
 // ---------------------------------------------------------------------------------------------
 // fixed-point accumulation (deterministic per-cluster sums)
 // ---------------------------------------------------------------------------------------------
@@ -685,14 +714,53 @@ list_empty_clusters(const double* __restrict__ weights, int k, int* __restrict__
     }
 }
 
-// One relocation step p: find the point that comes next in the driver's order (distance to its
-// own center descending, index ascending; zero-weight points count as -1) after pick p-1, then
-// move it as relocate_empty does: sums[old] -= x*w; sums[new] = x*w; weights likewise, in
-// float64 and in the driver's order. The last block combines the per-block candidates.
+// ||x_i - c_{label_i}||^2 by direct differences in numpy's pairwise order, for every row,
+// handed to `emit(i, dist)` for valid rows. For d >= 16 eight lanes share a row (reads in
+// 32-byte pieces, four rows per warp access); below, one thread per row. Every lane of a warp
+// runs the same iterations (the shuffles need the whole warp); past-the-end rows compute on
+// row n-1 and emit nothing.
+template <typename T, typename Emit>
+__device__ __forceinline__ void for_each_direct_sq_dist(const T* __restrict__ X,
+                                                        const int* __restrict__ labels,
+                                                        const T* __restrict__ C, int n, int d,
+                                                        Emit emit) {
+    const bool group = d >= 16;
+    const int G = group ? 8 : 1;
+    const int lane = threadIdx.x & 31, lane8 = lane & 7;
+    const i64 rows_per_warp = 32 / G;
+    const i64 warp_id = ((i64)blockIdx.x * BLOCK + threadIdx.x) >> 5;
+    const i64 warps = ((i64)gridDim.x * BLOCK) >> 5;
+    for (i64 base = warp_id * rows_per_warp; base < n; base += warps * rows_per_warp) {
+        const i64 i = base + lane / G;
+        const bool valid = i < n;
+        const i64 r = valid ? i : (i64)n - 1;
+        const T* x = X + r * d;
+        const T* c = C + (i64)labels[r] * d;
+        const T dist = group ? pairwise_sq_dist_g8<T>(x, c, d, lane8) : pairwise_sq_dist<T>(x, c, d);
+        if (valid && (!group || lane8 == 0)) emit(i, dist);
+    }
+}
+
+// The driver's relocation keys, one pass over X: the distance of each point to its own center,
+// or -1 for zero-weight points (never taken). Kept in X's dtype (numpy's keys are float64
+// copies of these values, so the order is the same).
+template <typename T>
+__global__ void __launch_bounds__(BLOCK)
+relocation_keys(const T* __restrict__ X, const T* __restrict__ W, const int* __restrict__ labels,
+                const T* __restrict__ c_old, int n, int d, T* __restrict__ keys) {
+    for_each_direct_sq_dist<T>(X, labels, c_old, n, d, [&](i64 i, T dist) {
+        keys[i] = W[i] > (T)0 ? dist : (T)-1;
+    });
+}
+
+// One relocation step p: find the point that comes next in the driver's order (key descending,
+// index ascending) after pick p-1, then move it as relocate_empty does: sums[old] -= x*w;
+// sums[new] = x*w; weights likewise, in float64 and in the driver's order. The last block
+// combines the per-block candidates. Reads only the n keys, not X.
 template <typename T>
 __global__ void __launch_bounds__(BLOCK)
 relocate_farthest(const T* __restrict__ X, const T* __restrict__ W, const int* __restrict__ labels,
-                  const T* __restrict__ c_old, int n, int d, int p,
+                  const T* __restrict__ keys, int n, int d, int p,
                   const int* __restrict__ empty_ids, double* __restrict__ far_dist,
                   i64* __restrict__ far_idx, double* __restrict__ sums,
                   double* __restrict__ weights, double* __restrict__ part_d,
@@ -704,8 +772,7 @@ relocate_farthest(const T* __restrict__ X, const T* __restrict__ W, const int* _
     double bd = -pos_inf<double>();
     i64 bi = -1;
     for (i64 i = (i64)blockIdx.x * BLOCK + threadIdx.x; i < n; i += (i64)gridDim.x * BLOCK) {
-        const double key = W[i] > (T)0
-            ? (double)pairwise_sq_dist<T>(X + i * d, c_old + (i64)labels[i] * d, d) : -1.0;
+        const double key = (double)keys[i];
         const bool after = key < prev_d || (key == prev_d && i > prev_i);
         if (after && (bi < 0 || key > bd)) { bd = key; bi = i; }  // i ascends: ties keep first
     }
@@ -769,8 +836,9 @@ direct_inertia(const T* __restrict__ X, const T* __restrict__ W, const int* __re
                double* __restrict__ stats, int slot, unsigned* __restrict__ done) {
     __shared__ double red[WARPS];
     double s = 0.0;
-    for (i64 i = (i64)blockIdx.x * BLOCK + threadIdx.x; i < n; i += (i64)gridDim.x * BLOCK)
-        s += (double)pairwise_sq_dist<T>(X + i * d, C + (i64)labels[i] * d, d) * (double)W[i];
+    for_each_direct_sq_dist<T>(X, labels, C, n, d, [&](i64 i, T dist) {
+        s += (double)dist * (double)W[i];
+    });
     double tot = block_sum(s, red);
     if (threadIdx.x == 0) partials[blockIdx.x] = tot;
     if (last_block_done(done)) {
