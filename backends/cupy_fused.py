@@ -27,9 +27,13 @@ grid size, which depends on the GPU model, so two different GPUs may differ in t
 of the inertia (never in labels or sums).
 
 Exactness against the numpy backend: a distance is fma-chain(x_j * -2c_j) + ||c||^2, the
-rounding OpenBLAS gives numpy's GEMM; ||c||^2 is a sequential sum, what np.einsum gives for
-d <= 3 (for larger d einsum's SIMD order may differ in the last bit, which moves only
-near-ties). Relocation distances reproduce numpy's pairwise summation exactly.
+rounding OpenBLAS gives numpy's GEMM (also for the augmented [x, 1] @ [-2C^T; ||c||^2] form:
+its last step fma(1, ||c||^2, acc) is the same single rounding); ||c||^2 is summed in the
+order np.einsum("ij,ij->i") uses, which depends on numpy's SIMD baseline and is detected once
+from numpy itself (`_einsum_norm_mode`: 16-byte vectors, no FMA, pairwise horizontal sum on
+x86-64 builds). So the float32 GEMM path gives numpy's labels bit for bit wherever OpenBLAS's
+kernel is a plain in-order FMA chain (d up to its K block). Relocation and inertia distances
+reproduce numpy's pairwise summation exactly.
 """
 from __future__ import annotations
 
@@ -134,6 +138,73 @@ def _common(dtype_name, name):
     full = next(n for n in names if n == name or n.startswith(name + "<"))
     assert t in full or "<" not in full
     return _kernel(names, full)
+
+
+# -- numpy's summation order for ||c||^2 (np.einsum("ij,ij->i", C, C)) ---------------------------
+#: (vector bytes, fused multiply-add, horizontal sum) candidates, most likely first: x86-64
+#: baseline (SSE: no FMA, hadd pairs), aarch64 (NEON: FMA, pairwise), AVX2 and AVX-512
+#: baselines. Horizontal sum: 0 adjacent pairs, 1 halves folded, 2 folded to 16 bytes then pairs.
+_EINSUM_CANDIDATES = ((16, False, 0), (16, True, 0), (32, True, 0), (32, True, 2),
+                      (32, False, 0), (32, False, 2), (64, True, 1), (64, True, 2),
+                      (64, True, 0), (64, False, 1), (64, False, 2), (64, False, 0))
+
+
+def _emulate_einsum_sq_norm(C, vec_bytes, fused, hmode):
+    """np.einsum("ij,ij->i", C, C) for float32 C as numpy's SIMD loop would sum it with
+    vectors of vec_bytes (the loop of einsum_sq_norm in fused_kernels.cu, row-parallel)."""
+    C = np.asarray(C, dtype=np.float32)
+    k, d = C.shape
+    L = vec_bytes // 4
+
+    def muladd(v, acc):
+        if fused:  # the product is exact in float64; one more rounding (to float32) is rare
+            return (v.astype(np.float64) * v.astype(np.float64) + acc).astype(np.float32)
+        return v * v + acc
+
+    acc = np.zeros((k, L), dtype=np.float32)
+    p, cnt = 0, d
+    while cnt >= 4 * L:
+        t = muladd(C[:, p + 3 * L:p + 4 * L], acc)
+        t = muladd(C[:, p + 2 * L:p + 3 * L], t)
+        t = muladd(C[:, p + L:p + 2 * L], t)
+        acc = muladd(C[:, p:p + L], t)
+        p, cnt = p + 4 * L, cnt - 4 * L
+    while cnt > 0:
+        v = np.zeros((k, L), dtype=np.float32)
+        v[:, :min(cnt, L)] = C[:, p:p + min(cnt, L)]
+        acc = muladd(v, acc)
+        p, cnt = p + L, cnt - L
+    w = L
+    while w > 1:
+        fold = hmode == 1 or (hmode == 2 and w > 4)
+        acc = acc[:, :w // 2] + acc[:, w // 2:w] if fold else acc[:, 0:w:2] + acc[:, 1:w:2]
+        w //= 2
+    return np.float32(0) + acc[:, 0]
+
+
+@functools.lru_cache(maxsize=1)
+def _einsum_order():
+    """(vector bytes, fused, horizontal mode) of this numpy's einsum, or None when no candidate
+    reproduces it (the kernels then sum ||c||^2 sequentially)."""
+    rng = np.random.default_rng(20240611)
+    tests = [(rng.standard_normal((48, d)) * rng.uniform(0.1, 30.0, d)).astype(np.float32)
+             for d in (5, 7, 9, 13, 17, 33, 67, 130, 261)]
+    refs = [np.einsum("ij,ij->i", C, C) for C in tests]
+    for cand in _EINSUM_CANDIDATES:
+        if all(np.array_equal(_emulate_einsum_sq_norm(C, *cand), r)
+               for C, r in zip(tests, refs)):
+            return cand
+    return None
+
+
+def _einsum_norm_mode(dtype_name: str) -> int:
+    """The `norm_mode` argument of pack_centers/update_centers for this dtype."""
+    order = _einsum_order()
+    if order is None:
+        return 0
+    vec_bytes, fused, hmode = order
+    lanes = vec_bytes // (4 if dtype_name == "float32" else 8)
+    return lanes | (int(fused) << 8) | (hmode << 9)
 
 
 class _Device(NamedTuple):
@@ -437,8 +508,8 @@ class CupyFusedBackend(CupyBackendBase):
         c = self._cp.ascontiguousarray(centers.astype(st.T, copy=False))
         p = st.plan
         _launch(_common(st.dtype_name, "pack_centers"), _cdiv(st.k, BLOCK),
-                (c, _i32(st.k), _i32(st.d), _i32(p.layout), _i32(p.S), _i32(p.kpad), st.ops,
-                 st.cnorm))
+                (c, _i32(st.k), _i32(st.d), _i32(p.layout), _i32(p.S), _i32(p.kpad),
+                 _i32(_einsum_norm_mode(st.dtype_name)), st.ops, st.cnorm))
         return c
 
     def _assign_pass(self, st, *, min_sq=None, count_changed=False, accumulate=False):
@@ -526,8 +597,8 @@ class CupyFusedBackend(CupyBackendBase):
         p = st.plan
         _launch(_common(st.dtype_name, "update_centers"), _cdiv(st.k, BLOCK),
                 (st.sums, st.weights, c_old, c_new, _i32(st.k), _i32(st.d), _i32(p.layout),
-                 _i32(p.S), _i32(p.kpad), st.ops, st.cnorm, st.shift_partials, st.stats,
-                 st.done[DONE_UPDATE:]))
+                 _i32(p.S), _i32(p.kpad), _i32(_einsum_norm_mode(st.dtype_name)), st.ops,
+                 st.cnorm, st.shift_partials, st.stats, st.done[DONE_UPDATE:]))
 
     def _relocate(self, st, centers, m):
         """The driver's relocate_empty on the device: one pass over X computes every point's

@@ -122,6 +122,58 @@ __device__ T pairwise_sq_dist_g8(const T* __restrict__ x, const T* __restrict__ 
                   pairwise_sq_dist_g8(x + n2, c + n2, n - n2, lane8));
 }
 
+// ||c||^2 in the order np.einsum("ij,ij->i", C, C) sums it (numpy's SIMD
+// sum_of_products_contig_contig_outstride0_two), so that the GEMM expansion
+// ||c||^2 - 2 x.c rounds exactly as the numpy backend's and near-ties break alike.
+// mode (detected on the host from numpy itself, see cupy_fused._einsum_norm_mode):
+//   0: plain sequential sum (numpy without SIMD);
+//   else lanes = mode & 0xff (vector width / itemsize), fused = bit 8 (npyv_muladd is an FMA),
+//   horizontal sum = bits 9-10: 0 adjacent pairs ((a0+a1)+(a2+a3))..., 1 halves folded
+//   (a_l + a_{l+w/2}) down to one, 2 halves folded down to a 16-byte vector, then pairs.
+// The vector loop: per group of 4 vectors acc = a0*a0 + (a1*a1 + (a2*a2 + (a3*a3 + acc)))
+// lane-wise, then the rest one (zero-padded) vector at a time, then the horizontal sum.
+template <typename T>
+__device__ __forceinline__ T norm_muladd(T v, T acc, bool fused) {
+    return fused ? fma_rn(v, v, acc) : add_rn(mul_rn(v, v), acc);
+}
+
+template <typename T>
+__device__ T einsum_sq_norm(const T* __restrict__ c, int d, int mode) {
+    if (mode == 0) {
+        T s = (T)0;
+        for (int j = 0; j < d; ++j) s = add_rn(s, mul_rn(c[j], c[j]));
+        return s;
+    }
+    const int L = mode & 0xff;
+    const bool fused = (mode >> 8) & 1;
+    const int hmode = (mode >> 9) & 3;
+    T acc[16];
+#pragma unroll
+    for (int l = 0; l < 16; ++l) acc[l] = (T)0;
+    int p = 0, cnt = d;
+    for (; cnt >= 4 * L; cnt -= 4 * L, p += 4 * L) {
+        for (int l = 0; l < L; ++l) {
+            T t = norm_muladd(c[p + 3 * L + l], acc[l], fused);
+            t = norm_muladd(c[p + 2 * L + l], t, fused);
+            t = norm_muladd(c[p + L + l], t, fused);
+            acc[l] = norm_muladd(c[p + l], t, fused);
+        }
+    }
+    for (; cnt > 0; cnt -= L, p += L) {
+        for (int l = 0; l < L; ++l) {
+            const T v = l < cnt ? c[p + l] : (T)0;
+            acc[l] = norm_muladd(v, acc[l], fused);
+        }
+    }
+    const int vec16 = 16 / (int)sizeof(T);  // lanes of a 16-byte vector
+    for (int w = L; w > 1; w >>= 1) {
+        const bool fold = hmode == 1 || (hmode == 2 && w > vec16);
+        for (int l = 0; l < w / 2; ++l)
+            acc[l] = fold ? add_rn(acc[l], acc[l + w / 2]) : add_rn(acc[2 * l], acc[2 * l + 1]);
+    }
+    return add_rn((T)0, acc[0]);
+}
+
 // ---------------------------------------------------------------------------------------------
 // fixed-point accumulation (deterministic per-cluster sums)
 // ---------------------------------------------------------------------------------------------
@@ -620,18 +672,16 @@ finalize_sums(u64* __restrict__ acc, int k, int d, const double* __restrict__ in
 
 // Writes -2c and ||c||^2 of center c in the layout the assignment kernel reads:
 // layout 0: ops (k, S) rows [-2c_0 .. -2c_{d-1}, ||c||^2, 0...]; layout 1: -2C^T (d, kpad) in
-// ops and ||c||^2 in cnorm.
+// ops and ||c||^2 in cnorm. ||c||^2 is summed in numpy's einsum order (norm_mode).
 template <typename T>
 __device__ void pack_center(const T* __restrict__ c_row, int c, int d, int layout, int S,
-                            int kpad, T* __restrict__ ops, T* __restrict__ cnorm) {
-    T cn = (T)0;
+                            int kpad, int norm_mode, T* __restrict__ ops, T* __restrict__ cnorm) {
     for (int j = 0; j < d; ++j) {
-        const T v = c_row[j];
-        cn = add_rn(cn, mul_rn(v, v));
-        const T m2 = mul_rn((T)-2, v);
+        const T m2 = mul_rn((T)-2, c_row[j]);
         if (layout == 0) ops[(i64)c * S + j] = m2;
         else ops[(i64)j * kpad + c] = m2;
     }
+    const T cn = einsum_sq_norm<T>(c_row, d, norm_mode);
     if (layout == 0) {
         ops[(i64)c * S + d] = cn;
         for (int j = d + 1; j < S; ++j) ops[(i64)c * S + j] = (T)0;
@@ -642,10 +692,10 @@ __device__ void pack_center(const T* __restrict__ c_row, int c, int d, int layou
 
 template <typename T>
 __global__ void __launch_bounds__(BLOCK)
-pack_centers(const T* __restrict__ C, int k, int d, int layout, int S, int kpad,
+pack_centers(const T* __restrict__ C, int k, int d, int layout, int S, int kpad, int norm_mode,
              T* __restrict__ ops, T* __restrict__ cnorm) {
     for (int c = blockIdx.x * BLOCK + threadIdx.x; c < k; c += gridDim.x * BLOCK)
-        pack_center<T>(C + (i64)c * d, c, d, layout, S, kpad, ops, cnorm);
+        pack_center<T>(C + (i64)c * d, c, d, layout, S, kpad, norm_mode, ops, cnorm);
 }
 
 // The driver's new_centers (weighted mean in float64 rounded to T, or the old center when the
@@ -656,7 +706,7 @@ template <typename T>
 __global__ void __launch_bounds__(BLOCK)
 update_centers(const double* __restrict__ sums, const double* __restrict__ weights,
                const T* __restrict__ c_old, T* __restrict__ c_new, int k, int d, int layout,
-               int S, int kpad, T* __restrict__ ops, T* __restrict__ cnorm,
+               int S, int kpad, int norm_mode, T* __restrict__ ops, T* __restrict__ cnorm,
                double* __restrict__ shift_partials, double* __restrict__ stats,
                unsigned* __restrict__ done) {
     __shared__ double red[WARPS];
@@ -672,7 +722,7 @@ update_centers(const double* __restrict__ sums, const double* __restrict__ weigh
             const T df = sub_rn(v, old);
             shift += (double)mul_rn(df, df);
         }
-        pack_center<T>(c_new + (i64)c * d, c, d, layout, S, kpad, ops, cnorm);
+        pack_center<T>(c_new + (i64)c * d, c, d, layout, S, kpad, norm_mode, ops, cnorm);
     }
     double tot = block_sum(shift, red);
     if (threadIdx.x == 0) shift_partials[blockIdx.x] = tot;

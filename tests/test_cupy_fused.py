@@ -56,6 +56,35 @@ def _assert_same_argmin(X, C, got, ref, dtype, where):
         assert bad.size <= max(2, len(got) // 1000), f"{where}: {bad.size} near-tie flips"
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("d", D_VALUES)
+def test_center_norms_are_numpys_einsum(cp, d, dtype):
+    """||c||^2 as the kernels pack it (small-d and GEMM layouts, and again after an update)
+    has the bits of np.einsum("ij,ij->i"), the numpy backend's norm."""
+    from kmeans_xp_backends.cupy_fused import _einsum_order
+    if _einsum_order() is None:
+        pytest.skip("this numpy's einsum order is not one the kernels reproduce")
+    k = 300
+    X, C, w = _problem(1031, d, k, dtype, seed=d)
+    be = _backend()
+    st, Xg, wg = be._prepare(cp.asarray(X), cp.asarray(w), k)
+
+    def packed_norms():
+        if st.plan.layout == 0:
+            return st.ops.reshape(k, st.plan.S)[:, d].get()
+        return st.cnorm[:k].get()
+
+    be._pack(st, cp.asarray(C))
+    assert np.array_equal(packed_norms(), np.einsum("ij,ij->i", C, C)), "packed norms"
+    # after an update the operands are repacked by update_centers from the new centers
+    spare = cp.empty_like(cp.asarray(C))
+    be._assign_pass(st, accumulate=True)
+    be._finalize(st, inertia=False)
+    be._update(st, cp.asarray(C), spare)
+    new = spare.get()
+    assert np.array_equal(packed_norms(), np.einsum("ij,ij->i", new, new)), "updated norms"
+
+
 def test_contract_suite():
     from kmeans_xp_backends.cupy_fused import CupyFusedBackend
     assert check_backend(CupyFusedBackend) > 0

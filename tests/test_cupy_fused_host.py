@@ -1,0 +1,53 @@
+"""Host-side pieces of `cupy-fused` that need no GPU: numpy's summation order for ||c||^2 (which
+the kernels reproduce so that near-ties break as in the numpy backend), the kernel-name lookup,
+and the TF32 compute-type API of the installed CuPy (importable without a GPU)."""
+import re
+import types
+
+import numpy as np
+import pytest
+
+from kmeans_xp_backends import cupy_fused
+
+
+def test_einsum_order_is_detected():
+    """Every numpy build we support (x86-64, aarch64) sums einsum in an order the kernels
+    know; None would make them fall back to a sequential sum."""
+    assert cupy_fused._einsum_order() is not None
+
+
+@pytest.mark.parametrize("d", [1, 2, 3, 4, 5, 7, 8, 15, 16, 17, 31, 33, 63, 64, 65, 127, 128,
+                               129, 255, 1024])
+def test_einsum_emulation_matches_numpy(d):
+    """The order the kernels use (emulated row-parallel on the host, same loop) gives the bits
+    of np.einsum for every d, including the vector tails and the 4-vector groups."""
+    order = cupy_fused._einsum_order()
+    if order is None:
+        pytest.skip("einsum order not reproduced on this numpy build")
+    rng = np.random.default_rng(d)
+    C = (rng.standard_normal((257, d)) * rng.uniform(0.01, 100.0, d)).astype(np.float32)
+    got = cupy_fused._emulate_einsum_sq_norm(C, *order)
+    assert np.array_equal(got, np.einsum("ij,ij->i", C, C))
+
+
+def test_sequential_sum_is_not_einsum_beyond_d3():
+    """Why the order matters: a sequential sum differs from einsum's in the last bit for many
+    centers once d >= 4 (and such bits flip near-tie labels)."""
+    rng = np.random.default_rng(0)
+    C = (rng.standard_normal((2000, 16)) * rng.uniform(0.1, 10.0, 16)).astype(np.float32)
+    seq = np.zeros(len(C), dtype=np.float32)
+    for j in range(C.shape[1]):
+        seq = seq + C[:, j] * C[:, j]
+    assert np.mean(seq != np.einsum("ij,ij->i", C, C)) > 0.05
+
+
+def test_norm_modes():
+    order = cupy_fused._einsum_order()
+    if order is None:
+        assert cupy_fused._einsum_norm_mode("float32") == 0
+        return
+    vec_bytes, fused, hmode = order
+    for dt, size in (("float32", 4), ("float64", 8)):
+        mode = cupy_fused._einsum_norm_mode(dt)
+        assert mode & 0xFF == vec_bytes // size
+        assert (mode >> 8) & 1 == int(fused) and (mode >> 9) & 3 == hmode
