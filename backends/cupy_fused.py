@@ -11,8 +11,8 @@ Paths (chosen per problem, see `_plan`):
   small  d <= 16: d is a template parameter, P points per thread, centers in shared memory,
          sums fused into the same kernel when k*(d+1) fits in shared memory next to them.
   gemm   d > 16: register-blocked SIMT GEMM tile (128 points x 128 centers per block, 8x8 per
-         thread in float32, 4x8 in float64) with the argmin in its epilogue; sums in a second
-         kernel.
+         thread in float32, 4x8 in float64; double-buffered shared tiles, 16-byte loads) with
+         the argmin in its epilogue; sums in a second kernel.
   tf32   backend_options={"precision": "tf32"}, float32 only: cuBLAS GEMM under CuPy's TF32
          compute type per row chunk + a warp-per-row argmin kernel. Faster for large d, NOT
          bit-exact FP32 (products are rounded to TF32's 10-bit mantissa), so partitions can
@@ -94,14 +94,21 @@ def small_kernel_names(dtype_name: str, d: int, P: int) -> tuple:
     return (f"assign_small<{t},{d},{P},true>", f"assign_small<{t},{d},{P},false>")
 
 
+def gemm_kernel_name(dtype_name: str, vec: bool) -> str:
+    """The GEMM-like assignment kernel; vec: 16-byte global loads of X (d a multiple of the
+    16-byte vector, X aligned)."""
+    tm, tn = GEMM_TILES[dtype_name]
+    return f"assign_gemm<{_CTYPE[dtype_name]},{tm},{tn},{'true' if vec else 'false'}>"
+
+
 def common_kernel_names(dtype_name: str) -> tuple:
     t = _CTYPE[dtype_name]
-    tm, tn = GEMM_TILES[dtype_name]
     tf32 = ("argmin_rows<float>",) if dtype_name == "float32" else ()
-    return (f"assign_gemm<{t},{tm},{tn}>", *tf32, f"accumulate_shared<{t}>",
-            f"accumulate_global<{t}>", "finalize_sums", f"pack_centers<{t}>",
-            f"update_centers<{t}>", "list_empty_clusters", f"relocation_keys<{t}>",
-            f"relocate_farthest<{t}>", f"direct_inertia<{t}>", f"column_absmax<{t}>")
+    return (gemm_kernel_name(dtype_name, True), gemm_kernel_name(dtype_name, False), *tf32,
+            f"accumulate_shared<{t}>", f"accumulate_global<{t}>", "finalize_sums",
+            f"pack_centers<{t}>", f"update_centers<{t}>", "list_empty_clusters",
+            f"relocation_keys<{t}>", f"relocate_farthest<{t}>", f"direct_inertia<{t}>",
+            f"column_absmax<{t}>")
 
 
 def all_kernel_names() -> list:
@@ -132,12 +139,19 @@ def _kernel(names: tuple, name: str):
     return _module(names).get_function(name)
 
 
-def _common(dtype_name, name):
+def common_instance(dtype_name, name):
+    """The full instance name in the common module of `name`: a full instance name, or a
+    template name that has exactly one instance for this dtype."""
     names = common_kernel_names(dtype_name)
-    t = _CTYPE[dtype_name]
-    full = next(n for n in names if n == name or n.startswith(name + "<"))
-    assert t in full or "<" not in full
-    return _kernel(names, full)
+    matches = [n for n in names if n == name or n.startswith(name + "<")]
+    if len(matches) != 1:
+        raise KeyError(f"{name!r} names {len(matches)} kernels for {dtype_name}: {matches}")
+    assert _CTYPE[dtype_name] in matches[0] or "<" not in matches[0]
+    return matches[0]
+
+
+def _common(dtype_name, name):
+    return _kernel(common_kernel_names(dtype_name), common_instance(dtype_name, name))
 
 
 # -- numpy's summation order for ||c||^2 (np.einsum("ij,ij->i", C, C)) ---------------------------
@@ -529,7 +543,8 @@ class CupyFusedBackend(CupyBackendBase):
                     (X, w, st.ops, _i32(st.n), _i32(st.k), _i32(p.tc), *common, st.partials,
                      st.stats, st.acc, scale, np.float64(two_l)), shared_mem=smem)
         elif p.path == "gemm":
-            _launch(_common(st.dtype_name, "assign_gemm"), p.assign_grid,
+            vec = st.d % (16 // st.T.itemsize) == 0 and X.data.ptr % 16 == 0
+            _launch(_common(st.dtype_name, gemm_kernel_name(st.dtype_name, vec)), p.assign_grid,
                     (X, w, st.ops, st.cnorm, _i32(st.n), _i32(st.d), _i32(p.kpad), *common,
                      st.partials, st.stats))
         else:

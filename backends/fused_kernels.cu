@@ -414,30 +414,132 @@ assign_small(const T* __restrict__ X, const T* __restrict__ W, const T* __restri
 //     take the features in order, so each distance has the small-d kernel's (and OpenBLAS's)
 //     exact rounding. Centers come as -2 C^T (d, kpad) and ||c||^2 (kpad), padded with
 //     ||c||^2 = inf so that padding columns never win.
+//     Shared tiles are double-buffered: the next K step's global loads are in flight (in
+//     registers) while the current one is multiplied, one barrier per K step. With VEC (d a
+//     multiple of the 16-byte vector and X 16-byte aligned) every global load is 16 bytes;
+//     the shared-memory operand loads are 16 bytes always. The running (best, index) per row
+//     and column group lives in shared memory (each cell owned by one thread), which keeps
+//     the 8x8 accumulators, operands and prefetch within 128 registers without spilling.
 // ---------------------------------------------------------------------------------------------
-template <typename T, int TM, int TN>
+template <typename T, int N>
+__device__ __forceinline__ void lds_vec(const T* __restrict__ src, T* dst) {
+    if constexpr (sizeof(T) == 4) {
+        static_assert(N % 4 == 0, "float operands come in float4");
+#pragma unroll
+        for (int v = 0; v < N / 4; ++v) {
+            const float4 q = reinterpret_cast<const float4*>(src)[v];
+            dst[4 * v] = q.x; dst[4 * v + 1] = q.y; dst[4 * v + 2] = q.z; dst[4 * v + 3] = q.w;
+        }
+    } else {
+        static_assert(N % 2 == 0, "double operands come in double2");
+#pragma unroll
+        for (int v = 0; v < N / 2; ++v) {
+            const double2 q = reinterpret_cast<const double2*>(src)[v];
+            dst[2 * v] = q.x; dst[2 * v + 1] = q.y;
+        }
+    }
+}
+
+// One 16-byte store of V values (dst 16-byte aligned).
+template <typename T>
+__device__ __forceinline__ void sts_vec(T* dst, const T (&src)[16 / sizeof(T)]) {
+    if constexpr (sizeof(T) == 4) {
+        float4 q;
+        q.x = src[0]; q.y = src[1]; q.z = src[2]; q.w = src[3];
+        *reinterpret_cast<float4*>(dst) = q;
+    } else {
+        double2 q;
+        q.x = src[0]; q.y = src[1];
+        *reinterpret_cast<double2*>(dst) = q;
+    }
+}
+
+// V consecutive values from p (16-byte aligned when VEC) into out; `count` of them are valid
+// (the rest read as 0). With VEC, count is 0 or V.
+template <typename T, bool VEC>
+__device__ __forceinline__ void ldg_vec(const T* __restrict__ p, int count,
+                                        T (&out)[16 / sizeof(T)]) {
+    constexpr int V = 16 / sizeof(T);
+    if constexpr (VEC) {
+        if (count > 0) {
+            lds_vec<T, V>(p, out);  // same 16-byte load, from global memory
+        } else {
+#pragma unroll
+            for (int v = 0; v < V; ++v) out[v] = (T)0;
+        }
+    } else {
+#pragma unroll
+        for (int v = 0; v < V; ++v) out[v] = v < count ? p[v] : (T)0;
+    }
+}
+
+template <typename T, int TM, int TN, bool VEC>
 __global__ void __launch_bounds__(256, 2)  // two blocks per SM: at most 128 registers
 assign_gemm(const T* __restrict__ X, const T* __restrict__ W, const T* __restrict__ m2ct,
             const T* __restrict__ cnorm, int n, int d, int kpad, int* __restrict__ labels,
             T* __restrict__ min_sq, int want_min, int count_changed,
             double* __restrict__ block_inertia, u64* __restrict__ counters) {
     constexpr int BM = 16 * TM, BN = 16 * TN, BK = 8, HM = TM / 2, HN = TN / 2;
-    constexpr int APAD = 16 / sizeof(T);  // keeps rows 16-byte aligned, spreads the stores
-    __shared__ __align__(16) T As[BK][BM + APAD];
-    __shared__ __align__(16) T Bs[BK][BN];
-    __shared__ T rbest[BM][17];
-    __shared__ int ridx[BM][17];
+    constexpr int V = 16 / sizeof(T);              // values per 16-byte vector
+    constexpr int APAD = V;                        // As rows stay 16-byte aligned
+    constexpr int A_VECS = BM * BK / V / 256;      // 16-byte pieces per thread per A tile
+    constexpr int B_VECS = BK * BN / V / 256;      // ... per B tile
+    constexpr int A_KV = BK / V, B_CV = BN / V;    // pieces per A row / per B row
+    // row stride of the running-best cells: HM * RS = 16 (mod 32), so the two rows groups of
+    // a warp (ty, ty + 1) fall in different bank halves
+    constexpr int RS = HM == 4 ? 20 : 24;
+    static_assert(A_VECS >= 1 && B_VECS >= 1 && BM * BK == A_VECS * V * 256 &&
+                  BK * BN == B_VECS * V * 256, "tile shape");
+    __shared__ __align__(16) T As[2][BK][BM + APAD];
+    __shared__ __align__(16) T Bs[2][BK][BN];
+    __shared__ T rbest[BM * RS];
+    __shared__ int ridx[BM * RS];
     __shared__ double red[8];
     __shared__ u64 redc[8];
 
     const int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
     const i64 row0 = (i64)blockIdx.x * BM;
 
-    T best[TM];
-    int bidx[TM];
 #pragma unroll
-    for (int i = 0; i < TM; ++i) { best[i] = pos_inf<T>(); bidx[i] = 0; }
+    for (int i = 0; i < TM; ++i) {
+        const int r = i < HM ? ty * HM + i : BM / 2 + ty * HM + (i - HM);
+        rbest[r * RS + tx] = pos_inf<T>();
+        ridx[r * RS + tx] = 0;
+    }
 
+    T ra[A_VECS][V], rb[B_VECS][V];  // the next K step's tiles, in flight
+    auto load_tiles = [&](int k0, int col0) {
+#pragma unroll
+        for (int q = 0; q < A_VECS; ++q) {
+            const int e = tid + q * 256, m = e / A_KV, kv = e % A_KV;
+            const i64 gx = row0 + m;
+            const int gk = k0 + kv * V;
+            const int cnt = gx < n ? max(0, min(V, d - gk)) : 0;
+            ldg_vec<T, VEC>(X + (gx < n ? gx : 0) * d + (cnt > 0 ? gk : 0), cnt, ra[q]);
+        }
+#pragma unroll
+        for (int q = 0; q < B_VECS; ++q) {
+            const int e = tid + q * 256, kk = e / B_CV, cv = e % B_CV;
+            const int gk = k0 + kk;
+            ldg_vec<T, true>(m2ct + (i64)(gk < d ? gk : 0) * kpad + col0 + cv * V,
+                             gk < d ? V : 0, rb[q]);
+        }
+    };
+    auto store_tiles = [&](int buf) {
+#pragma unroll
+        for (int q = 0; q < A_VECS; ++q) {
+            const int e = tid + q * 256, m = e / A_KV, kv = e % A_KV;
+#pragma unroll
+            for (int v = 0; v < V; ++v) As[buf][kv * V + v][m] = ra[q][v];
+        }
+#pragma unroll
+        for (int q = 0; q < B_VECS; ++q) {
+            const int e = tid + q * 256, kk = e / B_CV, cv = e % B_CV;
+            sts_vec<T>(&Bs[buf][kk][cv * V], rb[q]);
+        }
+    };
+
+    const int nk = (d + BK - 1) / BK;
     for (int col0 = 0; col0 < kpad; col0 += BN) {
         T acc[TM][TN];
 #pragma unroll
@@ -445,70 +547,60 @@ assign_gemm(const T* __restrict__ X, const T* __restrict__ W, const T* __restric
 #pragma unroll
             for (int j = 0; j < TN; ++j) acc[i][j] = (T)0;
 
-        for (int k0 = 0; k0 < d; k0 += BK) {
-            __syncthreads();
-            for (int e = tid; e < BM * BK; e += 256) {
-                const int m = e / BK, kk = e % BK;
-                const i64 gx = row0 + m;
-                const int gk = k0 + kk;
-                As[kk][m] = (gx < n && gk < d) ? X[gx * d + gk] : (T)0;
-            }
-            for (int e = tid; e < BK * BN; e += 256) {
-                const int kk = e / BN, c = e % BN;
-                const int gk = k0 + kk;
-                Bs[kk][c] = gk < d ? m2ct[(i64)gk * kpad + col0 + c] : (T)0;
-            }
-            __syncthreads();
+        load_tiles(0, col0);
+        store_tiles(0);
+        __syncthreads();
+        for (int kt = 0; kt < nk; ++kt) {
+            const int buf = kt & 1;
+            const bool more = kt + 1 < nk;
+            if (more) load_tiles((kt + 1) * BK, col0);
 #pragma unroll
             for (int kk = 0; kk < BK; ++kk) {
                 T a[TM], b[TN];
-#pragma unroll
-                for (int i = 0; i < HM; ++i) {
-                    a[i] = As[kk][ty * HM + i];
-                    a[HM + i] = As[kk][BM / 2 + ty * HM + i];
-                }
-#pragma unroll
-                for (int j = 0; j < HN; ++j) {
-                    b[j] = Bs[kk][tx * HN + j];
-                    b[HN + j] = Bs[kk][BN / 2 + tx * HN + j];
-                }
+                lds_vec<T, HM>(&As[buf][kk][ty * HM], a);
+                lds_vec<T, HM>(&As[buf][kk][BM / 2 + ty * HM], a + HM);
+                lds_vec<T, HN>(&Bs[buf][kk][tx * HN], b);
+                lds_vec<T, HN>(&Bs[buf][kk][BN / 2 + tx * HN], b + HN);
 #pragma unroll
                 for (int i = 0; i < TM; ++i)
 #pragma unroll
                     for (int j = 0; j < TN; ++j) acc[i][j] = fma_rn(a[i], b[j], acc[i][j]);
             }
+            if (more) store_tiles(buf ^ 1);
+            __syncthreads();
         }
         // epilogue: + ||c||^2, running first-minimum over this thread's columns (ascending)
+        T cn[TN];
+        lds_vec<T, HN>(cnorm + col0 + tx * HN, cn);
+        lds_vec<T, HN>(cnorm + col0 + BN / 2 + tx * HN, cn + HN);
 #pragma unroll
-        for (int j = 0; j < TN; ++j) {
-            const int col = col0 + (j < HN ? tx * HN + j : BN / 2 + tx * HN + (j - HN));
-            const T cn = cnorm[col];
+        for (int i = 0; i < TM; ++i) {
+            const int r = i < HM ? ty * HM + i : BM / 2 + ty * HM + (i - HM);
+            T b = rbest[r * RS + tx];
+            int bi = ridx[r * RS + tx];
 #pragma unroll
-            for (int i = 0; i < TM; ++i) {
-                T dist = add_rn(acc[i][j], cn);
-                if (dist < best[i]) { best[i] = dist; bidx[i] = col; }
+            for (int j = 0; j < TN; ++j) {
+                const int col = col0 + (j < HN ? tx * HN + j : BN / 2 + tx * HN + (j - HN));
+                const T dist = add_rn(acc[i][j], cn[j]);
+                if (dist < b) { b = dist; bi = col; }
             }
+            rbest[r * RS + tx] = b;
+            ridx[r * RS + tx] = bi;
         }
     }
 
     // the 16 threads sharing a row hold disjoint column sets: lexicographic (dist, index) min
-#pragma unroll
-    for (int i = 0; i < TM; ++i) {
-        const int r = i < HM ? ty * HM + i : BM / 2 + ty * HM + (i - HM);
-        rbest[r][tx] = best[i];
-        ridx[r][tx] = bidx[i];
-    }
     __syncthreads();
     double inertia = 0.0;
     unsigned changed = 0;
     for (int r = tid; r < BM; r += 256) {
         const i64 gx = row0 + r;
         if (gx >= n) continue;
-        T b = rbest[r][0];
-        int bi = ridx[r][0];
+        T b = rbest[r * RS];
+        int bi = ridx[r * RS];
         for (int t = 1; t < 16; ++t) {
-            const T v = rbest[r][t];
-            const int vi = ridx[r][t];
+            const T v = rbest[r * RS + t];
+            const int vi = ridx[r * RS + t];
             if (v < b || (v == b && vi < bi)) { b = v; bi = vi; }
         }
         T xn = (T)0;
@@ -529,7 +621,9 @@ assign_gemm(const T* __restrict__ X, const T* __restrict__ W, const T* __restric
 
 // ---------------------------------------------------------------------------------------------
 // (a) tf32 option: argmin over rows of G = X_chunk @ (-2 C^T) computed by cuBLAS (TF32 tensor
-//     cores), one warp per row. Not bit-exact FP32: G's products are rounded to TF32.
+//     cores), one warp per row reading G once in 16-byte pieces (kpad is a multiple of 128,
+//     so rows are aligned and the padding columns, ||c||^2 = inf, never win). Not bit-exact
+//     FP32: G's products are rounded to TF32.
 // ---------------------------------------------------------------------------------------------
 template <typename T>
 __global__ void __launch_bounds__(BLOCK)
@@ -537,6 +631,7 @@ argmin_rows(const T* __restrict__ G, const T* __restrict__ cnorm, int rows, int 
             i64 row0, const T* __restrict__ X, int d, const T* __restrict__ W,
             int* __restrict__ labels, T* __restrict__ min_sq, int want_min, int count_changed,
             double* __restrict__ block_inertia, u64* __restrict__ counters) {
+    constexpr int V = 16 / sizeof(T);
     __shared__ double red[WARPS];
     __shared__ u64 redc[WARPS];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -546,9 +641,15 @@ argmin_rows(const T* __restrict__ G, const T* __restrict__ cnorm, int rows, int 
         const T* g = G + (i64)r * kpad;
         T b = pos_inf<T>();
         int bi = 0x7fffffff;
-        for (int c = lane; c < k; c += 32) {
-            T dist = add_rn(g[c], cnorm[c]);
-            if (dist < b) { b = dist; bi = c; }
+        for (int c0 = lane * V; c0 < k; c0 += 32 * V) {
+            T gv[V], cv[V];
+            lds_vec<T, V>(g + c0, gv);
+            lds_vec<T, V>(cnorm + c0, cv);
+#pragma unroll
+            for (int v = 0; v < V; ++v) {
+                const T dist = add_rn(gv[v], cv[v]);
+                if (dist < b) { b = dist; bi = c0 + v; }
+            }
         }
         const i64 gx = row0 + r;
         T xn = (T)0;

@@ -51,3 +51,17 @@ def test_norm_modes():
         mode = cupy_fused._einsum_norm_mode(dt)
         assert mode & 0xFF == vec_bytes // size
         assert (mode >> 8) & 1 == int(fused) and (mode >> 9) & 3 == hmode
+
+
+def test_every_common_kernel_name_the_backend_uses_is_unique():
+    source = cupy_fused.KERNEL_SOURCE.with_name("cupy_fused.py").read_text()
+    used = set(re.findall(r'_common\([a-z_.]+, "([a-z_]+)"\)', source))
+    assert "relocation_keys" in used and "argmin_rows" in used
+    for dt in ("float32", "float64"):
+        for name in used - ({"argmin_rows"} if dt == "float64" else set()):
+            full = cupy_fused.common_instance(dt, name)
+            assert full in cupy_fused.common_kernel_names(dt)
+        with pytest.raises(KeyError):
+            cupy_fused.common_instance(dt, "assign_gemm")  # two instances: by full name only
+        for vec in (True, False):
+            assert cupy_fused.gemm_kernel_name(dt, vec) in cupy_fused.common_kernel_names(dt)
