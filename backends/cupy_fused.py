@@ -14,9 +14,11 @@ Paths (chosen per problem, see `_plan`):
          thread in float32, 4x8 in float64; double-buffered shared tiles, 16-byte loads) with
          the argmin in its epilogue; sums in a second kernel.
   tf32   backend_options={"precision": "tf32"}, float32 only: cuBLAS GEMM under CuPy's TF32
-         compute type per row chunk + a warp-per-row argmin kernel. Faster for large d, NOT
-         bit-exact FP32 (products are rounded to TF32's 10-bit mantissa), so partitions can
-         differ from the numpy backend near ties.
+         compute type (cupy._core._routines_linalg.COMPUTE_TYPE_TF32, set for the call and
+         restored) per row chunk + a warp-per-row argmin kernel that reads the chunk once.
+         Faster for large d, NOT bit-exact FP32 (products are rounded to TF32's 10-bit
+         mantissa), so partitions can differ from the numpy backend near ties. Needs compute
+         capability >= 8.0.
 
 Determinism: the same input gives bit-identical labels, centers, inertia and history run to
 run on the same GPU. Per-cluster sums are accumulated in 64-bit fixed point (two words per
@@ -366,16 +368,33 @@ def _one_wave(plan, n, d, dtype_name, dev):
     return plan
 
 
+def _tf32_api(cp):
+    """(get_compute_type, set_compute_type, COMPUTE_TYPE_TF32) of CuPy's matmul. They live in
+    cupy._core._routines_linalg (CuPy 8 to 14 at least; cupy._core re-exports only the two
+    functions, not the constants); a clear error where this CuPy lacks them."""
+    try:
+        from cupy._core import _routines_linalg as linalg
+        return linalg.get_compute_type, linalg.set_compute_type, linalg.COMPUTE_TYPE_TF32
+    except (ImportError, AttributeError) as exc:
+        raise RuntimeError(
+            f"precision='tf32' needs CuPy's TF32 compute type "
+            f"(cupy._core._routines_linalg.COMPUTE_TYPE_TF32 with get/set_compute_type), "
+            f"which CuPy {getattr(cp, '__version__', '?')} does not provide ({exc}). Use "
+            f"precision='fp32'.") from exc
+
+
 @contextlib.contextmanager
 def _tf32_matmul(cp):
-    """CuPy's matmul on TF32 tensor cores for float32 inside the block (restored after)."""
-    core = cp._core
-    old = core.get_compute_type(cp.float32)
-    core.set_compute_type(cp.float32, core.COMPUTE_TYPE_TF32)
+    """CuPy's float32 matmul on TF32 tensor cores inside the block (the previous compute type
+    restored after). CuPy keeps the compute type per process, so a float32 matmul on another
+    thread meanwhile would also run in TF32."""
+    get, set_, tf32 = _tf32_api(cp)
+    old = get(cp.float32)
+    set_(cp.float32, tf32)
     try:
         yield
     finally:
-        core.set_compute_type(cp.float32, old)
+        set_(cp.float32, old)
 
 
 def _fixed_point_scales(absmax, w_total, n):
@@ -469,6 +488,11 @@ class CupyFusedBackend(CupyBackendBase):
             return f"it computes in float32 or float64, not {dtype}"
         if self.precision == "tf32" and dtype != "float32":
             return "precision='tf32' needs float32 input"
+        if self.precision == "tf32":
+            cc = int(self._cp.cuda.Device().compute_capability)
+            if cc < 80:
+                return f"precision='tf32' needs TF32 tensor cores (compute capability >= 8.0, " \
+                       f"this GPU has {cc // 10}.{cc % 10})"
         n = len(X)
         if n >= 2 ** 31:
             return f"n_samples={n} >= 2^31; the kernels index rows with 32-bit integers"
@@ -564,15 +588,15 @@ class CupyFusedBackend(CupyBackendBase):
             st.n_partials = _cdiv(st.n, rows) * p.assign_grid
             if st.n_partials > st.partials.size:
                 st.partials = cp.zeros(st.n_partials, dtype=cp.float64)
-            for c, r0 in enumerate(range(0, st.n, rows)):
-                r1 = min(r0 + rows, st.n)
-                g = st.gbuf[: r1 - r0]
-                with _tf32_matmul(cp):
+            with _tf32_matmul(cp):
+                for c, r0 in enumerate(range(0, st.n, rows)):
+                    r1 = min(r0 + rows, st.n)
+                    g = st.gbuf[: r1 - r0]
                     cp.matmul(st.X[r0:r1], m2ct, out=g)
-                part = st.partials[c * p.assign_grid:]
-                _launch(fn, p.assign_grid,
-                        (g, st.cnorm, _i32(r1 - r0), _i32(p.kpad), _i32(st.k), np.int64(r0),
-                         st.X, _i32(st.d), st.w, *common, part, st.stats))
+                    part = st.partials[c * p.assign_grid:]
+                    _launch(fn, p.assign_grid,
+                            (g, st.cnorm, _i32(r1 - r0), _i32(p.kpad), _i32(st.k),
+                             np.int64(r0), st.X, _i32(st.d), st.w, *common, part, st.stats))
             return rows
 
         def halved(rows):

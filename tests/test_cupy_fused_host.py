@@ -65,3 +65,18 @@ def test_every_common_kernel_name_the_backend_uses_is_unique():
             cupy_fused.common_instance(dt, "assign_gemm")  # two instances: by full name only
         for vec in (True, False):
             assert cupy_fused.gemm_kernel_name(dt, vec) in cupy_fused.common_kernel_names(dt)
+
+
+def test_tf32_api_exists_in_installed_cupy():
+    cp = pytest.importorskip("cupy")
+    get, set_, tf32 = cupy_fused._tf32_api(cp)
+    assert callable(get) and callable(set_) and isinstance(tf32, int)
+
+
+def test_tf32_api_missing_is_a_clear_error(monkeypatch):
+    cp = pytest.importorskip("cupy")
+    import cupy._core
+    monkeypatch.setattr(cupy._core, "_routines_linalg", types.ModuleType("stub"),
+                        raising=False)
+    with pytest.raises(RuntimeError, match="COMPUTE_TYPE_TF32.*precision='fp32'"):
+        cupy_fused._tf32_api(cp)
