@@ -729,9 +729,11 @@ class CupyFusedBackend(CupyBackendBase):
     def _lloyd_loop(self, st, centers, spare, max_iter, tol, verbose):
         history = {"inertia": [], "center_shift": []}
         i, pending = 0, False
+        passes = relocated = 0
         while True:
             self._assign_pass(st, count_changed=True, accumulate=True)
             self._finalize(st)
+            passes += 1
             raw = st.stats.get()                       # the one transfer of the iteration
             changed, n_empty = (int(v) for v in raw[:2].view(np.uint64))
             if pending:                                # iteration i-1 is complete now
@@ -746,6 +748,7 @@ class CupyFusedBackend(CupyBackendBase):
             history["inertia"].append(float(raw[INERTIA]))
             if n_empty:
                 self._relocate(st, centers, n_empty)
+                relocated += n_empty
             self._update(st, centers, spare)
             centers, spare = spare, centers
             pending = True
@@ -759,6 +762,8 @@ class CupyFusedBackend(CupyBackendBase):
             i += 1
         inertia = self._direct_inertia(st, centers)
         labels = st.labels.astype(self._cp.int64)
+        #: what the last kmeans_single did (the timing probe prints it)
+        self.last_loop = {"assignment_passes": passes, "relocated_clusters": relocated}
         return LloydResult(labels, inertia, centers, n_iter, history)
 
     @staticmethod

@@ -7,8 +7,10 @@ few backend options (fused or split passes; fp32 or tf32). One "iteration" is ex
 `kmeans_single` does per iteration: assignment (+ fused or separate sums), fixed-point
 finalize, the one device-to-host copy of the statistics, the center update. Warm-up first
 (NVRTC compile, pool growth), the device synchronised before each clock read, median of
-several repeats. Also times the assignment pass alone (CUDA events) and a whole
-`kmeans_single`, and checks the labels of a subsample against the numpy backend.
+several repeats. Also times the assignment pass alone (CUDA events), the once-per-fit and
+per-relocation extras a whole fit adds (the relocation-key pass over X, the final direct
+inertia), and a whole `kmeans_single` (with how many assignment passes it ran and how many
+empty clusters it relocated), and checks the labels of a subsample against the numpy backend.
 """
 from __future__ import annotations
 
@@ -81,7 +83,19 @@ def time_iterations(cp, be, X, w, init, iters, repeats):
     stop.record()
     stop.synchronize()
     assign_ms = cp.cuda.get_elapsed_time(start, stop) / iters
-    return float(np.median(runs)), runs, float(assign_ms), st.plan
+    # what a fit adds: one relocation-key pass over X per iteration that has empty clusters
+    # (m = 0: the keys only), and the final inertia by direct differences once per fit
+    extras = {}
+    for name, fn in (("relocation_keys_ms", lambda: be._relocate(st, state["c"], 0)),
+                     ("final_inertia_ms", lambda: be._direct_inertia(st, state["c"]))):
+        fn()
+        start.record()
+        for _ in range(3):
+            fn()
+        stop.record()
+        stop.synchronize()
+        extras[name] = cp.cuda.get_elapsed_time(start, stop) / 3
+    return float(np.median(runs)), runs, float(assign_ms), st.plan, extras
 
 
 def check_labels(cp, be, X, init, rows):
@@ -118,11 +132,13 @@ def main(argv):
         iters = 20 if n * k * d < 5e10 else 5
         for opts in VARIANTS[wl]:
             be = CupyFusedBackend(**opts)
-            ms, runs, assign_ms, plan = time_iterations(cp, be, X, w, init, iters, repeats=5)
+            ms, runs, assign_ms, plan, extras = time_iterations(cp, be, X, w, init, iters,
+                                                                repeats=5)
             t0 = time.perf_counter()
             res = be.kmeans_single(X, w, init, max_iter=10, tol=-1.0)
             be.synchronize()
             fit_ms = (time.perf_counter() - t0) * 1e3 / res.n_iter
+            loop = dict(getattr(be, "last_loop", {}))
             agree = check_labels(cp, be, X, init, 100_000 if d <= 16 else 10_000)
             name = wl + ("-tf32" if opts.get("precision") == "tf32" else "")
             row = {
@@ -133,6 +149,9 @@ def main(argv):
                 "update_share_ms": ms - assign_ms,
                 "pairs_per_s": n * k / (ms * 1e-3),
                 "fit_ms_per_iteration": fit_ms, "fit_n_iter": res.n_iter,
+                "fit_assignment_passes": loop.get("assignment_passes"),
+                "fit_relocated_clusters": loop.get("relocated_clusters"),
+                **extras,
                 "label_agreement_with_numpy": agree,
                 "target_ms": None if quick else TARGET_MS.get(name),
             }
@@ -141,6 +160,10 @@ def main(argv):
                   f"sums={plan.acc_mode:6s} {ms:8.3f} ms/iter (assign {assign_ms:7.3f}) "
                   f"{row['pairs_per_s']:.3g} pairs/s  fit {fit_ms:7.3f} ms/iter  "
                   f"agree {agree:.5f}  target {row['target_ms']}")
+            print(f"{'':8s} fit: {res.n_iter} iterations, {loop.get('assignment_passes')} "
+                  f"passes, {loop.get('relocated_clusters')} clusters relocated; "
+                  f"relocation keys {extras['relocation_keys_ms']:.3f} ms, final inertia "
+                  f"{extras['final_inertia_ms']:.3f} ms")
         del X, init, w
         cp.get_default_memory_pool().free_all_blocks()
     with open(out_path, "w") as f:
