@@ -1,9 +1,19 @@
 """`cupy-fused` against the numpy backend, on asymmetric data (a swapped or dropped feature
 fails), n never a multiple of any block size, k from 1 to 20000, d from 1 to 1024, float32 and
 float64, weights with zeros, empty clusters forced by crafted inits, run-to-run bit identity.
-Sizes keep n*k*d modest so the file runs in well under 3 minutes on an H200."""
+Sizes keep n*k*d modest so the file runs in well under 3 minutes on an H200.
+
+Labels: the kernels round every distance as numpy's BLAS expansion does (||c||^2 summed in
+np.einsum's order, an in-order FMA chain for x.c), so labels equal numpy's wherever OpenBLAS's
+kernel is such a chain. Where it is not (another BLAS, K blocking for large d), a label may
+differ only on a near tie, within the rounding bound of `_near_tie`; that is what is asserted,
+with no cap on how many (their number depends on how many near ties the data has, not on the
+code). Whole fits in float32 with d >= 4 are compared by adjusted Rand index and inertia when
+their partitions differ (a last-bit difference in one center can move a near tie and then a
+few points); float64 fits, and float32 fits with d <= 3, must give numpy's partition."""
 import numpy as np
 import pytest
+from sklearn.metrics import adjusted_rand_score
 
 from kmeans_xp import KMeans
 from kmeans_xp.testing import asymmetric_data, check_backend
@@ -39,21 +49,33 @@ def _n_for(d, k):
 
 
 def _near_tie(X, C, a, b, dtype):
-    """Rows where centers a and b are equally near up to the expansion's rounding."""
+    """Rows where two implementations of the expansion ||c||^2 - 2 x.c in `dtype` may order
+    centers a and b differently. Whatever the summation order, a computed distance to c is
+    within gamma_{d+2} (2 |x| |c| + |c|^2) of the exact one (d products in the dot, the norm's
+    d terms, one final addition; Cauchy-Schwarz for sum |x_j c_j|), gamma_m = m u / (1 - m u),
+    u = eps / 2. So if one implementation puts a first and the other b, the exact distances
+    differ by at most the sum of the two centers' bounds. The exact distances are evaluated
+    in float64 (plus that evaluation's own rounding, which matters only for float64 data)."""
+    d = X.shape[1]
+    u = np.finfo(dtype).eps / 2
+    gamma = (d + 2) * u / (1 - (d + 2) * u)
     X64, C64 = X.astype(np.float64), C.astype(np.float64)
     da = ((X64 - C64[a]) ** 2).sum(1)
     db = ((X64 - C64[b]) ** 2).sum(1)
-    scale = (X64 ** 2).sum(1) + np.maximum((C64[a] ** 2).sum(1), (C64[b] ** 2).sum(1))
-    return np.abs(da - db) <= 64 * np.finfo(dtype).eps * (scale + 1)
+    nx2 = (X64 ** 2).sum(1)
+    na2, nb2 = (C64[a] ** 2).sum(1), (C64[b] ** 2).sum(1)
+    nx, na, nb = np.sqrt(nx2), np.sqrt(na2), np.sqrt(nb2)
+    bound = gamma * (2 * nx * (na + nb) + na2 + nb2)
+    bound += 4 * (d + 2) * np.finfo(np.float64).eps * (2 * nx2 + na2 + nb2)
+    return np.abs(da - db) <= bound
 
 
 def _assert_same_argmin(X, C, got, ref, dtype, where):
     bad = np.flatnonzero(got != ref)
     if bad.size:
         ties = _near_tie(X[bad], C, got[bad], ref[bad], dtype)
-        assert ties.all(), (f"{where}: {np.count_nonzero(~ties)} labels differ from numpy away "
-                            f"from ties (rows {bad[~ties][:5]})")
-        assert bad.size <= max(2, len(got) // 1000), f"{where}: {bad.size} near-tie flips"
+        assert ties.all(), (f"{where}: {np.count_nonzero(~ties)} of {bad.size} differing labels "
+                            f"are not near ties (rows {bad[~ties][:5]})")
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -158,6 +180,14 @@ def _compare_fits(cp, X, w, init, dtype, options, where, tol=1e-4, max_iter=100)
     got = KMeans(len(init), init=init, backend="cupy-fused", backend_options=options,
                  max_iter=max_iter, tol=tol).fit(cp.asarray(X), sample_weight=cp.asarray(w))
     labels = got.labels_.get()
+    exact = dtype == np.float64 or X.shape[1] <= 3
+    if not exact and not np.array_equal(labels, ref.labels_):
+        # float32, d >= 4: see the module docstring
+        ari = adjusted_rand_score(ref.labels_, labels)
+        assert ari >= 0.999, f"{where}: adjusted Rand index {ari:.6f} against numpy's"
+        assert abs(got.inertia_ - ref.inertia_) <= 1e-5 * ref.inertia_, f"{where}: inertia"
+        assert got.backend_ == "cupy-fused"
+        return got
     assert np.array_equal(labels, ref.labels_), \
         f"{where}: partition differs from numpy's ({np.mean(labels != ref.labels_):.3%})"
     assert got.n_iter_ == ref.n_iter_, f"{where}: n_iter {got.n_iter_} != {ref.n_iter_}"
@@ -176,7 +206,8 @@ def _compare_fits(cp, X, w, init, dtype, options, where, tol=1e-4, max_iter=100)
 @pytest.mark.parametrize("d,k,n_far", [(2, 6, 1), (3, 9, 3), (7, 40, 2), (33, 8, 1),
                                        (3, 20000, 1)])
 def test_empty_clusters_relocated_like_numpy(cp, d, k, n_far, dtype):
-    n = 20011 if k > 1000 else 4001
+    # zero weights on n // 50 points: n - n // 50 >= k positive-weight points must remain
+    n = 30011 if k > 1000 else 4001
     X = asymmetric_data(n, d, min(k, 50), dtype=dtype, seed=k + d)
     w = np.random.default_rng(d).uniform(0.5, 2, n).astype(dtype)
     w[: n // 50] = 0  # zero-weight points are never taken as relocated centers
