@@ -19,6 +19,10 @@ Paths (chosen per problem, see `_plan`):
          Faster for large d, NOT bit-exact FP32 (products are rounded to TF32's 10-bit
          mantissa), so partitions can differ from the numpy backend near ties. Needs compute
          capability >= 8.0.
+  tf32mma  the same with backend_options={"precision": "tf32", "tf32_kernel": "fused"}: our
+         own tensor-core kernel (mma.sync m16n8k8 TF32, FP32 accumulation) with the argmin in
+         its epilogue, so the n x k distances never go through device memory (opt-in while
+         it is new; the cuBLAS path writes and reads them once per iteration).
 
 Determinism: the same input gives bit-identical labels, centers, inertia and history run to
 run on the same GPU. Per-cluster sums are accumulated in 64-bit fixed point (two words per
@@ -66,6 +70,10 @@ FUSE_SMEM_MAX = 96 * 1024
 GEMM_TILES = {"float32": (8, 8), "float64": (4, 8)}
 #: TF32 path: largest distance chunk (rows x k x 4 bytes); bigger stops paying
 TF32_CHUNK_CAP = 1 << 30
+#: points per block of the fused TF32 kernel (assign_tf32's BM) and its dynamic shared memory
+#: (two A tiles 128 x 20 words, two B tiles 16 x 136 words, 2 x 128 x 20 words of best/index)
+TF32_MMA_ROWS = 128
+TF32_MMA_SMEM = (2 * 128 * 20 + 2 * 16 * 136 + 2 * 128 * 20) * 4
 #: stats slots (float64 words; 0 and 1 are uint64 counters)
 CHANGED, N_EMPTY, INERTIA, SHIFT, FINAL_INERTIA = range(5)
 #: `done` counters of the kernels that finish with a last-block reduction
@@ -74,7 +82,7 @@ DONE_UPDATE, DONE_RELOCATE, DONE_INERTIA = range(3)
 NVRTC_OPTIONS = ("-std=c++17", "--fmad=false")
 KERNEL_SOURCE = Path(__file__).with_name("fused_kernels.cu")
 _CTYPE = {"float32": "float", "float64": "double"}
-_OPTIONS = ("precision", "fuse", "points_per_thread")
+_OPTIONS = ("precision", "tf32_kernel", "fuse", "points_per_thread")
 
 
 # -- kernel names (shared with tests/test_cuda_compile.py) ---------------------------------------
@@ -105,7 +113,8 @@ def gemm_kernel_name(dtype_name: str, vec: bool) -> str:
 
 def common_kernel_names(dtype_name: str) -> tuple:
     t = _CTYPE[dtype_name]
-    tf32 = ("argmin_rows<float>",) if dtype_name == "float32" else ()
+    tf32 = (("argmin_rows<float>", "assign_tf32<true>", "assign_tf32<false>")
+            if dtype_name == "float32" else ())
     return (gemm_kernel_name(dtype_name, True), gemm_kernel_name(dtype_name, False), *tf32,
             f"accumulate_shared<{t}>", f"accumulate_global<{t}>", "finalize_sums",
             f"pack_centers<{t}>", f"update_centers<{t}>", "list_empty_clusters",
@@ -281,7 +290,7 @@ def _cdiv(a, b):
 
 # -- the plan: which kernels, how many blocks, how much memory ----------------------------------
 class _Plan(NamedTuple):
-    path: str          # "small", "gemm" or "tf32"
+    path: str          # "small", "gemm", "tf32" (cuBLAS + argmin) or "tf32mma"
     fuse: bool         # sums accumulated inside the small-d assignment pass
     P: int             # points per thread (small)
     tc: int            # centers per shared-memory tile (small)
@@ -299,15 +308,20 @@ class _Plan(NamedTuple):
 
 
 def _plan(n, d, k, dtype_name, dev, *, precision="fp32", fuse="auto", P=None,
-          budget=None) -> _Plan:
+          budget=None, tf32_kernel="cublas") -> _Plan:
     itemsize = 4 if dtype_name == "float32" else 8
     sums_smem = k * (d + 1) * 16 + (d + 1) * 8
     if precision == "tf32" or d > SMALL_D_MAX:
-        path, layout, S = ("tf32" if precision == "tf32" else "gemm"), 1, 0
+        if precision == "tf32":
+            path = "tf32mma" if tf32_kernel == "fused" else "tf32"
+        else:
+            path = "gemm"
+        layout, S = 1, 0
         tm, tn = GEMM_TILES[dtype_name]
-        kpad = _cdiv(k, 16 * tn) * 16 * tn
+        kpad = _cdiv(k, 16 * tn) * 16 * tn   # a multiple of 128 (both GEMM kernels' BN)
         fused, P, tc, assign_smem = False, 1, 0, 0
-        assign_grid = _cdiv(n, 16 * tm) if path == "gemm" else dev.sms * 8
+        assign_grid = {"gemm": _cdiv(n, 16 * tm), "tf32mma": _cdiv(n, TF32_MMA_ROWS),
+                       "tf32": dev.sms * 8}[path]
     else:
         path, layout, S, kpad = "small", 0, ops_stride(dtype_name, d), k
         P = P or points_per_thread(dtype_name, d)
@@ -458,25 +472,31 @@ class _State:
 
 
 class CupyFusedBackend(CupyBackendBase):
-    """Fused RawKernel backend; options: precision ("fp32" or "tf32"), fuse ("auto", True,
-    False: sums inside the small-d assignment pass), points_per_thread (small-d kernel)."""
+    """Fused RawKernel backend; options: precision ("fp32" or "tf32"), tf32_kernel ("cublas"
+    or "fused", with tf32), fuse ("auto", True, False: sums inside the small-d assignment
+    pass), points_per_thread (small-d kernel)."""
 
     name = "cupy-fused"
 
     def __init__(self, max_memory="auto", precision="fp32", fuse="auto",
-                 points_per_thread=None, **options):
+                 points_per_thread=None, tf32_kernel="cublas", **options):
         if options:
             raise TypeError(f"backend {self.name!r} takes no options {sorted(options)}; "
                             f"backend_options it knows: {list(_OPTIONS)}")
         if precision not in ("fp32", "tf32"):
             raise ValueError(f"precision={precision!r}: use 'fp32' (exact, default) or 'tf32' "
                              f"(tensor cores, float32 input, not bit-exact)")
+        if tf32_kernel not in ("cublas", "fused"):
+            raise ValueError(f"tf32_kernel={tf32_kernel!r}: use 'cublas' (default: cuBLAS GEMM "
+                             f"per chunk + argmin) or 'fused' (tensor-core kernel with the "
+                             f"argmin fused)")
         if fuse not in ("auto", True, False):
             raise ValueError(f"fuse={fuse!r}: use 'auto', True or False")
         if points_per_thread not in (None, 1, 2, 4, 8):
             raise ValueError(f"points_per_thread={points_per_thread!r}: use 1, 2, 4 or 8")
         super().__init__(max_memory)
         self.precision, self.fuse, self.points_per_thread = precision, fuse, points_per_thread
+        self.tf32_kernel = tf32_kernel
 
     # -- capability -----------------------------------------------------------------------------
     def reject_reason(self, X, *, n_clusters, sample_weight=None):
@@ -501,11 +521,11 @@ class CupyFusedBackend(CupyBackendBase):
     # -- memory ---------------------------------------------------------------------------------
     @classmethod
     def estimate_memory(cls, n_samples, n_features, n_clusters, *, itemsize,
-                        max_memory="auto", precision="fp32", **_):
+                        max_memory="auto", precision="fp32", tf32_kernel="cublas", **_):
         dtype_name = "float32" if itemsize == 4 else "float64"
         budget = None if max_memory == "auto" else resolve_budget(max_memory, 0)
         plan = _plan(n_samples, n_features, n_clusters, dtype_name, _NOMINAL,
-                     precision=precision, budget=budget)
+                     precision=precision, budget=budget, tf32_kernel=tf32_kernel)
         parts = dict(plan.fixed_bytes)
         return MemoryEstimate(parts, sum(parts.values()), plan.chunk_rows)
 
@@ -514,7 +534,7 @@ class CupyFusedBackend(CupyBackendBase):
         dev = _device(self._cp.cuda.Device().id)
         budget = self.budget()
         plan = _plan(n, d, k, str(X.dtype), dev, precision=self.precision, fuse=self.fuse,
-                     P=self.points_per_thread, budget=budget)
+                     P=self.points_per_thread, budget=budget, tf32_kernel=self.tf32_kernel)
         plan = _one_wave(plan, n, d, str(X.dtype), dev)
         fixed = sum(v for p, v in plan.fixed_bytes.items() if not p.startswith("labels"))
         if fixed > budget:
@@ -566,11 +586,14 @@ class CupyFusedBackend(CupyBackendBase):
             _launch(fn, p.assign_grid,
                     (X, w, st.ops, _i32(st.n), _i32(st.k), _i32(p.tc), *common, st.partials,
                      st.stats, st.acc, scale, np.float64(two_l)), shared_mem=smem)
-        elif p.path == "gemm":
+        elif p.path in ("gemm", "tf32mma"):
             vec = st.d % (16 // st.T.itemsize) == 0 and X.data.ptr % 16 == 0
-            _launch(_common(st.dtype_name, gemm_kernel_name(st.dtype_name, vec)), p.assign_grid,
+            name = (gemm_kernel_name(st.dtype_name, vec) if p.path == "gemm"
+                    else f"assign_tf32<{'true' if vec else 'false'}>")
+            _launch(_common(st.dtype_name, name), p.assign_grid,
                     (X, w, st.ops, st.cnorm, _i32(st.n), _i32(st.d), _i32(p.kpad), *common,
-                     st.partials, st.stats))
+                     st.partials, st.stats),
+                    shared_mem=TF32_MMA_SMEM if p.path == "tf32mma" else 0)
         else:
             self._assign_tf32(st, common)
         if accumulate and not (p.path == "small" and p.fuse):

@@ -3,11 +3,11 @@
     python benchmarks/probe_fused.py OUT.json [--quick]
 
 W1 n=2M d=3 k=200, W2 n=2M d=3 k=500, W3 n=20M d=3 k=1000, W5 n=1M d=128 k=4096, each for a
-few backend options (fused or split passes; fp32 or tf32). One "iteration" is exactly what
-`kmeans_single` does per iteration: assignment (+ fused or separate sums), fixed-point
-finalize, the one device-to-host copy of the statistics, the center update. Warm-up first
-(NVRTC compile, pool growth), the device synchronised before each clock read, median of
-several repeats. Also times the assignment pass alone (CUDA events), the once-per-fit and
+few backend options (fused or split passes; fp32, tf32 through cuBLAS, tf32 fused). One
+"iteration" is exactly what `kmeans_single` does per iteration: assignment (+ fused or
+separate sums), fixed-point finalize, the one device-to-host copy of the statistics, the
+center update. Warm-up first (NVRTC compile, pool growth), the device synchronised before
+each clock read, median of several repeats. Also times the assignment pass alone (CUDA events), the once-per-fit and
 per-relocation extras a whole fit adds (the relocation-key pass over X, the final direct
 inertia), and a whole `kmeans_single` (with how many assignment passes it ran and how many
 empty clusters it relocated), and checks the labels of a subsample against the numpy backend.
@@ -32,7 +32,7 @@ VARIANTS = {
     "W1": [{}, {"fuse": False}, {"points_per_thread": 8}],
     "W2": [{}, {"fuse": False}],
     "W3": [{}, {"fuse": False}],
-    "W5": [{}, {"precision": "tf32"}],
+    "W5": [{}, {"precision": "tf32"}, {"precision": "tf32", "tf32_kernel": "fused"}],
 }
 TARGET_MS = {"W1": 0.5, "W2": 0.6, "W3": 8.0, "W5": 30.0, "W5-tf32": 12.0}
 

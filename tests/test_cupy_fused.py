@@ -252,12 +252,14 @@ def test_fused_and_split_passes_agree(cp):
     assert a.cluster_centers_.tobytes() == b.cluster_centers_.tobytes()
 
 
-def test_tf32_option_close_to_fp32(cp):
+@pytest.mark.parametrize("kernel", ["cublas", "fused"])
+def test_tf32_option_close_to_fp32(cp, kernel):
     X = asymmetric_data(20011, 128, 64, dtype=np.float32, seed=3)
     init = X[np.random.default_rng(3).choice(len(X), 64, replace=False)]
     exact = KMeans(64, init=init, backend="cupy-fused", max_iter=20).fit(cp.asarray(X))
-    fast = KMeans(64, init=init, backend="cupy-fused", backend_options={"precision": "tf32"},
-                  max_iter=20).fit(cp.asarray(X))
+    fast = KMeans(64, init=init, backend="cupy-fused", max_iter=20,
+                  backend_options={"precision": "tf32", "tf32_kernel": kernel}).fit(
+        cp.asarray(X))
     agree = float(cp.mean(exact.labels_ == fast.labels_))
     assert agree >= 0.99, f"tf32 labels agree on {agree:.2%} only"
     assert abs(fast.inertia_ - exact.inertia_) <= 1e-2 * exact.inertia_
@@ -266,11 +268,49 @@ def test_tf32_option_close_to_fp32(cp):
             cp.asarray(X[:100].astype(np.float64)))
 
 
+@pytest.mark.parametrize("kernel", ["cublas", "fused"])
+@pytest.mark.parametrize("n,d,k", [(3001, 128, 300), (2999, 33, 1000), (20011, 20, 129),
+                                   (1031, 1024, 77)])
+def test_tf32_assignment_within_tf32_rounding(cp, kernel, n, d, k):
+    """Every tf32 label is the exact argmin or a center whose exact distance is within the
+    TF32 rounding bound: inputs cut to TF32's 10-bit fraction (u = 2^-10 covers truncation,
+    which cuBLAS may use; our kernel rounds to nearest) make each product x_j (-2 c_j) off by
+    at most 2u (1 + u) of itself, plus FP32 accumulation (gamma_d) and ||c||^2 (gamma_d |c|^2,
+    FP32). Covers the fused kernel's fragment layout, its K tail
+    (d = 33, 20: not a multiple of 16 or 4, so the scalar loads), row and column tails (n, k
+    not multiples of 128), and min_sq_dist."""
+    X, C, w = _problem(n, d, k, np.float32, seed=d + k)
+    be = _backend(precision="tf32", tf32_kernel=kernel)
+    lab, msq = be.assign(cp.asarray(X), cp.asarray(C))
+    lab, msq = lab.get(), msq.get()
+    X64, C64 = X.astype(np.float64), C.astype(np.float64)
+    rows = max(1, int(4e6 // (k * d)))  # exact distances in float64, ~32 MB at a time
+    exact = np.concatenate([((X64[i:i + rows, None, :] - C64[None]) ** 2).sum(-1)
+                            for i in range(0, n, rows)])
+    best = exact.min(1)
+    got = exact[np.arange(n), lab]
+    u = 2.0 ** -10
+    gamma = d * np.finfo(np.float32).eps / 2 / (1 - d * np.finfo(np.float32).eps / 2)
+    nx = np.sqrt((X64 ** 2).sum(1))
+    nc = np.sqrt((C64 ** 2).sum(1))
+    ref_c = exact.argmin(1)
+    err = lambda c: (2 * u * (1 + u) + gamma) * 2 * nx * nc[c] + gamma * nc[c] ** 2
+    bound = err(lab) + err(ref_c) + 1e-6 * (nx ** 2 + nc[lab] ** 2)
+    bad = np.flatnonzero(got - best > bound)
+    assert bad.size == 0, (f"{kernel} tf32 n={n} d={d} k={k}: {bad.size} labels farther than "
+                           f"TF32 rounding allows (rows {bad[:5]}, excess "
+                           f"{(got - best - bound)[bad[:5]]})")
+    # min_sq_dist: the chosen center's distance, up to the same rounding
+    assert np.all(np.abs(msq.astype(np.float64) - got) <= 2 * err(lab) + 1e-5 * (nx ** 2 + 1))
+
+
 def test_options_are_validated(cp):
     with pytest.raises(TypeError, match="precision"):
         _backend(bogus=1)
     with pytest.raises(ValueError):
         _backend(precision="bf16")
+    with pytest.raises(ValueError, match="tf32_kernel"):
+        _backend(precision="tf32", tf32_kernel="wmma")
 
 
 @pytest.mark.parametrize("n,d,k", [(2_000_003, 3, 200), (300_007, 128, 512),
