@@ -1,7 +1,8 @@
 """The CUDA source of `cupy-fused` compiles for Hopper (sm_90) with nvcc, every template instance
 the backend can ask NVRTC for, so CI catches compile errors without a GPU. Skipped without nvcc.
 Also reports registers and spills (-Xptxas -v) and fails if an assignment kernel spills in a
-way that would cost speed (any spill in the small-d kernels)."""
+way that would cost speed (any spill in the small-d kernels, the float32 GEMM-like kernels or
+the TF32 kernel)."""
 import re
 import shutil
 import subprocess
@@ -53,8 +54,9 @@ def _functions(report):
 
 def test_every_instance_compiles_for_sm90(ptxas_report):
     funcs = _functions(ptxas_report)
-    for kernel in ("assign_small", "assign_gemm", "accumulate_shared", "finalize_sums",
-                   "update_centers", "relocate_farthest", "argmin_rows"):
+    for kernel in ("assign_small", "assign_gemm", "assign_tf32", "accumulate_shared",
+                   "finalize_sums", "update_centers", "relocation_keys", "relocate_farthest",
+                   "direct_inertia", "argmin_rows"):
         assert any(kernel in f for f in funcs), f"{kernel} missing from the ptxas report"
 
 
@@ -64,3 +66,14 @@ def test_small_d_kernels_do_not_spill(ptxas_report):
     assert len(small) == 2 * 2 * cupy_fused.SMALL_D_MAX
     spilling = {f: v for f, v in small.items() if v[1] > 0}
     assert not spilling, f"small-d assignment kernels spill: {spilling}"
+
+
+def test_float32_large_d_kernels_do_not_spill(ptxas_report):
+    """The float32 GEMM-like and TF32 assignment kernels (the W5 workload's time) stay within
+    their 128-register budget (two blocks per SM) without spilling."""
+    funcs = _functions(ptxas_report)
+    hot = {f: v for f, v in funcs.items()
+           if ("assign_gemmIf" in f or "assign_tf32" in f)}
+    assert len(hot) == 4, sorted(funcs)
+    spilling = {f: v for f, v in hot.items() if v[1] > 0 or v[0] > 128}
+    assert not spilling, f"float32 large-d assignment kernels spill: {spilling}"
