@@ -513,6 +513,11 @@ class CupyFusedBackend(CupyBackendBase):
             if cc < 80:
                 return f"precision='tf32' needs TF32 tensor cores (compute capability >= 8.0, " \
                        f"this GPU has {cc // 10}.{cc % 10})"
+            if self.tf32_kernel == "cublas":
+                try:
+                    _tf32_api(self._cp)
+                except RuntimeError as exc:
+                    return str(exc)
         n = len(X)
         if n >= 2 ** 31:
             return f"n_samples={n} >= 2^31; the kernels index rows with 32-bit integers"

@@ -631,19 +631,29 @@ assign_gemm(const T* __restrict__ X, const T* __restrict__ W, const T* __restric
 //     b1 (k=t+4, n=g); C c0 (g, 2t), c1 (g, 2t+1), c2 (g+8, 2t), c3 (g+8, 2t+1). Shared
 //     strides (20 and 136 words) make every fragment load conflict-free. Not bit-exact FP32.
 // ---------------------------------------------------------------------------------------------
+// (TF32 tensor cores exist from sm_80 on; the host never launches this kernel below that, and
+// the guards keep the module compiling for older GPUs, where the other kernels still run.)
 __device__ __forceinline__ unsigned to_tf32(float x) {
     unsigned r;
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
     asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
+#else
+    r = __float_as_uint(x);
+#endif
     return r;
 }
 
 __device__ __forceinline__ void mma_tf32(float (&c)[4], const unsigned (&a)[4],
                                          const unsigned (&b)[2]) {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
     asm volatile(
         "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
         "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#else
+    __trap();
+#endif
 }
 
 template <bool VEC>
