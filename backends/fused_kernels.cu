@@ -385,8 +385,8 @@ assign_small(const T* __restrict__ X, const T* __restrict__ W, const T* __restri
                 u64* dst = sacc + (size_t)bidx[p] * (D + 1) * 2;
 #pragma unroll
                 for (int j = 0; j <= D; ++j) {
-                    // numpy: bincount(weights=x * w) with the product rounded in T
-                    double v = j < D ? (double)mul_rn(x[p][j], w[p]) : (double)w[p];
+                    // numpy: bincount(weights=float64(x) * float64(w)): the product is exact in double
+                    double v = j < D ? (double)x[p][j] * (double)w[p] : (double)w[p];
                     i64 hi, lo;
                     to_fixed(v, sscale[j], two_l, hi, lo);
                     warp_add_pair(dst + 2 * j, hi, lo, same, active);
@@ -915,7 +915,7 @@ accumulate_shared(const T* __restrict__ X, const T* __restrict__ W, const int* _
         u64* dst = sacc + (size_t)(lab < 0 ? 0 : lab) * (d + 1) * 2;
         for (int j = 0; j <= d; ++j) {
             double v = 0.0;
-            if (valid) v = j < d ? (double)mul_rn(X[i * d + j], w) : (double)w;
+            if (valid) v = j < d ? (double)X[i * d + j] * (double)w : (double)w;
             i64 hi, lo;
             to_fixed(v, sscale[j], two_l, hi, lo);
             warp_add_pair(dst + 2 * j, hi, lo, same, active);
@@ -939,7 +939,7 @@ accumulate_global(const T* __restrict__ X, const T* __restrict__ W, const int* _
         const int j = (int)(e - i * (d + 1));
         const T w = W[i];
         if (w == (T)0) continue;
-        const double v = j < d ? (double)mul_rn(X[i * d + j], w) : (double)w;
+        const double v = j < d ? (double)X[i * d + j] * (double)w : (double)w;
         i64 hi, lo;
         to_fixed(v, scale[j], two_l, hi, lo);
         add_pair(acc + ((i64)labels[i] * (d + 1) + j) * 2, hi, lo);
