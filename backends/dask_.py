@@ -16,8 +16,11 @@ current) a client for that address.
 """
 from __future__ import annotations
 
+import itertools
 import sys
 import threading
+import time
+import uuid
 
 import numpy as np
 
@@ -29,6 +32,11 @@ from kmeans_xp.memory import MemoryEstimate
 SPLIT_EVERY = 8
 #: local backends tried, in order, on CuPy blocks
 CUPY_BLOCK_BACKENDS = ("cupy-fused", "cupy-chunked", "cupy-kernels")
+#: on a distributed cluster, per-block partial sums up to this many bytes in all are gathered
+#: to the client and added there (one hop less than a reduction task); more: a tree of tasks
+CLIENT_REDUCE_BYTES = 64 << 20
+
+_ids = itertools.count()
 
 _clients = {}
 
@@ -102,23 +110,48 @@ def _assign_block(xb, centers, kind, name, max_memory):
     return _iter_block(xb, None, centers, kind, name, max_memory, update=False)
 
 
-def _iter_block(xb, wb, centers, kind, name, max_memory, update=True):
-    """(labels, min_sq_dist, sums or None, weights or None) of one row block; the partial
-    sums come back as float64 NumPy (they are k x d, and cross workers)."""
+def _sync_device(kind):
+    if kind == "cupy":
+        _cupy().cuda.Device().synchronize()
+
+
+def _worker_name():
+    try:
+        from distributed import get_worker
+        return get_worker().address
+    except Exception:  # not on a distributed worker (local scheduler)
+        return threading.current_thread().name
+
+
+def _iter_block(xb, wb, centers, kind, name, max_memory, update=True, timed=False):
+    """(labels, min_sq_dist, sums or None, weights or None, timing or None) of one row block;
+    the partial sums come back as float64 NumPy (they are k x d, and cross workers). With
+    `timed`, the device is synchronised before and after and the block's own wall time
+    (start/stop on this host's clock, seconds inside) comes back as a small dict."""
+    if timed:
+        _sync_device(kind)
+        start, t0 = time.time(), time.perf_counter()
     backend = _local_backend(kind, name, max_memory)
     xp = _block_xp(xb)
     c = _like_block(centers, kind)
     if c.dtype != xb.dtype:
         c = c.astype(xb.dtype)
     if kind == "cupy" and wb is not None:
-        wb = _like_block(wb, kind)
+        wb = _like_block(wb, kind)  # no copy for CuPy blocks (the backend persists them so)
     it = backend.lloyd_iter(xb, wb, c, xp=xp, update_centers=update)
     labels = it.labels if it.labels.dtype == np.int64 else it.labels.astype(np.int64)
     mins = it.min_sq_dist if it.min_sq_dist.dtype == xb.dtype else it.min_sq_dist.astype(
         xb.dtype)
-    if not update:
-        return labels, mins, None, None
-    return labels, mins, _host64(it.weighted_sums), _host64(it.weight_in_clusters)
+    sums = weights = info = None
+    if update:
+        sums, weights = _host64(it.weighted_sums), _host64(it.weight_in_clusters)
+    if timed:
+        _sync_device(kind)
+        info = {"worker": _worker_name(), "rows": int(xb.shape[0]), "start": start,
+                "stop": time.time(), "seconds": time.perf_counter() - t0,
+                "labels_cast": it.labels.dtype != np.int64,
+                "weights_type": None if wb is None else type(wb).__module__.split(".")[0]}
+    return labels, mins, sums, weights, info
 
 
 def _reduce_block(xb, lb, wb, k, kind, name, max_memory):
@@ -131,18 +164,24 @@ def _reduce_block(xb, lb, wb, k, kind, name, max_memory):
 
 
 def _partial(out):
-    """The (sums, weights) of a block's output, taken where the block lives, so the reduction
-    moves only k x d numbers between workers."""
-    return out[2], out[3]
+    """The (sums, weights, timing) of a block's output, taken where the block lives, so only
+    k x d numbers leave the worker."""
+    return out[2], out[3], out[4]
 
 
 def _add_parts(parts):
+    """(sums, weights) of a list of (sums, weights[, ...]) in list order."""
     sums = parts[0][0].copy()
     weights = parts[0][1].copy()
-    for s, w in parts[1:]:
-        sums += s
-        weights += w
+    for p in parts[1:]:
+        sums += p[0]
+        weights += p[1]
     return sums, weights
+
+
+def _second(xb, ab):
+    """`ab`, computed where X's block `xb` lives (places a per-sample block next to X's)."""
+    return ab
 
 
 def _check_finite_block(xb):
@@ -169,6 +208,28 @@ def _is_materialized(X) -> bool:
         if istask(value) or type(value).__module__.startswith("dask"):
             return False  # a task (or an alias): something still to compute
     return True  # arrays in the graph (local) or futures (distributed)
+
+
+def _row_keys(a):
+    """The keys of a dask array's row blocks, in order (its first column block for 2-D)."""
+    keys = a.__dask_keys__()
+    return [k[0] if isinstance(k, list) else k for k in keys]
+
+
+def _block_futures(client, a):
+    """The futures of `a`'s row blocks in order when `a` is persisted on this client (its
+    graph holds just them), else None."""
+    from distributed import Future
+    graph = dict(a.__dask_graph__())
+    out = []
+    for key in _row_keys(a):
+        f = graph.get(key)
+        if not isinstance(f, Future) or f.client is not client:
+            return None
+        out.append(f)
+    if len(graph) != len(out):
+        return None
+    return out
 
 
 def _tree_layer(layer, keys, prefix, split_every):
@@ -336,7 +397,19 @@ class DaskBackend(KMeansBackend):
       block_backend  the backend that computes each block (default: "numpy" for NumPy blocks,
                      the first of cupy-fused, cupy-chunked, cupy-kernels for CuPy blocks).
       split_every    partial sums added per task in the reduction tree (default 8).
+      reduce         on a distributed cluster: "auto" (default: the client adds the blocks'
+                     partial sums when they are CLIENT_REDUCE_BYTES or less in all, else a
+                     tree of tasks on the workers), "client" or "tree".
+      direct_gather  the client fetches the partial sums straight from the workers (default
+                     True; False: through the scheduler, for clients that cannot reach the
+                     workers).
+      timings        record per-iteration timings in `last_iter_timings` (worker-side block
+                     times with a device sync, client-side phases); default False.
     max_memory applies to each block's local backend (per worker thread).
+
+    On a distributed cluster each iteration is one small task graph sent once (a task per
+    block, and one per block that takes its k x d partial sums), built on the futures of the
+    persisted X and weights; labels and distances stay on the workers as the blocks' results.
     """
 
     name = "dask"
@@ -344,8 +417,15 @@ class DaskBackend(KMeansBackend):
     device = "any"
 
     def __init__(self, max_memory="auto", scheduler=None, block_backend=None,
-                 split_every=SPLIT_EVERY):
+                 split_every=SPLIT_EVERY, reduce="auto", direct_gather=True, timings=False):
         super().__init__(max_memory)
+        if reduce not in ("auto", "client", "tree"):
+            raise ValueError(f"reduce must be 'auto', 'client' or 'tree', got {reduce!r}")
+        self.reduce_mode = reduce
+        self.direct_gather = bool(direct_gather)
+        self.timings = bool(timings)
+        self.last_iter_timings = None
+        self._inflight = None  # the previous iteration's futures, released after the next submit
         if isinstance(split_every, bool) or not isinstance(split_every, int) or split_every < 2:
             raise ValueError(f"split_every must be an int >= 2, got {split_every!r}")
         if block_backend is not None and not isinstance(block_backend, str):
@@ -433,7 +513,7 @@ class DaskBackend(KMeansBackend):
             X = da.from_array(X, chunks=("auto", -1))
         if X.numblocks[1] > 1:
             X = X.rechunk({1: -1})
-        if _is_materialized(X):
+        if _is_materialized(X) and self._in_place(X):
             # already in memory (persisted by the user): check it in place, no second copy
             X.map_blocks(_finite_flag, dtype=bool, chunks=((1,) * X.numblocks[0], (1,)),
                          meta=np.empty((0, 0), dtype=bool)).compute()
@@ -443,6 +523,16 @@ class DaskBackend(KMeansBackend):
             self._wait(X)
         self._X = X
         return X
+
+    def _in_place(self, X):
+        """Whether X's blocks are where the tasks run: futures on a distributed cluster, or any
+        in-memory blocks on the local scheduler. In-memory NumPy/CuPy blocks in the graph of a
+        distributed computation would travel client -> scheduler -> workers every iteration;
+        they are persisted (sent once) instead."""
+        if (self._client or self.current_client()) is None:
+            return True
+        from distributed import Future
+        return all(isinstance(v, Future) for v in dict(X.__dask_graph__()).values())
 
     def _wait(self, arr):
         """Block until `arr` is computed; re-raise a worker's error (e.g. NaN in X) here."""
@@ -484,14 +574,34 @@ class DaskBackend(KMeansBackend):
             return x.compute()
         if x.chunks[0] != self._X.chunks[0]:
             x = x.rechunk({0: self._X.chunks[0]})
-        (x,) = self._persist(x)
+        (x,) = self._persist(self._colocated(x, self._X))
         return x
+
+    def _colocated(self, a, X):
+        """On a distributed cluster: `a` (per-sample, chunked like X's rows) with each block
+        made by a task that depends on X's block, so it is computed (or, persisted, copied
+        once) on the worker that holds X's block: the iteration's tasks then find both
+        there and move no per-sample data. Unchanged on the local scheduler."""
+        if ((self._client or self.current_client()) is None or a.chunks[0] != X.chunks[0]
+                or a.ndim not in (1, 2) or (a.ndim == 2 and a.numblocks[1] != 1)):
+            return a
+        import dask.array as da
+        from dask.base import tokenize
+        from dask.highlevelgraph import HighLevelGraph
+        name = f"kmeans-colocated-{tokenize(a.name, X.name)}"
+        layer = {((name, i) if a.ndim == 1 else (name, i, 0)): (_second, xk, ak)
+                 for i, (xk, ak) in enumerate(zip(_row_keys(X), _row_keys(a)))}
+        graph = HighLevelGraph.merge(
+            HighLevelGraph({name: layer}, {name: set(X.__dask_layers__()) | set(
+                a.__dask_layers__())}), X.__dask_graph__(), a.__dask_graph__())
+        return da.Array(graph, name, chunks=a.chunks, dtype=a.dtype, meta=a._meta)
 
     def finish(self):
         """After a fit: drop this backend's handles on the persisted X and weights, so the
         workers can free them (labels_ stays, as the user holds it)."""
         self._X = None
         self._aligned = None
+        self._inflight = None
 
     def driver_rows(self, n_samples, n_features, dtype) -> int:
         return max(int(n_samples), 1)  # dask chunks the driver's passes itself
@@ -514,15 +624,22 @@ class DaskBackend(KMeansBackend):
 
     # -- the heavy primitives -------------------------------------------------------------
     def _aligned_like(self, a, X):
-        """`a` (n,) chunked like X's rows, persisted; cached for the fit's sample weights."""
+        """`a` (n,) chunked like X's rows, in X's block library (CuPy weights for CuPy X: no
+        host-to-device copy per iteration), persisted once: cached for the fit's sample
+        weights, so every iteration reads the same blocks and recomputes nothing."""
         import dask.array as da
-        if isinstance(a, da.Array) and a.chunks[0] == X.chunks[0]:
-            return a
+        if isinstance(a, da.Array) and a.chunks[0] == X.chunks[0] and \
+                block_kind(a) == block_kind(X) and _is_materialized(a) and self._in_place(a):
+            return a  # already persisted, laid out like X
         cached = self._aligned
         if cached is not None and cached[0] is a and cached[1].chunks[0] == X.chunks[0]:
             return cached[1]
         xp = self.array_namespace(X)
-        aligned = self.persist(xp.asarray(a).rechunk({0: X.chunks[0]}))
+        aligned = xp.asarray(a)  # dask, rechunked like X's rows, CuPy blocks for CuPy X
+        if aligned.chunks[0] != X.chunks[0]:
+            aligned = aligned.rechunk({0: X.chunks[0]})
+        (aligned,) = self._persist(self._colocated(aligned, X))
+        self._wait(aligned)
         self._aligned = (a, aligned)
         return aligned
 
@@ -597,20 +714,97 @@ class DaskBackend(KMeansBackend):
         return dask.persist(*collections, optimize_graph=False)
 
     def lloyd_iter(self, X, sample_weight, centers, *, xp=None, update_centers=True):
-        """One graph: per-block labels, distances and partial sums (local backend), labels and
-        distances persisted on the workers, the sums tree-reduced to the client."""
+        """Per-block labels, distances and partial sums (local backend); labels and distances
+        stay on the workers, the k x d sums are added up and come back to the client."""
         X = self._whole_rows(X)
         kind = block_kind(X)
-        args = (self._host_centers(centers), kind, self.block_backend, self.max_memory)
+        centers = self._host_centers(centers)
+        w = self._aligned_like(sample_weight, X) if update_centers else None
+        client = self._client or self.current_client()
+        if client is not None:
+            xf = _block_futures(client, X)
+            wf = _block_futures(client, w) if update_centers else [None] * len(xf or ())
+            if xf is not None and wf is not None:
+                return self._lloyd_iter_futures(client, X, xf, wf, centers, kind,
+                                                update_centers, xp)
+        args = (centers, kind, self.block_backend, self.max_memory)
         outputs = ((0, np.dtype(np.int64)), (1, X.dtype))
         if not update_centers:
             labels, min_sq = self._persist_all(*self._graph(
                 X, [], _assign_block, args, outputs=outputs))
             return IterResult(labels, min_sq, None, None)
-        w = self._aligned_like(sample_weight, X)
         labels, min_sq, total = self._persist_all(*self._graph(
             X, [w], _iter_block, args, outputs=outputs, reduce_from=2))
         sums, weights = total.compute()
+        xp = xp or self.array_namespace(X)
+        return IterResult(labels, min_sq, xp.asarray(sums), xp.asarray(weights))
+
+    def _lloyd_iter_futures(self, client, X, xf, wf, centers, kind, update, xp):
+        """One iteration on a distributed cluster: one graph, sent once, of a task per block
+        on the futures of the persisted X and weights (each task runs where its blocks are)
+        and, with `update`, a task per block taking its partial sums out of the block's
+        result; the client gathers those (k x d each) and adds them in block order, or, when
+        they are large, a tree of tasks adds them on the workers. The keys are new each call:
+        an iteration whose centers repeat does not reuse keys the scheduler is releasing."""
+        import operator
+
+        import dask.array as da
+        from dask.highlevelgraph import HighLevelGraph
+        from distributed import wait
+
+        t0 = time.perf_counter()
+        nb = len(xf)
+        k, d = centers.shape
+        name = f"kmeans-{'iter' if update else 'assign'}-{next(_ids)}-{uuid.uuid4().hex[:16]}"
+        args = (centers, kind, self.block_backend, self.max_memory, update, self.timings)
+        dsk = {(name, i): (_iter_block, xf[i], wf[i], *args) for i in range(nb)}
+        block_keys = [(name, i) for i in range(nb)]
+        want = list(block_keys)
+        on_client = update and (self.reduce_mode == "client" or (
+            self.reduce_mode == "auto" and nb * k * (d + 1) * 8 <= CLIENT_REDUCE_BYTES))
+        if update:
+            part_keys = [(name + "-part", i) for i in range(nb)]
+            dsk.update({pk: (_partial, bk) for pk, bk in zip(part_keys, block_keys)})
+            if on_client:
+                want += part_keys
+            else:
+                want.append(_tree_layer(dsk, part_keys, name + "-sum", self.split_every))
+        t1 = time.perf_counter()
+        submitted_at = time.time()
+        futures = client.get(dsk, want, sync=False)
+        t2 = time.perf_counter()
+        # release the previous iteration's futures only now: a release sent just before the
+        # graph would hold the graph in the client's batched stream (10 ms interval)
+        self._inflight = futures
+        blocks = futures[:nb]
+        outs = []
+        for j, dtype in enumerate((np.dtype(np.int64), X.dtype)):
+            out = f"{name}-out{j}"
+            graph = HighLevelGraph(
+                {name: dict(zip(block_keys, blocks)),
+                 out: {(out, i): (operator.getitem, bk, j) for i, bk in enumerate(block_keys)}},
+                {name: set(), out: {name}})
+            meta = _cupy().empty((0,), dtype=dtype) if kind == "cupy" else np.empty(
+                (0,), dtype=dtype)
+            outs.append(da.Array(graph, out, chunks=(X.chunks[0],), dtype=dtype, meta=meta))
+        labels, min_sq = outs
+        if not update:
+            return IterResult(labels, min_sq, None, None)
+        rest = futures[nb:]
+        wait(rest)
+        t3 = time.perf_counter()
+        received_at = time.time()
+        got = client.gather(rest, direct=self.direct_gather or None)
+        t4 = time.perf_counter()
+        sums, weights = _add_parts(got)
+        t5 = time.perf_counter()
+        if self.timings:
+            self.last_iter_timings = {
+                "blocks": nb, "reduce": "client" if on_client else "tree",
+                "build_s": t1 - t0, "submit_s": t2 - t1, "wait_s": t3 - t2,
+                "gather_s": t4 - t3, "add_s": t5 - t4, "total_s": t5 - t0,
+                "submitted_at": submitted_at, "received_at": received_at,
+                "block_times": [p[2] for p in got] if on_client else []}
         xp = xp or self.array_namespace(X)
         return IterResult(labels, min_sq, xp.asarray(sums), xp.asarray(weights))
 

@@ -208,3 +208,37 @@ def test_namespace_keeps_small_arrays_eager_and_per_sample_arrays_aligned():
     idx = xp.searchsorted(xp.cumulative_sum(w), xp.asarray(np.array([0.5, 44.0])))
     np.testing.assert_array_equal(idx.compute(), [1, 9])
     assert xp.float64 is np.float64 and xp.isdtype(xp.float32, "real floating")
+
+
+@pytest.mark.parametrize("reduce", ["client", "tree"])
+def test_cluster_iteration_futures_path(client, reduce):
+    """On the cluster: X's in-memory blocks are sent to the workers once (futures, not data in
+    every graph), weights are persisted next to X's blocks, each iteration's keys are new
+    (repeated centers reuse none), the partial sums match the numpy backend's, and with
+    timings each block's own time comes back."""
+    from distributed import Future, futures_of
+    from kmeans_xp_backends.numpy_ import NumpyBackend
+    X, init, w = _problem(np.float64, n=500)
+    backend = DaskBackend(reduce=reduce, split_every=2, timings=True)
+    Xd = backend.to_backend(da.from_array(X, chunks=(120, 3)))
+    assert all(isinstance(v, Future) for v in dict(Xd.__dask_graph__()).values())
+    xp = backend.array_namespace(Xd)
+    wd = backend.persist(xp.asarray(w))
+    distributed.wait(futures_of(wd))
+    who = client.who_has(futures_of(Xd) + futures_of(wd))
+    for xk, wk in zip(Xd.__dask_keys__(), wd.__dask_keys__()):  # a worker has both blocks
+        assert set(who[wk]) & set(who[xk[0]])
+    ref = NumpyBackend().lloyd_iter(X, w, init, xp=np)
+    for _ in range(2):  # the same centers twice: new keys each time
+        it = backend.lloyd_iter(Xd, wd, init, xp=xp)
+        np.testing.assert_allclose(it.weighted_sums, ref.weighted_sums, rtol=1e-12)
+        np.testing.assert_allclose(it.weight_in_clusters, ref.weight_in_clusters, rtol=1e-12)
+        np.testing.assert_array_equal(it.labels.compute(), ref.labels)
+        np.testing.assert_allclose(it.min_sq_dist.compute(), ref.min_sq_dist, rtol=1e-12)
+    t = backend.last_iter_timings
+    assert t["reduce"] == reduce and t["blocks"] == Xd.numblocks[0]
+    if reduce == "client":
+        assert len(t["block_times"]) == Xd.numblocks[0]
+        assert all(b["seconds"] >= 0 and b["rows"] > 0 for b in t["block_times"])
+    with pytest.raises(ValueError, match="reduce"):
+        DaskBackend(reduce="nope")
