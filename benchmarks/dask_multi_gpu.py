@@ -1,6 +1,7 @@
 """One GPU vs several through dask-cuda: time per Lloyd iteration, same data, same init.
 
     python benchmarks/dask_multi_gpu.py OUT.json                 # n=200M, d=3, k=1000 float32
+    python benchmarks/dask_multi_gpu.py OUT.json --n 200000000 400000000   # two sizes
     python benchmarks/dask_multi_gpu.py OUT.json --n 20000000 --iters 5 --workers 1 2
 
 Needs CuPy, dask, distributed and dask-cuda, and a machine with as many GPUs as the largest
@@ -16,7 +17,18 @@ distances, per-cluster sums) then the driver's `new_centers` on the client, `--w
 iterations first, then `--iters` timed iterations with the device synchronised. The final
 centers of every case are compared with the single-GPU ones (same work, same answer).
 With --fit, a whole `KMeans(...).fit` (tol=0, max_iter=--iters) is also timed per case.
-Writes everything, errors included, to OUT.json; prints progress as it goes.
+
+Each dask iteration explains itself (the backend's `timings` option): every block's own time
+on its worker (device synchronised before and after), when the graph was sent and when the
+partial sums were known on the client, so the iteration splits into: launch (graph sent ->
+first block starts), the busiest worker's block time, tail (last block ends -> sums known to
+the client), gather and the rest on the client (new_centers, graph build). Printed as one
+line per case and stored under "breakdown".
+
+Several --n values run one after the other (each cluster started once for all of them); the
+bigger the blocks, the smaller a fixed per-iteration overhead is next to them. Writes
+everything, errors included, to OUT.json, results under "cases" keyed by n; prints progress
+as it goes.
 """
 from __future__ import annotations
 
@@ -75,24 +87,71 @@ def initial_centers(k, d, seed, dtype):
 
 
 # -- the timed loop -------------------------------------------------------------------------
-def lloyd_loop(backend, X, sw, centers, xp, iters, warmup, sync):
+def lloyd_loop(backend, X, sw, centers, xp, iters, warmup, sync, details=None):
     """`warmup` + `iters` iterations of lloyd_iter + new_centers; (seconds per timed
-    iteration, final centers as NumPy, per-iteration seconds)."""
+    iteration, final centers as NumPy, per-iteration seconds). With `details` (a list), each
+    timed iteration's backend.last_iter_timings is appended, with the iteration's start and
+    end (this host's clock)."""
     from kmeans_xp._xp import to_numpy
     from kmeans_xp.lloyd import new_centers
 
     per_iter = []
     for i in range(warmup + iters):
+        started = time.time()
         t0 = time.perf_counter()
         it = backend.lloyd_iter(X, sw, centers, xp=xp)
         centers = new_centers(it.weighted_sums, it.weight_in_clusters, centers, xp)
         sync()
         dt = time.perf_counter() - t0
+        extra = ""
         if i >= warmup:
             per_iter.append(dt)
+            if details is not None and getattr(backend, "last_iter_timings", None):
+                info = dict(backend.last_iter_timings, iteration_s=dt, started_at=started)
+                details.append(info)
+                extra = "  " + breakdown_line(split_iteration(info))
         log(f"    {'warm-up' if i < warmup else 'iteration'} {i - warmup if i >= warmup else i}: "
-            f"{dt * 1e3:.1f} ms")
+            f"{dt * 1e3:.1f} ms{extra}")
     return sum(per_iter) / len(per_iter), to_numpy(centers), per_iter
+
+
+def split_iteration(info):
+    """One dask iteration's time split (seconds) from the backend's timings: client build +
+    submit, launch (sent -> first block starts), busiest worker (its blocks' own times
+    added), tail (last block ends -> sums known on the client), gather, and what is left on
+    the client (new_centers, host centers, ...). `overhead` = iteration - busiest worker."""
+    blocks = info.get("block_times") or []
+    total = info["iteration_s"]
+    out = {"iteration": total, "client_build_submit": info["build_s"] + info["submit_s"],
+           "gather": info["gather_s"] + info["add_s"]}
+    if blocks:
+        busy = {}
+        for b in blocks:
+            busy[b["worker"]] = busy.get(b["worker"], 0.0) + b["seconds"]
+        out["busiest_worker"] = max(busy.values())
+        out["block_min"] = min(b["seconds"] for b in blocks)
+        out["block_max"] = max(b["seconds"] for b in blocks)
+        out["launch"] = min(b["start"] for b in blocks) - info["submitted_at"]
+        out["tail"] = info["received_at"] - max(b["stop"] for b in blocks)
+        out["overhead"] = total - out["busiest_worker"]
+    out["client_rest"] = total - info["total_s"]
+    return out
+
+
+def breakdown_line(split):
+    keys = ("busiest_worker", "block_max", "launch", "tail", "gather", "client_build_submit",
+            "client_rest", "overhead")
+    return " ".join(f"{k}={split[k] * 1e3:.1f}" for k in keys if k in split) + " (ms)"
+
+
+def summarize_breakdown(details):
+    """Median of each part over the timed iterations, and the per-block times."""
+    splits = [split_iteration(d) for d in details]
+    keys = sorted({k for s_ in splits for k in s_})
+    med = {k: float(np.median([s_[k] for s_ in splits if k in s_])) for k in keys}
+    return {"median_s": med, "iterations": splits,
+            "block_times": [d.get("block_times") for d in details],
+            "reduce": details[0].get("reduce") if details else None}
 
 
 def time_fit(X, init, iters, backend_name):
@@ -106,7 +165,7 @@ def time_fit(X, init, iters, backend_name):
             "inertia": km.inertia_}
 
 
-def run_single_gpu(args, init, result):
+def run_single_gpu(args, n, init, result):
     import cupy as cp
     from array_api_compat import cupy as cp_xp
     from kmeans_xp.registry import available_backends, get_backend
@@ -116,14 +175,14 @@ def run_single_gpu(args, init, result):
     if name is None:
         raise RuntimeError(f"no single-GPU backend installed: need one of "
                            f"{SINGLE_GPU_BACKENDS}; installed: {have}")
-    log(f"single GPU: backend {name}, making X ({args.n:,} x {args.d}) on GPU 0")
+    log(f"single GPU: backend {name}, making X ({n:,} x {args.d}) on GPU 0")
     with cp.cuda.Device(0):
         blocks = [make_block(r, args.d, i, args.blocks, args.seed, args.dtype)
-                  for i, r in enumerate(block_bounds(args.n, args.blocks))]
+                  for i, r in enumerate(block_bounds(n, args.blocks))]
         X = cp.concatenate(blocks)
         del blocks
         cp.cuda.Device(0).synchronize()
-        sw = cp.ones(args.n, dtype=X.dtype)
+        sw = cp.ones(n, dtype=X.dtype)
         backend = get_backend(name)()
         centers = cp.asarray(init)
         per_iter, final, times = lloyd_loop(
@@ -141,17 +200,15 @@ def run_single_gpu(args, init, result):
     return final
 
 
-def run_dask(args, init, n_workers, result, reference):
-    import dask.array as da
+def run_dask(args, ns, init, n_workers, results, references):
+    """One LocalCUDACluster of `n_workers` workers, every n of `ns` on it in turn; each
+    case's result goes to results[n][key] (errors to results[n]["errors"][key])."""
     from distributed import Client
     try:
         from dask_cuda import LocalCUDACluster
     except ImportError as exc:
         raise RuntimeError("dask-cuda is not installed: pip install dask-cuda "
                            "(or the wheel in shared/wheels/dask/)") from exc
-    import cupy as cp
-
-    from kmeans_xp_backends.dask_ import DaskBackend
 
     key = f"dask_{n_workers}_worker" + ("s" if n_workers > 1 else "")
     devices = ",".join(str(i) for i in range(n_workers))
@@ -160,46 +217,74 @@ def run_dask(args, init, n_workers, result, reference):
     cluster = LocalCUDACluster(CUDA_VISIBLE_DEVICES=devices, n_workers=n_workers,
                                threads_per_worker=1, dashboard_address=None)
     client = Client(cluster)
-    out = {"workers": n_workers, "cluster_start_s": time.perf_counter() - t0}
+    start_s = time.perf_counter() - t0
     try:
         client.wait_for_workers(n_workers, timeout=300)
-        # the same rows as the single-GPU X: the same blocks in the same order
-        n_blocks = args.blocks
-        chunks = (tuple(block_bounds(args.n, n_blocks)), (args.d,))
-        log(f"{key}: making X on the workers in {n_blocks} CuPy blocks")
-        X = da.map_blocks(_dask_block, dtype=np.dtype(args.dtype), chunks=chunks,
-                          meta=cp.empty((0, 0), dtype=args.dtype), d=args.d,
-                          n_blocks=n_blocks, seed=args.seed, out_dtype=args.dtype)
-        backend = DaskBackend()
-        t0 = time.perf_counter()
-        X = backend.to_backend(X)  # NaN/inf check + persist, once
-        out["make_and_persist_s"] = time.perf_counter() - t0
-        xp = backend.array_namespace(X)
-        sw = backend.persist(xp.asarray(np.ones(args.n, dtype=args.dtype)))  # made on workers
-        counts = _blocks_per_worker(client, X)
-        if n_workers > 1 and (len(counts) < n_workers
-                              or max(counts.values()) - min(counts.values()) > 1):
-            log(f"{key}: blocks per worker {counts} are unbalanced; rebalancing")
-            from distributed import futures_of
-            client.rebalance(futures_of(X))
-            counts = _blocks_per_worker(client, X)
-        out["blocks_per_worker"] = counts
-        log(f"{key}: X persisted in {out['make_and_persist_s']:.1f} s; blocks per worker "
-            f"{counts}")
-        centers = cp.asarray(init)
-        per_iter, final, times = lloyd_loop(backend, X, sw, centers, xp, args.iters,
-                                            args.warmup, lambda: None)
-        out.update(per_iteration_s=per_iter, iterations_s=times,
-                   max_abs_center_diff_vs_single_gpu=(
-                       None if reference is None else float(np.abs(final - reference).max())))
-        log(f"{key}: {per_iter * 1e3:.1f} ms per iteration")
-        if args.fit:
-            log(f"{key}: whole KMeans.fit")
-            out["fit"] = time_fit(X, init, args.iters, "dask")
+        for n in ns:
+            case = results[str(n)]
+            try:
+                out = {"workers": n_workers, "cluster_start_s": start_s}
+                run_dask_case(args, n, init, client, key, out, references.get(n))
+                case[key] = out
+            except Exception as exc:
+                case["errors"][key] = traceback.format_exc()
+                log(f"{key} n={n:,} failed: {type(exc).__name__}: {exc}")
+            yield
     finally:
         client.close()
         cluster.close()
-    result[key] = out
+
+
+def run_dask_case(args, n, init, client, key, out, reference):
+    import cupy as cp
+    import dask.array as da
+    from distributed import futures_of
+
+    from kmeans_xp_backends.dask_ import DaskBackend
+
+    # the same rows as the single-GPU X: the same blocks in the same order
+    n_blocks = args.blocks
+    chunks = (tuple(block_bounds(n, n_blocks)), (args.d,))
+    log(f"{key}: n={n:,}: making X on the workers in {n_blocks} CuPy blocks")
+    X = da.map_blocks(_dask_block, dtype=np.dtype(args.dtype), chunks=chunks,
+                      meta=cp.empty((0, 0), dtype=args.dtype), d=args.d,
+                      n_blocks=n_blocks, seed=args.seed, out_dtype=args.dtype)
+    backend = DaskBackend(timings=not args.no_timings)
+    t0 = time.perf_counter()
+    X = backend.to_backend(X)  # NaN/inf check + persist, once
+    out["make_and_persist_s"] = time.perf_counter() - t0
+    xp = backend.array_namespace(X)
+    sw = backend.persist(xp.asarray(np.ones(n, dtype=args.dtype)))  # made on the workers
+    counts = _blocks_per_worker(client, X)
+    if len(counts) < min(len(client.scheduler_info()["workers"]), n_blocks) or (
+            max(counts.values()) - min(counts.values()) > 1):
+        log(f"{key}: blocks per worker {counts} are unbalanced; rebalancing")
+        client.rebalance(futures_of(X))
+        counts = _blocks_per_worker(client, X)
+    out["blocks_per_worker"] = counts
+    from distributed import wait
+    wait(futures_of(sw))
+    out["weight_blocks_per_worker"] = _blocks_per_worker(client, sw)
+    log(f"{key}: X persisted in {out['make_and_persist_s']:.1f} s; blocks per worker "
+        f"{counts}; weight blocks {out['weight_blocks_per_worker']}")
+    centers = cp.asarray(init)
+    details = []
+    per_iter, final, times = lloyd_loop(backend, X, sw, centers, xp, args.iters,
+                                        args.warmup, lambda: None, details)
+    out.update(per_iteration_s=per_iter, iterations_s=times,
+               max_abs_center_diff_vs_single_gpu=(
+                   None if reference is None else float(np.abs(final - reference).max())))
+    if details:
+        out["breakdown"] = summarize_breakdown(details)
+        log(f"{key}: n={n:,}: {per_iter * 1e3:.1f} ms per iteration; median split: "
+            f"{breakdown_line(out['breakdown']['median_s'])}")
+    else:
+        log(f"{key}: n={n:,}: {per_iter * 1e3:.1f} ms per iteration")
+    if args.fit:
+        log(f"{key}: whole KMeans.fit")
+        out["fit"] = time_fit(X, init, args.iters, "dask")
+    backend.finish()
+    del X, sw
 
 
 def _blocks_per_worker(client, X):
@@ -238,7 +323,8 @@ def machine_info():
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("out", help="path of the JSON file to write")
-    p.add_argument("--n", type=int, default=200_000_000)
+    p.add_argument("--n", type=int, nargs="+", default=[200_000_000],
+                   help="number of points; several values run one after the other")
     p.add_argument("--d", type=int, default=3)
     p.add_argument("--k", type=int, default=1000)
     p.add_argument("--dtype", default="float32", choices=["float32", "float64"])
@@ -247,17 +333,22 @@ def main(argv=None):
     p.add_argument("--workers", type=int, nargs="+", default=[1, 2])
     p.add_argument("--blocks", type=int, default=None,
                    help="row blocks of X (default: the largest --workers value, one block per "
-                        "GPU: fewest tasks per iteration; a multiple of every --workers value "
+                        "GPU: a worker runs its blocks one after the other on one GPU, so more "
+                        "blocks only add per-block calls; a multiple of every --workers value "
                         "keeps the GPUs balanced)")
     p.add_argument("--single-backend", default=None,
                    help="single-GPU backend (default: cupy-fused, else cupy-chunked)")
     p.add_argument("--fit", action="store_true",
                    help="also time a whole KMeans.fit per case")
+    p.add_argument("--no-timings", action="store_true",
+                   help="do not record the per-block / per-phase breakdown of dask iterations")
+    p.add_argument("--skip-single", action="store_true",
+                   help="skip the single-GPU baseline (no speedups then)")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
     if args.blocks is None:
         args.blocks = max(args.workers)
-    if args.n < args.k or args.k < 1 or args.d < 1 or args.iters < 1 or args.blocks < 1:
+    if min(args.n) < args.k or args.k < 1 or args.d < 1 or args.iters < 1 or args.blocks < 1:
         fail("need n >= k >= 1, d >= 1, iters >= 1, blocks >= 1")
     try:
         import cupy as cp
@@ -273,55 +364,71 @@ def main(argv=None):
     out_dir = os.path.dirname(os.path.abspath(args.out))
     os.makedirs(out_dir, exist_ok=True)
 
-    x_bytes = args.n * args.d * np.dtype(args.dtype).itemsize
-    log(f"n={args.n:,} d={args.d} k={args.k} {args.dtype}: X is {x_bytes / 2**30:.2f} GiB; "
-        f"{n_gpus} GPU(s); {args.iters} timed iterations after {args.warmup} warm-up")
+    itemsize = np.dtype(args.dtype).itemsize
+    log(f"n={', '.join(f'{n:,}' for n in args.n)} d={args.d} k={args.k} {args.dtype}: X is "
+        f"{', '.join(f'{n * args.d * itemsize / 2**30:.2f}' for n in args.n)} GiB; {n_gpus} "
+        f"GPU(s); {args.blocks} blocks; {args.iters} timed iterations after {args.warmup} "
+        f"warm-up")
     result = {"benchmark": "dask_multi_gpu", "machine": machine_info(),
-              "settings": vars(args), "errors": {}, "skipped": {}}
+              "settings": vars(args), "cases": {}}
+    cases = result["cases"]
+    for n in args.n:
+        cases[str(n)] = {"n": n, "errors": {}, "skipped": {}}
 
     def save():
         with open(args.out, "w") as f:
             json.dump(result, f, indent=2, default=str)
 
     init = initial_centers(args.k, args.d, args.seed, args.dtype)
-    reference = None
-    try:
-        reference = run_single_gpu(args, init, result)
-    except Exception as exc:
-        result["errors"]["single_gpu"] = traceback.format_exc()
-        log(f"single GPU failed: {type(exc).__name__}: {exc}")
-    save()
+    references = {}
+    for n in args.n:
+        if args.skip_single:
+            break
+        try:
+            references[n] = run_single_gpu(args, n, init, cases[str(n)])
+        except Exception as exc:
+            cases[str(n)]["errors"]["single_gpu"] = traceback.format_exc()
+            log(f"single GPU n={n:,} failed: {type(exc).__name__}: {exc}")
+        save()
     for w in args.workers:
         if w > n_gpus:
-            result["skipped"][f"dask_{w}_workers"] = f"needs {w} GPUs, this machine has {n_gpus}"
+            for n in args.n:
+                cases[str(n)]["skipped"][f"dask_{w}_workers"] = \
+                    f"needs {w} GPUs, this machine has {n_gpus}"
             log(f"skipping dask with {w} workers: only {n_gpus} GPU(s)")
             continue
         try:
-            run_dask(args, init, w, result, reference)
+            for _ in run_dask(args, args.n, init, w, cases, references):
+                save()
         except Exception as exc:
-            result["errors"][f"dask_{w}"] = traceback.format_exc()
+            for n in args.n:
+                cases[str(n)]["errors"].setdefault(f"dask_{w}", traceback.format_exc())
             log(f"dask with {w} worker(s) failed: {type(exc).__name__}: {exc}")
         save()
 
-    single = result.get("single_gpu", {}).get("per_iteration_s")
-    speedups = {}
-    for key, val in result.items():
-        if key.startswith("dask_") and isinstance(val, dict) and "per_iteration_s" in val:
-            if single:
-                speedups[f"{key}_vs_single_gpu"] = single / val["per_iteration_s"]
-    one = result.get("dask_1_worker", {}).get("per_iteration_s")
-    two = result.get("dask_2_workers", {}).get("per_iteration_s")
-    if one and two:
-        speedups["dask_2_workers_vs_dask_1_worker"] = one / two
-    result["speedups"] = speedups
-    result["pairs_per_second"] = {
-        key: args.n * args.k / val["per_iteration_s"] for key, val in result.items()
-        if isinstance(val, dict) and isinstance(val.get("per_iteration_s"), float)}
+    failed = False
+    for n in args.n:
+        case = cases[str(n)]
+        failed = failed or bool(case["errors"])
+        single = case.get("single_gpu", {}).get("per_iteration_s")
+        speedups = {}
+        for key, val in case.items():
+            if key.startswith("dask_") and isinstance(val, dict) and "per_iteration_s" in val:
+                if single:
+                    speedups[f"{key}_vs_single_gpu"] = single / val["per_iteration_s"]
+        one = case.get("dask_1_worker", {}).get("per_iteration_s")
+        two = case.get("dask_2_workers", {}).get("per_iteration_s")
+        if one and two:
+            speedups["dask_2_workers_vs_dask_1_worker"] = one / two
+        case["speedups"] = speedups
+        case["pairs_per_second"] = {
+            key: n * args.k / val["per_iteration_s"] for key, val in case.items()
+            if isinstance(val, dict) and isinstance(val.get("per_iteration_s"), float)}
+        for k_, v in speedups.items():
+            log(f"n={n:,}: speedup {k_}: {v:.2f}x")
     save()
-    for k_, v in speedups.items():
-        log(f"speedup {k_}: {v:.2f}x")
     log(f"wrote {args.out}")
-    return 1 if result["errors"] else 0
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
