@@ -7,6 +7,7 @@ Everything else (convergence, empty clusters, inertia, n_init) belongs to the dr
 from __future__ import annotations
 
 import contextlib
+import inspect
 from typing import Any, ClassVar, NamedTuple
 
 from .memory import MemoryEstimate, resolve_budget
@@ -117,6 +118,37 @@ class KMeansBackend:
                         max_memory="auto") -> MemoryEstimate:
         raise NotImplementedError(f"backend {cls.name!r} gives no memory estimate")
 
+    def check_memory(self, X, n_clusters, options=None):
+        """Raise KMeansMemoryError now, before any work, when max_memory cannot hold even the
+        backend's smallest chunk: its `estimate_memory` applies the fit's plan, with the
+        backend_options it takes (`options`). A backend without an estimate raises from its
+        first chunk instead. Backends that know more about X (where it lives) override this."""
+        n, d = X.shape
+        estimate = type(self).estimate_memory
+        itemsize = 4 if "float32" in str(X.dtype) else 8
+        try:
+            estimate(n, d, n_clusters, itemsize=itemsize, max_memory=self.max_memory,
+                     **accepted_options(estimate, options or {}))
+        except NotImplementedError:
+            pass
+
+    # -- the data the driver computes on ----------------------------------------------------
+    def feature_stats(self, X, tol, *, xp):
+        """(per-feature mean of X, sklearn's absolute tol for X): what the estimator centers
+        X with and the driver stops on. A backend that streams X from the host computes both
+        in its own pass instead of NumPy's full-size temporaries."""
+        from .lloyd import feature_mean, tolerance
+        return feature_mean(X, xp), tolerance(X, tol, xp)
+
+    def center(self, X, mean, *, xp, in_place=False):
+        """X - mean, the data the driver and the backend compute on (in place when asked: the
+        estimator adds the mean back). A backend may return another object that it and the
+        driver understand: host streaming returns a view that centers rows on the fly."""
+        if in_place:
+            X -= mean
+            return X
+        return X - mean
+
     # -- the heavy primitives -----------------------------------------------------------------
     def assign(self, X, centers, *, xp) -> AssignResult:
         raise NotImplementedError
@@ -137,3 +169,12 @@ class KMeansBackend:
 
     def __repr__(self):
         return f"<{type(self).__name__} {self.name!r}>"
+
+
+def accepted_options(fn, options):
+    """The backend_options `fn` takes (an estimate plans with the fit's options, e.g. the
+    numpy backend's n_threads), all of them when it takes **kwargs."""
+    params = inspect.signature(fn).parameters
+    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        return dict(options)
+    return {k: v for k, v in options.items() if k in params}

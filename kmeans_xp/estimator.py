@@ -15,7 +15,7 @@ import numpy as np
 
 from . import init as _init
 from ._xp import array_namespace, device, namespace_name, to_numpy
-from .lloyd import direct_sq_dist, kmeans_single_lloyd, tolerance
+from .lloyd import direct_sq_dist, kmeans_single_lloyd
 from .memory import format_bytes
 from .registry import get_backend, select_backend
 from .validation import (
@@ -184,7 +184,7 @@ class KMeans:
                                       sample_weight=sw_host,
                                       backend_options=self.backend_options,
                                       max_memory=self.max_memory)
-        _check_memory(backend, X, self.n_clusters, self.backend_options or {})
+        backend.check_memory(X, self.n_clusters, self.backend_options or {})
         given = self._given_inits(X, init_array, n_init, rs)
         timings = {}
         t0 = time.perf_counter()
@@ -193,20 +193,17 @@ class KMeans:
         sw = backend.persist(xp.asarray(sw_host, device=device(Xb)))
         backend.synchronize()
         timings["transfer"] = time.perf_counter() - t0
-        tol = tolerance(Xb, self.tol, xp)
-        X_mean = backend.persist(_feature_mean(Xb, xp))
+        X_mean, tol = backend.feature_stats(Xb, self.tol, xp=xp)
+        X_mean = backend.persist(X_mean)
         in_place = (not self.copy_x and Xb is X_user and isinstance(Xb, np.ndarray)
                     and Xb.flags.writeable)
+        Xc = None
         try:
-            if in_place:
-                Xb -= X_mean
-                Xc = Xb
-            else:
-                Xc = Xb - X_mean
+            Xc = backend.center(Xb, X_mean, xp=xp, in_place=in_place)
             best, timings_runs = self._run(backend, Xc, X_mean, sw, rs, xp, n_init, tol,
                                            given)
         finally:
-            if in_place:
+            if in_place and Xc is Xb:
                 Xb += X_mean  # the user's data comes back even when the fit fails
         timings.update(timings_runs)
         timings["total"] = time.perf_counter() - t_start
@@ -315,7 +312,7 @@ class KMeans:
         centers = xp.asarray(self._centers_fit, device=device(Xb)) if namespace_name(
             self._centers_fit) == namespace_name(Xb) else xp.asarray(
                 to_numpy(self._centers_fit), device=device(Xb))
-        Xc = xp.astype(Xb, centers.dtype) - xp.astype(mean, centers.dtype)
+        Xc = backend.center(xp.astype(Xb, centers.dtype), xp.astype(mean, centers.dtype), xp=xp)
         return backend, Xc, xp, X, centers
 
     def predict(self, X):
@@ -329,6 +326,7 @@ class KMeans:
     def transform(self, X):
         """Euclidean distance of each sample to each center, shape (n_samples, n_clusters)."""
         backend, Xc, xp, X, centers = self._prepare(X)
+        Xc = xp.asarray(Xc)  # an array even where the backend centers rows on the fly
         d2 = (xp.sum(Xc * Xc, axis=1)[:, None] - 2 * (Xc @ centers.T)
               + xp.sum(centers * centers, axis=1)[None, :])
         d2 = xp.where(d2 < 0, xp.zeros_like(d2), d2)
@@ -346,35 +344,6 @@ class KMeans:
         rows = backend.driver_rows(Xc.shape[0], Xc.shape[1], Xc.dtype)
         d = direct_sq_dist(Xc, centers, labels, xp, rows)
         return -float(xp.sum(xp.astype(d, xp.float64) * sw))
-
-
-def _check_memory(backend, X, n_clusters, options):
-    """Raise KMeansMemoryError now, before any work, when max_memory cannot hold even the
-    backend's smallest chunk (its estimate applies the same plan as the fit)."""
-    n, d = X.shape
-    estimate = type(backend).estimate_memory
-    try:
-        estimate(n, d, n_clusters, itemsize=np.dtype(_host_dtype(X)).itemsize,
-                 max_memory=backend.max_memory, **_accepted(estimate, options))
-    except NotImplementedError:
-        pass  # a backend without an estimate raises from its first chunk instead
-
-
-def _accepted(fn, options):
-    """The backend_options `fn` takes (the estimate plans with the fit's options, e.g. the
-    numpy backend's n_threads), all of them when it takes **kwargs."""
-    params = inspect.signature(fn).parameters
-    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
-        return dict(options)
-    return {k: v for k, v in options.items() if k in params}
-
-
-def _feature_mean(X, xp):
-    """Per-feature mean accumulated in float64, then cast: every library rounds it the same
-    way, so every backend centers X identically (a float32 pairwise mean differs in the last
-    bit between NumPy and CuPy, and near-tie labels would follow)."""
-    total = xp.sum(X, axis=0, dtype=xp.float64)
-    return xp.astype(total / X.shape[0], X.dtype)
 
 
 def _host_dtype(X):

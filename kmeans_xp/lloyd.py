@@ -30,6 +30,14 @@ def tolerance(X, tol, xp) -> float:
     return float(xp.mean(xp.var(X, axis=0))) * tol
 
 
+def feature_mean(X, xp):
+    """Per-feature mean accumulated in float64, then cast: every library rounds it the same
+    way, so every backend centers X identically (a float32 pairwise mean differs in the last
+    bit between NumPy and CuPy, and near-tie labels would follow)."""
+    total = xp.sum(X, axis=0, dtype=xp.float64)
+    return xp.astype(total / X.shape[0], X.dtype)
+
+
 def direct_sq_dist(X, centers, labels, xp, rows):
     """||x - c_label||^2 by differences (not the GEMM expansion), chunk by chunk."""
     parts = []

@@ -22,7 +22,14 @@ HOST_AUTO_CAP = 1 << 30
 
 
 class KMeansMemoryError(MemoryError):
-    """The fit cannot run within the memory it may use; the message says what to change."""
+    """The fit cannot run within the memory it may use; the message says what to change.
+
+    `needed` and `allowed` (bytes, None where unknown) let a backend restate the error in
+    terms of its device (free memory, pool limit) when the budget came from "auto"."""
+
+    def __init__(self, *args, needed=None, allowed=None):
+        super().__init__(*args)
+        self.needed, self.allowed = needed, allowed
 
 
 class MemoryEstimate(NamedTuple):
@@ -100,11 +107,12 @@ def chunk_rows(budget: int, bytes_per_row: int, fixed: int = 0, *, n_samples: in
     """Rows per chunk so that fixed + rows * bytes_per_row <= budget (at most n_samples)."""
     rows = (budget - fixed) // max(bytes_per_row, 1)
     if rows < floor:
+        needed = fixed + floor * bytes_per_row
         raise KMeansMemoryError(
-            f"{what} needs at least {format_bytes(fixed + floor * bytes_per_row)} of working "
+            f"{what} needs at least {format_bytes(needed)} of working "
             f"memory ({floor} rows of {bytes_per_row} B plus {format_bytes(fixed)} fixed), "
             f"but max_memory allows {format_bytes(budget)}. Raise max_memory, use float32, "
-            f"or use fewer clusters.")
+            f"or use fewer clusters.", needed=needed, allowed=budget)
     return int(min(rows, max(n_samples, 1)))
 
 

@@ -28,10 +28,10 @@ def no_work(monkeypatch):
         raise WorkStarted("work started before the input was validated")
 
     for target, name in [(init_mod, "kmeans_plusplus"), (init_mod, "random_init"),
-                         (est_mod, "kmeans_single_lloyd"), (est_mod, "tolerance")]:
+                         (est_mod, "kmeans_single_lloyd")]:
         monkeypatch.setattr(target, name, boom)
     for cls in (NumpyBackend, ArrayAPIBackend):
-        for name in ("assign", "reduce", "lloyd_iter", "to_backend"):
+        for name in ("assign", "reduce", "lloyd_iter", "to_backend", "feature_stats"):
             monkeypatch.setattr(cls, name, boom)
 
 
