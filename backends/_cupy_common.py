@@ -1,6 +1,7 @@
 """What every CuPy backend shares: lazy import, host<->device movement, the memory budget from
 free device memory, per-stage peak memory measured on the CuPy pool, OOM recovery by chunk
-halving, the device-resident Lloyd loop, and the memory every fit keeps on the device.
+halving, the device-resident Lloyd loop, the memory every fit keeps on the device, and host
+streaming (`_cupy_streaming`) for backends that provide a per-chunk primitive.
 CuPy is imported only when a CuPy backend is instantiated.
 """
 from __future__ import annotations
@@ -9,16 +10,26 @@ import contextlib
 import functools
 import importlib
 import math
+from typing import ClassVar
 
 import numpy as np
 
-from kmeans_xp.backend import KMeansBackend
-from kmeans_xp.memory import KMeansMemoryError, format_bytes, parse_memory
+from kmeans_xp.backend import KMeansBackend, ReduceResult
+from kmeans_xp.memory import KMeansMemoryError, MemoryEstimate, format_bytes, parse_memory
 
 #: fraction of (free device memory + pool free blocks) that max_memory="auto" uses
 DEVICE_AUTO_FRACTION = 0.8
 #: below this many rows a chunked stage gives up halving and raises KMeansMemoryError
 MIN_CHUNK_ROWS = 1024
+#: stream="auto" streams host X when the in-memory fit's state plus this much working memory
+#: would not fit in the device memory usable now
+STREAM_AUTO_SLACK = 64 << 20
+#: what to change when the device is what is short
+DEVICE_HINT = (
+    "Raise or remove the pool limit (cupy.get_default_memory_pool().set_limit(size=0)), "
+    "free device memory held by other arrays or processes, give an explicit max_memory, use "
+    "float32, stream X from the host (NumPy input; backend_options={'stream': True}), or "
+    "use the numpy backend.")
 
 
 def cupy():
@@ -108,26 +119,55 @@ def kmeanspp_bytes(n, d, k, itemsize, driver_rows) -> tuple[int, int]:
 
 class CupyBackendBase(KMeansBackend):
     """Base of the CuPy backends: NumPy input is copied to the device once, results go back
-    to NumPy; CuPy input stays where it is.
+    to NumPy; CuPy input stays where it is. Backends with a per-chunk primitive
+    (`supports_streaming`) stream NumPy input from the host instead when it does not fit.
 
-    free_memory: when True, hand the pool's cached blocks back to the device when a fit ends
-    (CuPy keeps freed blocks cached for reuse, so other processes would not see them free).
+    Options (backend_options):
+      free_memory: when True, hand the pool's cached blocks (and CuPy's cached pinned host
+        blocks) back when a fit ends (CuPy keeps freed blocks cached for reuse, so other
+        processes would not see them free).
+      stream: "auto" (default): a NumPy X (array or memmap) whose fit would not fit in the
+        device memory usable now is streamed through the GPU every iteration instead of
+        copied; True: always stream NumPy X; False: never (a KMeansMemoryError says so).
+      stream_rows: rows per streamed chunk (default: ~256 MiB of X, within the budget).
+      pin_input: "auto" (default): page-lock an in-memory X (cudaHostRegister) for the fit so
+        chunks are copied from it directly, staging through pinned buffers where CUDA refuses
+        and for memmaps; True: try for memmaps too; False: always stage.
     """
 
     namespaces = frozenset({"cupy"})
     device = "gpu"
+    #: True for backends that define `chunk_centers`, `assign_chunk` and `stream_work_bytes`
+    supports_streaming: ClassVar[bool] = False
 
-    def __init__(self, max_memory="auto", free_memory=False, **options):
+    def __init__(self, max_memory="auto", free_memory=False, stream="auto", stream_rows=None,
+                 pin_input="auto", **options):
+        known = (["free_memory", "stream", "stream_rows", "pin_input"]
+                 if self.supports_streaming else ["free_memory"])
+        given = {"stream": stream != "auto", "stream_rows": stream_rows is not None,
+                 "pin_input": pin_input != "auto"}
+        options.update({k: v for k, v in (("stream", stream), ("stream_rows", stream_rows),
+                                          ("pin_input", pin_input))
+                        if given[k] and k not in known})
         if options:
             raise TypeError(f"backend {self.name!r} takes no options {sorted(options)}; "
-                            f"backend_options it knows: ['free_memory']")
+                            f"backend_options it knows: {known}")
         super().__init__(max_memory)
         if not isinstance(free_memory, bool):
             raise TypeError(f"free_memory must be True or False, got {free_memory!r}")
+        for option, value in (("stream", stream), ("pin_input", pin_input)):
+            if not (isinstance(value, bool) or value == "auto"):
+                raise TypeError(f"{option} must be 'auto', True or False, got {value!r}")
+        if stream_rows is not None and (isinstance(stream_rows, bool) or not isinstance(
+                stream_rows, (int, np.integer)) or stream_rows < 1):
+            raise TypeError(f"stream_rows must be a positive int or None, got {stream_rows!r}")
         self.free_memory = free_memory
+        self.stream, self.stream_rows, self.pin_input = stream, stream_rows, pin_input
         self._cp = cupy()
         self._input_on_host = False
         self._peak_stack = []
+        self._stream_choice = None  # (id of the host X, stream it?) decided once per X
+        self._engine = None         # StreamEngine of the fit, when X is streamed
 
     def converts_from(self, namespace):
         return namespace in ("numpy", "list")
@@ -139,15 +179,23 @@ class CupyBackendBase(KMeansBackend):
             # kernels index rows directly: a strided view is made C-contiguous once, here
             return X if X.flags.c_contiguous else self.device_copy(X, "X as C-contiguous")
         self._input_on_host = True
-        X = np.ascontiguousarray(X)  # kernels index rows directly
+        streamed = self.streams(X)
+        X = np.ascontiguousarray(X)  # kernels index rows directly (a memmap stays one)
+        if streamed:
+            self._stream_choice = (id(X), True)
+            return X  # stays on the host: every pass streams it through the GPU
         with self.stage("transfer"):
             try:
                 return cp.asarray(X)
             except cp.cuda.memory.OutOfMemoryError as exc:
-                raise KMeansMemoryError(
-                    f"X ({format_bytes(X.nbytes)}) does not fit on the GPU: "
-                    f"{device_memory_state()}. Use float32, a smaller X, the numpy "
-                    f"backend, or host streaming.") from exc
+                raise self._host_x_error(X) from exc
+
+    def _host_x_error(self, X):
+        hint = (" or host streaming (backend_options={'stream': True})"
+                if self.supports_streaming else "")
+        return KMeansMemoryError(
+            f"X ({format_bytes(X.nbytes)}, {X.dtype}) does not fit on the GPU: "
+            f"{device_memory_state()}. Use float32, a smaller X, the numpy backend{hint}.")
 
     def from_backend(self, arr, like):
         if isinstance(arr, self._cp.ndarray) and not isinstance(like, self._cp.ndarray):
@@ -177,9 +225,150 @@ class CupyBackendBase(KMeansBackend):
     def synchronize(self):
         self._cp.cuda.get_current_stream().synchronize()
 
+    # -- host streaming ---------------------------------------------------------------------
+    def streams(self, X, n_clusters=1) -> bool:
+        """Whether this host X is streamed rather than copied to the device (decided once per
+        X: check_memory decides with the fit's k, to_backend reuses it)."""
+        if not self.supports_streaming or not isinstance(X, np.ndarray):
+            return False
+        if self._stream_choice is not None and self._stream_choice[0] == id(X):
+            return self._stream_choice[1]
+        if self.stream != "auto":
+            choice = bool(self.stream)
+        else:
+            n, d = X.shape
+            itemsize = 4 if X.dtype == np.float32 else 8
+            state = sum(fit_state_bytes(n, d, n_clusters, itemsize).values())
+            choice = state + STREAM_AUTO_SLACK > self.available_memory()
+        self._stream_choice = (id(X), choice)
+        return choice
+
+    def is_streamed(self, X) -> bool:
+        from ._cupy_streaming import HostRows
+        return isinstance(X, HostRows)
+
+    def _stream_engine(self, X, n_clusters, sample_weight=None):
+        """The fit's StreamEngine for host X (built on first use, kept until finish: X's
+        page lock and the pinned buffers outlive a pass), planned for n_clusters."""
+        from ._cupy_streaming import StreamEngine
+        cp = self._cp
+        with self.stage("stream"):
+            try:
+                if self._engine is None or self._engine.X is not X:
+                    self.release_buffers()
+                    self._engine = StreamEngine(self, X, pin_input=self.pin_input)
+                return self._engine.configure(n_clusters, sample_weight, self.stream_rows)
+            except cp.cuda.memory.OutOfMemoryError as exc:
+                raise out_of_memory_error(f"{self.name} setting up host streaming", exc) from exc
+
+    def _stream_pass(self, engine, *args, run=None, **kwargs):
+        """engine.run(*args, **kwargs) (or run()), its device peak recorded as the "stream"
+        stage and its pinned host bytes as "pinned_host"; OOM becomes KMeansMemoryError."""
+        cp = self._cp
+        with self.stage("stream"):
+            try:
+                return run() if run is not None else engine.run(*args, **kwargs)
+            except cp.cuda.memory.OutOfMemoryError as exc:
+                raise out_of_memory_error(
+                    f"{self.name} streaming X (n={engine.n}, d={engine.d}) in chunks of "
+                    f"{engine.plan.rows} rows", exc,
+                    " Give a smaller backend_options['stream_rows'].") from exc
+            finally:
+                self.memory_report["pinned_host"] = max(
+                    self.memory_report.get("pinned_host", 0), engine.pinned_bytes)
+
+    def feature_stats(self, X, tol, *, xp):
+        if isinstance(X, np.ndarray) and self.streams(X):
+            from ._cupy_streaming import mean_and_tol
+            engine = self._stream_engine(X, 1)
+            return self._stream_pass(engine, run=lambda: mean_and_tol(engine, tol))
+        return super().feature_stats(X, tol, xp=xp)
+
+    def center(self, X, mean, *, xp, in_place=False):
+        if isinstance(X, np.ndarray) and self.streams(X):
+            from ._cupy_streaming import HostRows
+            return HostRows(X, mean)  # centered chunk by chunk on the device
+        return super().center(X, mean, xp=xp, in_place=in_place)
+
+    def stream_assign(self, X, centers):
+        from kmeans_xp.backend import AssignResult
+        r = self._stream_pass(self._stream_engine(X.data, centers.shape[0]), centers,
+                              mean=X.mean, labels_out=True, min_out=True)
+        return AssignResult(r.labels, r.min_sq)
+
+    def stream_reduce(self, X, labels, sample_weight, n_clusters):
+        engine = self._stream_engine(X.data, n_clusters, np.asarray(sample_weight))
+        r = self._stream_pass(engine, mean=X.mean, accumulate=True,
+                              labels_in=np.ascontiguousarray(labels, dtype=np.int64))
+        return ReduceResult(r.sums, r.weights)
+
+    def stream_lloyd_iter(self, X, sample_weight, centers, update_centers):
+        from kmeans_xp.backend import IterResult
+        engine = self._stream_engine(X.data, centers.shape[0], np.asarray(sample_weight))
+        r = self._stream_pass(engine, centers, mean=X.mean, accumulate=update_centers,
+                              labels_out=True, min_out=True)
+        return IterResult(r.labels, r.min_sq, r.sums, r.weights)
+
+    def stream_estimate(self, n, d, k, itemsize, *, weighted=False) -> MemoryEstimate:
+        """Bytes of a fit streamed from the host, part by part: on the device the label
+        store, the chunk buffers of every slot, the backend's working memory, centers and
+        sums (their sum is `total`); on the host (parts ending in _host, not in total) the
+        pinned buffers and, when it does not fit on the device, the label store."""
+        from ._cupy_streaming import plan_stream
+        what = f"{self.name} streaming X (n={n}, d={d}) from the host"
+        with self.explain_device_budget(what, 0, "nothing else: X stays on the host",
+                                        hint=self.STREAM_HINT):
+            plan = plan_stream(
+                n, d, k, itemsize, self.budget(), weighted=weighted, rows=self.stream_rows,
+                what=what, work_bytes=lambda r, share: self.stream_work_bytes(
+                    r, d, k, itemsize, share))
+        self.release_buffers()
+        return MemoryEstimate(dict(plan.parts), plan.device_bytes, plan.rows)
+
+    def stream_work_bytes(self, rows, d, k, itemsize, budget):
+        raise NotImplementedError(f"{self.name} does not stream")
+
     # -- memory -----------------------------------------------------------------------------
     def available_memory(self) -> int:
         return free_device_memory()[0]
+
+    def check_memory(self, X, n_clusters, options=None):
+        """Before any work: a NumPy X that is streamed must fit its chunks in the budget; one
+        that is copied must fit on the device; then the backend's estimate (its chunk plan)
+        must fit. When max_memory is "auto" the error states the device's side (asked,
+        free and total memory, the pool limit, what to change)."""
+        if isinstance(X, np.ndarray):
+            n, d = X.shape
+            itemsize = 4 if X.dtype == np.float32 else 8
+            if self.streams(X, n_clusters):
+                self.stream_estimate(n, d, n_clusters, itemsize, weighted=True)
+                return
+            if X.nbytes > self.available_memory():
+                raise self._host_x_error(X)
+        super().check_memory(X, n_clusters, options)
+
+    #: what to change when streaming itself does not fit
+    STREAM_HINT = (
+        "Raise or remove the pool limit (cupy.get_default_memory_pool().set_limit(size=0)), "
+        "free device memory held by other arrays or processes, give an explicit max_memory, "
+        "or use the numpy backend.")
+
+    @contextlib.contextmanager
+    def explain_device_budget(self, what, reserve, reserve_what, hint=DEVICE_HINT):
+        """A KMeansMemoryError raised inside, when max_memory is "auto" (so the budget is what
+        the device has free), is restated with the device's numbers and what to change."""
+        try:
+            yield
+        except KMeansMemoryError as exc:
+            if parse_memory(self.max_memory) != "auto" or exc.needed is None:
+                raise
+            beside = (f" beside {format_bytes(reserve)} for {reserve_what}" if reserve
+                      else f" ({reserve_what})")
+            raise KMeansMemoryError(
+                f"{what} needs at least {format_bytes(exc.needed)} of device memory{beside}, "
+                f"but max_memory='auto' leaves {format_bytes(exc.allowed)} "
+                f"({DEVICE_AUTO_FRACTION:.0%} of what is usable): {device_memory_state()}. "
+                f"{hint}", needed=exc.needed, allowed=exc.allowed) from exc
 
     def budget(self, xp=None, *, reserve=0) -> int:
         """max_memory in bytes; "auto" is DEVICE_AUTO_FRACTION of what is usable now, less
@@ -238,20 +427,59 @@ class CupyBackendBase(KMeansBackend):
 
     def finish(self):
         """The fit is over: drop per-fit buffers and, with free_memory=True, hand the pool's
-        cached blocks back to the device."""
+        cached blocks back to the device (and CuPy's cached pinned host blocks)."""
         self.release_buffers()
+        self._stream_choice = None
         if self.free_memory:
             self._cp.get_default_memory_pool().free_all_blocks()
+            self._cp.get_default_pinned_memory_pool().free_all_blocks()
 
     def release_buffers(self):
-        """Hook for backends that keep per-fit buffers."""
+        """Drop per-fit buffers (backends that keep more extend this): the streaming engine
+        and its pinned and device buffers, X's page lock."""
+        if self._engine is not None:
+            self._engine.close()
+            self._engine = None
+
+    # -- the heavy primitives shared by cupy-kernels and cupy-chunked ----------------------------
+    def reduce(self, X, labels, sample_weight, n_clusters, *, xp=None) -> ReduceResult:
+        """Per-cluster float64 sums of w * x and w (shared-memory privatised atomics)."""
+        if self.is_streamed(X):
+            return self.stream_reduce(X, labels, sample_weight, n_clusters)
+        from . import _cupy_kmeans_kernels as kernels
+        cp = self._cp
+        X = self.contiguous(X)
+        with self.stage("update"):
+            sums = cp.zeros((n_clusters, X.shape[1]), dtype=cp.float64)
+            weights = cp.zeros((n_clusters,), dtype=cp.float64)
+            kernels.cluster_sums(X, self.contiguous(labels, cp.int64),
+                                 self.contiguous(sample_weight, X.dtype), sums, weights)
+        return ReduceResult(sums, weights)
+
+    def lloyd_iter(self, X, sample_weight, centers, *, xp=None, update_centers=True):
+        if self.is_streamed(X):
+            return self.stream_lloyd_iter(X, sample_weight, centers, update_centers)
+        return super().lloyd_iter(X, sample_weight, centers, xp=xp,
+                                  update_centers=update_centers)
 
     # -- the Lloyd loop on the device -------------------------------------------------------
     def kmeans_single(self, X, sample_weight, centers, *, xp, max_iter, tol, verbose=0):
         """The driver's Lloyd run with its O(n) bookkeeping (inertia, center shift, changed
-        labels) done by reduction kernels: no n-sized temporaries, one sync per iteration."""
+        labels) done by reduction kernels: no n-sized temporaries, one sync per iteration.
+        Host-streamed X: the same loop with that bookkeeping done during each streamed pass
+        (`_cupy_streaming.stream_lloyd`)."""
         from ._cupy_kmeans_kernels import DeviceReductions
         from ._device_loop import lloyd_with_reductions
+
+        if self.is_streamed(X):
+            from ._cupy_streaming import stream_lloyd
+            sw = np.asarray(sample_weight)
+            engine = self._stream_engine(X.data, centers.shape[0], sw)
+            rows = self.driver_rows(X.shape[0], X.shape[1], X.dtype)
+            return self._stream_pass(
+                engine, run=lambda: stream_lloyd(engine, X.mean, sw, np.asarray(centers),
+                                                 max_iter=max_iter, tol=tol, rows=rows,
+                                                 verbose=verbose))
 
         rows = self.driver_rows(X.shape[0], X.shape[1], X.dtype)
         sw = sample_weight if sample_weight.dtype == X.dtype else sample_weight.astype(X.dtype)

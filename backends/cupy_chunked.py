@@ -7,12 +7,19 @@ when even a few thousand rows of all k centers would not fit, the centers are ti
 a running minimum is carried across tiles. The blocks are allocated once per fit and reused
 every iteration, so the pool does not grow; an OutOfMemoryError halves the chunk and retries.
 Per-cluster sums use the atomicAdd kernel shared with cupy-kernels (no (k, n) arrays).
+
+Numerics: ||c||^2 is numpy's (np.einsum on the host, the numpy backend's call) and is added
+to the GEMM's -2 x.c with one rounding, as numpy does; the GEMM itself is cuBLAS's, whose
+summation order may differ from OpenBLAS's in the last bit, so a near-tie can go the other
+way than on the numpy backend (cupy-kernels reproduces OpenBLAS's order exactly). NumPy X too
+large for the device is streamed from the host (see `_cupy_streaming`), chunk by chunk
+through the same GEMM loop.
 """
 from __future__ import annotations
 
 from typing import NamedTuple
 
-from kmeans_xp.backend import AssignResult, ReduceResult
+from kmeans_xp.backend import AssignResult
 from kmeans_xp.memory import MemoryEstimate, chunk_rows
 
 from . import _cupy_kmeans_kernels as kernels
@@ -57,20 +64,27 @@ def plan_chunks(n, d, k, itemsize, budget) -> ChunkPlan:
 
 class CupyChunkedBackend(CupyBackendBase):
     name = "cupy-chunked"
+    supports_streaming = True
 
     def __init__(self, max_memory="auto", free_memory=False, **options):
         super().__init__(max_memory, free_memory=free_memory, **options)
         self._plan = None      # (n, d, k, dtype) -> ChunkPlan, fixed for a fit
         self._blocks = None    # (rows, k_tile, dtype, distance block, running minimum)
+        self._stream_plan = None  # ChunkPlan of the GEMM blocks when X is streamed
 
     # -- buffers, kept for the whole fit ---------------------------------------------------------
     def _plan_for(self, n, d, k, dtype):
         key = (n, d, k, dtype)
         if self._plan is None or self._plan[0] != key:
-            # the driver allocates the next iteration's labels and distances beside the blocks
-            budget = self.budget(reserve=n * (8 + dtype.itemsize))
-            self._plan = (key, plan_chunks(n, d, k, dtype.itemsize, budget))
+            self._plan = (key, self._planned(n, d, k, dtype.itemsize))
         return self._plan[1]
+
+    def _planned(self, n, d, k, itemsize):
+        # the driver allocates the next iteration's labels and distances beside the blocks
+        reserve = n * (8 + itemsize)
+        with self.explain_device_budget(f"cupy-chunked (n={n}, k={k}, d={d})", reserve,
+                                        "labels and squared distances"):
+            return plan_chunks(n, d, k, itemsize, self.budget(reserve=reserve))
 
     def _keep_rows(self, rows):
         """Remember the chunk that fitted after halving, so later iterations start there."""
@@ -90,11 +104,15 @@ class CupyChunkedBackend(CupyBackendBase):
         self._blocks = None
 
     def release_buffers(self):
+        super().release_buffers()
         self._blocks = None
         self._plan = None
+        self._stream_plan = None
 
     # -- primitives ---------------------------------------------------------------------------
     def assign(self, X, centers, *, xp=None) -> AssignResult:
+        if self.is_streamed(X):
+            return self.stream_assign(X, centers)
         X = self.contiguous(X)
         C = self.contiguous(centers, X.dtype)
         (n, d), k = X.shape, C.shape[0]
@@ -102,7 +120,7 @@ class CupyChunkedBackend(CupyBackendBase):
             labels = self.device_empty((n,), self._cp.int64, "labels")
             min_sq = self.device_empty((n,), X.dtype, "squared distances")
             plan = self._plan_for(n, d, k, X.dtype)
-            c_norm = (C * C).sum(axis=1)
+            c_norm = self._cp.asarray(kernels.center_norms(centers, X.dtype))
             rows = self.with_oom_retry(
                 lambda rows: self._assign_chunks(X, C, c_norm, labels, rows, plan.k_tile),
                 plan.rows, what=f"cupy-chunked assignment (n={n}, k={k}, d={d})")
@@ -127,26 +145,38 @@ class CupyChunkedBackend(CupyBackendBase):
                                            labels[start:stop])
         return rows
 
-    def reduce(self, X, labels, sample_weight, n_clusters, *, xp=None) -> ReduceResult:
+    # -- the per-chunk primitive of host streaming ------------------------------------------
+    def stream_work_bytes(self, rows, d, k, itemsize, budget):
+        """Plan the GEMM blocks for chunks of `rows` streamed rows within `budget` bytes (a
+        share of the streaming budget); the bytes they take."""
+        plan = plan_chunks(rows, d, k, itemsize, budget)
+        self._stream_plan = plan
+        return plan.buffer_bytes(itemsize) + k * itemsize
+
+    def chunk_centers(self, centers, dtype):
         cp = self._cp
-        X = self.contiguous(X)
-        with self.stage("update"):
-            sums = cp.zeros((n_clusters, X.shape[1]), dtype=cp.float64)
-            weights = cp.zeros((n_clusters,), dtype=cp.float64)
-            kernels.cluster_sums(X, self.contiguous(labels, cp.int64),
-                                 self.contiguous(sample_weight, X.dtype), sums, weights)
-        return ReduceResult(sums, weights)
+        C = cp.ascontiguousarray(cp.asarray(centers, dtype=dtype))
+        return C, cp.asarray(kernels.center_norms(centers, dtype))
+
+    def assign_chunk(self, X, state, labels, min_sq):
+        C, c_norm = state
+        plan = self._stream_plan
+        self._assign_chunks(X, C, c_norm, labels, plan.rows, plan.k_tile)
+        kernels.labelled_sq_dist(X, C, labels, min_sq)
 
     # -- memory --------------------------------------------------------------------------------
     @classmethod
     def estimate_memory(cls, n_samples, n_features, n_clusters, *, itemsize,
-                        max_memory="auto") -> MemoryEstimate:
+                        max_memory="auto", stream="auto") -> MemoryEstimate:
         """Device bytes of a fit, part by part (see `fit_state_bytes`): chunk_buffers is the
         larger of the GEMM block with its running minimum and center norms, and k-means++'s
-        chunk of driver rows."""
+        chunk of driver rows. stream=True: the parts of a fit streamed from the host (see
+        `CupyBackendBase.stream_estimate`); "auto" estimates X on the device."""
         n, d, k = n_samples, n_features, n_clusters
         inst = cls(max_memory=max_memory)
-        plan = plan_chunks(n, d, k, itemsize, inst.budget(reserve=n * (8 + itemsize)))
+        if stream is True:
+            return inst.stream_estimate(n, d, k, itemsize)
+        plan = inst._planned(n, d, k, itemsize)
         rows = inst.driver_rows(n, d, "float32" if itemsize == 4 else "float64")
         parts = fit_state_bytes(n, d, k, itemsize)
         init_per_sample, init_chunk = kmeanspp_bytes(n, d, k, itemsize, rows)

@@ -14,6 +14,7 @@ import numpy as np
 from kmeans_xp import registry
 from kmeans_xp_backends import _cupy_common
 from kmeans_xp_backends import _cupy_kmeans_kernels as kernels
+from kmeans_xp_backends import _cupy_streaming as streaming
 
 
 class FakeOOM(MemoryError):
@@ -52,6 +53,59 @@ class FakePool:
         self.frees += 1
 
 
+class FakeStream:
+    """A CUDA stream: a context that makes it current; work runs at once here."""
+
+    def __init__(self, non_blocking=False):
+        self.events = []
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def synchronize(self):
+        pass
+
+    def wait_event(self, event):
+        assert event.recorded, "waiting on an event that was never recorded"
+
+
+class FakeEvent:
+    def __init__(self, disable_timing=False):
+        self.recorded = False
+
+    def record(self, stream=None):
+        self.recorded = True
+
+    def synchronize(self):
+        assert self.recorded, "synchronizing an event that was never recorded"
+
+
+class FakeRuntime(types.SimpleNamespace):
+    """memGetInfo reports `free` bytes; hostRegister/hostUnregister are recorded (and refused
+    for memory already registered, as CUDA does)."""
+
+    def __init__(self, free=1 << 34, total=1 << 35):
+        super().__init__(free=free, total=total, registered=set(), register_calls=0)
+
+    def memGetInfo(self):
+        return self.free, self.total
+
+    def getDeviceCount(self):
+        return 1
+
+    def hostRegister(self, ptr, size, flags):
+        self.register_calls += 1
+        if ptr in self.registered:
+            raise RuntimeError("cudaErrorHostMemoryAlreadyRegistered")
+        self.registered.add(ptr)
+
+    def hostUnregister(self, ptr):
+        self.registered.remove(ptr)
+
+
 class FakeCupy(types.ModuleType):
     """`empty` fails above `max_alloc` bytes, like a pool at its limit; allocations are
     booked in the pool (never released: the peak is what the tests read)."""
@@ -61,20 +115,29 @@ class FakeCupy(types.ModuleType):
         self.__spec__ = importlib.machinery.ModuleSpec("cupy", None)
         self.max_alloc = max_alloc
         self.allocations = []
+        self.pinned = []
         self.pool = FakePool()
+        self.pinned_pool = FakePool()
         self.ndarray, self.int64, self.float64 = np.ndarray, np.int64, np.float64
-        self.float32 = np.float32
+        self.float32, self.uint64 = np.float32, np.uint64
         self.ascontiguousarray, self.stack = np.ascontiguousarray, np.stack
         self.asarray, self.asnumpy = np.asarray, np.asarray
         self.get_default_memory_pool = lambda: self.pool
+        self.get_default_pinned_memory_pool = lambda: self.pinned_pool
         stream = types.SimpleNamespace(synchronize=lambda: None)
+        self.runtime = FakeRuntime()
         self.cuda = types.SimpleNamespace(
             memory=types.SimpleNamespace(OutOfMemoryError=FakeOOM),
             memory_hook=types.SimpleNamespace(MemoryHook=FakeHook),
-            runtime=types.SimpleNamespace(memGetInfo=lambda: (1 << 34, 1 << 35),
-                                          getDeviceCount=lambda: 1),
-            get_current_stream=lambda: stream)
+            runtime=self.runtime,
+            get_current_stream=lambda: stream,
+            Stream=FakeStream, Event=FakeEvent,
+            alloc_pinned_memory=self._alloc_pinned)
         self.cublas = types.SimpleNamespace(gemm=_gemm)
+
+    def _alloc_pinned(self, nbytes):
+        self.pinned.append(nbytes)
+        return bytearray(nbytes)
 
     def _book(self, shape, dtype):
         nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
@@ -94,6 +157,10 @@ class FakeCupy(types.ModuleType):
         self._book(shape, dtype)
         return np.zeros(shape, dtype=dtype)
 
+    def ones(self, shape, dtype):
+        self._book(shape, dtype)
+        return np.ones(shape, dtype=dtype)
+
 
 def _gemm(transa, transb, a, b, out, alpha):
     assert (transa, transb) == ("N", "T") and out.flags.c_contiguous
@@ -101,12 +168,18 @@ def _gemm(transa, transb, a, b, out, alpha):
 
 
 # -- the kernels, in NumPy --------------------------------------------------------------------
-def nearest_center(X, C, labels, min_sq):
+def nearest_center(X, ops, k, labels, min_sq):
+    """The kernels' arithmetic is numpy's GEMM expansion: here it is numpy's own."""
+    d = X.shape[1]
+    neg2_ct, c_norm = np.ascontiguousarray(ops[:k, :d].T), ops[:k, d]
     for s in range(0, len(X), 4096):
-        diff = X[s:s + 4096, None, :] - C[None, :, :]
-        d = np.einsum("ijk,ijk->ij", diff, diff)
-        labels[s:s + 4096] = d.argmin(1)
-        min_sq[s:s + 4096] = d[np.arange(len(d)), labels[s:s + 4096]]
+        dist = X[s:s + 4096] @ neg2_ct
+        dist += c_norm
+        lab = dist.argmin(1)
+        best = dist[np.arange(len(dist)), lab]
+        best += np.einsum("ij,ij->i", X[s:s + 4096], X[s:s + 4096])
+        labels[s:s + 4096] = lab
+        min_sq[s:s + 4096] = np.maximum(best, 0)
 
 
 def cluster_sums(X, labels, w, sums, weights):
@@ -129,11 +202,25 @@ def row_argmin_shifted(dist, c_norm, col0, first, run_min, labels):
     labels[take] = col0 + j[take]
 
 
+def update_label_store(labels, store, changed):
+    changed += np.uint64(np.count_nonzero(store != labels.astype(store.dtype)))
+    store[...] = labels
+
+
+def copy_to_device(dst, src, stream):
+    dst[...] = src
+
+
+def copy_to_host(dst, src, stream):
+    dst[...] = src
+
+
 REDUCTIONS = {
     "weighted_sum": lambda v, w, axis=None: np.sum(v.astype(np.float64) * w, axis=axis),
     "center_shift": lambda a, b, axis=None: np.sum(
         (a.astype(np.float64) - b.astype(np.float64)) ** 2, axis=axis),
     "count_changed": lambda a, b, axis=None: np.sum(a != b, axis=axis, dtype=np.int64),
+    "shifted_sq": lambda x, s, axis=None: np.sum((x.astype(np.float64) - s) ** 2, axis=axis),
 }
 
 
@@ -141,8 +228,11 @@ def install(monkeypatch, max_alloc=1 << 40):
     """Put a FakeCupy in sys.modules and the NumPy kernels in place; returns the fake."""
     fake = FakeCupy(max_alloc)
     monkeypatch.setitem(sys.modules, "cupy", fake)
-    for name in ("nearest_center", "cluster_sums", "labelled_sq_dist", "row_argmin_shifted"):
+    for name in ("nearest_center", "cluster_sums", "labelled_sq_dist", "row_argmin_shifted",
+                 "update_label_store"):
         monkeypatch.setattr(kernels, name, globals()[name])
+    for name in ("copy_to_device", "copy_to_host"):
+        monkeypatch.setattr(streaming, name, globals()[name])
     monkeypatch.setattr(kernels, "reduction", REDUCTIONS.__getitem__)
     _cupy_common._peak_hook_class.cache_clear()
     registry.list_backends.cache_clear()

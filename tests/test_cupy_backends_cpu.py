@@ -184,8 +184,12 @@ def test_free_memory_frees_the_pool_when_fit_ends(fake_cupy, name):
 def test_backend_options_are_checked(fake_cupy):
     with pytest.raises(TypeError, match="free_memory"):
         CupyChunkedBackend(free_memory="yes")
+    for bad in ({"stream": "yes"}, {"pin_input": 1}, {"stream_rows": 0}):
+        with pytest.raises(TypeError, match=next(iter(bad))):
+            CupyChunkedBackend(**bad)
     for name in CUPY_BACKENDS:
-        with pytest.raises(TypeError, match=r"knows: \['free_memory'\]"):
+        with pytest.raises(TypeError, match=r"knows: \['free_memory', 'stream', "
+                                            r"'stream_rows', 'pin_input'\]"):
             get_backend(name)(chunk=3)
 
 
@@ -200,10 +204,38 @@ def test_nested_stages_report_their_own_peaks(fake_cupy):
     assert b.memory_report["outer"] == 8080 + 80_000
 
 
-def test_nearest_kernel_kind_by_width_and_dtype():
-    kind = kernels.nearest_kernel_kind
-    assert [kind(d, 4) for d in (1, 4, 5, 8, 9, 17, 128, 129)] == [
-        "nearest_center", "nearest_center", "nearest_center_r8", "nearest_center_r8",
-        "nearest_center_r16", "nearest_center_r32", "nearest_center_r128", "nearest_center"]
-    assert kind(64, 8) == "nearest_center_r64" and kind(65, 8) == "nearest_center"
-    assert all(k in kernels.ELEMENTWISE for k in map(lambda d: kind(d, 4), range(1, 200)))
+def test_nearest_kernel_by_width_and_dtype():
+    name = kernels.nearest_kernel_name
+    assert [name(d, np.float32) for d in (1, 4, 5, 8, 9, 17, 128, 129)] == [
+        "nearest_small<float, 1, 4>", "nearest_small<float, 4, 4>", "nearest_tiled<float, 8>",
+        "nearest_tiled<float, 8>", "nearest_tiled<float, 16>", "nearest_tiled<float, 32>",
+        "nearest_tiled<float, 128>", "nearest_mem<float>"]
+    assert name(3, np.float64) == "nearest_small<double, 3, 2>"
+    assert name(64, np.float64) == "nearest_tiled<double, 64>"
+    assert name(65, np.float64) == "nearest_mem<double>"
+    names = kernels.all_raw_kernel_names()
+    assert all(name(d, dt) in names for d in range(1, 300) for dt in (np.float32, np.float64))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("d", [1, 2, 3, 5, 17])
+def test_center_operands_are_numpys(dtype, d):
+    """-2 c exactly and ||c||^2 from np.einsum (numpy's call, so its SIMD order), padded to
+    16 bytes: the kernels' GEMM expansion is then numpy's, operand for operand."""
+    rng = np.random.default_rng(d)
+    C = (rng.normal(size=(37, d)) * rng.uniform(0.1, 100, size=(37, d))).astype(dtype)
+    ops = kernels.center_operands(C, dtype)
+    stride = kernels.ops_stride(d, np.dtype(dtype).itemsize)
+    assert ops.shape == (37, stride) and ops.dtype == dtype
+    assert stride * np.dtype(dtype).itemsize % 16 == 0 and stride >= d + 1
+    np.testing.assert_array_equal(ops[:, :d], -2 * C)
+    np.testing.assert_array_equal(ops[:, d], np.einsum("ij,ij->i", C, C))
+    assert not ops[:, d + 1:].any()
+    np.testing.assert_array_equal(kernels.center_norms(C, dtype), ops[:, d])
+
+
+def test_label_store_dtype_holds_k():
+    assert kernels.label_store_dtype(256) == np.uint8
+    assert kernels.label_store_dtype(257) == np.uint16
+    assert kernels.label_store_dtype(65536) == np.uint16
+    assert kernels.label_store_dtype(65537) == np.int32

@@ -90,12 +90,10 @@ def _used_elementwise():
     """(kind, dtype, 32-bit indexing) of every elementwise kernel the backends launch."""
     cases = []
     for dtype in (np.float32, np.float64):
-        itemsize = np.dtype(dtype).itemsize
-        kinds = sorted({K.nearest_kernel_kind(d, itemsize) for d in range(1, 300)}
-                       | {"cluster_sums", "labelled_sq_dist"})
+        kinds = sorted(K.ELEMENTWISE)
         cases += [(kind, dtype, True) for kind in kinds]
         # arrays past 2**31 elements index in 64 bits
-        cases += [(kind, dtype, False) for kind in ("nearest_center", "cluster_sums")]
+        cases += [(kind, dtype, False) for kind in kinds]
     return cases
 
 
@@ -118,5 +116,27 @@ def test_reduction_kernels_compile(kind, dtype, ndim):
     assert _nvrtc(_generated(_reduction_source, kind, dtype, ndim), kind)
 
 
-def test_row_argmin_module_compiles():
-    assert _nvrtc(K.ROW_ARGMIN_SOURCE, "row_argmin")
+@pytest.mark.parametrize("name", K.all_raw_kernel_names())
+def test_raw_kernel_instances_compile(name):
+    """Every template instance of the raw kernels, with the options the backends use."""
+    from cupy.cuda import compiler
+    include = os.path.join(os.path.dirname(cupy.__file__), "_core", "include")
+    try:
+        program = compiler._NVRTCProgram(K.RAW_SOURCE, "kmeans_raw.cu", (), (),
+                                         name_expressions=[name], method="cubin")
+    except Exception as exc:  # no NVRTC library here
+        pytest.skip(f"NVRTC unavailable: {exc}")
+    try:
+        binary, mapping = program.compile((*K.NVRTC_OPTIONS, "-arch=sm_90", f"-I{include}"))
+    except compiler.CompileException as exc:
+        pytest.fail(f"{name} does not compile:\n{exc}")
+    assert binary and mapping[name]
+
+
+def test_distance_arithmetic_is_explicit_about_rounding():
+    """The nearest-center kernels round where numpy's BLAS does: fused multiply-adds and
+    additions written as intrinsics (NVRTC contracts plain a * b + c by default)."""
+    src = K.RAW_SOURCE
+    body = src[src.index("nearest_small("):src.index("// per-cluster sums")]
+    assert "fma_rn(" in body and "add_rn(acc, op[" in body
+    assert "__fmaf_rn" in src and "__fadd_rn" in src and "__fma_rn" in src

@@ -1,0 +1,272 @@
+"""Host streaming of the CuPy backends, checked on the CPU through the NumPy stand-in for CuPy
+(tests/_fake_cupy.py: kernels in NumPy, streams and events that run at once, pinned memory as
+bytearrays). What is checked is the orchestration: chunking with an uneven last chunk, the
+centering on the "device", the label store (on the device and in pinned host memory), the
+Lloyd loop's semantics against the driver (relocation, strict convergence, final assignment),
+the plan against the budget, the decisions of stream="auto", memmaps and page locking, and
+the memory estimate and report. The GPU tests (test_cupy_streaming.py) run the real thing."""
+import numpy as np
+import pytest
+
+from kmeans_xp import KMeans, KMeansMemoryError, estimate_memory, get_backend
+from kmeans_xp.testing import asymmetric_data
+from kmeans_xp_backends import _cupy_streaming as streaming
+from kmeans_xp_backends._cupy_streaming import HostRows, is_memmap, plan_stream
+from tests import _fake_cupy
+
+BACKENDS = ("cupy-kernels", "cupy-chunked")
+
+
+@pytest.fixture
+def fake_cupy(monkeypatch):
+    fake = _fake_cupy.install(monkeypatch)
+    yield fake
+    _fake_cupy.uninstall()
+
+
+def _fit(name, X, k, init, **kw):
+    options = kw.pop("backend_options", {})
+    return KMeans(k, init=init, backend=name, backend_options=options, **kw).fit(X)
+
+
+def _problem(n, d, k, dtype, seed):
+    X = asymmetric_data(n, d, k, dtype=dtype, seed=seed, offset=5.0)
+    init = X[np.random.default_rng(seed).choice(n, k, replace=False)].copy()
+    return X, init
+
+
+# -- exact Lloyd ----------------------------------------------------------------------------
+@pytest.mark.parametrize("name", BACKENDS)
+@pytest.mark.parametrize("weighted", [False, True])
+def test_streamed_fit_is_the_numpy_backends(fake_cupy, name, weighted):
+    """float64: the same labels, centers, iterations and inertia as the numpy backend from
+    the same init; n is prime, so the last chunk of 997 rows is a short one."""
+    X, init = _problem(7919, 3, 9, np.float64, seed=1)
+    w = np.random.default_rng(2).uniform(0.5, 2.0, 7919) if weighted else None
+    ref = KMeans(9, init=init, backend="numpy", max_iter=50).fit(X, sample_weight=w)
+    got = KMeans(9, init=init, backend=name, max_iter=50,
+                 backend_options={"stream": True, "stream_rows": 997}).fit(X, sample_weight=w)
+    np.testing.assert_array_equal(got.labels_, ref.labels_)
+    np.testing.assert_allclose(got.cluster_centers_, ref.cluster_centers_, rtol=1e-12)
+    assert got.n_iter_ == ref.n_iter_
+    assert got.inertia_ == pytest.approx(ref.inertia_, rel=1e-12)
+    np.testing.assert_allclose(got.history_["inertia"], ref.history_["inertia"], rtol=1e-10)
+    assert {"stream", "pinned_host"} <= set(got.memory_report_)
+    assert "transfer" not in got.memory_report_  # X never went to the device whole
+    np.testing.assert_array_equal(got.predict(X), got.labels_)
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_streamed_fit_is_the_in_memory_fit(fake_cupy, name, dtype):
+    """The same backend streamed and in memory: the same fit (tol=0, fixed iterations). The
+    streamed mean is a float64 sum in another order: the same float32 mean, float64 means
+    that may differ in the last bit (so float64 centers agree to rounding)."""
+    X, init = _problem(5003, 4, 12, dtype, seed=3)
+    kw = dict(max_iter=8, tol=0)
+    mem = _fit(name, X, 12, init, backend_options={"stream": False}, **kw)
+    st = _fit(name, X, 12, init, backend_options={"stream": True, "stream_rows": 1024}, **kw)
+    np.testing.assert_array_equal(st.labels_, mem.labels_)
+    if dtype == np.float32:
+        np.testing.assert_array_equal(st.cluster_centers_, mem.cluster_centers_)
+    else:
+        np.testing.assert_allclose(st.cluster_centers_, mem.cluster_centers_, rtol=1e-13)
+    assert st.n_iter_ == mem.n_iter_
+    assert st.inertia_ == pytest.approx(mem.inertia_, rel=1e-6)
+
+
+@pytest.mark.parametrize("init", ["k-means++", "random"])
+def test_streamed_inits_see_the_centered_rows(fake_cupy, init):
+    """k-means++ and random init run on the host over HostRows: the rows numpy's backend
+    sees after centering, so the same random_state gives the same fit."""
+    X, _ = _problem(3001, 2, 6, np.float64, seed=4)
+    ref = KMeans(6, init=init, n_init=2, random_state=7, backend="numpy").fit(X)
+    got = KMeans(6, init=init, n_init=2, random_state=7, backend="cupy-kernels",
+                 backend_options={"stream": True, "stream_rows": 1000}).fit(X)
+    np.testing.assert_array_equal(got.labels_, ref.labels_)
+    np.testing.assert_allclose(got.cluster_centers_, ref.cluster_centers_, rtol=1e-12)
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+def test_empty_cluster_is_relocated_as_the_driver_does(fake_cupy, name):
+    X, init = _problem(4001, 3, 5, np.float64, seed=5)
+    init[2] = X.max(axis=0) * 50  # far away: empty after the first assignment
+    ref = KMeans(5, init=init, backend="numpy").fit(X)
+    got = KMeans(5, init=init, backend=name,
+                 backend_options={"stream": True, "stream_rows": 1500}).fit(X)
+    np.testing.assert_array_equal(got.labels_, ref.labels_)
+    np.testing.assert_allclose(got.cluster_centers_, ref.cluster_centers_, rtol=1e-12)
+    assert got.n_iter_ == ref.n_iter_
+
+
+def test_label_store_in_pinned_host_memory(fake_cupy, monkeypatch):
+    """When n labels take more than half the budget the store lives in pinned host memory
+    and goes to the device with each chunk: the fit is the same."""
+    X, init = _problem(60013, 2, 300, np.float64, seed=6)
+    plans = []
+    real = streaming.plan_stream
+
+    def spy(*args, **kwargs):
+        plans.append(real(*args, **kwargs))
+        return plans[-1]
+
+    monkeypatch.setattr(streaming, "plan_stream", spy)
+    kw = dict(max_iter=4, tol=0)
+    ref = KMeans(300, init=init, backend="numpy", **kw).fit(X)
+    got = KMeans(300, init=init, backend="cupy-kernels", max_memory="300KB",
+                 backend_options={"stream": True}, **kw).fit(X)
+    assert plans and not plans[-1].store_on_device
+    assert plans[-1].rows < 60013
+    np.testing.assert_array_equal(got.labels_, ref.labels_)
+    assert got.memory_report_["pinned_host"] >= 60013 * 2  # the uint16 store
+
+
+def test_memmap_is_streamed_without_a_copy_or_page_lock(fake_cupy, tmp_path):
+    X, init = _problem(6007, 3, 7, np.float32, seed=7)
+    path = tmp_path / "X.f32"
+    mm = np.memmap(path, dtype=np.float32, mode="w+", shape=X.shape)
+    mm[...] = X
+    mm.flush()
+    ro = np.memmap(path, dtype=np.float32, mode="r", shape=X.shape)
+    assert is_memmap(ro) and is_memmap(ro[10:]) and not is_memmap(X)
+    ref = KMeans(7, init=init, backend="cupy-kernels", backend_options={"stream": True},
+                 max_iter=20, tol=0).fit(X)
+    got = KMeans(7, init=init, backend="cupy-kernels", backend_options={"stream": True},
+                 max_iter=20, tol=0, copy_x=False).fit(ro)
+    np.testing.assert_array_equal(got.labels_, ref.labels_)
+    assert fake_cupy.runtime.register_calls == 1  # the in-memory X only, not the memmap
+    assert not fake_cupy.runtime.registered      # unregistered when the fit ended
+
+
+def test_in_memory_x_is_page_locked_for_the_fit_then_released(fake_cupy):
+    X, init = _problem(3001, 3, 4, np.float32, seed=8)
+    X_before = X.copy()
+    km = KMeans(4, init=init, backend="cupy-chunked", copy_x=False,
+                backend_options={"stream": True, "stream_rows": 1024}).fit(X)
+    assert fake_cupy.runtime.register_calls == 1 and not fake_cupy.runtime.registered
+    np.testing.assert_array_equal(X, X_before)  # never centered in place
+    staged = KMeans(4, init=init, backend="cupy-chunked",
+                    backend_options={"stream": True, "stream_rows": 1024,
+                                     "pin_input": False}).fit(X)
+    assert fake_cupy.runtime.register_calls == 1
+    np.testing.assert_array_equal(staged.labels_, km.labels_)
+
+
+# -- stream="auto", the plan, the estimate ---------------------------------------------------
+@pytest.mark.parametrize("name", BACKENDS)
+def test_auto_streams_only_what_does_not_fit(fake_cupy, name):
+    X, init = _problem(20011, 3, 5, np.float32, seed=9)
+    fits = KMeans(5, init=init, backend=name).fit(X)
+    assert "stream" not in fits.memory_report_
+    fake_cupy.runtime.free = 2 * X.nbytes  # X, not X with its centered copy and labels
+    streamed = KMeans(5, init=init, backend=name).fit(X)
+    assert "stream" in streamed.memory_report_
+    np.testing.assert_array_equal(streamed.labels_, fits.labels_)
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+def test_no_stream_and_x_beyond_the_device_fails_early_saying_so(fake_cupy, name):
+    X, init = _problem(20011, 3, 5, np.float32, seed=10)
+    fake_cupy.runtime.free = X.nbytes // 2
+    with pytest.raises(KMeansMemoryError) as info:
+        KMeans(5, init=init, backend=name, backend_options={"stream": False}).fit(X)
+    msg = str(info.value)
+    assert "does not fit on the GPU" in msg and "float32" in msg and "'stream': True" in msg
+    assert len(fake_cupy.allocations) == 0  # before any work
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+def test_streaming_below_its_floor_fails_early_with_the_device_numbers(fake_cupy, name):
+    X, init = _problem(20011, 3, 5, np.float32, seed=11)
+    fake_cupy.runtime.free = 40_000  # a chunk of 1024 rows in 3 slots does not fit
+    with pytest.raises(KMeansMemoryError) as info:
+        KMeans(5, init=init, backend=name).fit(X)
+    msg = str(info.value)
+    assert "streaming X" in msg and "needs at least" in msg and "free of" in msg
+    assert "max_memory='auto'" in msg and "set_limit" in msg and "'stream'" not in msg
+    assert len(fake_cupy.allocations) == 0
+
+
+@pytest.mark.parametrize("k,budget", [(7, 50 << 20), (1000, 8 << 20), (300, 300_000)])
+@pytest.mark.parametrize("name", BACKENDS)
+def test_plan_fits_the_budget_and_the_estimate_says_so(fake_cupy, name, k, budget):
+    n, d = 1_000_003, 3
+    backend = get_backend(name)(max_memory=budget)
+    plan = plan_stream(n, d, k, 4, budget, weighted=True,
+                       work_bytes=lambda r, share: backend.stream_work_bytes(r, d, k, 4, share))
+    assert plan.device_bytes <= budget
+    assert streaming.MIN_STREAM_ROWS <= plan.rows <= n
+    est = estimate_memory(n, d, k, dtype="float32", backend=name, max_memory=budget)
+    assert est.total > n * d * 4  # "auto": X on the device
+    est = get_backend(name).estimate_memory(n, d, k, itemsize=4, max_memory=budget,
+                                            stream=True)
+    assert est.total <= budget and est.total == sum(
+        v for key, v in est.parts.items() if not key.endswith("_host"))
+    assert {"label_store", "stream_buffers", "chunk_buffers", "centers_and_sums",
+            "pinned_host", "label_store_host"} == set(est.parts)
+    assert est.parts["pinned_host"] > 0
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+def test_streaming_buffers_stay_within_the_plan(fake_cupy, name):
+    """What the engine allocates on the device (chunk buffers of every slot, the label
+    store, the GEMM blocks) and in pinned memory is what its plan counted."""
+    X, init = _problem(50021, 3, 40, np.float32, seed=12)
+    w = np.random.default_rng(0).uniform(0.5, 2, 50021).astype(np.float32)
+    b = get_backend(name)(max_memory="4MB", stream=True)
+    mean = X.mean(axis=0)
+    b.kmeans_single(HostRows(X, mean), w, init - mean, xp=np, max_iter=3, tol=0)
+    e, plan = b._engine, b._engine.plan
+    assert plan.rows < 50021 and plan.store_on_device
+    device = sum(a.nbytes for a in e._dev.values()) + e._store.nbytes
+    assert device <= plan.parts["stream_buffers"] + plan.parts["label_store"]
+    if name == "cupy-chunked":
+        assert b._blocks[3].nbytes + b._blocks[4].nbytes <= plan.parts["chunk_buffers"]
+    assert plan.device_bytes <= 4_000_000
+    assert e.pinned_bytes <= plan.parts["pinned_host"] + plan.parts["label_store_host"]
+    b.finish()
+    assert b._engine is None and not fake_cupy.runtime.registered
+
+
+# -- the contract's primitives on HostRows ---------------------------------------------------
+@pytest.mark.parametrize("name", BACKENDS)
+def test_primitives_on_host_rows_match_the_in_memory_ones(fake_cupy, name):
+    X, C = _problem(4099, 5, 11, np.float64, seed=13)
+    mean = X.mean(axis=0)
+    w = np.random.default_rng(1).uniform(0, 2, 4099)
+    rows = HostRows(X, mean)
+    b = get_backend(name)(stream=True, stream_rows=1024)
+    Xc, Cc = X - mean, C - mean
+    ref = b.lloyd_iter(Xc, w, Cc)
+    got = b.lloyd_iter(rows, w, Cc)
+    np.testing.assert_array_equal(got.labels, ref.labels)
+    np.testing.assert_allclose(got.min_sq_dist, ref.min_sq_dist, rtol=1e-12)
+    np.testing.assert_allclose(got.weighted_sums, ref.weighted_sums, rtol=1e-12)
+    np.testing.assert_allclose(got.weight_in_clusters, ref.weight_in_clusters, rtol=1e-12)
+    lab, mins = b.assign(rows, Cc)
+    np.testing.assert_array_equal(lab, ref.labels)
+    sums, weights = b.reduce(rows, ref.labels, w, 11)
+    np.testing.assert_allclose(sums, ref.weighted_sums, rtol=1e-12)
+    b.finish()
+
+
+def test_host_rows_select_centered_rows_only():
+    X = np.arange(12.0).reshape(4, 3)
+    mean = X.mean(axis=0)
+    rows = HostRows(X, mean)
+    np.testing.assert_array_equal(rows[1:3, ...], (X - mean)[1:3])
+    np.testing.assert_array_equal(rows[2, :], (X - mean)[2])
+    np.testing.assert_array_equal(np.take(rows, [3, 0], axis=0), (X - mean)[[3, 0]])
+    np.testing.assert_array_equal(np.asarray(rows), X - mean)
+    assert rows.shape == (4, 3) and rows.dtype == X.dtype and len(rows) == 4
+    with pytest.raises(TypeError):
+        rows[:, 1]
+
+
+def test_predict_score_transform_after_a_streamed_fit(fake_cupy):
+    X, init = _problem(3001, 3, 4, np.float64, seed=14)
+    ref = KMeans(4, init=init, backend="numpy").fit(X)
+    km = KMeans(4, init=init, backend="cupy-kernels", backend_options={"stream": True}).fit(X)
+    np.testing.assert_array_equal(km.predict(X), ref.predict(X))
+    assert km.score(X) == pytest.approx(ref.score(X), rel=1e-10)
+    np.testing.assert_allclose(km.transform(X), ref.transform(X), rtol=1e-8, atol=1e-8)
