@@ -380,13 +380,15 @@ class StreamEngine:
         n, d, rows, S = self.n, self.d, p.rows, p.slots
         assign = centers is not None and labels_in is None and store != "read"
         need_w = accumulate or direct_inertia or distance_inertia
-        state = b.chunk_centers(centers, self.dtype) if assign else None
-        C_dev = cp.asarray(centers, dtype=self.dtype) if direct_inertia else None
-        mean_dev = self._mean_on_device(mean)
         store_buf = self._label_store() if store else None
         labels = np.empty(n, dtype=np.int64) if labels_out else None
         mins = np.empty(n, dtype=self.dtype) if min_out else None
+        # uploads on the compute stream: the chunks' kernels are ordered after them (the
+        # streams do not synchronise with the default stream)
         with self.compute:
+            state = b.chunk_centers(centers, self.dtype) if assign else None
+            C_dev = cp.asarray(centers, dtype=self.dtype) if direct_inertia else None
+            mean_dev = self._mean_on_device(mean)
             sums = cp.zeros((self.k, d), dtype=cp.float64) if accumulate else None
             weights = cp.zeros(self.k, dtype=cp.float64) if accumulate else None
             inertia = cp.zeros((), dtype=cp.float64)

@@ -10,11 +10,11 @@ import sys
 import types
 
 import numpy as np
-
-from kmeans_xp import registry
 from kmeans_xp_backends import _cupy_common
 from kmeans_xp_backends import _cupy_kmeans_kernels as kernels
 from kmeans_xp_backends import _cupy_streaming as streaming
+
+from kmeans_xp import registry
 
 
 class FakeOOM(MemoryError):

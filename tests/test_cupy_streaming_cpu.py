@@ -7,11 +7,11 @@ the plan against the budget, the decisions of stream="auto", memmaps and page lo
 the memory estimate and report. The GPU tests (test_cupy_streaming.py) run the real thing."""
 import numpy as np
 import pytest
+from kmeans_xp_backends import _cupy_streaming as streaming
+from kmeans_xp_backends._cupy_streaming import HostRows, is_memmap, plan_stream
 
 from kmeans_xp import KMeans, KMeansMemoryError, estimate_memory, get_backend
 from kmeans_xp.testing import asymmetric_data
-from kmeans_xp_backends import _cupy_streaming as streaming
-from kmeans_xp_backends._cupy_streaming import HostRows, is_memmap, plan_stream
 from tests import _fake_cupy
 
 BACKENDS = ("cupy-kernels", "cupy-chunked")
@@ -245,8 +245,10 @@ def test_primitives_on_host_rows_match_the_in_memory_ones(fake_cupy, name):
     np.testing.assert_allclose(got.weight_in_clusters, ref.weight_in_clusters, rtol=1e-12)
     lab, mins = b.assign(rows, Cc)
     np.testing.assert_array_equal(lab, ref.labels)
+    np.testing.assert_allclose(mins, ref.min_sq_dist, rtol=1e-12)
     sums, weights = b.reduce(rows, ref.labels, w, 11)
     np.testing.assert_allclose(sums, ref.weighted_sums, rtol=1e-12)
+    np.testing.assert_allclose(weights, ref.weight_in_clusters, rtol=1e-12)
     b.finish()
 
 
