@@ -87,7 +87,12 @@ def test_one_iteration_agrees_with_numpy(cp, d, k, dtype):
         assert labels.dtype == np.int64 and labels.shape == (n,)
         bad = np.flatnonzero((labels != ref) & clear)
         assert bad.size == 0, f"{where}: {bad.size} labels differ from the argmin"
-        assert np.mean(labels == np_it.labels) > 0.999, f"{where}: disagrees with numpy"
+        if name == "cupy-kernels" and d <= 3:
+            # numpy's own arithmetic (fma chain + einsum's ||c||^2): every label, ties too
+            differ = np.flatnonzero(labels != np_it.labels)
+            assert differ.size == 0, f"{where}: {differ.size} labels differ from numpy"
+        else:  # cuBLAS's GEMM order (cupy-chunked) may split a near-tie the other way
+            assert np.mean(labels == np_it.labels) > 0.999, f"{where}: disagrees with numpy"
         mins = cp.asnumpy(it.min_sq_dist).astype(np.float64)
         scale = float(np.abs(X).max()) ** 2 + 1
         rtol = 1e-4 if dtype == np.float32 else 1e-10
@@ -223,20 +228,8 @@ def test_chunk_halving_survives_a_limit_below_the_working_set(cp, pool):
     assert max(tight.memory_report_.values()) <= limit
 
 
-@pytest.mark.parametrize("name", BACKENDS)
-def test_limit_below_the_data_raises_memory_error_and_pool_stays_usable(cp, pool, name):
-    X = asymmetric_data(2_000_003, 3, 20, dtype=np.float32, seed=4)  # 24 MB on the host
-    pool.set_limit(size=pool.used_bytes() + X.nbytes // 2)
-    with pytest.raises(KMeansMemoryError) as info:
-        KMeans(20, backend=name, max_iter=2).fit(X)
-    msg = str(info.value)
-    assert "does not fit on the GPU" in msg and "pool limit" in msg and "float32" in msg
-    del info
-    pool.set_limit(size=0)
-    y = cp.arange(10**7, dtype=cp.float64)
-    assert float(y.sum()) == 10**7 * (10**7 - 1) / 2
-    km = KMeans(20, backend=name, max_iter=2, random_state=0).fit(X)
-    assert km.labels_.shape == (X.shape[0],)
+# a pool limit below X itself: tests/test_cupy_streaming.py (NumPy X is streamed by default
+# when it does not fit; stream=False fails early saying so)
 
 
 @pytest.mark.parametrize("name", BACKENDS)
