@@ -191,11 +191,13 @@ class CupyBackendBase(KMeansBackend):
                 raise self._host_x_error(X) from exc
 
     def _host_x_error(self, X):
-        hint = (" or host streaming (backend_options={'stream': True})"
-                if self.supports_streaming else "")
+        hints = (["float32 (half the bytes)"] if X.dtype != np.float32 else []) + [
+            "a smaller X", "the numpy backend"]
+        if self.supports_streaming:
+            hints.append("host streaming (backend_options={'stream': True})")
         return KMeansMemoryError(
             f"X ({format_bytes(X.nbytes)}, {X.dtype}) does not fit on the GPU: "
-            f"{device_memory_state()}. Use float32, a smaller X, the numpy backend{hint}.")
+            f"{device_memory_state()}. Use {', '.join(hints[:-1])} or {hints[-1]}.")
 
     def from_backend(self, arr, like):
         if isinstance(arr, self._cp.ndarray) and not isinstance(like, self._cp.ndarray):

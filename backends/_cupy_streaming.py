@@ -249,6 +249,9 @@ class StreamEngine:
             return self
         unit = sample_weight is None or (sample_weight is self.sw and self.unit_weights) \
             or _all_ones(sample_weight)
+        # drop the old plan's device buffers first: the new plan may use their memory
+        self.synchronize()
+        self._dev, self._store, self.plan = {}, None, None
         backend, (n, d), itemsize = self.backend, self.X.shape, self.dtype.itemsize
         what = f"{backend.name} streaming X (n={n}, d={d}, {self.dtype}) from the host"
         with backend.explain_device_budget(what, 0, "nothing else: X stays on the host",
@@ -257,9 +260,6 @@ class StreamEngine:
                 n, d, int(k), itemsize, backend.budget(), weighted=not unit, rows=rows,
                 what=what, work_bytes=lambda r, share: backend.stream_work_bytes(
                     r, d, int(k), itemsize, share))
-        if plan != self.plan:  # new device buffers (pinned ones are resized when used)
-            self.synchronize()
-            self._dev, self._store = {}, None
         self.k, self.plan, self._rows = int(k), plan, rows
         self.sw = sample_weight
         self.unit_weights = unit
@@ -380,6 +380,7 @@ class StreamEngine:
         n, d, rows, S = self.n, self.d, p.rows, p.slots
         assign = centers is not None and labels_in is None and store != "read"
         need_w = accumulate or direct_inertia or distance_inertia
+        need_x = assign or accumulate or direct_inertia or column_stats
         store_buf = self._label_store() if store else None
         labels = np.empty(n, dtype=np.int64) if labels_out else None
         mins = np.empty(n, dtype=self.dtype) if min_out else None
@@ -406,7 +407,7 @@ class StreamEngine:
                 pending[s] = None
             # host -> device
             Xd = self._device("X", s, (rows, d), self.dtype)[:m]
-            src_x = self._source("X", self.X, s, c0, c1)
+            src_x = self._source("X", self.X, s, c0, c1) if need_x else None
             wd = None
             if need_w:
                 if self.unit_weights:
@@ -425,7 +426,8 @@ class StreamEngine:
                 else:
                     store_dev = self._device("store", s, (rows,), p.store_dtype)[:m]
             with self.copy_in:
-                copy_to_device(Xd, src_x, self.copy_in)
+                if need_x:
+                    copy_to_device(Xd, src_x, self.copy_in)
                 if wd is not None and not self.unit_weights:
                     copy_to_device(wd, src_w, self.copy_in)
                 if labels_in is not None:
@@ -442,7 +444,7 @@ class StreamEngine:
                         shift = col_sum / m  # the first chunk's mean: sums of squares about it
                     col_sq += kernels.reduction("shifted_sq")(Xd, shift, axis=0)
                 else:
-                    if mean_dev is not None:
+                    if mean_dev is not None and need_x:
                         Xd -= mean_dev
                     if assign:
                         b.assign_chunk(Xd, state, lab, dist)
@@ -516,9 +518,15 @@ class StreamEngine:
             return store.array.astype(np.int64)
         return self.run(store="read", labels_out=True).labels
 
+    def __del__(self):
+        try:  # a fit that failed never reached finish(): X's pages must not stay locked
+            self.close()
+        except Exception:  # noqa: BLE001 - interpreter shutdown, CUDA gone
+            pass
+
     def close(self):
         """Wait for the streams, unregister X's pages, drop every buffer (pinned blocks go
-        back to CuPy's pinned pool)."""
+        back to CuPy's pinned pool). Safe to call twice."""
         self.synchronize()
         rt = self.cp.cuda.runtime
         for ptr in self._registered:
@@ -547,6 +555,8 @@ def stream_lloyd(engine, mean, sample_weight, centers, *, max_iter, tol, rows,
     it for device-resident X), with every O(n) step done by streamed passes: one pass per
     iteration gives the sums, the inertia of the streamed distances and the count of changed
     labels; the final pass gives the labels and the inertia by direct differences."""
+    from array_api_compat import numpy as xp  # the driver's helpers take a namespace
+
     X = HostRows(engine.X, mean)
     history = {"inertia": [], "center_shift": []}
     strict = False
@@ -556,8 +566,8 @@ def stream_lloyd(engine, mean, sample_weight, centers, *, max_iter, tol, rows,
         sums, weights = r.sums, r.weights
         if np.any(weights == 0):  # relocation reads the labels: only now do they come back
             sums, weights = relocate_empty(X, sample_weight, centers, engine.store_labels(),
-                                           sums, weights, np, rows)
-        centers_new = new_centers(sums, weights, centers, np)
+                                           sums, weights, xp, rows)
+        centers_new = new_centers(sums, weights, centers, xp)
         shift = float(np.sum((centers_new.astype(np.float64)
                               - centers.astype(np.float64)) ** 2))
         history["inertia"].append(r.inertia)

@@ -314,7 +314,8 @@ class KMeans:
         centers = xp.asarray(self._centers_fit, device=device(Xb)) if namespace_name(
             self._centers_fit) == namespace_name(Xb) else xp.asarray(
                 to_numpy(self._centers_fit), device=device(Xb))
-        Xc = backend.center(xp.astype(Xb, centers.dtype), xp.astype(mean, centers.dtype), xp=xp)
+        Xc = backend.center(xp.astype(Xb, centers.dtype, copy=False),
+                            xp.astype(mean, centers.dtype), xp=xp)
         return backend, Xc, xp, X, centers
 
     def predict(self, X):
