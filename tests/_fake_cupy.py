@@ -16,6 +16,8 @@ from kmeans_xp_backends import _cupy_streaming as streaming
 
 from kmeans_xp import registry
 
+_REAL_CLUSTER_SUMS = kernels.cluster_sums
+
 
 class FakeOOM(MemoryError):
     pass
@@ -224,13 +226,34 @@ REDUCTIONS = {
 }
 
 
-def install(monkeypatch, max_alloc=1 << 40):
-    """Put a FakeCupy in sys.modules and the NumPy kernels in place; returns the fake."""
+class _EmulatedRawKernel:
+    """A RawModule function whose launches run the real CUDA source on the CPU."""
+
+    def __init__(self, emu, name):
+        self.emu, self.name = emu, name
+
+    def __call__(self, grid, block, args, shared_mem=0):
+        self.emu.launch(self.name, int(grid[0]), args, smem=int(shared_mem),
+                        block=int(block[0]))
+
+
+def install(monkeypatch, max_alloc=1 << 40, emulated=False):
+    """Put a FakeCupy in sys.modules and the NumPy kernels in place; returns the fake.
+    emulated=True: the raw kernels are the real CUDA source run on the CPU
+    (tests/_cuda_emulator.py) behind the backends' own launch code; the elementwise and
+    reduction kernels stay NumPy."""
     fake = FakeCupy(max_alloc)
     monkeypatch.setitem(sys.modules, "cupy", fake)
-    for name in ("nearest_center", "cluster_sums", "labelled_sq_dist", "row_argmin_shifted",
-                 "update_label_store"):
+    raw = ("nearest_center", "row_argmin_shifted", "update_label_store")
+    for name in ("cluster_sums", "labelled_sq_dist") + (() if emulated else raw):
         monkeypatch.setattr(kernels, name, globals()[name])
+    if emulated:
+        from tests._cuda_emulator import EmulatedKernels
+        emu = EmulatedKernels(kernels.all_raw_kernel_names())
+        monkeypatch.setattr(kernels, "raw_kernel", lambda name: _EmulatedRawKernel(emu, name))
+        monkeypatch.setattr(kernels, "_multiprocessors", lambda: 2)
+        # cluster_sums' shared-memory path needs its launcher: keep the real one
+        monkeypatch.setattr(kernels, "cluster_sums", _REAL_CLUSTER_SUMS)
     for name in ("copy_to_device", "copy_to_host"):
         monkeypatch.setattr(streaming, name, globals()[name])
     monkeypatch.setattr(kernels, "reduction", REDUCTIONS.__getitem__)

@@ -156,6 +156,34 @@ def test_chunked_assign_below_the_floor_raises_memory_error(fake_chunked):
         b.assign(X, X[:400])
 
 
+@pytest.fixture
+def emulated_cupy(monkeypatch):
+    """The fake CuPy with the real raw kernels run on the CPU (needs g++)."""
+    from tests._cuda_emulator import EmulatedKernels
+    if not EmulatedKernels.available():
+        pytest.skip("needs g++ to run the CUDA kernels on the CPU")
+    fake = _fake_cupy.install(monkeypatch, emulated=True)
+    yield fake
+    _fake_cupy.uninstall()
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("name", CUPY_BACKENDS)
+def test_fit_with_the_real_kernels_is_the_numpy_backends(emulated_cupy, name, dtype):
+    """The backends' launch code and the CUDA kernels themselves (run on the CPU): the numpy
+    backend's fit (float32 too: numpy's arithmetic, sums with float64 products as numpy's
+    bincount of float32 products rounds them alike for these data)."""
+    X = asymmetric_data(1201, 3, 6, dtype=dtype, seed=21)
+    init = X[:6] + dtype(0.1)
+    ref = KMeans(6, init=init, backend="numpy", max_iter=6, tol=0).fit(X)
+    got = KMeans(6, init=init, backend=name, max_iter=6, tol=0, max_memory="40KB").fit(X)
+    agree = np.mean(got.labels_ == ref.labels_)
+    assert agree == 1.0, f"{name} {np.dtype(dtype)}: {1 - agree:.4%} labels differ"
+    assert got.n_iter_ == ref.n_iter_
+    rtol = 1e-6 if dtype == np.float32 else 1e-12
+    np.testing.assert_allclose(got.cluster_centers_, ref.cluster_centers_, rtol=rtol)
+
+
 @pytest.mark.parametrize("name", CUPY_BACKENDS)
 def test_fit_through_the_estimator_matches_numpy(fake_cupy, name):
     X = asymmetric_data(3001, 3, 9, dtype=np.float64, seed=11)

@@ -24,6 +24,30 @@ def fake_cupy(monkeypatch):
     _fake_cupy.uninstall()
 
 
+@pytest.fixture
+def emulated_cupy(monkeypatch):
+    from tests._cuda_emulator import EmulatedKernels
+    if not EmulatedKernels.available():
+        pytest.skip("needs g++ to run the CUDA kernels on the CPU")
+    fake = _fake_cupy.install(monkeypatch, emulated=True)
+    yield fake
+    _fake_cupy.uninstall()
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+def test_streamed_fit_with_the_real_kernels(emulated_cupy, name):
+    """Streaming with the CUDA kernels themselves (run on the CPU): the label store kernel,
+    the sums accumulated across chunks, the row argmin of each streamed chunk's GEMM."""
+    X, init = _problem(2501, 3, 5, np.float64, seed=15)
+    init[4] = X.max(axis=0) * 40  # an empty cluster: relocation reads the label store
+    ref = KMeans(5, init=init, backend="numpy", max_iter=30).fit(X)
+    got = KMeans(5, init=init, backend=name, max_iter=30,
+                 backend_options={"stream": True, "stream_rows": 1100}).fit(X)
+    np.testing.assert_array_equal(got.labels_, ref.labels_)
+    np.testing.assert_allclose(got.cluster_centers_, ref.cluster_centers_, rtol=1e-12)
+    assert got.n_iter_ == ref.n_iter_
+
+
 def _fit(name, X, k, init, **kw):
     options = kw.pop("backend_options", {})
     return KMeans(k, init=init, backend=name, backend_options=options, **kw).fit(X)

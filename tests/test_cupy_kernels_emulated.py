@@ -1,0 +1,161 @@
+"""The CuPy backends' raw kernels run on the CPU (tests/_cuda_emulator.py: the CUDA source
+compiled as C++ with one thread per CUDA thread), checked against NumPy: labels bit for bit
+against the numpy backend's arithmetic (the exactness cupy-kernels promises), shared-memory
+center tiles (resident and streamed), grid-stride loops with short last groups, the warp
+reductions of the sums, the row argmin's tie rules and the label store. Skipped without g++.
+"""
+import numpy as np
+import pytest
+from kmeans_xp_backends import _cupy_kmeans_kernels as K
+
+from kmeans_xp.testing import asymmetric_data
+from tests._cuda_emulator import EmulatedKernels
+
+pytestmark = pytest.mark.skipif(not EmulatedKernels.available(), reason="needs g++")
+
+F32, F64 = np.dtype(np.float32), np.dtype(np.float64)
+
+
+@pytest.fixture(scope="module")
+def emu():
+    try:
+        return EmulatedKernels(K.all_raw_kernel_names())
+    except Exception as exc:  # noqa: BLE001 - an old compiler without <barrier>
+        pytest.skip(f"the kernels do not build for the CPU here: {exc}")
+
+
+def _numpy_assign(X, C):
+    """The numpy backend's assignment arithmetic: X @ (-2 C).T + einsum(C, C), argmin."""
+    dist = X @ np.ascontiguousarray((-2 * C).T)
+    dist += np.einsum("ij,ij->i", C, C)
+    labels = dist.argmin(axis=1)
+    best = dist[np.arange(len(X)), labels]
+    return labels, best
+
+
+def _nearest(emu, X, C, grid):
+    n, d = X.shape
+    k = C.shape[0]
+    ops = K.center_operands(C, X.dtype)
+    labels = np.full(n, -1, dtype=np.int64)
+    min_sq = np.full(n, np.nan, dtype=X.dtype)
+    name = K.nearest_kernel_name(d, X.dtype)
+    if name.startswith("nearest_small"):
+        args = (X, ops, np.int64(n), np.int32(k), labels, min_sq)
+    else:
+        args = (X, ops, np.int64(n), np.int32(k), np.int32(d), labels, min_sq)
+    emu.launch(name, grid, args)
+    return labels, min_sq
+
+
+def _problem(n, d, k, dtype, seed, ties=False):
+    X = asymmetric_data(n, d, max(1, k // 3), dtype=dtype, seed=seed)
+    X -= X.mean(axis=0)
+    rng = np.random.default_rng(seed)
+    C = X[rng.choice(n, k, replace=False)] + (rng.normal(size=(k, d)) * 0.01).astype(dtype)
+    if ties:  # duplicate centers: the first of equal distances must win
+        C[k // 2:k // 2 + 3] = C[1]
+    return np.ascontiguousarray(X), np.ascontiguousarray(C)
+
+
+@pytest.mark.parametrize("dtype", [F32, F64])
+@pytest.mark.parametrize("d,k", [(1, 5), (2, 300), (3, 1), (3, 200), (3, 2500), (4, 1200)])
+def test_nearest_small_is_numpys_assignment_bit_for_bit(emu, dtype, d, k):
+    """d <= 4: the same labels as numpy's GEMM expansion, ties included, for centers held
+    in shared memory once (k <= tile) or streamed through it in tiles (k > tile)."""
+    P = K.points_per_thread(d, dtype.itemsize)
+    # several groups of BLOCK * P points and a short one; grid 2: the grid-stride loop
+    n = max(3 * K.BLOCK * P, 2 * k) + 77
+    X, C = _problem(n, d, k, dtype, seed=d * 31 + k, ties=k > 8)
+    labels, min_sq = _nearest(emu, X, C, grid=2)
+    ref, best = _numpy_assign(X, C)
+    np.testing.assert_array_equal(labels, ref)
+    xnorm = np.zeros(n, dtype=dtype)
+    for j in range(d):  # the kernel's ||x||^2: a sequential sum of rounded squares
+        xnorm = (xnorm + X[:, j] * X[:, j]).astype(dtype)
+    if k > 1:
+        np.testing.assert_array_equal(min_sq, np.maximum(best + xnorm, 0))
+    else:  # OpenBLAS hands a one-column GEMM to GEMV, which sums in another order
+        np.testing.assert_allclose(min_sq, np.maximum(best + xnorm, 0), rtol=1e-5)
+
+
+@pytest.mark.parametrize("dtype,d,k", [(F32, 5, 40), (F32, 17, 500), (F32, 30, 7),
+                                       (F32, 128, 20), (F64, 9, 300), (F64, 64, 11),
+                                       (F32, 129, 6), (F64, 65, 9)])
+def test_wider_nearest_kernels_are_numpys_assignment(emu, dtype, d, k):
+    """nearest_tiled (centers in shared-memory tiles, the point in registers) and
+    nearest_mem: numpy's labels (its GEMM is the same fused multiply-add chain here)."""
+    n = 2 * K.BLOCK + 45
+    X, C = _problem(n, d, k, dtype, seed=d + k, ties=k > 8)
+    labels, min_sq = _nearest(emu, X, C, grid=1)
+    ref, best = _numpy_assign(X, C)
+    np.testing.assert_array_equal(labels, ref)
+    direct = ((X[:, None, :].astype(np.float64) - C[None].astype(np.float64)) ** 2).sum(-1)
+    scale = float(np.abs(X).max()) ** 2 + 1
+    np.testing.assert_allclose(min_sq, direct[np.arange(n), labels], rtol=1e-4,
+                               atol=1e-5 * scale)
+
+
+@pytest.mark.parametrize("dtype", [F32, F64])
+@pytest.mark.parametrize("order", ["random", "sorted"])
+def test_cluster_sums_shared(emu, dtype, order):
+    """Privatised float64 sums: random labels (per-lane shared atomics) and sorted labels
+    (whole warps of one label reduced by shuffles), zero weights skipped."""
+    n, d, k = 5 * K.BLOCK + 19, 3, 37
+    X, _ = _problem(n, d, k, dtype, seed=5)
+    rng = np.random.default_rng(6)
+    labels = rng.integers(0, k, n).astype(np.int64)
+    if order == "sorted":
+        labels.sort()
+    w = rng.uniform(0.5, 2, n).astype(dtype)
+    w[rng.random(n) < 0.1] = 0
+    sums = np.zeros((k, d))
+    weights = np.zeros(k)
+    emu.launch(f"cluster_sums_shared<{K._CTYPE[dtype]}>", 3,
+               (X, labels, w, np.int64(n), np.int32(d), np.int32(k), sums, weights),
+               smem=k * (d + 1) * 8)
+    ref = np.zeros((k, d))
+    np.add.at(ref, labels, X.astype(np.float64) * w.astype(np.float64)[:, None])
+    np.testing.assert_allclose(sums, ref, rtol=1e-12, atol=1e-9)
+    np.testing.assert_allclose(weights, np.bincount(labels, weights=w.astype(np.float64),
+                                                    minlength=k), rtol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [F32, F64])
+def test_row_argmin_shifted_over_tiles(emu, dtype):
+    """One warp per row: + ||c||^2 with one rounding, first index on ties within a tile, an
+    earlier tile wins ties across tiles; rows > warps in the grid (the row loop)."""
+    rng = np.random.default_rng(7)
+    rows, k, tile = 103, 90, 40
+    dist = rng.normal(size=(rows, k)).astype(dtype)
+    c_norm = rng.uniform(0, 2, k).astype(dtype)
+    dist[5, 7] = dist[5, 3] = -100            # a tie inside a tile: 3 wins
+    dist[9, 12] = -50
+    dist[9, 52] = -50 + c_norm[12] - c_norm[52]  # a tie across tiles (when exact)
+    run_min = np.zeros(rows, dtype=dtype)
+    labels = np.full(rows, -1, dtype=np.int64)
+    for j0 in range(0, k, tile):
+        j1 = min(j0 + tile, k)
+        block = np.ascontiguousarray(dist[:, j0:j1])
+        emu.launch(f"row_argmin_shifted<{K._CTYPE[dtype]}>", 2,
+                   (block, np.ascontiguousarray(c_norm[j0:j1]), np.int64(rows),
+                    np.int32(j1 - j0), np.int64(j0), np.int32(j0 == 0), run_min, labels))
+    full = dist + c_norm
+    np.testing.assert_array_equal(labels, full.argmin(axis=1))
+    np.testing.assert_array_equal(run_min, full.min(axis=1))
+
+
+@pytest.mark.parametrize("store_dtype", ["unsigned char", "unsigned short", "int"])
+def test_update_label_store_counts_and_writes(emu, store_dtype):
+    np_dtype = {"unsigned char": np.uint8, "unsigned short": np.uint16, "int": np.int32}
+    rng = np.random.default_rng(8)
+    m = 3 * K.BLOCK + 5
+    store = rng.integers(0, 200, m).astype(np_dtype[store_dtype])
+    labels = store.astype(np.int64)
+    flip = rng.random(m) < 0.3
+    labels[flip] = (labels[flip] + 1) % 200
+    changed = np.zeros(1, dtype=np.uint64)
+    emu.launch(f"update_label_store<{store_dtype}>", 2,
+               (labels, store, np.int64(m), changed))
+    assert int(changed[0]) == int(flip.sum())
+    np.testing.assert_array_equal(store.astype(np.int64), labels)
