@@ -330,6 +330,9 @@ class CupyBackendBase(KMeansBackend):
     def stream_work_bytes(self, rows, d, k, itemsize, budget):
         raise NotImplementedError(f"{self.name} does not stream")
 
+    def drop_work_buffers(self):
+        """Hook: free the per-chunk working buffers of the streamed primitive (re-planning)."""
+
     # -- memory -----------------------------------------------------------------------------
     def available_memory(self) -> int:
         return free_device_memory()[0]

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 from typing import NamedTuple
 
@@ -221,7 +222,9 @@ class StreamEngine:
     first pass that needs them, and kept until `close`."""
 
     def __init__(self, backend, X, *, pin_input="auto"):
-        self.backend, self.cp = backend, backend._cp
+        # a weak reference: the backend owns the engine, and an engine that outlives its
+        # backend (predict's backend is never finished) must be freed, X's pages unlocked
+        self.backend, self.cp = weakref.proxy(backend), backend._cp
         self.X = X
         self.n, self.d = X.shape
         self.dtype = X.dtype
@@ -252,6 +255,7 @@ class StreamEngine:
         # drop the old plan's device buffers first: the new plan may use their memory
         self.synchronize()
         self._dev, self._store, self.plan = {}, None, None
+        self.backend.drop_work_buffers()
         backend, (n, d), itemsize = self.backend, self.X.shape, self.dtype.itemsize
         what = f"{backend.name} streaming X (n={n}, d={d}, {self.dtype}) from the host"
         with backend.explain_device_budget(what, 0, "nothing else: X stays on the host",

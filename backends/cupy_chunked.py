@@ -103,6 +103,9 @@ class CupyChunkedBackend(CupyBackendBase):
     def on_chunk_halved(self, rows):
         self._blocks = None
 
+    def drop_work_buffers(self):
+        self._blocks = None
+
     def release_buffers(self):
         super().release_buffers()
         self._blocks = None

@@ -294,5 +294,7 @@ def test_predict_score_transform_after_a_streamed_fit(fake_cupy):
     ref = KMeans(4, init=init, backend="numpy").fit(X)
     km = KMeans(4, init=init, backend="cupy-kernels", backend_options={"stream": True}).fit(X)
     np.testing.assert_array_equal(km.predict(X), ref.predict(X))
+    # predict's backend is never finished: its engine goes with it, X's pages unlocked
+    assert fake_cupy.runtime.register_calls == 2 and not fake_cupy.runtime.registered
     assert km.score(X) == pytest.approx(ref.score(X), rel=1e-10)
     np.testing.assert_allclose(km.transform(X), ref.transform(X), rtol=1e-8, atol=1e-8)
