@@ -32,6 +32,20 @@ def pool(cp):
         cp.get_default_pinned_memory_pool().free_all_blocks()
 
 
+def _same_fit(name, got, ref, dtype=np.float32):
+    """cupy-kernels: bit for bit (the same kernels on the same values). cupy-chunked: cuBLAS
+    may pick another GEMM kernel for another number of rows (streamed chunks), so a float32
+    near-tie may go the other way: a few labels in 1e4 at most."""
+    if name == "cupy-kernels":
+        np.testing.assert_array_equal(got.labels_, ref.labels_)
+        np.testing.assert_allclose(got.cluster_centers_, ref.cluster_centers_,
+                                   rtol=0 if dtype == np.float32 else 1e-13)
+    else:
+        assert np.mean(got.labels_ != ref.labels_) <= 1e-4
+        np.testing.assert_allclose(got.cluster_centers_, ref.cluster_centers_, rtol=1e-4,
+                                   atol=1e-4)
+
+
 def _problem(n, d, k, dtype, seed):
     X = asymmetric_data(n, d, k, dtype=dtype, seed=seed, offset=3.0)
     init = X[np.random.default_rng(seed).choice(n, k, replace=False)].copy()
@@ -72,9 +86,7 @@ def test_streamed_fit_is_the_in_memory_fit(cp, name, dtype, pin_input):
     mem = KMeans(k, backend_options={"stream": False}, **kw).fit(X)
     st = KMeans(k, backend_options={"stream": True, "stream_rows": 100_003,
                                     "pin_input": pin_input}, **kw).fit(X)
-    np.testing.assert_array_equal(st.labels_, mem.labels_)
-    np.testing.assert_allclose(st.cluster_centers_, mem.cluster_centers_,
-                               rtol=0 if dtype == np.float32 else 1e-13)
+    _same_fit(name, st, mem, dtype)
     assert st.inertia_ == pytest.approx(mem.inertia_, rel=1e-5)
 
 
@@ -91,8 +103,7 @@ def test_memmap_input_is_streamed(cp, name, tmp_path):
     kw = dict(init=init, backend=name, max_iter=10, tol=0)
     ref = KMeans(k, backend_options={"stream": False}, **kw).fit(X)
     got = KMeans(k, backend_options={"stream": True, "stream_rows": 50_000}, **kw).fit(ro)
-    np.testing.assert_array_equal(got.labels_, ref.labels_)
-    np.testing.assert_array_equal(got.cluster_centers_, ref.cluster_centers_)
+    _same_fit(name, got, ref)
 
 
 @pytest.mark.parametrize("name", BACKENDS)
@@ -117,7 +128,7 @@ def test_limit_below_the_data_streams_or_says_why(cp, pool, name):
     assert "stream" in streamed.memory_report_
     assert max(v for key, v in streamed.memory_report_.items()
                if not key.endswith("_host")) <= pool.get_limit()
-    np.testing.assert_array_equal(streamed.labels_, free_fit.labels_)
+    _same_fit(name, streamed, free_fit)
     pool.set_limit(size=pool.used_bytes() + 32 * 1024)
     with pytest.raises(KMeansMemoryError) as info:
         KMeans(20, init=init, backend=name, max_iter=3, tol=0).fit(X)
