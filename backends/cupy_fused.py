@@ -13,16 +13,17 @@ Paths (chosen per problem, see `_plan`):
   gemm   d > 16: register-blocked SIMT GEMM tile (128 points x 128 centers per block, 8x8 per
          thread in float32, 4x8 in float64; double-buffered shared tiles, 16-byte loads) with
          the argmin in its epilogue; sums in a second kernel.
-  tf32   backend_options={"precision": "tf32"}, float32 only: cuBLAS GEMM under CuPy's TF32
+  tf32   backend_options={"precision": "tf32", "tf32_kernel": "cublas"}, float32 only: cuBLAS GEMM under CuPy's TF32
          compute type (cupy._core._routines_linalg.COMPUTE_TYPE_TF32, set for the call and
          restored) per row chunk + a warp-per-row argmin kernel that reads the chunk once.
          Faster for large d, NOT bit-exact FP32 (products are rounded to TF32's 10-bit
          mantissa), so partitions can differ from the numpy backend near ties. Needs compute
          capability >= 8.0.
-  tf32mma  the same with backend_options={"precision": "tf32", "tf32_kernel": "fused"}: our
+  tf32mma  backend_options={"precision": "tf32"} (tf32_kernel "fused", the default): our
          own tensor-core kernel (mma.sync m16n8k8 TF32, FP32 accumulation) with the argmin in
-         its epilogue, so the n x k distances never go through device memory (opt-in while
-         it is new; the cuBLAS path writes and reads them once per iteration).
+         its epilogue, so the n x k distances never go through device memory (the cuBLAS path
+         writes and reads them once per iteration). On the H200 at n=1M, d=128, k=4096:
+         11.5 ms per iteration against 13.3 ms for the cuBLAS path and 29.4 ms exact FP32.
 
 Determinism: the same input gives bit-identical labels, centers, inertia and history run to
 run on the same GPU. Per-cluster sums are accumulated in 64-bit fixed point (two words per
@@ -307,7 +308,7 @@ class _Plan(NamedTuple):
 
 
 def _plan(n, d, k, dtype_name, dev, *, precision="fp32", fuse="auto", P=None,
-          budget=None, tf32_kernel="cublas") -> _Plan:
+          budget=None, tf32_kernel="fused") -> _Plan:
     itemsize = 4 if dtype_name == "float32" else 8
     sums_smem = k * (d + 1) * 16 + (d + 1) * 8
     if precision == "tf32" or d > SMALL_D_MAX:
@@ -478,7 +479,7 @@ class CupyFusedBackend(CupyBackendBase):
     name = "cupy-fused"
 
     def __init__(self, max_memory="auto", precision="fp32", fuse="auto",
-                 points_per_thread=None, tf32_kernel="cublas", **options):
+                 points_per_thread=None, tf32_kernel="fused", **options):
         if options:
             raise TypeError(f"backend {self.name!r} takes no options {sorted(options)}; "
                             f"backend_options it knows: {list(_OPTIONS)}")
@@ -486,9 +487,9 @@ class CupyFusedBackend(CupyBackendBase):
             raise ValueError(f"precision={precision!r}: use 'fp32' (exact, default) or 'tf32' "
                              f"(tensor cores, float32 input, not bit-exact)")
         if tf32_kernel not in ("cublas", "fused"):
-            raise ValueError(f"tf32_kernel={tf32_kernel!r}: use 'cublas' (default: cuBLAS GEMM "
-                             f"per chunk + argmin) or 'fused' (tensor-core kernel with the "
-                             f"argmin fused)")
+            raise ValueError(f"tf32_kernel={tf32_kernel!r}: use 'fused' (default: tensor-core "
+                             f"kernel with the argmin fused) or 'cublas' (cuBLAS GEMM per "
+                             f"chunk + argmin)")
         if fuse not in ("auto", True, False):
             raise ValueError(f"fuse={fuse!r}: use 'auto', True or False")
         if points_per_thread not in (None, 1, 2, 4, 8):
@@ -525,7 +526,7 @@ class CupyFusedBackend(CupyBackendBase):
     # -- memory ---------------------------------------------------------------------------------
     @classmethod
     def estimate_memory(cls, n_samples, n_features, n_clusters, *, itemsize,
-                        max_memory="auto", precision="fp32", tf32_kernel="cublas", **_):
+                        max_memory="auto", precision="fp32", tf32_kernel="fused", **_):
         dtype_name = "float32" if itemsize == 4 else "float64"
         budget = None if max_memory == "auto" else resolve_budget(max_memory, 0)
         plan = _plan(n_samples, n_features, n_clusters, dtype_name, _NOMINAL,

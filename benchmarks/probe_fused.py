@@ -32,7 +32,7 @@ VARIANTS = {
     "W1": [{}, {"fuse": False}, {"points_per_thread": 8}],
     "W2": [{}, {"fuse": False}],
     "W3": [{}, {"fuse": False}],
-    "W5": [{}, {"precision": "tf32"}, {"precision": "tf32", "tf32_kernel": "fused"}],
+    "W5": [{}, {"precision": "tf32", "tf32_kernel": "cublas"}, {"precision": "tf32"}],
 }
 TARGET_MS = {"W1": 0.5, "W2": 0.6, "W3": 8.0, "W5": 30.0, "W5-tf32": 12.0}
 
