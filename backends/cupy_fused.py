@@ -13,12 +13,12 @@ Paths (chosen per problem, see `_plan`):
   gemm   d > 16: register-blocked SIMT GEMM tile (128 points x 128 centers per block, 8x8 per
          thread in float32, 4x8 in float64; double-buffered shared tiles, 16-byte loads) with
          the argmin in its epilogue; sums in a second kernel.
-  tf32   backend_options={"precision": "tf32", "tf32_kernel": "cublas"}, float32 only: cuBLAS GEMM under CuPy's TF32
-         compute type (cupy._core._routines_linalg.COMPUTE_TYPE_TF32, set for the call and
-         restored) per row chunk + a warp-per-row argmin kernel that reads the chunk once.
-         Faster for large d, NOT bit-exact FP32 (products are rounded to TF32's 10-bit
-         mantissa), so partitions can differ from the numpy backend near ties. Needs compute
-         capability >= 8.0.
+  tf32   backend_options={"precision": "tf32", "tf32_kernel": "cublas"}, float32 only: cuBLAS
+         GEMM under CuPy's TF32 compute type (cupy._core._routines_linalg.COMPUTE_TYPE_TF32,
+         set for the call and restored) per row chunk + a warp-per-row argmin kernel that
+         reads the chunk once. Faster for large d, NOT bit-exact FP32 (products are
+         rounded to TF32's 10-bit mantissa), so partitions can differ from the numpy
+         backend near ties. Needs compute capability >= 8.0.
   tf32mma  backend_options={"precision": "tf32"} (tf32_kernel "fused", the default): our
          own tensor-core kernel (mma.sync m16n8k8 TF32, FP32 accumulation) with the argmin in
          its epilogue, so the n x k distances never go through device memory (the cuBLAS path
@@ -740,7 +740,7 @@ class CupyFusedBackend(CupyBackendBase):
             self._finalize(st, inertia=False)
             return IterResult(labels, min_sq, st.sums, st.weights)
 
-    # -- the whole Lloyd loop on the device ---------------------------------------------------------
+    # -- the whole Lloyd loop on the device ------------------------------------------------------
     def kmeans_single(self, X, sample_weight, centers_init, *, xp=None, max_iter=300, tol=0.0,
                       verbose=0):
         """kmeans_xp.lloyd.kmeans_single_lloyd's semantics, one sync per iteration.

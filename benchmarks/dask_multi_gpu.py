@@ -168,6 +168,7 @@ def time_fit(X, init, iters, backend_name):
 def run_single_gpu(args, n, init, result):
     import cupy as cp
     from array_api_compat import cupy as cp_xp
+
     from kmeans_xp.registry import available_backends, get_backend
 
     have = available_backends()
@@ -239,7 +240,6 @@ def run_dask_case(args, n, init, client, key, out, reference):
     import cupy as cp
     import dask.array as da
     from distributed import futures_of
-
     from kmeans_xp_backends.dask_ import DaskBackend
 
     # the same rows as the single-GPU X: the same blocks in the same order

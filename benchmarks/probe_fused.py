@@ -7,10 +7,11 @@ few backend options (fused or split passes; fp32, tf32 through cuBLAS, tf32 fuse
 "iteration" is exactly what `kmeans_single` does per iteration: assignment (+ fused or
 separate sums), fixed-point finalize, the one device-to-host copy of the statistics, the
 center update. Warm-up first (NVRTC compile, pool growth), the device synchronised before
-each clock read, median of several repeats. Also times the assignment pass alone (CUDA events), the once-per-fit and
-per-relocation extras a whole fit adds (the relocation-key pass over X, the final direct
-inertia), and a whole `kmeans_single` (with how many assignment passes it ran and how many
-empty clusters it relocated), and checks the labels of a subsample against the numpy backend.
+each clock read, median of several repeats. Also times the assignment pass alone (CUDA
+events), the once-per-fit and per-relocation extras a whole fit adds (the relocation-key
+pass over X, the final direct inertia), and a whole `kmeans_single` (with how many
+assignment passes it ran and how many empty clusters it relocated), and checks the labels
+of a subsample against the numpy backend.
 """
 from __future__ import annotations
 

@@ -104,7 +104,7 @@ def fit(X, init, max_iter, *, budget=None):
         centers = init - mean
         labels_old = None
         n_iter = 0
-        for n_iter in range(1, max_iter + 1):
+        for n_iter in range(1, max_iter + 1):  # noqa: B007 (n_iter is read after the loop)
             labels = _assign(Xc, centers, rows)
             centers = _update(Xc, labels, centers, rows)
             if labels_old is not None and t.equal(labels, labels_old):

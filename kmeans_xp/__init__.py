@@ -9,8 +9,13 @@ from .backend import AssignResult, IterResult, KMeansBackend, ReduceResult
 from .estimator import ConvergenceWarning, KMeans
 from .lloyd import LloydResult
 from .memory import KMeansMemoryError, MemoryEstimate, estimate_memory
-from .registry import (BackendNotAvailableError, available_backends, get_backend,
-                       list_backends, register_backend)
+from .registry import (
+                       BackendNotAvailableError,
+                       available_backends,
+                       get_backend,
+                       list_backends,
+                       register_backend,
+)
 from .validation import NotFittedError
 
 __version__ = "0.1.0"

@@ -85,7 +85,8 @@ def _int(text):
     try:
         return int(round(float(t) * scale))
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a count (e.g. 2000000, 2e6, 2M)")
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a count (e.g. 2000000, 2e6, 2M)") from None
 
 
 def _add_protocol_args(p):

@@ -168,7 +168,7 @@ def kmeans_parallel(X, n_clusters, *, sample_weight, random_state, xp, rows,
         raise ValueError(f"oversampling_factor must be > 0, got {oversampling_factor!r}")
     if isinstance(n_rounds, bool) or not isinstance(n_rounds, (int, np.integer)) or n_rounds < 0:
         raise ValueError(f"n_rounds must be an integer >= 0, got {n_rounds!r}")
-    l = max(1, math.ceil(oversampling_factor * k))
+    n_draws = max(1, math.ceil(oversampling_factor * k))
     sw64 = persist(xp.astype(sample_weight, xp.float64))
     cum = xp.cumulative_sum(sw64)
     first = int(_draw(cum, float(cum[-1]), [random_state.uniform()], xp, n)[0])
@@ -181,7 +181,7 @@ def kmeans_parallel(X, n_clusters, *, sample_weight, random_state, xp, rows,
         phi = float(cum[-1])
         if not phi > 0:  # every positive-weight point sits on a candidate
             return None
-        drawn = to_numpy(_draw(cum, phi, random_state.uniform(size=l), xp, n))
+        drawn = to_numpy(_draw(cum, phi, random_state.uniform(size=n_draws), xp, n))
         new = [int(i) for i in dict.fromkeys(drawn.tolist()) if int(i) not in seen]
         seen.update(new)
         chosen.extend(new)

@@ -76,7 +76,8 @@ def check_backend(cls, *, make_array=None, dtypes=(np.float32, np.float64),
             X_np = asymmetric_data(n, d, max(1, k // 2), dtype=dtype, seed=n + d + k)
             X_np -= X_np.mean(axis=0)  # the driver hands backends mean-centered data
             rng = np.random.default_rng(k)
-            C_np = X_np[rng.choice(n, k, replace=False)] + rng.normal(size=(k, d)).astype(dtype) * 0.01
+            jitter = rng.normal(size=(k, d)).astype(dtype) * 0.01
+            C_np = X_np[rng.choice(n, k, replace=False)] + jitter
             w_np = rng.uniform(0.5, 2.0, size=n).astype(dtype)
             w_np[rng.random(n) < 0.1] = 0
             X = to_arr(X_np)

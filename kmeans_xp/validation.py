@@ -237,7 +237,8 @@ def check_init_array(init, n_clusters, n_features, *, xp_target=None):
     if centers.shape != (n_clusters, n_features):
         raise ValueError(f"The shape of the initial centers {centers.shape} does not match "
                          f"the number of clusters and features: expected ({n_clusters}, "
-                         f"{n_features}). Pass n_clusters={centers.shape[0] if centers.ndim else '?'} "
+                         f"{n_features}). Pass n_clusters="
+                         f"{centers.shape[0] if centers.ndim else '?'} "
                          f"or an init of the right shape.")
     if not np.all(np.isfinite(centers)):
         raise ValueError("The initial centers (init) contain NaN or infinity.")

@@ -8,7 +8,6 @@ import shutil
 import subprocess
 
 import pytest
-
 from kmeans_xp_backends import cupy_fused
 
 NVCC = shutil.which("nvcc")

@@ -3,14 +3,23 @@ plan, and cupy-chunked's chunk/tile/OOM-halving loop driven through a NumPy stan
 (kernels and GEMM emulated), so the orchestration is tested where no GPU is."""
 import numpy as np
 import pytest
-
-from kmeans_xp import (BackendNotAvailableError, KMeans, KMeansMemoryError, get_backend,
-                       list_backends)
-from kmeans_xp.testing import asymmetric_data
 from kmeans_xp_backends import _cupy_kmeans_kernels as kernels
 from kmeans_xp_backends._cupy_common import MIN_CHUNK_ROWS, fit_state_bytes, kmeanspp_bytes
-from kmeans_xp_backends.cupy_chunked import (MAX_BLOCK_BYTES, TILE_MIN_ROWS, CupyChunkedBackend,
-                                             plan_chunks)
+from kmeans_xp_backends.cupy_chunked import (
+    MAX_BLOCK_BYTES,
+    TILE_MIN_ROWS,
+    CupyChunkedBackend,
+    plan_chunks,
+)
+
+from kmeans_xp import (
+    BackendNotAvailableError,
+    KMeans,
+    KMeansMemoryError,
+    get_backend,
+    list_backends,
+)
+from kmeans_xp.testing import asymmetric_data
 from tests import _fake_cupy
 from tests.conftest import gpu_available
 

@@ -13,11 +13,11 @@ their partitions differ (a last-bit difference in one center can move a near tie
 few points); float64 fits, and float32 fits with d <= 3, must give numpy's partition."""
 import numpy as np
 import pytest
+from kmeans_xp_backends.numpy_ import NumpyBackend
 from sklearn.metrics import adjusted_rand_score
 
 from kmeans_xp import KMeans
 from kmeans_xp.testing import asymmetric_data, check_backend
-from kmeans_xp_backends.numpy_ import NumpyBackend
 
 pytestmark = pytest.mark.gpu
 
@@ -296,7 +296,9 @@ def test_tf32_assignment_within_tf32_rounding(cp, kernel, n, d, k):
     nx = np.sqrt((X64 ** 2).sum(1))
     nc = np.sqrt((C64 ** 2).sum(1))
     ref_c = exact.argmin(1)
-    err = lambda c: (2 * u * (1 + u) + gamma) * 2 * nx * nc[c] + gamma * nc[c] ** 2
+    def err(c):
+        return (2 * u * (1 + u) + gamma) * 2 * nx * nc[c] + gamma * nc[c] ** 2
+
     bound = err(lab) + err(ref_c) + 1e-6 * (nx ** 2 + nc[lab] ** 2)
     bad = np.flatnonzero(got - best > bound)
     assert bad.size == 0, (f"{kernel} tf32 n={n} d={d} k={k}: {bad.size} labels farther than "

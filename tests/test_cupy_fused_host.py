@@ -6,7 +6,6 @@ import types
 
 import numpy as np
 import pytest
-
 from kmeans_xp_backends import cupy_fused
 
 

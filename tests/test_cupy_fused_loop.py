@@ -6,12 +6,12 @@ import types
 
 import numpy as np
 import pytest
+from kmeans_xp_backends.cupy_fused import CupyFusedBackend
+from kmeans_xp_backends.numpy_ import NumpyBackend
 
 from kmeans_xp._xp import array_namespace
 from kmeans_xp.lloyd import inertia, kmeans_single_lloyd, new_centers, relocate_empty, tolerance
 from kmeans_xp.testing import asymmetric_data
-from kmeans_xp_backends.cupy_fused import CupyFusedBackend
-from kmeans_xp_backends.numpy_ import NumpyBackend
 
 ROWS = 4096
 

@@ -10,10 +10,11 @@ da = pytest.importorskip("dask.array")
 dask = pytest.importorskip("dask")
 distributed = pytest.importorskip("distributed")
 
+from kmeans_xp_backends.dask_ import DaskBackend, DaskNamespace  # noqa: E402
+
 from kmeans_xp import KMeans  # noqa: E402
 from kmeans_xp.registry import select_backend  # noqa: E402
 from kmeans_xp.testing import asymmetric_data, check_backend  # noqa: E402
-from kmeans_xp_backends.dask_ import DaskBackend, DaskNamespace  # noqa: E402
 
 
 @pytest.fixture(scope="module")

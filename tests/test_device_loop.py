@@ -6,11 +6,11 @@ reductions the CuPy backends provide as kernels, and compared with
 """
 import numpy as np
 import pytest
+from kmeans_xp_backends._device_loop import lloyd_with_reductions
+from kmeans_xp_backends.numpy_ import NumpyBackend
 
 from kmeans_xp.lloyd import kmeans_single_lloyd
 from kmeans_xp.testing import asymmetric_data
-from kmeans_xp_backends._device_loop import lloyd_with_reductions
-from kmeans_xp_backends.numpy_ import NumpyBackend
 
 
 class NumpyReductions:

@@ -15,7 +15,8 @@ from kmeans_xp.testing import asymmetric_data
 @pytest.mark.parametrize("value,expected", [
     ("2GB", 2 * 10**9), ("2gb", 2 * 10**9), ("512MiB", 512 * 2**20), ("1.5 GiB", 3 * 2**29),
     ("64KB", 64_000), ("10k", 10_000), ("1TiB", 2**40), ("4096", 4096), ("100B", 100),
-    (" 3 MB ", 3 * 10**6), (1, 1), (123456789, 123456789), (1e9, 10**9), (2.7, 2), (np.float32(8.0), 8),
+    (" 3 MB ", 3 * 10**6), (1, 1), (123456789, 123456789), (1e9, 10**9), (2.7, 2),
+    (np.float32(8.0), 8),
     (np.int64(77), 77), ("auto", "auto"), ("AUTO", "auto"),
 ])
 def test_parse_memory(value, expected):
