@@ -43,7 +43,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from kmeans_xp.lloyd import LloydResult, new_centers, relocate_empty
+from kmeans_xp.lloyd import LloydResult, new_centers, relocate_empty, stop_reason
 from kmeans_xp.memory import KMeansMemoryError, format_bytes
 
 from . import _cupy_kmeans_kernels as kernels
@@ -579,15 +579,9 @@ def stream_lloyd(engine, mean, sample_weight, centers, *, max_iter, tol, rows,
         if verbose:
             print(f"Iteration {i}, inertia {r.inertia:.6g}, center shift {shift:.3g}")
         centers = centers_new
-        if i > 0 and r.changed == 0:
-            strict = True
-            if verbose:
-                print(f"Converged at iteration {i}: strict convergence.")
-            break
-        if shift <= tol:
-            if verbose:
-                print(f"Converged at iteration {i}: center shift {shift:.3g} within tolerance "
-                      f"{tol:.3g}.")
+        stop = stop_reason(i, i > 0 and r.changed == 0, shift, tol, verbose)
+        if stop:
+            strict = stop == "strict"
             break
     if strict:  # the last iteration's labels, inertia against the updated centers
         final = engine.run(centers, mean=mean, store="read", direct_inertia=True,

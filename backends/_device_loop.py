@@ -17,7 +17,7 @@ synchronises once. tests/test_device_loop.py checks it against the driver on the
 """
 from __future__ import annotations
 
-from kmeans_xp.lloyd import LloydResult, new_centers, relocate_empty
+from kmeans_xp.lloyd import LloydResult, new_centers, relocate_empty, stop_reason
 
 
 def lloyd_with_reductions(backend, X, sample_weight, centers, *, xp, max_iter, tol, rows,
@@ -42,15 +42,9 @@ def lloyd_with_reductions(backend, X, sample_weight, centers, *, xp, max_iter, t
         if verbose:
             print(f"Iteration {i}, inertia {values[1]:.6g}, center shift {shift:.3g}")
         centers = centers_new
-        if labels_old is not None and values[2] == 0:
-            strict = True
-            if verbose:
-                print(f"Converged at iteration {i}: strict convergence.")
-            break
-        if shift <= tol:
-            if verbose:
-                print(f"Converged at iteration {i}: center shift {shift:.3g} within tolerance "
-                      f"{tol:.3g}.")
+        stop = stop_reason(i, labels_old is not None and values[2] == 0, shift, tol, verbose)
+        if stop:
+            strict = stop == "strict"
             break
         labels_old = it.labels
     # keep one labels/distances pair alive at a time from here on

@@ -93,6 +93,21 @@ def new_centers(sums, weights, centers_old, xp):
     return xp.astype(out, centers_old.dtype)
 
 
+def stop_reason(i, labels_unchanged, shift, tol, verbose=0):
+    """The driver's stopping rule, shared by every loop that reproduces it on a device:
+    "strict" when no label changed, "tol" when the squared center shift is <= tol, else None."""
+    if labels_unchanged:
+        if verbose:
+            print(f"Converged at iteration {i}: strict convergence.")
+        return "strict"
+    if shift <= tol:
+        if verbose:
+            print(f"Converged at iteration {i}: center shift {shift:.3g} within tolerance "
+                  f"{tol:.3g}.")
+        return "tol"
+    return None
+
+
 def kmeans_single_lloyd(backend, X, sample_weight, centers, *, xp, max_iter, tol, rows,
                         verbose=0) -> LloydResult:
     """One Lloyd run from `centers` (already in X's namespace and dtype)."""
@@ -112,15 +127,10 @@ def kmeans_single_lloyd(backend, X, sample_weight, centers, *, xp, max_iter, tol
             print(f"Iteration {i}, inertia {history['inertia'][-1]:.6g}, "
                   f"center shift {shift:.3g}")
         centers = backend.persist(centers_new)  # lazy namespaces: no growing history
-        if labels_old is not None and bool(xp.all(it.labels == labels_old)):
-            strict = True
-            if verbose:
-                print(f"Converged at iteration {i}: strict convergence.")
-            break
-        if shift <= tol:
-            if verbose:
-                print(f"Converged at iteration {i}: center shift {shift:.3g} within tolerance "
-                      f"{tol:.3g}.")
+        unchanged = labels_old is not None and bool(xp.all(it.labels == labels_old))
+        stop = stop_reason(i, unchanged, shift, tol, verbose)
+        if stop:
+            strict = stop == "strict"
             break
         # a copy: a backend that reuses its output buffer would otherwise make the next
         # iteration's labels equal these by aliasing, and stop the run as converged
