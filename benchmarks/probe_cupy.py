@@ -22,24 +22,12 @@ import statistics
 import time
 
 import numpy as np
+from probe_fused import make_data  # same device data as the fused probe (same folder)
 
 WORKLOADS = {"W1": (2_000_000, 3, 200), "W3": (20_000_000, 3, 1000),
              "W5": (1_000_000, 128, 4096)}
 TARGET_MS = {("cupy-chunked", "W3"): 150.0, ("cupy-chunked", "W5"): 45.0,
              ("cupy-kernels", "W3"): 60.0}
-
-
-def make_data(cp, n, d, k, seed=0):
-    """Asymmetric blobs on the device (features on different scales and offsets), centred."""
-    rs = cp.random.RandomState(seed)
-    scales = 1.0 + cp.arange(d, dtype=cp.float32) * 0.7
-    blobs = (rs.uniform(-10, 10, (k, d)).astype(cp.float32) * scales
-             + cp.arange(d, dtype=cp.float32) * 3)
-    X = blobs[rs.randint(0, k, n)]
-    X += rs.standard_normal((n, d), dtype=cp.float32) * scales * 0.8
-    X -= X.mean(axis=0)
-    init = X[cp.asarray(np.random.default_rng(seed).choice(n, k, replace=False))].copy()
-    return X, init
 
 
 def per_iteration(cp, backend, X, w, init, m, repeats):

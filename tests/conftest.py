@@ -23,6 +23,20 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture
+def pool(cp):
+    """CuPy's default pool, cleared, with its limit restored whatever the test does."""
+    pool = cp.get_default_memory_pool()
+    old = pool.get_limit()
+    pool.free_all_blocks()
+    try:
+        yield pool
+    finally:
+        pool.set_limit(size=old)
+        pool.free_all_blocks()
+        cp.get_default_pinned_memory_pool().free_all_blocks()
+
+
+@pytest.fixture
 def cp():
     """The cupy module, for tests marked gpu."""
     import cupy

@@ -19,19 +19,6 @@ GiB = 2**30
 MiB = 2**20
 
 
-@pytest.fixture
-def pool(cp):
-    """The default pool, cleared, with its limit restored whatever the test does."""
-    pool = cp.get_default_memory_pool()
-    old = pool.get_limit()
-    pool.free_all_blocks()
-    try:
-        yield pool
-    finally:
-        pool.set_limit(size=old)
-        pool.free_all_blocks()
-
-
 def _centered_problem(n, d, k, dtype, seed):
     X = asymmetric_data(n, d, max(1, k // 2), dtype=dtype, seed=seed)
     X -= X.mean(axis=0)  # backends get mean-centered data from the driver

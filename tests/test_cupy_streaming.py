@@ -19,17 +19,6 @@ BACKENDS = ("cupy-kernels", "cupy-chunked")
 GiB = 2**30
 
 
-@pytest.fixture
-def pool(cp):
-    pool = cp.get_default_memory_pool()
-    old = pool.get_limit()
-    pool.free_all_blocks()
-    try:
-        yield pool
-    finally:
-        pool.set_limit(size=old)
-        pool.free_all_blocks()
-        cp.get_default_pinned_memory_pool().free_all_blocks()
 
 
 def _same_fit(name, got, ref, dtype=np.float32):
