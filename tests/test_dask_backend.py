@@ -243,3 +243,84 @@ def test_cluster_iteration_futures_path(client, reduce):
         assert all(b["seconds"] >= 0 and b["rows"] > 0 for b in t["block_times"])
     with pytest.raises(ValueError, match="reduce"):
         DaskBackend(reduce="nope")
+
+
+# -- the actors engine ------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("far_center", [False, True], ids=["plain", "empty-cluster"])
+def test_actors_engine_matches_graph_and_numpy(client, dtype, far_center):
+    """engine='actors' == engine='graph' (bit for bit) == the numpy backend, from the same
+    init, on uneven blocks (the last one short); with a far init center, a cluster is empty
+    and relocated."""
+    X, init, w = _problem(dtype, n=401)
+    if far_center:
+        init = init.copy()
+        init[3] += 1e4
+    ref = KMeans(8, init=init, backend="numpy", max_iter=30, tol=0).fit(X, sample_weight=w)
+    fits = {}
+    for engine in ("graph", "actors"):
+        fits[engine] = KMeans(8, init=init, backend="dask", max_iter=30, tol=0,
+                              backend_options={"engine": engine}).fit(
+            da.from_array(X, chunks=(150, 3)), sample_weight=da.from_array(w, chunks=70))
+    g, a = fits["graph"], fits["actors"]
+    assert isinstance(a.labels_, da.Array) and a.labels_.chunks == ((150, 150, 101),)
+    np.testing.assert_array_equal(a.labels_.compute(), g.labels_.compute())
+    np.testing.assert_array_equal(a.labels_.compute(), ref.labels_)
+    np.testing.assert_array_equal(a.cluster_centers_, g.cluster_centers_)
+    assert a.n_iter_ == g.n_iter_ == ref.n_iter_
+    assert a.inertia_ == g.inertia_
+    rtol = 1e-5 if dtype == np.float32 else 1e-10
+    assert a.inertia_ == pytest.approx(ref.inertia_, rel=rtol)
+    np.testing.assert_array_equal(a.predict(da.from_array(X, chunks=(150, 3))).compute(),
+                                  ref.labels_)
+
+
+def test_actors_engine_strict_convergence(client):
+    X, init, _ = _problem(np.float64, n=300)
+    ref = KMeans(8, init=init, backend="numpy", max_iter=100).fit(X)
+    got = KMeans(8, init=init, backend="dask", max_iter=100,
+                 backend_options={"engine": "actors"}).fit(da.from_array(X, chunks=(70, 3)))
+    assert got.n_iter_ == ref.n_iter_ < 100
+    np.testing.assert_array_equal(got.labels_.compute(), ref.labels_)
+
+
+def test_actors_engine_lloyd_iter(client):
+    """lloyd_iter with engine='actors': one actor per worker holding its blocks; the same
+    labels, distances and (bit for bit) partial sums as the graph engine, for several
+    iterations in a row; update_centers=False too; timings per block."""
+    X, init, w = _problem(np.float64, n=500)
+    graph = DaskBackend(reduce="client")
+    actors = DaskBackend(engine="actors", timings=True)
+    Xd = graph.to_backend(da.from_array(X, chunks=(120, 3)))
+    xp = graph.array_namespace(Xd)
+    wd = graph.persist(xp.asarray(w))
+    centers = init
+    from kmeans_xp.lloyd import new_centers
+    for _ in range(3):
+        ig = graph.lloyd_iter(Xd, wd, centers, xp=xp)
+        ia = actors.lloyd_iter(Xd, wd, centers, xp=xp)
+        np.testing.assert_array_equal(ia.weighted_sums, ig.weighted_sums)
+        np.testing.assert_array_equal(ia.weight_in_clusters, ig.weight_in_clusters)
+        np.testing.assert_array_equal(ia.labels.compute(), ig.labels.compute())
+        np.testing.assert_array_equal(ia.min_sq_dist.compute(), ig.min_sq_dist.compute())
+        centers = new_centers(ig.weighted_sums, ig.weight_in_clusters, centers, np)
+    state = actors._actors
+    assert len(state["actors"]) == len(client.scheduler_info()["workers"])
+    assert sorted(i for a in state["actors"] for i in a["indices"]) == list(range(5))
+    t = actors.last_iter_timings
+    assert t["engine"] == "actors" and len(t["block_times"]) == 5
+    ia = actors.lloyd_iter(Xd, None, centers, xp=xp, update_centers=False)
+    ig = graph.lloyd_iter(Xd, None, centers, xp=xp, update_centers=False)
+    np.testing.assert_array_equal(ia.labels.compute(), ig.labels.compute())
+    actors.finish()
+    assert actors._actors is None
+
+
+def test_actors_engine_options(local_scheduler, monkeypatch):
+    monkeypatch.setattr(DaskBackend, "current_client", staticmethod(lambda: None))
+    with pytest.raises(ValueError, match="engine"):
+        DaskBackend(engine="nope")
+    X, init, _ = _problem(np.float64, n=100)
+    with pytest.raises(RuntimeError, match="distributed"):
+        KMeans(8, init=init, backend="dask", backend_options={"engine": "actors"}).fit(
+            da.from_array(X, chunks=(50, 3)))
