@@ -263,19 +263,21 @@ class _BlockActor:
         self.outputs = {}       # generation -> [(labels, min_sq) per local block]
         self.previous = None    # labels of the last update call (for the changed count)
 
-    def iterate(self, centers, update, generation, timed=False):
+    def iterate(self, centers, update, generation, timed=False, stats=True):
         """Per block (in this actor's block order): the block's global index, partial sums,
         weights, timing; plus the number of labels changed since the last update call (-1
-        when there was none) and the blocks' weighted inertia sum (float64)."""
+        when there was none, or without `stats`) and the blocks' weighted inertia sum
+        (float64; 0.0 without `stats`)."""
         parts, outs = [], []
-        changed = 0 if self.previous is not None else -1
+        stats = stats and update
+        changed = 0 if (stats and self.previous is not None) else -1
         inertia = 0.0
         for j, (xb, wb) in enumerate(zip(self.x, self.w)):
             labels, mins, sums, weights, info = _iter_block(
                 xb, wb if update else None, centers, self.kind, self.name, self.max_memory,
                 update=update, timed=timed)
             outs.append((labels, mins))
-            if update:
+            if stats:
                 if changed >= 0:
                     changed += int((labels != self.previous[j]).sum())
                 w64 = wb.astype(np.float64) if wb is not None else 1.0
@@ -954,7 +956,7 @@ class DaskBackend(KMeansBackend):
                         "chunks": X.chunks[0], "dtype": X.dtype, "kind": kind}
         return self._actors
 
-    def _actor_step(self, client, X, sample_weight, centers, update):
+    def _actor_step(self, client, X, sample_weight, centers, update, stats=False):
         """One call of every actor's `iterate`, concurrently: (state, generation, sums,
         weights, changed labels (-1: no previous), weighted inertia). Partial sums are added
         in block order, as the graph engine adds them."""
@@ -966,7 +968,7 @@ class DaskBackend(KMeansBackend):
         gen = next(_ids)
         t1 = time.perf_counter()
         submitted_at = time.time()
-        calls = [a["actor"].iterate(centers, update, gen, self.timings)
+        calls = [a["actor"].iterate(centers, update, gen, self.timings, stats)
                  for a in state["actors"]]
         t2 = time.perf_counter()
         results = [c.result() for c in calls]
@@ -1025,8 +1027,13 @@ class DaskBackend(KMeansBackend):
         actors: per iteration one call per worker; labels are compared in the actors (the
         changed count), fetched as dask arrays only to relocate empty clusters and at the
         end."""
-        from kmeans_xp.lloyd import LloydResult, inertia, new_centers, relocate_empty, \
-            stop_reason
+        from kmeans_xp.lloyd import (
+            LloydResult,
+            inertia,
+            new_centers,
+            relocate_empty,
+            stop_reason,
+        )
         client = self._client or self.current_client()
         if client is None:
             raise RuntimeError("backend_options={'engine': 'actors'} needs a distributed "
@@ -1041,7 +1048,7 @@ class DaskBackend(KMeansBackend):
         labels = None
         for i in range(max_iter):
             state, gen, sums, weights, changed, inert = self._actor_step(
-                client, X, sample_weight, centers, True)
+                client, X, sample_weight, centers, True, stats=True)
             sums, weights = xp.asarray(sums), xp.asarray(weights)
             if bool(xp.any(weights == 0)):
                 labels, _ = self._actor_arrays(client, state, gen)

@@ -3,6 +3,7 @@
     python benchmarks/dask_multi_gpu.py OUT.json                 # n=200M, d=3, k=1000 float32
     python benchmarks/dask_multi_gpu.py OUT.json --n 200000000 400000000   # two sizes
     python benchmarks/dask_multi_gpu.py OUT.json --n 20000000 --iters 5 --workers 1 2
+    python benchmarks/dask_multi_gpu.py OUT.json --engine graph actors   # both (the default)
 
 Needs CuPy, dask, distributed and dask-cuda, and a machine with as many GPUs as the largest
 --workers value (the 2-worker case is skipped, and says so, on one GPU). What it measures:
@@ -17,6 +18,12 @@ distances, per-cluster sums) then the driver's `new_centers` on the client, `--w
 iterations first, then `--iters` timed iterations with the device synchronised. The final
 centers of every case are compared with the single-GPU ones (same work, same answer).
 With --fit, a whole `KMeans(...).fit` (tol=0, max_iter=--iters) is also timed per case.
+
+--engine picks the dask backend's engines measured on the same persisted X, one after the
+other, same protocol: "graph" (a task graph per iteration through the scheduler; results under
+"dask_2_workers") and "actors" (one dask Actor per worker holds its blocks, an iteration is a
+direct call per worker; results under "dask_2_workers_actors"; its first warm-up iteration
+includes creating the actors).
 
 Each dask iteration explains itself (the backend's `timings` option): every block's own time
 on its worker (device synchronised before and after), when the graph was sent and when the
@@ -154,10 +161,10 @@ def summarize_breakdown(details):
             "reduce": details[0].get("reduce") if details else None}
 
 
-def time_fit(X, init, iters, backend_name):
+def time_fit(X, init, iters, backend_name, backend_options=None):
     from kmeans_xp import KMeans
     km = KMeans(init.shape[0], init=init, n_init=1, max_iter=iters, tol=0,
-                backend=backend_name)
+                backend=backend_name, backend_options=backend_options)
     t0 = time.perf_counter()
     km.fit(X)
     return {"fit_s": time.perf_counter() - t0, "n_iter": km.n_iter_,
@@ -224,9 +231,8 @@ def run_dask(args, ns, init, n_workers, results, references):
         for n in ns:
             case = results[str(n)]
             try:
-                out = {"workers": n_workers, "cluster_start_s": start_s}
-                run_dask_case(args, n, init, client, key, out, references.get(n))
-                case[key] = out
+                run_dask_case(args, n, init, client, key, case, references.get(n),
+                              {"workers": n_workers, "cluster_start_s": start_s})
             except Exception as exc:
                 case["errors"][key] = traceback.format_exc()
                 log(f"{key} n={n:,} failed: {type(exc).__name__}: {exc}")
@@ -236,10 +242,16 @@ def run_dask(args, ns, init, n_workers, results, references):
         cluster.close()
 
 
-def run_dask_case(args, n, init, client, key, out, reference):
+def engine_key(key, engine):
+    return key if engine == "graph" else f"{key}_{engine}"
+
+
+def run_dask_case(args, n, init, client, key, case, reference, common):
+    """X made and persisted once on the workers, then each --engine in turn on it; each
+    engine's result under case[engine_key(key, engine)] (errors under case["errors"])."""
     import cupy as cp
     import dask.array as da
-    from distributed import futures_of
+    from distributed import futures_of, wait
     from kmeans_xp_backends.dask_ import DaskBackend
 
     # the same rows as the single-GPU X: the same blocks in the same order
@@ -249,24 +261,42 @@ def run_dask_case(args, n, init, client, key, out, reference):
     X = da.map_blocks(_dask_block, dtype=np.dtype(args.dtype), chunks=chunks,
                       meta=cp.empty((0, 0), dtype=args.dtype), d=args.d,
                       n_blocks=n_blocks, seed=args.seed, out_dtype=args.dtype)
-    backend = DaskBackend(timings=not args.no_timings)
+    maker = DaskBackend()
     t0 = time.perf_counter()
-    X = backend.to_backend(X)  # NaN/inf check + persist, once
-    out["make_and_persist_s"] = time.perf_counter() - t0
-    xp = backend.array_namespace(X)
-    sw = backend.persist(xp.asarray(np.ones(n, dtype=args.dtype)))  # made on the workers
+    X = maker.to_backend(X)  # NaN/inf check + persist, once
+    setup = dict(common, make_and_persist_s=time.perf_counter() - t0)
+    xp = maker.array_namespace(X)
+    sw = maker.persist(xp.asarray(np.ones(n, dtype=args.dtype)))  # made on the workers
     counts = _blocks_per_worker(client, X)
     if len(counts) < min(len(client.scheduler_info()["workers"]), n_blocks) or (
             max(counts.values()) - min(counts.values()) > 1):
         log(f"{key}: blocks per worker {counts} are unbalanced; rebalancing")
         client.rebalance(futures_of(X))
         counts = _blocks_per_worker(client, X)
-    out["blocks_per_worker"] = counts
-    from distributed import wait
+    setup["blocks_per_worker"] = counts
     wait(futures_of(sw))
-    out["weight_blocks_per_worker"] = _blocks_per_worker(client, sw)
-    log(f"{key}: X persisted in {out['make_and_persist_s']:.1f} s; blocks per worker "
-        f"{counts}; weight blocks {out['weight_blocks_per_worker']}")
+    setup["weight_blocks_per_worker"] = _blocks_per_worker(client, sw)
+    log(f"{key}: X persisted in {setup['make_and_persist_s']:.1f} s; blocks per worker "
+        f"{counts}; weight blocks {setup['weight_blocks_per_worker']}")
+    for engine in args.engine:
+        ekey = engine_key(key, engine)
+        try:
+            out = dict(setup, engine=engine)
+            run_dask_engine(args, engine, ekey, n, init, X, sw, xp, out, reference)
+            case[ekey] = out
+        except Exception as exc:
+            case["errors"][ekey] = traceback.format_exc()
+            log(f"{ekey} n={n:,} failed: {type(exc).__name__}: {exc}")
+    maker.finish()
+    del X, sw
+
+
+def run_dask_engine(args, engine, key, n, init, X, sw, xp, out, reference):
+    import cupy as cp
+    from kmeans_xp_backends.dask_ import DaskBackend
+
+    backend = DaskBackend(timings=not args.no_timings, engine=engine)
+    log(f"{key}: engine {engine}")
     centers = cp.asarray(init)
     details = []
     per_iter, final, times = lloyd_loop(backend, X, sw, centers, xp, args.iters,
@@ -280,11 +310,10 @@ def run_dask_case(args, n, init, client, key, out, reference):
             f"{breakdown_line(out['breakdown']['median_s'])}")
     else:
         log(f"{key}: n={n:,}: {per_iter * 1e3:.1f} ms per iteration")
+    backend.finish()
     if args.fit:
         log(f"{key}: whole KMeans.fit")
-        out["fit"] = time_fit(X, init, args.iters, "dask")
-    backend.finish()
-    del X, sw
+        out["fit"] = time_fit(X, init, args.iters, "dask", {"engine": engine})
 
 
 def _blocks_per_worker(client, X):
@@ -340,6 +369,10 @@ def main(argv=None):
                    help="single-GPU backend (default: cupy-fused, else cupy-chunked)")
     p.add_argument("--fit", action="store_true",
                    help="also time a whole KMeans.fit per case")
+    p.add_argument("--engine", nargs="+", default=["graph", "actors"],
+                   choices=["graph", "actors"],
+                   help="dask backend engines measured, one after the other on the same "
+                        "persisted X (default: both)")
     p.add_argument("--no-timings", action="store_true",
                    help="do not record the per-block / per-phase breakdown of dask iterations")
     p.add_argument("--skip-single", action="store_true",
@@ -416,10 +449,17 @@ def main(argv=None):
             if key.startswith("dask_") and isinstance(val, dict) and "per_iteration_s" in val:
                 if single:
                     speedups[f"{key}_vs_single_gpu"] = single / val["per_iteration_s"]
-        one = case.get("dask_1_worker", {}).get("per_iteration_s")
-        two = case.get("dask_2_workers", {}).get("per_iteration_s")
-        if one and two:
-            speedups["dask_2_workers_vs_dask_1_worker"] = one / two
+        for engine in args.engine:
+            one_key, two_key = (engine_key("dask_1_worker", engine),
+                                engine_key("dask_2_workers", engine))
+            one = case.get(one_key, {}).get("per_iteration_s")
+            two = case.get(two_key, {}).get("per_iteration_s")
+            if one and two:
+                speedups[f"{two_key}_vs_{one_key}"] = one / two
+        graph2 = case.get("dask_2_workers", {}).get("per_iteration_s")
+        actors2 = case.get("dask_2_workers_actors", {}).get("per_iteration_s")
+        if graph2 and actors2:
+            speedups["dask_2_workers_actors_vs_graph"] = graph2 / actors2
         case["speedups"] = speedups
         case["pairs_per_second"] = {
             key: n * args.k / val["per_iteration_s"] for key, val in case.items()
