@@ -25,8 +25,12 @@ def sq_dist_to_points(X, P, xp, rows):
     for sl in row_chunks(n, rows):
         Xc = X[sl, ...]
         if d <= 4:
-            diff = Xc[:, None, :] - P[None, :, :]
-            yield sl, xp.sum(diff * diff, axis=2)
+            # feature by feature: a reduction over a length-d last axis is slow in NumPy
+            acc = None
+            for j in range(d):
+                diff = Xc[:, j][:, None] - P[:, j][None, :]
+                acc = diff * diff if acc is None else acc + diff * diff
+            yield sl, acc
         else:
             dist = xp.sum(Xc * Xc, axis=1)[:, None] - 2 * (Xc @ P.T) + p_norm[None, :]
             yield sl, xp.clip(dist, 0, None) if hasattr(xp, "clip") else xp.where(
@@ -39,7 +43,7 @@ def _min_update(closest, X, P, xp, rows, sample_weight):
     pots = xp.zeros(P.shape[0], dtype=xp.float64)
     for sl, dist in sq_dist_to_points(X, P, xp, rows):
         dist = xp.minimum(dist, closest[sl][:, None])
-        pots = pots + xp.sum(xp.astype(dist, xp.float64) * sample_weight[sl][:, None], axis=0)
+        pots = pots + sample_weight[sl] @ xp.astype(dist, xp.float64)  # BLAS, not a reduce
     return pots
 
 
