@@ -23,6 +23,28 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture
+def fake_cupy(monkeypatch):
+    """A NumPy stand-in installed as `cupy` (tests/_fake_cupy.py), for CPU tests of the CuPy
+    backends' Python paths."""
+    from tests import _fake_cupy
+    fake = _fake_cupy.install(monkeypatch)
+    yield fake
+    _fake_cupy.uninstall()
+
+
+@pytest.fixture
+def emulated_cupy(monkeypatch):
+    """The stand-in with the real CUDA kernels run on the CPU (needs g++)."""
+    from tests import _fake_cupy
+    from tests._cuda_emulator import EmulatedKernels
+    if not EmulatedKernels.available():
+        pytest.skip("needs g++ to run the CUDA kernels on the CPU")
+    fake = _fake_cupy.install(monkeypatch, emulated=True)
+    yield fake
+    _fake_cupy.uninstall()
+
+
+@pytest.fixture
 def pool(cp):
     """CuPy's default pool, cleared, with its limit restored whatever the test does."""
     pool = cp.get_default_memory_pool()

@@ -102,13 +102,6 @@ def test_full_reduce_splits_into_parts_and_tail():
 
 # -- the backends' Python paths on a NumPy stand-in for CuPy ---------------------------------
 @pytest.fixture
-def fake_cupy(monkeypatch):
-    fake = _fake_cupy.install(monkeypatch)
-    yield fake
-    _fake_cupy.uninstall()
-
-
-@pytest.fixture
 def fake_chunked(monkeypatch):
     def make(max_memory, max_alloc=1 << 40):
         fake = _fake_cupy.install(monkeypatch, max_alloc)
@@ -163,17 +156,6 @@ def test_chunked_assign_below_the_floor_raises_memory_error(fake_chunked):
     X = asymmetric_data(20_000, 3, 400, dtype=np.float64, seed=2)
     with pytest.raises(KMeansMemoryError, match=f"chunk of {MIN_CHUNK_ROWS} rows"):
         b.assign(X, X[:400])
-
-
-@pytest.fixture
-def emulated_cupy(monkeypatch):
-    """The fake CuPy with the real raw kernels run on the CPU (needs g++)."""
-    from tests._cuda_emulator import EmulatedKernels
-    if not EmulatedKernels.available():
-        pytest.skip("needs g++ to run the CUDA kernels on the CPU")
-    fake = _fake_cupy.install(monkeypatch, emulated=True)
-    yield fake
-    _fake_cupy.uninstall()
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])

@@ -12,26 +12,8 @@ from kmeans_xp_backends._cupy_streaming import HostRows, is_memmap, plan_stream
 
 from kmeans_xp import KMeans, KMeansMemoryError, estimate_memory, get_backend
 from kmeans_xp.testing import asymmetric_data
-from tests import _fake_cupy
 
 BACKENDS = ("cupy-kernels", "cupy-chunked")
-
-
-@pytest.fixture
-def fake_cupy(monkeypatch):
-    fake = _fake_cupy.install(monkeypatch)
-    yield fake
-    _fake_cupy.uninstall()
-
-
-@pytest.fixture
-def emulated_cupy(monkeypatch):
-    from tests._cuda_emulator import EmulatedKernels
-    if not EmulatedKernels.available():
-        pytest.skip("needs g++ to run the CUDA kernels on the CPU")
-    fake = _fake_cupy.install(monkeypatch, emulated=True)
-    yield fake
-    _fake_cupy.uninstall()
 
 
 @pytest.mark.parametrize("name", BACKENDS)
