@@ -408,6 +408,46 @@ assign_small(const T* __restrict__ X, const T* __restrict__ W, const T* __restri
     }
 }
 
+// The epilogue of the GEMM-like assignment kernels (SIMT and TF32): per row of the block, the
+// lexicographic (dist, index) minimum over its 16 candidate cells (disjoint column sets), then
+// the point's label, distance, inertia and changed count, and the block's totals.
+template <typename T, int BM, int RS>
+__device__ __forceinline__ void finish_rows(const T* rbest, const int* ridx, i64 row0, int n,
+                                            int d, const T* __restrict__ X,
+                                            const T* __restrict__ W, int* __restrict__ labels,
+                                            T* __restrict__ min_sq, int want_min,
+                                            int count_changed, double* red, u64* redc,
+                                            double* __restrict__ block_inertia,
+                                            u64* __restrict__ counters) {
+    const int tid = threadIdx.x;
+    double inertia = 0.0;
+    unsigned changed = 0;
+    for (int r = tid; r < BM; r += 256) {
+        const i64 gx = row0 + r;
+        if (gx >= n) continue;
+        T b = rbest[r * RS];
+        int bi = ridx[r * RS];
+        for (int t = 1; t < 16; ++t) {
+            const T v = rbest[r * RS + t];
+            const int vi = ridx[r * RS + t];
+            if (v < b || (v == b && vi < bi)) { b = v; bi = vi; }
+        }
+        T xn = (T)0;
+        for (int j = 0; j < d; ++j) {
+            const T xv = X[gx * d + j];
+            xn = add_rn(xn, mul_rn(xv, xv));
+        }
+        store_point<T>(gx, bi, b, xn, W[gx], labels, min_sq, want_min, count_changed, changed,
+                       inertia);
+    }
+    double tot = block_sum(inertia, red);
+    u64 ch = block_count(changed, redc);
+    if (tid == 0) {
+        block_inertia[blockIdx.x] = tot;
+        if (count_changed && ch) atomicAdd(counters, ch);
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // (a) any d: register-blocked SIMT GEMM tile (BM points x BN centers, BK features per step,
 //     TM x TN outputs per thread) with the argmin in its epilogue. Accumulators start at 0 and
@@ -589,34 +629,10 @@ assign_gemm(const T* __restrict__ X, const T* __restrict__ W, const T* __restric
         }
     }
 
-    // the 16 threads sharing a row hold disjoint column sets: lexicographic (dist, index) min
+    // the 16 threads sharing a row hold disjoint column sets
     __syncthreads();
-    double inertia = 0.0;
-    unsigned changed = 0;
-    for (int r = tid; r < BM; r += 256) {
-        const i64 gx = row0 + r;
-        if (gx >= n) continue;
-        T b = rbest[r * RS];
-        int bi = ridx[r * RS];
-        for (int t = 1; t < 16; ++t) {
-            const T v = rbest[r * RS + t];
-            const int vi = ridx[r * RS + t];
-            if (v < b || (v == b && vi < bi)) { b = v; bi = vi; }
-        }
-        T xn = (T)0;
-        for (int j = 0; j < d; ++j) {
-            const T xv = X[gx * d + j];
-            xn = add_rn(xn, mul_rn(xv, xv));
-        }
-        store_point<T>(gx, bi, b, xn, W[gx], labels, min_sq, want_min, count_changed, changed,
-                       inertia);
-    }
-    double tot = block_sum(inertia, red);
-    u64 ch = block_count(changed, redc);
-    if (tid == 0) {
-        block_inertia[blockIdx.x] = tot;
-        if (count_changed && ch) atomicAdd(counters, ch);
-    }
+    finish_rows<T, BM, RS>(rbest, ridx, row0, n, d, X, W, labels, min_sq, want_min,
+                            count_changed, red, redc, block_inertia, counters);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -799,34 +815,10 @@ assign_tf32(const float* __restrict__ X, const float* __restrict__ W,
             }
     }
 
-    // the 16 column groups of a row hold disjoint column sets: lexicographic (dist, index) min
+    // the 16 column groups of a row hold disjoint column sets
     __syncthreads();
-    double inertia = 0.0;
-    unsigned changed = 0;
-    for (int r = tid; r < BM; r += 256) {
-        const i64 gx = row0 + r;
-        if (gx >= n) continue;
-        float bst = rbest[r * RS];
-        int bi = ridx[r * RS];
-        for (int c = 1; c < 16; ++c) {
-            const float v = rbest[r * RS + c];
-            const int vi = ridx[r * RS + c];
-            if (v < bst || (v == bst && vi < bi)) { bst = v; bi = vi; }
-        }
-        float xn = 0.0f;
-        for (int j = 0; j < d; ++j) {
-            const float xv = X[gx * d + j];
-            xn = add_rn(xn, mul_rn(xv, xv));
-        }
-        store_point<float>(gx, bi, bst, xn, W[gx], labels, min_sq, want_min, count_changed,
-                           changed, inertia);
-    }
-    double tot = block_sum(inertia, red);
-    u64 ch = block_count(changed, redc);
-    if (tid == 0) {
-        block_inertia[blockIdx.x] = tot;
-        if (count_changed && ch) atomicAdd(counters, ch);
-    }
+    finish_rows<float, BM, RS>(rbest, ridx, row0, n, d, X, W, labels, min_sq, want_min,
+                            count_changed, red, redc, block_inertia, counters);
 }
 
 // ---------------------------------------------------------------------------------------------
