@@ -130,9 +130,10 @@ class CupyBackendBase(KMeansBackend):
         device memory usable now is streamed through the GPU every iteration instead of
         copied; True: always stream NumPy X; False: never (a KMeansMemoryError says so).
       stream_rows: rows per streamed chunk (default: ~256 MiB of X, within the budget).
-      pin_input: "auto" (default): page-lock an in-memory X (cudaHostRegister) for the fit so
-        chunks are copied from it directly, staging through pinned buffers where CUDA refuses
-        and for memmaps; True: try for memmaps too; False: always stage.
+      pin_input: "auto" (default): page-lock X (cudaHostRegister) for the fit so chunks are
+        copied from it directly: an in-memory X always, a memmap when it takes at most half
+        the host's available memory (locking reads it in); staging through pinned buffers
+        otherwise and where CUDA refuses. True: try for any memmap; False: always stage.
     """
 
     namespaces = frozenset({"cupy"})

@@ -56,8 +56,12 @@ STREAM_SLOTS = 3
 TARGET_CHUNK_BYTES = 256 << 20
 #: fewer rows per chunk than this and streaming gives up (KMeansMemoryError)
 MIN_STREAM_ROWS = 1024
-#: host threads copying X into the pinned buffers (and back out)
-STAGING_THREADS = max(1, min(8, (os.cpu_count() or 2) // 2))
+#: host threads copying X into the pinned buffers (and back out): on the H200 host (16
+#: cores) the copy rate grows up to about this many (benchmarks/streaming_probe.py measures it)
+STAGING_THREADS = max(1, min(16, os.cpu_count() or 2))
+#: a memmap is page-locked in place (read into RAM once, then copied at the full DMA rate)
+#: when it takes at most this share of the host's available memory; a larger one is staged
+MEMMAP_LOCK_SHARE = 0.5
 #: rows per staging thread below which fewer threads are used
 STAGING_MIN_ROWS = 1 << 16
 #: centers, sums, operands and scalars on the device besides the per-row buffers
@@ -113,6 +117,32 @@ def is_memmap(X) -> bool:
             return True
         a = getattr(a, "base", None)
     return False
+
+
+def available_host_bytes():
+    """The host's available memory (MemAvailable: free plus reclaimable page cache), or None
+    where it cannot be read."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def lockable(X) -> bool:
+    """Whether pin_input="auto" page-locks X: an in-memory array always (its pages are
+    resident already; locking only keeps them so), a memmap when it fits comfortably in the
+    available memory (locking reads it in and keeps it resident for the fit)."""
+    if not is_memmap(X):
+        return True
+    avail = available_host_bytes()
+    return avail is not None and X.nbytes <= MEMMAP_LOCK_SHARE * avail
 
 
 class StreamPlan(NamedTuple):
@@ -241,7 +271,7 @@ class StreamEngine:
         self.unit_weights = True
         self._direct = {}  # host inputs whose own pages are page-locked (no staging)
         self._pin_input = pin_input
-        if pin_input is True or (pin_input == "auto" and not is_memmap(X)):
+        if pin_input is True or (pin_input == "auto" and lockable(X)):
             self._register(X)
 
     def configure(self, k, sample_weight=None, rows=None):

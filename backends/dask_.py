@@ -28,6 +28,8 @@ from kmeans_xp._xp import namespace_name, to_numpy
 from kmeans_xp.backend import AssignResult, IterResult, KMeansBackend, ReduceResult
 from kmeans_xp.memory import MemoryEstimate
 
+from ._dask_actors import ActorEngine
+
 #: partial sums added this many at a time in the reduction tree
 SPLIT_EVERY = 8
 #: local backends tried, in order, on CuPy blocks
@@ -123,11 +125,11 @@ def _worker_name():
         return threading.current_thread().name
 
 
-def _iter_block(xb, wb, centers, kind, name, max_memory, update=True, timed=False):
-    """(labels, min_sq_dist, sums or None, weights or None, timing or None) of one row block;
-    the partial sums come back as float64 NumPy (they are k x d, and cross workers). With
-    `timed`, the device is synchronised before and after and the block's own wall time
-    (start/stop on this host's clock, seconds inside) comes back as a small dict."""
+def block_step(xb, wb, centers, kind, name, max_memory, update=True, timed=False):
+    """(IterResult, timing or None) of one row block on its local backend, where the block
+    lives; labels int64 and distances in X's dtype, the sums left where the backend made
+    them. With `timed`, the device is synchronised before and after and the block's own
+    wall time (start/stop on this host's clock, seconds inside) comes back as a small dict."""
     if timed:
         _sync_device(kind)
         start, t0 = time.time(), time.perf_counter()
@@ -142,16 +144,30 @@ def _iter_block(xb, wb, centers, kind, name, max_memory, update=True, timed=Fals
     labels = it.labels if it.labels.dtype == np.int64 else it.labels.astype(np.int64)
     mins = it.min_sq_dist if it.min_sq_dist.dtype == xb.dtype else it.min_sq_dist.astype(
         xb.dtype)
-    sums = weights = info = None
-    if update:
-        sums, weights = _host64(it.weighted_sums), _host64(it.weight_in_clusters)
+    info = None
     if timed:
         _sync_device(kind)
         info = {"worker": _worker_name(), "rows": int(xb.shape[0]), "start": start,
                 "stop": time.time(), "seconds": time.perf_counter() - t0,
                 "labels_cast": it.labels.dtype != np.int64,
                 "weights_type": None if wb is None else type(wb).__module__.split(".")[0]}
-    return labels, mins, sums, weights, info
+    return it._replace(labels=labels, min_sq_dist=mins), info
+
+
+def _iter_block(xb, wb, centers, kind, name, max_memory, update=True, timed=False):
+    """(labels, min_sq_dist, sums or None, weights or None, timing or None) of one row block
+    (a graph task); the partial sums come back as float64 NumPy (they are k x d, and cross
+    workers)."""
+    it, info = block_step(xb, wb, centers, kind, name, max_memory, update, timed)
+    sums = weights = None
+    if update:
+        sums, weights = _host64(it.weighted_sums), _host64(it.weight_in_clusters)
+    return it.labels, it.min_sq_dist, sums, weights, info
+
+
+def block_meta(kind, dtype):
+    """An empty 1-D block of the blocks' library (a dask array's meta)."""
+    return _cupy().empty((0,), dtype=dtype) if kind == "cupy" else np.empty((0,), dtype=dtype)
 
 
 def _reduce_block(xb, lb, wb, k, kind, name, max_memory):
@@ -169,7 +185,7 @@ def _partial(out):
     return out[2], out[3], out[4]
 
 
-def _add_parts(parts):
+def add_parts(parts):
     """(sums, weights) of a list of (sums, weights[, ...]) in list order."""
     sums = parts[0][0].copy()
     weights = parts[0][1].copy()
@@ -216,7 +232,7 @@ def _row_keys(a):
     return [k[0] if isinstance(k, list) else k for k in keys]
 
 
-def _block_futures(client, a):
+def block_futures(client, a):
     """The futures of `a`'s row blocks in order when `a` is persisted on this client (its
     graph holds just them), else None."""
     from distributed import Future
@@ -240,71 +256,11 @@ def _tree_layer(layer, keys, prefix, split_every):
         keys_next = []
         for j, start in enumerate(range(0, len(keys), split_every)):
             key = (prefix, depth, j)
-            layer[key] = (_add_parts, list(keys[start:start + split_every]))
+            layer[key] = (add_parts, list(keys[start:start + split_every]))
             keys_next.append(key)
         keys, depth = keys_next, depth + 1
         if len(keys) == 1:
             return keys[0]
-
-
-# -- the actors engine: one actor per worker holds its blocks --------------------------------
-class _BlockActor:
-    """Lives on one worker (a dask Actor) and holds that worker's blocks of X and of the
-    weights as local arrays; `iterate` runs the local backend on each of them. Method calls
-    go client -> worker directly (no scheduler). Each call's labels and distances stay here,
-    kept for the last two generations so a fetch task submitted after a call finds them."""
-
-    def __init__(self, indices, x_blocks, w_blocks, kind, name, max_memory, keep=2):
-        self.indices = list(indices)
-        self.x = list(x_blocks)
-        self.w = list(w_blocks) if w_blocks is not None else [None] * len(self.x)
-        self.kind, self.name, self.max_memory = kind, name, max_memory
-        self.keep = keep
-        self.outputs = {}       # generation -> [(labels, min_sq) per local block]
-        self.previous = None    # labels of the last update call (for the changed count)
-
-    def iterate(self, centers, update, generation, timed=False, stats=True):
-        """Per block (in this actor's block order): the block's global index, partial sums,
-        weights, timing; plus the number of labels changed since the last update call (-1
-        when there was none, or without `stats`) and the blocks' weighted inertia sum
-        (float64; 0.0 without `stats`)."""
-        parts, outs = [], []
-        stats = stats and update
-        changed = 0 if (stats and self.previous is not None) else -1
-        inertia = 0.0
-        for j, (xb, wb) in enumerate(zip(self.x, self.w)):
-            labels, mins, sums, weights, info = _iter_block(
-                xb, wb if update else None, centers, self.kind, self.name, self.max_memory,
-                update=update, timed=timed)
-            outs.append((labels, mins))
-            if stats:
-                if changed >= 0:
-                    changed += int((labels != self.previous[j]).sum())
-                w64 = wb.astype(np.float64) if wb is not None else 1.0
-                inertia += float((mins.astype(np.float64) * w64).sum())
-            parts.append((self.indices[j], sums, weights, info))
-        if update:
-            self.previous = [o[0] for o in outs]
-        self.outputs[generation] = outs
-        for g in sorted(self.outputs)[:-self.keep]:
-            del self.outputs[g]
-        return parts, changed, inertia
-
-    def output(self, generation, j, which):
-        try:
-            return self.outputs[generation][j][which]
-        except KeyError:
-            raise RuntimeError(f"the labels of iteration {generation} are gone from the actor "
-                               f"(it keeps the last {self.keep}); fetch them before the next "
-                               f"iterations") from None
-
-
-def _actor_output(actor_key, generation, j, which):
-    """Runs on the actor's worker: the actor's block output (no copy, no transfer)."""
-    from distributed import get_worker
-    worker = get_worker()
-    actors = worker.state.actors if hasattr(worker, "state") else worker.actors
-    return actors[actor_key].output(generation, j, which)
 
 
 # -- the namespace the driver uses -----------------------------------------------------------
@@ -468,8 +424,9 @@ class DaskBackend(KMeansBackend):
       engine         "graph" (default): each iteration is a task graph sent to the scheduler.
                      "actors": on a distributed cluster, one dask Actor per worker holds the
                      worker's blocks of X and of the weights (created once per fit, after
-                     they are persisted); an iteration is one direct client -> worker method
-                     call per worker, with no scheduler round trip. Same blocks, same local
+                     they are persisted); an iteration is one client -> worker message per
+                     worker (through the scheduler only with direct_gather=False), with no
+                     task graph. See `_dask_actors`. Same blocks, same local
                      backend, partial sums added on the client in block order: the same
                      labels and sums as "graph". Labels stay in the actors; the fit loop
                      (`kmeans_single`) asks them only for the number of changed labels, and
@@ -493,10 +450,9 @@ class DaskBackend(KMeansBackend):
         if engine not in ("graph", "actors"):
             raise ValueError(f"engine must be 'graph' or 'actors', got {engine!r}")
         self.engine = engine
-        self._actors = None     # the actors engine's actors (see _actor_set)
-        self._persisted = {}    # the actors engine: lazy X's name -> X persisted
+        self._actors = ActorEngine(self) if engine == "actors" else None
         if engine == "actors":
-            self.kmeans_single = self._kmeans_single_actors
+            self.kmeans_single = self._actors.kmeans_single
         if reduce not in ("auto", "client", "tree"):
             raise ValueError(f"reduce must be 'auto', 'client' or 'tree', got {reduce!r}")
         self.reduce_mode = reduce
@@ -680,8 +636,8 @@ class DaskBackend(KMeansBackend):
         self._X = None
         self._aligned = None
         self._inflight = None
-        self._actors = None
-        self._persisted = {}
+        if self._actors is not None:
+            self._actors.reset()
 
     def driver_rows(self, n_samples, n_features, dtype) -> int:
         return max(int(n_samples), 1)  # dask chunks the driver's passes itself
@@ -801,17 +757,11 @@ class DaskBackend(KMeansBackend):
         centers = self._host_centers(centers)
         w = self._aligned_like(sample_weight, X) if update_centers else None
         client = self._client or self.current_client()
-        if self.engine == "actors" and (update_centers or self._has_actors(X)):
-            if client is None:
-                raise RuntimeError("backend_options={'engine': 'actors'} needs a distributed "
-                                   "cluster (a current distributed.Client, or the "
-                                   "'scheduler' option); dask's local scheduler has no "
-                                   "actors. Use the default engine 'graph' there.")
-            return self._lloyd_iter_actors(client, X, sample_weight, centers, update_centers,
-                                           xp)
+        if self._actors is not None and (update_centers or self._actors.holds(X)):
+            return self._actors.lloyd_iter(X, sample_weight, centers, update_centers, xp)
         if client is not None:
-            xf = _block_futures(client, X)
-            wf = _block_futures(client, w) if update_centers else [None] * len(xf or ())
+            xf = block_futures(client, X)
+            wf = block_futures(client, w) if update_centers else [None] * len(xf or ())
             if xf is not None and wf is not None:
                 return self._lloyd_iter_futures(client, X, xf, wf, centers, kind,
                                                 update_centers, xp)
@@ -872,9 +822,8 @@ class DaskBackend(KMeansBackend):
                 {name: dict(zip(block_keys, blocks)),
                  out: {(out, i): (operator.getitem, bk, j) for i, bk in enumerate(block_keys)}},
                 {name: set(), out: {name}})
-            meta = _cupy().empty((0,), dtype=dtype) if kind == "cupy" else np.empty(
-                (0,), dtype=dtype)
-            outs.append(da.Array(graph, out, chunks=(X.chunks[0],), dtype=dtype, meta=meta))
+            outs.append(da.Array(graph, out, chunks=(X.chunks[0],), dtype=dtype,
+                                 meta=block_meta(kind, dtype)))
         labels, min_sq = outs
         if not update:
             return IterResult(labels, min_sq, None, None)
@@ -884,7 +833,7 @@ class DaskBackend(KMeansBackend):
         received_at = time.time()
         got = client.gather(rest, direct=self.direct_gather or None)
         t4 = time.perf_counter()
-        sums, weights = _add_parts(got)
+        sums, weights = add_parts(got)
         t5 = time.perf_counter()
         if self.timings:
             self.last_iter_timings = {
@@ -895,183 +844,6 @@ class DaskBackend(KMeansBackend):
                 "block_times": [p[2] for p in got] if on_client else []}
         xp = xp or self.array_namespace(X)
         return IterResult(labels, min_sq, xp.asarray(sums), xp.asarray(weights))
-
-    # -- the actors engine --------------------------------------------------------------
-    def _persisted_rows(self, client, X):
-        """X (whole rows) with its blocks persisted on this client: X itself when it is,
-        else persisted once (cached by its name for the fit)."""
-        if _block_futures(client, X) is not None:
-            return X
-        got = self._persisted.get(X.name)
-        if got is None:
-            # on the cluster whatever dask's configured scheduler: the actors live there
-            got = client.persist(X)
-            self._wait(got)
-            if _block_futures(client, got) is None:
-                raise RuntimeError("the actors engine could not persist X's row blocks on "
-                                   "the cluster")
-            self._persisted = {X.name: got}
-        return got
-
-    def _has_actors(self, X):
-        return self._actors is not None and self._actors["x"] in (
-            X.name, self._persisted.get(X.name, X).name)
-
-    def _actor_set(self, client, X, w):
-        """The actors holding X's (and w's) blocks: one per worker that holds blocks of X,
-        in worker address order, created once (again only for another X or weights)."""
-        want = (X.name, None if w is None else w.name)
-        have = self._actors
-        if have is not None and have["x"] == want[0] and (w is None or have["w"] == want[1]):
-            return have
-        self._actors = None  # the old ones go first (their blocks may be freed)
-        xf = _block_futures(client, X)
-        wf = None if w is None else _block_futures(client, w)
-        if w is not None and wf is None:  # persisted by a local scheduler: send it once
-            w = client.persist(self._colocated(w, X))
-            self._wait(w)
-            wf = _block_futures(client, w)
-        who = client.who_has(xf)
-        by_worker = {}
-        for i, f in enumerate(xf):
-            holders = sorted(who.get(f.key) or ())
-            if not holders:
-                raise RuntimeError(f"block {i} of X is on no worker (lost?)")
-            by_worker.setdefault(holders[0], []).append(i)
-        kind = block_kind(X)
-        futures = []
-        for addr in sorted(by_worker):
-            idx = by_worker[addr]
-            futures.append(client.submit(
-                _BlockActor, idx, [xf[i] for i in idx],
-                None if wf is None else [wf[i] for i in idx], kind, self.block_backend,
-                self.max_memory, actor=True, workers=[addr], allow_other_workers=False,
-                pure=False))
-        actors = []
-        for addr, fut in zip(sorted(by_worker), futures):
-            handle = fut.result()
-            actors.append({"address": addr, "actor": handle, "future": fut,
-                           "key": handle.key, "indices": by_worker[addr]})
-        self._actors = {"x": want[0], "w": want[1], "actors": actors, "n_blocks": len(xf),
-                        "chunks": X.chunks[0], "dtype": X.dtype, "kind": kind}
-        return self._actors
-
-    def _actor_step(self, client, X, sample_weight, centers, update, stats=False):
-        """One call of every actor's `iterate`, concurrently: (state, generation, sums,
-        weights, changed labels (-1: no previous), weighted inertia). Partial sums are added
-        in block order, as the graph engine adds them."""
-        t0 = time.perf_counter()
-        X = self._persisted_rows(client, self._whole_rows(X))
-        w = self._aligned_like(sample_weight, X) if update else None
-        state = self._actor_set(client, X, w)
-        centers = self._host_centers(centers)
-        gen = next(_ids)
-        t1 = time.perf_counter()
-        submitted_at = time.time()
-        calls = [a["actor"].iterate(centers, update, gen, self.timings, stats)
-                 for a in state["actors"]]
-        t2 = time.perf_counter()
-        results = [c.result() for c in calls]
-        t3 = time.perf_counter()
-        received_at = time.time()
-        parts = sorted((p for r in results for p in r[0]), key=lambda p: p[0])
-        sums = weights = None
-        if update:
-            sums, weights = _add_parts([(p[1], p[2]) for p in parts])
-        changed = -1 if any(r[1] < 0 for r in results) else sum(r[1] for r in results)
-        inertia = sum(r[2] for r in results)
-        t4 = time.perf_counter()
-        if self.timings:
-            self.last_iter_timings = {
-                "blocks": len(parts), "reduce": "actors", "engine": "actors",
-                "build_s": t1 - t0, "submit_s": t2 - t1, "wait_s": t3 - t2, "gather_s": 0.0,
-                "add_s": t4 - t3, "total_s": t4 - t0, "submitted_at": submitted_at,
-                "received_at": received_at,
-                "block_times": [p[3] for p in parts if p[3] is not None]}
-        return state, gen, sums, weights, changed, inertia
-
-    def _actor_arrays(self, client, state, gen):
-        """(labels, min_sq) of generation `gen` as dask arrays laid out like X's rows: one
-        task per block on the actor's worker hands out the actor's array (no transfer)."""
-        import dask.array as da
-        from dask.highlevelgraph import HighLevelGraph
-        tag = f"{gen}-{uuid.uuid4().hex[:12]}"
-        kind = state["kind"]
-        out = []
-        for which, dtype in ((0, np.dtype(np.int64)), (1, state["dtype"])):
-            name = f"kmeans-actor-{'labels' if which == 0 else 'min-sq'}-{tag}"
-            layer = {}
-            for a in state["actors"]:
-                for j, i in enumerate(a["indices"]):
-                    layer[(name, i)] = client.submit(
-                        _actor_output, a["key"], gen, j, which, key=(name, i),
-                        workers=[a["address"]], allow_other_workers=False, pure=False)
-            meta = _cupy().empty((0,), dtype=dtype) if kind == "cupy" else np.empty(
-                (0,), dtype=dtype)
-            out.append(da.Array(HighLevelGraph({name: layer}, {name: set()}), name,
-                                chunks=(state["chunks"],), dtype=dtype, meta=meta))
-        return out
-
-    def _lloyd_iter_actors(self, client, X, sample_weight, centers, update, xp):
-        state, gen, sums, weights, _, _ = self._actor_step(client, X, sample_weight, centers,
-                                                           update)
-        labels, min_sq = self._actor_arrays(client, state, gen)
-        if not update:
-            return IterResult(labels, min_sq, None, None)
-        xp = xp or self.array_namespace(X)
-        return IterResult(labels, min_sq, xp.asarray(sums), xp.asarray(weights))
-
-    def _kmeans_single_actors(self, X, sample_weight, centers, *, xp=None, max_iter=300,
-                              tol=0.0, verbose=0):
-        """The driver's loop (`kmeans_xp.lloyd.kmeans_single_lloyd`, same semantics) on the
-        actors: per iteration one call per worker; labels are compared in the actors (the
-        changed count), fetched as dask arrays only to relocate empty clusters and at the
-        end."""
-        from kmeans_xp.lloyd import (
-            LloydResult,
-            inertia,
-            new_centers,
-            relocate_empty,
-            stop_reason,
-        )
-        client = self._client or self.current_client()
-        if client is None:
-            raise RuntimeError("backend_options={'engine': 'actors'} needs a distributed "
-                               "cluster (a current distributed.Client, or the 'scheduler' "
-                               "option); use the default engine 'graph' on dask's local "
-                               "scheduler.")
-        xp = xp or self.array_namespace(X)
-        X = self._persisted_rows(client, self._whole_rows(X))
-        rows = self.driver_rows(X.shape[0], X.shape[1], X.dtype)
-        history = {"inertia": [], "center_shift": []}
-        strict = False
-        labels = None
-        for i in range(max_iter):
-            state, gen, sums, weights, changed, inert = self._actor_step(
-                client, X, sample_weight, centers, True, stats=True)
-            sums, weights = xp.asarray(sums), xp.asarray(weights)
-            if bool(xp.any(weights == 0)):
-                labels, _ = self._actor_arrays(client, state, gen)
-                sums, weights = relocate_empty(X, sample_weight, centers, labels, sums,
-                                               weights, xp, rows)
-            centers_new = new_centers(sums, weights, centers, xp)
-            shift = float(xp.sum((centers_new - centers) ** 2))
-            history["inertia"].append(inert)
-            history["center_shift"].append(shift)
-            if verbose:
-                print(f"Iteration {i}, inertia {inert:.6g}, center shift {shift:.3g}")
-            centers = centers_new
-            stop = stop_reason(i, i > 0 and changed == 0, shift, tol, verbose)
-            if stop:
-                strict = stop == "strict"
-                break
-        if strict:
-            labels, _ = self._actor_arrays(client, state, gen)
-        else:
-            state, gen, _, _, _, _ = self._actor_step(client, X, None, centers, False)
-            labels, _ = self._actor_arrays(client, state, gen)
-        return LloydResult(labels, inertia(X, sample_weight, centers, labels, xp, rows),
-                           centers, i + 1, history)
 
     def assign(self, X, centers, *, xp=None):
         it = self.lloyd_iter(X, None, centers, xp=xp, update_centers=False)

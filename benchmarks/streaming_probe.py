@@ -12,10 +12,13 @@ Measured, each after a warm-up, the device synchronised before every clock read,
   too, and the one-time cost of page-locking X;
 - compute: one in-memory iteration of the same backend on X already on the device: its
   `lloyd_iter` plus the device loop's per-iteration reductions (inertia, changed labels);
+- staging: the host's copy rate from X's pageable pages into a pinned buffer, by number of
+  copying threads (the staged mode's own limit);
 - streamed: one streamed iteration, exactly the pass `stream_lloyd` makes per iteration
   (assignment, float64 sums, inertia, label-store update), for X page-locked in place
-  (pin_input=True, the default for in-memory X) and staged through pinned buffers
-  (pin_input=False, what a memmap gets).
+  (pin_input=True, the default for in-memory X), staged through pinned buffers
+  (pin_input=False, what a memmap larger than half the host's available memory gets), and
+  with --memmap-dir for X as a read-only memmap under the default pin_input="auto".
 
 ratio = streamed / max(transfer, compute); the issue's target is <= 1.15. The streamed sums
 are checked against the in-memory ones. JSON goes to OUT.json (machine, versions, date).
@@ -99,6 +102,44 @@ def bandwidths(cp, X, repeats=3):
     return pinned_bw, pageable_bw, registered_bw, register_s
 
 
+def staging_rates(cp, X, threads=(1, 2, 4, 8, 16), total=4 << 30):
+    """Host copy rate (bytes/s) from X's pageable pages into one pinned chunk buffer, by
+    number of copying threads (what staging costs; the engine uses STAGING_THREADS)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    flat = X.reshape(-1).view(np.uint8)
+    total = min(total, flat.size - flat.size % PIECE)
+    mem = cp.cuda.alloc_pinned_memory(PIECE)
+    pinned = np.frombuffer(mem, dtype=np.uint8, count=PIECE)
+    rates = {}
+    for t in threads:
+        with ThreadPoolExecutor(t) as pool:
+            bounds = [PIECE * i // t for i in range(t + 1)]
+
+            def piece(s, i, b=bounds):
+                np.copyto(pinned[b[i]:b[i + 1]], flat[s + b[i]:s + b[i + 1]])
+
+            times = []
+            for _ in range(2):
+                t0 = time.perf_counter()
+                for s in range(0, total, PIECE):
+                    list(pool.map(lambda i, s=s: piece(s, i), range(t)))
+                times.append(time.perf_counter() - t0)
+        rates[t] = total / min(times)
+    return rates
+
+
+def write_memmap(X, directory):
+    """X written to a file in `directory` and opened read-only as a memmap (page cache warm,
+    as after a first pass)."""
+    import os
+    path = os.path.join(directory, f"kmeans_xp_probe_{os.getpid()}.f32")
+    t0 = time.perf_counter()
+    X.tofile(path)
+    mm = np.memmap(path, dtype=X.dtype, mode="r", shape=X.shape)
+    return mm, path, time.perf_counter() - t0
+
+
 def in_memory_iteration(cp, name, X, mean, init, iters):
     """Seconds per in-memory iteration (median) and that iteration's sums."""
     from kmeans_xp_backends._cupy_kmeans_kernels import DeviceReductions as red
@@ -178,6 +219,9 @@ def main(argv=None):
     p.add_argument("--k", type=int, default=1000)
     p.add_argument("--iters", type=int, default=3)
     p.add_argument("--backends", default="cupy-kernels,cupy-chunked")
+    p.add_argument("--memmap-dir", default=None,
+                   help="also stream X as a read-only numpy.memmap of a file written here "
+                        "(pin_input='auto': page-locked when it fits the host's memory)")
     args = p.parse_args(argv)
     import cupy as cp
 
@@ -199,7 +243,22 @@ def main(argv=None):
     print(f"H2D: pinned {pinned_bw / 1e9:.1f} GB/s (X in {transfer_s * 1e3:.0f} ms), pageable "
           f"{pageable_bw / 1e9:.1f} GB/s, page-locked X "
           f"{(registered_bw or 0) / 1e9:.1f} GB/s (locking took {register_s or 0:.2f}s)")
+    from kmeans_xp_backends import _cupy_streaming
+    rates = staging_rates(cp, X)
+    cp.get_default_pinned_memory_pool().free_all_blocks()
+    print("staging copy pageable -> pinned, by threads: " + ", ".join(
+        f"{t}: {r / 1e9:.1f} GB/s" for t, r in rates.items())
+        + f" (engine uses {_cupy_streaming.STAGING_THREADS})")
+    modes = [("page-locked X", True, X), ("staged X", False, X)]
+    mm_path = None
+    if args.memmap_dir:
+        mm, mm_path, write_s = write_memmap(X, args.memmap_dir)
+        print(f"memmap: wrote {X.nbytes / 1e9:.1f} GB to {mm_path} in {write_s:.1f}s; "
+              f"lockable under pin_input='auto': {_cupy_streaming.lockable(mm)}")
+        modes.append(("memmap, pin_input=auto", "auto", mm))
     result = {"machine": machine(cp), "n": n, "d": d, "k": k, "dtype": "float32",
+              "staging_bytes_per_s_by_threads": {str(t): r for t, r in rates.items()},
+              "staging_threads": _cupy_streaming.STAGING_THREADS,
               "x_bytes": X.nbytes, "iters": args.iters,
               "h2d_pinned_bytes_per_s": pinned_bw, "h2d_pageable_bytes_per_s": pageable_bw,
               "h2d_page_locked_bytes_per_s": registered_bw, "page_lock_s": register_s,
@@ -211,9 +270,9 @@ def main(argv=None):
         bound = max(transfer_s, compute_s)
         print(f"{name}: in memory {compute_s * 1e3:.0f} ms/iteration; bound "
               f"max(transfer, compute) = {bound * 1e3:.0f} ms")
-        for mode, pin in (("page-locked X", True), ("staged X", False)):
-            st_s, st_all, sums, info = streamed_iteration(cp, name, X, mean, init, args.iters,
-                                                          pin)
+        for mode, pin, source in modes:
+            st_s, st_all, sums, info = streamed_iteration(cp, name, source, mean, init,
+                                                          args.iters, pin)
             rel = float(np.max(np.abs(sums - sums_ref)) / max(np.max(np.abs(sums_ref)), 1e-300))
             ok = rel <= 1e-6
             ratio = st_s / bound
@@ -223,9 +282,13 @@ def main(argv=None):
                                   "sums_match_in_memory": ok, **info}
             print(f"  streamed, {mode}: {st_s * 1e3:.0f} ms/iteration, ratio {ratio:.2f} "
                   f"(target <= {TARGET_RATIO}); {info['rows_per_chunk']} rows/chunk, "
-                  f"{info['label_store']}, setup {info['setup_s']:.2f}s, sums "
-                  f"{'match' if ok else 'DIFFER'}")
+                  f"{info['label_store']}, setup {info['setup_s']:.2f}s, page-locked "
+                  f"{info['page_locked_input']}, sums {'match' if ok else 'DIFFER'}")
         result["backends"][name] = row
+    if mm_path:
+        import os
+        del modes
+        os.remove(mm_path)
     with open(args.out, "w") as f:
         json.dump(result, f, indent=2)
     print(f"wrote {args.out}")

@@ -90,7 +90,8 @@ class FakeRuntime(types.SimpleNamespace):
     for memory already registered, as CUDA does)."""
 
     def __init__(self, free=1 << 34, total=1 << 35):
-        super().__init__(free=free, total=total, registered=set(), register_calls=0)
+        super().__init__(free=free, total=total, registered=set(), register_calls=0,
+                         register_flags=[])
 
     def memGetInfo(self):
         return self.free, self.total
@@ -100,6 +101,7 @@ class FakeRuntime(types.SimpleNamespace):
 
     def hostRegister(self, ptr, size, flags):
         self.register_calls += 1
+        self.register_flags.append(flags)
         if ptr in self.registered:
             raise RuntimeError("cudaErrorHostMemoryAlreadyRegistered")
         self.registered.add(ptr)

@@ -127,7 +127,11 @@ def test_label_store_in_pinned_host_memory(fake_cupy, monkeypatch):
     assert got.memory_report_["pinned_host"] >= 60013 * 2  # the uint16 store
 
 
-def test_memmap_is_streamed_without_a_copy_or_page_lock(fake_cupy, tmp_path):
+def test_memmap_is_streamed_without_a_copy_or_page_lock(fake_cupy, tmp_path, monkeypatch):
+    """A memmap too large for the host's available memory (here: said to be) is staged,
+    never page-locked (which would read it all in) nor copied."""
+    from kmeans_xp_backends import _cupy_streaming
+    monkeypatch.setattr(_cupy_streaming, "available_host_bytes", lambda: 6007 * 12)
     X, init = _problem(6007, 3, 7, np.float32, seed=7)
     path = tmp_path / "X.f32"
     mm = np.memmap(path, dtype=np.float32, mode="w+", shape=X.shape)
@@ -142,6 +146,37 @@ def test_memmap_is_streamed_without_a_copy_or_page_lock(fake_cupy, tmp_path):
     np.testing.assert_array_equal(got.labels_, ref.labels_)
     assert fake_cupy.runtime.register_calls == 1  # the in-memory X only, not the memmap
     assert not fake_cupy.runtime.registered      # unregistered when the fit ended
+
+
+def test_memmap_that_fits_the_host_is_page_locked(fake_cupy, tmp_path, monkeypatch):
+    """pin_input="auto" page-locks a memmap of at most MEMMAP_LOCK_SHARE of the available
+    memory (read-only pages with cudaHostRegisterReadOnly), and stages a larger one."""
+    from kmeans_xp_backends import _cupy_streaming
+    X, init = _problem(5003, 3, 5, np.float32, seed=9)
+    path = tmp_path / "X.f32"
+    mm = np.memmap(path, dtype=np.float32, mode="w+", shape=X.shape)
+    mm[...] = X
+    mm.flush()
+    ro = np.memmap(path, dtype=np.float32, mode="r", shape=X.shape)
+    share = _cupy_streaming.MEMMAP_LOCK_SHARE
+    monkeypatch.setattr(_cupy_streaming, "available_host_bytes", lambda: X.nbytes / share)
+    assert _cupy_streaming.lockable(ro) and _cupy_streaming.lockable(X)
+    kw = dict(init=init, backend="cupy-kernels", backend_options={"stream": True},
+              max_iter=10, tol=0)
+    got = KMeans(5, **kw).fit(ro)
+    assert fake_cupy.runtime.register_calls == 1 and not fake_cupy.runtime.registered
+    assert fake_cupy.runtime.register_flags == [8]  # read-only pages
+    monkeypatch.setattr(_cupy_streaming, "available_host_bytes", lambda: X.nbytes / share - 1)
+    assert not _cupy_streaming.lockable(ro)
+    monkeypatch.setattr(_cupy_streaming, "available_host_bytes", lambda: None)
+    assert not _cupy_streaming.lockable(ro) and _cupy_streaming.lockable(X)
+    np.testing.assert_array_equal(got.labels_, KMeans(5, **kw).fit(X).labels_)
+
+
+def test_available_host_bytes_reads_the_host():
+    from kmeans_xp_backends._cupy_streaming import available_host_bytes
+    got = available_host_bytes()
+    assert got is None or got > 0
 
 
 def test_in_memory_x_is_page_locked_for_the_fit_then_released(fake_cupy):

@@ -304,7 +304,7 @@ def test_actors_engine_lloyd_iter(client):
         np.testing.assert_array_equal(ia.labels.compute(), ig.labels.compute())
         np.testing.assert_array_equal(ia.min_sq_dist.compute(), ig.min_sq_dist.compute())
         centers = new_centers(ig.weighted_sums, ig.weight_in_clusters, centers, np)
-    state = actors._actors
+    state = actors._actors.state
     assert len(state["actors"]) == len(client.scheduler_info()["workers"])
     assert sorted(i for a in state["actors"] for i in a["indices"]) == list(range(5))
     t = actors.last_iter_timings
@@ -313,7 +313,46 @@ def test_actors_engine_lloyd_iter(client):
     ig = graph.lloyd_iter(Xd, None, centers, xp=xp, update_centers=False)
     np.testing.assert_array_equal(ia.labels.compute(), ig.labels.compute())
     actors.finish()
-    assert actors._actors is None
+    assert actors._actors.state is None
+
+
+def test_actors_engine_label_blocks_anywhere_and_kept_calls(client):
+    """A label block asked for on a worker without the actor comes over the network, the same;
+    the labels of a call older than the actor keeps raise a clear error."""
+    from kmeans_xp_backends._dask_actors import KEEP, actor_output
+    X, init, w = _problem(np.float64, n=300)
+    actors = DaskBackend(engine="actors")
+    Xd = actors.to_backend(da.from_array(X, chunks=(100, 3)))
+    xp = actors.array_namespace(Xd)
+    first = actors.lloyd_iter(Xd, xp.asarray(w), init, xp=xp)
+    state = actors._actors.state
+    workers = sorted(client.scheduler_info()["workers"])
+    a = next(a for a in state["actors"] if a["indices"])
+    other = next(wk for wk in workers if wk != a["address"])
+    gen = int(first.labels.name.split("-")[3])
+    here = client.submit(actor_output, a["key"], a["address"], gen, 0, 0,
+                         workers=[a["address"]], pure=False).result()
+    away = client.submit(actor_output, a["key"], a["address"], gen, 0, 0, workers=[other],
+                         allow_other_workers=False, pure=False).result()
+    np.testing.assert_array_equal(here, away)
+    assert away.dtype == np.int64 and len(away) == 100
+    for _ in range(KEEP):
+        actors.lloyd_iter(Xd, xp.asarray(w), init, xp=xp)
+    with pytest.raises(RuntimeError, match="gone from the actor"):
+        first.labels.compute()
+    actors.finish()
+
+
+def test_actors_engine_through_the_scheduler(client):
+    """direct_gather=False: actor calls go through the handles (the scheduler proxies them
+    when the client does not connect to workers); the same fit."""
+    X, init, w = _problem(np.float32, n=300)
+    fits = [KMeans(8, init=init, backend="dask", max_iter=20, tol=0,
+                   backend_options={"engine": "actors", "direct_gather": direct}).fit(
+        da.from_array(X, chunks=(110, 3)), sample_weight=w) for direct in (True, False)]
+    np.testing.assert_array_equal(fits[0].labels_.compute(), fits[1].labels_.compute())
+    np.testing.assert_array_equal(fits[0].cluster_centers_, fits[1].cluster_centers_)
+    assert fits[0].n_iter_ == fits[1].n_iter_
 
 
 def test_actors_engine_options(local_scheduler, monkeypatch):
