@@ -51,7 +51,7 @@ def _reductions(kind):
 def host_float64(kind, arrays):
     """The arrays (and 0-d scalars) as float64 NumPy arrays, in one device -> host transfer
     for CuPy ones (each transfer synchronises the device)."""
-    if kind != "cupy":
+    if kind != "cupy" or not arrays:
         return [np.asarray(a, dtype=np.float64) for a in arrays]
     import cupy as cp
     flat = cp.concatenate([cp.asarray(a, dtype=cp.float64).reshape(-1) for a in arrays])
@@ -321,7 +321,12 @@ class ActorEngine:
         """The driver's loop (`kmeans_xp.lloyd.kmeans_single_lloyd`, same semantics) on the
         actors: per iteration one call per worker, which also counts the changed labels;
         labels leave the actors only to relocate empty clusters and at the end (persisted:
-        labels_ outlives the actors)."""
+        labels_ outlives the actors). The k x d center update runs in NumPy on the client
+        (the sums arrive there as NumPy; CuPy would add kernel launches and transfers), and
+        the centers go back to the driver's namespace at the end."""
+        import array_api_compat.numpy as host
+
+        from kmeans_xp._xp import to_numpy
         from kmeans_xp.lloyd import (
             LloydResult,
             inertia,
@@ -336,16 +341,17 @@ class ActorEngine:
         rows = b.driver_rows(X.shape[0], X.shape[1], X.dtype)
         history = {"inertia": [], "center_shift": []}
         strict = False
+        centers = to_numpy(centers)
         for i in range(max_iter):
             state, gen, sums, weights, changed, inert = self.step(
                 X, sample_weight, centers, True, stats=True)
-            sums, weights = xp.asarray(sums), xp.asarray(weights)
-            if bool(xp.any(weights == 0)):
+            if np.any(weights == 0):
                 labels, _ = self.arrays(state, gen)
-                sums, weights = relocate_empty(X, sample_weight, centers, labels, sums,
-                                               weights, xp, rows)
-            centers_new = new_centers(sums, weights, centers, xp)
-            shift = float(xp.sum((centers_new - centers) ** 2))
+                sums, weights = (to_numpy(a) for a in relocate_empty(
+                    X, sample_weight, xp.asarray(centers), labels, xp.asarray(sums),
+                    xp.asarray(weights), xp, rows))
+            centers_new = new_centers(sums, weights, centers, host)
+            shift = float(np.sum((centers_new - centers) ** 2))
             history["inertia"].append(inert)
             history["center_shift"].append(shift)
             if verbose:
@@ -360,5 +366,6 @@ class ActorEngine:
         labels, _ = self.arrays(state, gen)
         (labels,) = client.persist([labels], optimize_graph=False)
         b._wait(labels)  # computed before the actors can go (finish releases them)
+        centers = xp.asarray(centers)
         return LloydResult(labels, inertia(X, sample_weight, centers, labels, xp, rows),
                            centers, i + 1, history)

@@ -421,7 +421,9 @@ class DaskBackend(KMeansBackend):
                      workers).
       timings        record per-iteration timings in `last_iter_timings` (worker-side block
                      times with a device sync, client-side phases); default False.
-      engine         "graph" (default): each iteration is a task graph sent to the scheduler.
+      engine         "auto" (default): "actors" on a distributed cluster, "graph" on dask's
+                     local scheduler.
+                     "graph": each iteration is a task graph sent to the scheduler.
                      "actors": on a distributed cluster, one dask Actor per worker holds the
                      worker's blocks of X and of the weights (created once per fit, after
                      they are persisted); an iteration is one client -> worker message per
@@ -434,7 +436,8 @@ class DaskBackend(KMeansBackend):
                      end. A lazy X (the fit's centered X) is persisted once for the actors.
     max_memory applies to each block's local backend (per worker thread).
 
-    On a distributed cluster each iteration is one small task graph sent once (a task per
+    With the graph engine on a distributed cluster each iteration is one small task graph
+    sent once (a task per
     block, and one per block that takes its k x d partial sums), built on the futures of the
     persisted X and weights; labels and distances stay on the workers as the blocks' results.
     """
@@ -445,14 +448,12 @@ class DaskBackend(KMeansBackend):
 
     def __init__(self, max_memory="auto", scheduler=None, block_backend=None,
                  split_every=SPLIT_EVERY, reduce="auto", direct_gather=True, timings=False,
-                 engine="graph"):
+                 engine="auto"):
         super().__init__(max_memory)
-        if engine not in ("graph", "actors"):
-            raise ValueError(f"engine must be 'graph' or 'actors', got {engine!r}")
+        if engine not in ("auto", "graph", "actors"):
+            raise ValueError(f"engine must be 'auto', 'graph' or 'actors', got {engine!r}")
         self.engine = engine
-        self._actors = ActorEngine(self) if engine == "actors" else None
-        if engine == "actors":
-            self.kmeans_single = self._actors.kmeans_single
+        self._actors = ActorEngine(self)
         if reduce not in ("auto", "client", "tree"):
             raise ValueError(f"reduce must be 'auto', 'client' or 'tree', got {reduce!r}")
         self.reduce_mode = reduce
@@ -490,6 +491,28 @@ class DaskBackend(KMeansBackend):
         if client is None or client.status not in ("running", "connecting"):
             client = _clients[scheduler] = Client(scheduler, set_as_default=True)
         return client
+
+    def uses_actors(self) -> bool:
+        """Whether iterations go to actors: engine "actors", or "auto" on a distributed
+        cluster."""
+        if self.engine == "auto":
+            return self._client is not None or self._dask_uses_client()
+        return self.engine == "actors"
+
+    def _dask_uses_client(self) -> bool:
+        """Whether dask computes on a distributed client now (not, say, inside
+        `dask.config.set(scheduler="threads")` while a client exists)."""
+        client = self.current_client()
+        if client is None:
+            return False
+        from dask.base import get_scheduler
+        return getattr(get_scheduler(), "__self__", None) is client
+
+    @property
+    def kmeans_single(self):
+        """The actors engine's fit loop when iterations go to actors; else None (the
+        driver's own loop, one graph per iteration)."""
+        return self._actors.kmeans_single if self.uses_actors() else None
 
     @staticmethod
     def current_client():
@@ -636,8 +659,7 @@ class DaskBackend(KMeansBackend):
         self._X = None
         self._aligned = None
         self._inflight = None
-        if self._actors is not None:
-            self._actors.reset()
+        self._actors.reset()
 
     def driver_rows(self, n_samples, n_features, dtype) -> int:
         return max(int(n_samples), 1)  # dask chunks the driver's passes itself
@@ -757,7 +779,7 @@ class DaskBackend(KMeansBackend):
         centers = self._host_centers(centers)
         w = self._aligned_like(sample_weight, X) if update_centers else None
         client = self._client or self.current_client()
-        if self._actors is not None and (update_centers or self._actors.holds(X)):
+        if self.uses_actors() and (update_centers or self._actors.holds(X)):
             return self._actors.lloyd_iter(X, sample_weight, centers, update_centers, xp)
         if client is not None:
             xf = block_futures(client, X)

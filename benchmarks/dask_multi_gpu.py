@@ -14,7 +14,8 @@ Needs CuPy, dask, distributed and dask-cuda, and a machine with as many GPUs as 
    the workers by `map_blocks` (nothing is shipped from the client), persisted once.
 
 Each case runs the same loop from the same initial centers: `backend.lloyd_iter` (labels,
-distances, per-cluster sums) then the driver's `new_centers` on the client, `--warmup`
+distances, per-cluster sums) then the driver's `new_centers` (on the GPU for the single-GPU
+case, in NumPy on the client for dask, where the partial sums arrive), `--warmup`
 iterations first, then `--iters` timed iterations with the device synchronised. The final
 centers of every case are compared with the single-GPU ones (same work, same answer).
 With --fit, a whole `KMeans(...).fit` (tol=0, max_iter=--iters) is also timed per case.
@@ -292,14 +293,15 @@ def run_dask_case(args, n, init, client, key, case, reference, common):
 
 
 def run_dask_engine(args, engine, key, n, init, X, sw, xp, out, reference):
-    import cupy as cp
+    import array_api_compat.numpy as host
     from kmeans_xp_backends.dask_ import DaskBackend
 
     backend = DaskBackend(timings=not args.no_timings, engine=engine)
     log(f"{key}: engine {engine}")
-    centers = cp.asarray(init)
     details = []
-    per_iter, final, times = lloyd_loop(backend, X, sw, centers, xp, args.iters,
+    # the client keeps the k x d centers in NumPy: the partial sums arrive there as NumPy
+    # (the single-GPU loop keeps them on its device, where its sums are)
+    per_iter, final, times = lloyd_loop(backend, X, sw, init.copy(), host, args.iters,
                                         args.warmup, lambda: None, details)
     out.update(per_iteration_s=per_iter, iterations_s=times,
                max_abs_center_diff_vs_single_gpu=(

@@ -220,7 +220,7 @@ def test_cluster_iteration_futures_path(client, reduce):
     from distributed import Future, futures_of
     from kmeans_xp_backends.numpy_ import NumpyBackend
     X, init, w = _problem(np.float64, n=500)
-    backend = DaskBackend(reduce=reduce, split_every=2, timings=True)
+    backend = DaskBackend(engine="graph", reduce=reduce, split_every=2, timings=True)
     Xd = backend.to_backend(da.from_array(X, chunks=(120, 3)))
     assert all(isinstance(v, Future) for v in dict(Xd.__dask_graph__()).values())
     xp = backend.array_namespace(Xd)
@@ -353,6 +353,15 @@ def test_actors_engine_through_the_scheduler(client):
     np.testing.assert_array_equal(fits[0].labels_.compute(), fits[1].labels_.compute())
     np.testing.assert_array_equal(fits[0].cluster_centers_, fits[1].cluster_centers_)
     assert fits[0].n_iter_ == fits[1].n_iter_
+
+
+def test_engine_auto_is_actors_on_a_cluster_graph_elsewhere(client):
+    backend = DaskBackend()
+    assert backend.engine == "auto" and backend.uses_actors()
+    assert backend.kmeans_single is not None
+    with dask.config.set(scheduler="threads"):  # the client exists, dask does not use it
+        assert not backend.uses_actors() and backend.kmeans_single is None
+    assert not DaskBackend(engine="graph").uses_actors()
 
 
 def test_actors_engine_options(local_scheduler, monkeypatch):
