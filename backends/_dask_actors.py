@@ -148,6 +148,9 @@ class ActorEngine:
 
     def __init__(self, backend):
         self.backend = backend
+        #: actor methods run on the worker's actor thread (False: on its event loop, one
+        #: thread hop less each way, the loop blocked meanwhile; for latency probes)
+        self.separate_thread = True
         self.state = None       # the actors of the current X (see `actors`)
         self.persisted = {}     # lazy X's name -> X persisted (one entry, for the fit)
 
@@ -240,7 +243,7 @@ class ActorEngine:
         async def call_all():
             return await asyncio.gather(*(client.rpc(a["address"]).actor_execute(
                 function=method, actor=a["key"], args=[to_serialize(x) for x in args],
-                kwargs={}) for a in actors))
+                kwargs={"separate_thread": self.separate_thread}) for a in actors))
 
         replies = client.sync(call_all)
         for reply in replies:
