@@ -118,6 +118,10 @@ class BlockActor:
             del self.outputs[g]
         return parts, changed, inertia
 
+    def ping(self):
+        """Nothing: the round trip of a call, for latency probes."""
+        return None
+
     def output(self, generation, j, which):
         try:
             out = self.outputs[generation][j][which]

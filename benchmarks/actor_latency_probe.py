@@ -45,6 +45,19 @@ def measure(client, X, sw, init, iters, separate_thread):
             "median_split_s": summarize_breakdown(details)["median_s"]}
 
 
+def ping_round_trip(client, engine, state, separate_thread, calls=200):
+    """Median seconds of one empty call to every actor at once (the framework's floor)."""
+    engine.separate_thread = separate_thread
+    for _ in range(20):
+        engine.call(client, state["actors"], "ping")
+    times = []
+    for _ in range(calls):
+        t0 = time.perf_counter()
+        engine.call(client, state["actors"], "ping")
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times))
+
+
 def run_cluster(args, profile, out):
     import cupy as cp
     import dask
@@ -68,6 +81,15 @@ def run_cluster(args, profile, out):
         sw = maker.persist(xp.asarray(np.ones(args.n, dtype=np.float32)))
         init = initial_centers(args.k, 3, 0, np.float32)
         tag = "profiler on" if profile else "profiler off"
+        probe = DaskBackend(engine="actors")
+        state = probe._actors.actors(client, X, None)
+        for sep in (True, False):
+            rtt = ping_round_trip(client, probe._actors, state, sep)
+            out[f"{tag}, empty call, {'actor thread' if sep else 'event loop'}"] = {
+                "round_trip_s": rtt}
+            log(f"{tag}: empty call to both actors, {'actor thread' if sep else 'event loop'}"
+                f": {rtt * 1e3:.2f} ms")
+        probe.finish()
         for switch in ((None, 2e-4) if profile else (None,)):
             if switch:
                 client.run(sys.setswitchinterval, switch)
