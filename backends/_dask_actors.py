@@ -79,7 +79,9 @@ class BlockActor:
     def iterate(self, centers, update, generation, timed=False, stats=True):
         """Per block, in this actor's order: (global index, sums, weights, timing); then the
         labels changed since the last update call (-1: none, or without `stats`) and the
-        blocks' weighted inertia (0.0 without `stats`)."""
+        blocks' weighted inertia (0.0 without `stats`); with `timed`, when the call entered
+        and left this method (this host's clock) as a fourth item."""
+        entered = time.time()
         from kmeans_xp_backends.dask_ import block_step
         red = _reductions(self.kind)
         stats = stats and update
@@ -116,11 +118,13 @@ class BlockActor:
         self.outputs[generation] = outs
         for g in sorted(self.outputs)[:-self.keep]:
             del self.outputs[g]
+        if timed:
+            return parts, changed, inertia, {"entered": entered, "left": time.time()}
         return parts, changed, inertia
 
-    def ping(self):
-        """Nothing: the round trip of a call, for latency probes."""
-        return None
+    def ping(self, *payload):
+        """Its arguments back: the round trip of a call, for latency probes."""
+        return payload
 
     def output(self, generation, j, which):
         try:
@@ -288,7 +292,8 @@ class ActorEngine:
                 "build_s": t1 - t0, "submit_s": 0.0, "wait_s": t2 - t1, "gather_s": 0.0,
                 "add_s": t3 - t2, "total_s": t3 - t0, "submitted_at": submitted_at,
                 "received_at": received_at,
-                "block_times": [p[3] for p in parts if p[3] is not None]}
+                "block_times": [p[3] for p in parts if p[3] is not None],
+                "actor_calls": [r[3] for r in results if len(r) > 3]}
         return state, gen, sums, weights, changed, inertia
 
     def arrays(self, state, gen):

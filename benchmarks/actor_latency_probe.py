@@ -32,28 +32,29 @@ from dask_multi_gpu import (  # noqa: E402
 )
 
 
-def measure(client, X, sw, init, iters, separate_thread):
+def measure(client, X, sw, init, iters, separate_thread, timings=True):
     import array_api_compat.numpy as host
     from kmeans_xp_backends.dask_ import DaskBackend
-    backend = DaskBackend(engine="actors", timings=True)
+    backend = DaskBackend(engine="actors", timings=timings)
     backend._actors.separate_thread = separate_thread
     details = []
     per_iter, _, times = lloyd_loop(backend, X, sw, init.copy(), host, iters, 2,
                                     lambda: None, details)
     backend.finish()
     return {"per_iteration_s": per_iter, "iterations_s": times,
-            "median_split_s": summarize_breakdown(details)["median_s"]}
+            "median_split_s": summarize_breakdown(details)["median_s"] if details else {}}
 
 
-def ping_round_trip(client, engine, state, separate_thread, calls=200):
-    """Median seconds of one empty call to every actor at once (the framework's floor)."""
+def ping_round_trip(client, engine, state, separate_thread, payload=(), calls=200):
+    """Median seconds of one call to every actor at once that sends `payload` and gets it
+    back (empty: the framework's floor)."""
     engine.separate_thread = separate_thread
     for _ in range(20):
-        engine.call(client, state["actors"], "ping")
+        engine.call(client, state["actors"], "ping", *payload)
     times = []
     for _ in range(calls):
         t0 = time.perf_counter()
-        engine.call(client, state["actors"], "ping")
+        engine.call(client, state["actors"], "ping", *payload)
         times.append(time.perf_counter() - t0)
     return float(np.median(times))
 
@@ -83,12 +84,15 @@ def run_cluster(args, profile, out):
         tag = "profiler on" if profile else "profiler off"
         probe = DaskBackend(engine="actors")
         state = probe._actors.actors(client, X, None)
+        # an iteration's payload: the centers out, sums and weights back
+        sized = (init.astype(np.float64), np.zeros((args.k, 3)), np.zeros(args.k))
         for sep in (True, False):
-            rtt = ping_round_trip(client, probe._actors, state, sep)
-            out[f"{tag}, empty call, {'actor thread' if sep else 'event loop'}"] = {
-                "round_trip_s": rtt}
-            log(f"{tag}: empty call to both actors, {'actor thread' if sep else 'event loop'}"
-                f": {rtt * 1e3:.2f} ms")
+            for what, payload in (("empty call", ()), ("call with an iteration's arrays",
+                                                       sized)):
+                rtt = ping_round_trip(client, probe._actors, state, sep, payload)
+                where = "actor thread" if sep else "event loop"
+                out[f"{tag}, {what}, {where}"] = {"round_trip_s": rtt}
+                log(f"{tag}: {what} to both actors, {where}: {rtt * 1e3:.2f} ms")
         probe.finish()
         for switch in ((None, 2e-4) if profile else (None,)):
             if switch:
@@ -101,9 +105,17 @@ def run_cluster(args, profile, out):
                 out[name] = r
                 med = r["median_split_s"]
                 parts = " ".join(f"{key} {med.get(key, 0) * 1e3:.2f}" for key in (
-                    "launch", "busiest_worker", "tail", "client_rest"))
+                    "launch", "busiest_worker", "tail", "client_rest", "message_in",
+                    "before_blocks", "after_blocks", "message_out"))
                 log(f"{name}: {r['per_iteration_s'] * 1e3:.1f} ms/iteration; {parts} ms")
         sys.setswitchinterval(0.005)
+        if profile:
+            client.run(sys.setswitchinterval, 0.005)
+            for sep in (True, False):
+                name = f"{tag}, {'actor thread' if sep else 'event loop'}, no timings"
+                r = measure(client, X, sw, init, args.iters, sep, timings=False)
+                out[name] = r
+                log(f"{name}: {r['per_iteration_s'] * 1e3:.1f} ms/iteration")
         maker.finish()
     finally:
         client.close()

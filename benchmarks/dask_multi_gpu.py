@@ -142,13 +142,23 @@ def split_iteration(info):
         out["launch"] = min(b["start"] for b in blocks) - info["submitted_at"]
         out["tail"] = info["received_at"] - max(b["stop"] for b in blocks)
         out["overhead"] = total - out["busiest_worker"]
+    calls = info.get("actor_calls") or []
+    if calls and blocks:
+        # the actors engine: message in (sent -> method entered), before the first block,
+        # after the last block (statistics, the fetch), message out (left -> received)
+        out["message_in"] = max(c["entered"] for c in calls) - info["submitted_at"]
+        out["before_blocks"] = min(b["start"] for b in blocks) - min(
+            c["entered"] for c in calls)
+        out["after_blocks"] = max(c["left"] for c in calls) - max(b["stop"] for b in blocks)
+        out["message_out"] = info["received_at"] - max(c["left"] for c in calls)
     out["client_rest"] = total - info["total_s"]
     return out
 
 
 def breakdown_line(split):
     keys = ("busiest_worker", "block_max", "launch", "tail", "gather", "client_build_submit",
-            "client_rest", "overhead")
+            "client_rest", "overhead", "message_in", "before_blocks", "after_blocks",
+            "message_out")
     return " ".join(f"{k}={split[k] * 1e3:.1f}" for k in keys if k in split) + " (ms)"
 
 
