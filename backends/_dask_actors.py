@@ -48,20 +48,15 @@ def _reductions(kind):
     return HostReductions
 
 
-def host_float64(kind, arrays):
-    """The arrays (and 0-d scalars) as float64 NumPy arrays, in one device -> host transfer
-    for CuPy ones (each transfer synchronises the device)."""
-    if kind != "cupy" or not arrays:
-        return [np.asarray(a, dtype=np.float64) for a in arrays]
+def flat_float64(kind, arrays):
+    """The arrays (and 0-d scalars) flattened into one float64 NumPy array, in one device ->
+    host transfer for CuPy ones (each transfer synchronises the device)."""
+    if not arrays:
+        return np.empty(0)
+    if kind != "cupy":
+        return np.concatenate([np.asarray(a, dtype=np.float64).reshape(-1) for a in arrays])
     import cupy as cp
-    flat = cp.concatenate([cp.asarray(a, dtype=cp.float64).reshape(-1) for a in arrays])
-    host = flat.get()
-    out, start = [], 0
-    for a in arrays:
-        size = int(np.prod(a.shape))
-        out.append(host[start:start + size].reshape(a.shape))
-        start += size
-    return out
+    return cp.concatenate([cp.asarray(a, dtype=cp.float64).reshape(-1) for a in arrays]).get()
 
 
 class BlockActor:
@@ -76,51 +71,44 @@ class BlockActor:
         self.outputs = {}       # generation -> [(labels, min_sq) per local block]
         self.previous = None    # labels of the last update call (for the changed count)
 
-    def iterate(self, centers, update, generation, timed=False, stats=True):
-        """Per block, in this actor's order: (global index, sums, weights, timing); then the
-        labels changed since the last update call (-1: none, or without `stats`) and the
-        blocks' weighted inertia (0.0 without `stats`); with `timed`, when the call entered
-        and left this method (this host's clock) as a fourth item."""
+    def iterate(self, centers, update=True, generation=0, timed=False, stats=True):
+        """One float64 array: per block in this actor's order its sums (k x d) and weights
+        (k) when `update`, then the labels changed since the last update call (-1: none, or
+        without `stats`) and the blocks' weighted inertia (0.0 without `stats`). One array,
+        not a structure of them: each array or object in a message adds to its cost. With
+        `timed`, also a dict: when the call entered and left this method (this host's
+        clock) and each block's own timing."""
         entered = time.time()
         from kmeans_xp_backends.dask_ import block_step
         red = _reductions(self.kind)
         stats = stats and update
         compare = stats and self.previous is not None
-        outs, infos, device = [], [], []
+        outs, infos, parts, inertias, changes = [], [], [], [], []
         for j, (xb, wb) in enumerate(zip(self.x, self.w)):
             it, info = block_step(xb, wb if update else None, centers, self.kind, self.name,
                                   self.max_memory, update, timed)
             outs.append((it.labels, it.min_sq_dist))
             infos.append(info)
             if update:
-                device += [it.weighted_sums, it.weight_in_clusters]
+                parts += [it.weighted_sums, it.weight_in_clusters]
             if stats:
-                device.append(red.weighted_sum(it.min_sq_dist, wb) if wb is not None
-                              else it.min_sq_dist.sum(dtype=np.float64))
+                inertias.append(red.weighted_sum(it.min_sq_dist, wb) if wb is not None
+                                else it.min_sq_dist.sum(dtype=np.float64))
             if compare:
-                device.append(red.count_changed(it.labels, self.previous[j]))
-        host = host_float64(self.kind, device)
-        parts, pos, inertia, changed = [], 0, 0.0, 0 if compare else -1
-        for j, info in enumerate(infos):
-            sums = weights = None
-            if update:
-                sums, weights = host[pos], host[pos + 1]
-                pos += 2
-            if stats:
-                inertia += float(host[pos])
-                pos += 1
-            if compare:
-                changed += int(host[pos])
-                pos += 1
-            parts.append((self.indices[j], sums, weights, info))
+                changes.append(red.count_changed(it.labels, self.previous[j]))
+        flat = flat_float64(self.kind, parts + inertias + changes)
+        head = flat.size - len(inertias) - len(changes)
+        inertia = float(flat[head:head + len(inertias)].sum())
+        changed = float(flat[head + len(inertias):].sum()) if compare else -1.0
         if update:
             self.previous = [o[0] for o in outs]
         self.outputs[generation] = outs
         for g in sorted(self.outputs)[:-self.keep]:
             del self.outputs[g]
+        packed = np.concatenate([flat[:head], [changed, inertia]])
         if timed:
-            return parts, changed, inertia, {"entered": entered, "left": time.time()}
-        return parts, changed, inertia
+            return packed, {"entered": entered, "left": time.time(), "blocks": infos}
+        return packed
 
     def ping(self, *payload):
         """Its arguments back: the round trip of a call, for latency probes."""
@@ -235,14 +223,15 @@ class ActorEngine:
                       "chunks": X.chunks[0], "dtype": X.dtype, "kind": kind}
         return self.state
 
-    def call(self, client, actors, method, *args):
-        """`method(*args)` on every actor, concurrently; their answers in order. Sent
+    def call(self, client, actors, method, *args, **options):
+        """`method(*args, **options)` on every actor, concurrently; their answers in order
+        (the options travel as plain message fields: Python scalars only). Sent
         straight to each actor's worker (one message each, all awaited together on the
         client's event loop) unless the backend's `direct_gather` is off: then through the
         actor handles, which go through the scheduler when the client does not connect to
         workers directly."""
         if not self.backend.direct_gather:
-            calls = [getattr(a["actor"], method)(*args) for a in actors]
+            calls = [getattr(a["actor"], method)(*args, **options) for a in actors]
             return [c.result() for c in calls]
         import asyncio
 
@@ -251,7 +240,8 @@ class ActorEngine:
         async def call_all():
             return await asyncio.gather(*(client.rpc(a["address"]).actor_execute(
                 function=method, actor=a["key"], args=[to_serialize(x) for x in args],
-                kwargs={"separate_thread": self.separate_thread}) for a in actors))
+                kwargs=dict(options, separate_thread=self.separate_thread))
+                for a in actors))
 
         replies = client.sync(call_all)
         for reply in replies:
@@ -275,25 +265,35 @@ class ActorEngine:
         gen = next(_generations)
         t1 = time.perf_counter()
         submitted_at = time.time()
-        results = self.call(client, state["actors"], "iterate", centers, update, gen,
-                            b.timings, stats)
+        results = self.call(client, state["actors"], "iterate", centers,
+                            update=bool(update), generation=gen, timed=b.timings,
+                            stats=bool(stats))
         t2 = time.perf_counter()
         received_at = time.time()
-        parts = sorted((p for r in results for p in r[0]), key=lambda p: p[0])
+        calls = [r[1] for r in results] if b.timings else []
+        packed = [r[0] for r in results] if b.timings else results
+        k, d = centers.shape
+        parts, changed, inertia = [], 0, 0.0
+        for a, arr in zip(state["actors"], packed):
+            if update:
+                rows = arr[:-2].reshape(len(a["indices"]), k * (d + 1))
+                parts += [(i, row[:k * d].reshape(k, d), row[k * d:])
+                          for i, row in zip(a["indices"], rows)]
+            changed = -1 if changed < 0 or arr[-2] < 0 else changed + int(arr[-2])
+            inertia += float(arr[-1])
         sums = weights = None
         if update:
+            parts.sort(key=lambda p: p[0])
             sums, weights = add_parts([(p[1], p[2]) for p in parts])
-        changed = -1 if any(r[1] < 0 for r in results) else sum(r[1] for r in results)
-        inertia = sum(r[2] for r in results)
         t3 = time.perf_counter()
         if b.timings:
             b.last_iter_timings = {
-                "blocks": len(parts), "reduce": "actors", "engine": "actors",
+                "blocks": state["n_blocks"], "reduce": "actors", "engine": "actors",
                 "build_s": t1 - t0, "submit_s": 0.0, "wait_s": t2 - t1, "gather_s": 0.0,
                 "add_s": t3 - t2, "total_s": t3 - t0, "submitted_at": submitted_at,
                 "received_at": received_at,
-                "block_times": [p[3] for p in parts if p[3] is not None],
-                "actor_calls": [r[3] for r in results if len(r) > 3]}
+                "block_times": [i for c in calls for i in c["blocks"]],
+                "actor_calls": calls}
         return state, gen, sums, weights, changed, inertia
 
     def arrays(self, state, gen):
