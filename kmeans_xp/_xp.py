@@ -41,6 +41,23 @@ def to_numpy(X):
         return np.from_dlpack(X)
 
 
+def label_counts(labels, n_clusters):
+    """Points per cluster (NumPy, length n_clusters), counted where the labels live: only
+    the k counts travel (gathering the labels of a dask or device array to the host would move
+    all n of them)."""
+    name = namespace_name(labels)
+    if name == "dask.array":
+        import dask.array as da
+        counts = da.bincount(labels, minlength=n_clusters).compute()
+    elif name == "cupy":
+        counts = sys.modules["cupy"].bincount(labels, minlength=n_clusters)
+    elif name == "torch":
+        counts = labels.bincount(minlength=n_clusters)
+    else:
+        counts = np.bincount(to_numpy(labels), minlength=n_clusters)
+    return to_numpy(counts)
+
+
 def xp_float_dtype(xp, dtype_name: str):
     return getattr(xp, dtype_name)
 

@@ -14,7 +14,7 @@ import warnings
 import numpy as np
 
 from . import init as _init
-from ._xp import array_namespace, device, namespace_name, to_numpy
+from ._xp import array_namespace, device, label_counts, namespace_name, to_numpy
 from .lloyd import direct_sq_dist, kmeans_single_lloyd
 from .memory import format_bytes
 from .registry import get_backend, select_backend
@@ -262,9 +262,8 @@ class KMeans:
         self.history_ = best.history
         self.timings_ = timings
         self.memory_report_ = dict(backend.memory_report)
-        # O(n) (np.unique would sort all n labels: minutes at n = 1e9)
-        distinct = int(np.count_nonzero(np.bincount(to_numpy(best.labels),
-                                                    minlength=self.n_clusters)))
+        # O(n) where the labels are (np.unique would sort all n labels: minutes at n = 1e9)
+        distinct = int(np.count_nonzero(label_counts(best.labels, self.n_clusters)))
         if distinct < self.n_clusters:
             warnings.warn(f"Number of distinct clusters ({distinct}) found smaller than "
                           f"n_clusters ({self.n_clusters}). Possibly due to duplicate points "

@@ -284,3 +284,26 @@ def test_callable_init_gets_data_k_and_random_state():
     assert km.cluster_centers_.shape == (4, 4)
     with pytest.raises(ValueError, match=r"\(2, 4\)"):
         KMeans(4, init=lambda d, k, random_state: np.asarray(d)[:2]).fit(X)
+
+
+def test_label_counts_where_the_labels_live():
+    """Points per cluster from NumPy and dask labels alike (dask: only the k counts are
+    computed and fetched, not the labels)."""
+    from kmeans_xp._xp import label_counts
+    labels = np.array([0, 2, 2, 5, 0, 2])
+    np.testing.assert_array_equal(label_counts(labels, 7), [2, 0, 3, 0, 0, 1, 0])
+    da = pytest.importorskip("dask.array")
+    got = label_counts(da.from_array(labels, chunks=4), 7)
+    assert isinstance(got, np.ndarray)
+    np.testing.assert_array_equal(got, [2, 0, 3, 0, 0, 1, 0])
+
+
+@pytest.mark.parametrize("backend", ["numpy", "dask"])
+def test_fewer_distinct_clusters_than_asked_warns(backend):
+    """sklearn's warning when duplicate points leave fewer distinct clusters than n_clusters."""
+    X = np.repeat(np.array([[0.0, 0.0], [1.0, 1.0], [5.0, 5.0]]), 10, axis=0)
+    if backend == "dask":
+        da = pytest.importorskip("dask.array")
+        X = da.from_array(X, chunks=(7, 2))
+    with pytest.warns(ConvergenceWarning, match=r"distinct clusters \(3\)"):
+        KMeans(5, n_init=1, random_state=0, backend=backend).fit(X)
