@@ -667,15 +667,21 @@ class DaskBackend(KMeansBackend):
     @classmethod
     def estimate_memory(cls, n_samples, n_features, n_clusters, *, itemsize,
                         max_memory="auto", block_rows=None):
-        """Cluster-wide bytes: X persisted, labels and distances kept per block, partial sums,
-        and one block's working memory in its local (numpy) backend per worker thread."""
+        """Cluster-wide bytes with the actors engine (the default on a cluster): X persisted,
+        its centered copy (the actors hold X - mean persisted; the graph engine centers each
+        block in every iteration instead), the labels and distances of the last KEEP calls,
+        partial sums, and one block's working memory in its local (numpy) backend per worker
+        thread."""
         from kmeans_xp_backends.numpy_ import NumpyBackend
+
+        from ._dask_actors import KEEP
         rows = int(block_rows or min(n_samples, max(1, (128 << 20) // (n_features * itemsize))))
         blocks = -(-n_samples // rows)
         local = NumpyBackend.estimate_memory(rows, n_features, n_clusters, itemsize=itemsize,
                                              max_memory=max_memory, n_threads=1)
         parts = {"data": n_samples * n_features * itemsize,
-                 "labels_and_distances": n_samples * (8 + itemsize),
+                 "centered_copy": n_samples * n_features * itemsize,
+                 "labels_and_distances": KEEP * n_samples * (8 + itemsize),
                  "partial_sums": blocks * n_clusters * (n_features + 1) * 8,
                  "block_working_memory": local.total}
         return MemoryEstimate(parts, sum(parts.values()), rows)

@@ -188,6 +188,8 @@ def test_estimate_memory():
     from kmeans_xp import estimate_memory
     est = estimate_memory(10**6, 3, 100, dtype="float32", backend="dask")
     assert est.parts["data"] == 12 * 10**6 and est.total > est.parts["data"]
+    assert est.parts["centered_copy"] == est.parts["data"]  # the actors hold X - mean
+    assert est.parts["labels_and_distances"] == 2 * 10**6 * 12  # the last two calls
 
 
 def test_namespace_keeps_small_arrays_eager_and_per_sample_arrays_aligned():
