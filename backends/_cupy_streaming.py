@@ -35,6 +35,7 @@ float64 about a shift, not in X's dtype as np.var does, so tol may differ in its
 """
 from __future__ import annotations
 
+import functools
 import mmap
 import os
 import weakref
@@ -44,7 +45,7 @@ from typing import NamedTuple
 import numpy as np
 
 from kmeans_xp.lloyd import LloydResult, new_centers, relocate_empty, stop_reason
-from kmeans_xp.memory import KMeansMemoryError, format_bytes
+from kmeans_xp.memory import KMeansMemoryError, format_bytes, host_available_memory
 
 from . import _cupy_kmeans_kernels as kernels
 
@@ -119,20 +120,8 @@ def is_memmap(X) -> bool:
     return False
 
 
-def available_host_bytes():
-    """The host's available memory (MemAvailable: free plus reclaimable page cache), or None
-    where it cannot be read."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return None
+#: the host's available memory (MemAvailable), or None where it cannot be read
+available_host_bytes = functools.partial(host_available_memory, default=None)
 
 
 def lockable(X) -> bool:

@@ -77,8 +77,9 @@ def parse_memory(value):
     return int(value)
 
 
-def host_available_memory() -> int:
-    """Free host memory in bytes (MemAvailable on Linux), or 4 GiB where unknown."""
+def host_available_memory(default=4 << 30):
+    """Free host memory in bytes (MemAvailable on Linux: free plus reclaimable page cache),
+    or `default` where unknown."""
     try:
         with open("/proc/meminfo") as f:
             for line in f:
@@ -89,7 +90,7 @@ def host_available_memory() -> int:
     try:
         return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (ValueError, OSError, AttributeError):
-        return 4 << 30
+        return default
 
 
 def resolve_budget(max_memory, available: int, cap: int | None = None) -> int:

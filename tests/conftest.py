@@ -64,3 +64,17 @@ def cp():
     import cupy
     yield cupy
     cupy.get_default_memory_pool().free_all_blocks()
+
+
+@pytest.fixture(scope="module")
+def client():
+    """A distributed LocalCluster of two single-thread worker processes and its Client (the
+    current one while a module's tests run)."""
+    import logging
+    distributed = pytest.importorskip("distributed")
+    cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                                       dashboard_address=None, silence_logs=logging.ERROR)
+    client = distributed.Client(cluster)
+    yield client
+    client.close()
+    cluster.close()

@@ -1,6 +1,5 @@
 """The dask backend: the numpy backend's answer from the same init, on a LocalCluster of two
 worker processes, whatever the chunking; `accepts` computes nothing; the contract suite."""
-import logging
 import warnings
 
 import numpy as np
@@ -15,16 +14,6 @@ from kmeans_xp_backends.dask_ import DaskBackend, DaskNamespace  # noqa: E402
 from kmeans_xp import KMeans  # noqa: E402
 from kmeans_xp.registry import select_backend  # noqa: E402
 from kmeans_xp.testing import asymmetric_data, check_backend  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def client():
-    cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
-                                       dashboard_address=None, silence_logs=logging.ERROR)
-    client = distributed.Client(cluster)
-    yield client
-    client.close()
-    cluster.close()
 
 
 @pytest.fixture

@@ -2,7 +2,6 @@
 distributed cluster of two worker processes sharing the GPU, each block computed by the CuPy
 backend on its worker; both engines give the numpy backend's partition from the same init.
 """
-import logging
 
 import numpy as np
 import pytest
@@ -14,16 +13,6 @@ pytestmark = pytest.mark.gpu
 
 da = pytest.importorskip("dask.array")
 distributed = pytest.importorskip("distributed")
-
-
-@pytest.fixture(scope="module")
-def client():
-    cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
-                                       dashboard_address=None, silence_logs=logging.ERROR)
-    client = distributed.Client(cluster)
-    yield client
-    client.close()
-    cluster.close()
 
 
 def _problem(n, k, dtype, seed):
