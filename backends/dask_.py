@@ -1,13 +1,15 @@
 """The `dask` backend: X as a dask array (NumPy or CuPy blocks), exact Lloyd across blocks,
 workers and machines.
 
-Each iteration is one dask graph: a task per row block computes the block's labels, squared
-distances and per-cluster partial sums with the best local backend for the block (the numpy
-backend on NumPy blocks; cupy-fused, else cupy-chunked, else cupy-kernels on CuPy blocks),
-labels and distances stay on the workers (persisted), and the (k, d) partial sums are added in
-a tree (`split_every` at a time) and come back to the client, where the unchanged driver
-(`kmeans_xp.lloyd`) updates the small centers. X is validated (NaN/inf) and persisted once,
-in `to_backend`.
+Every iteration computes each row block's labels, squared distances and per-cluster partial
+sums with the best local backend for the block (the numpy backend on NumPy blocks;
+cupy-fused, else cupy-chunked, else cupy-kernels on CuPy blocks); labels and distances stay
+on the workers, and only the (k, d) partial sums come back to the client, which updates the
+small centers with the driver's rules (`kmeans_xp.lloyd`). Two engines carry an iteration:
+"graph" (here: one dask graph per iteration, sums added in a tree `split_every` at a time)
+and "actors" (`_dask_actors`: one dask Actor per worker, one message each way per worker and
+iteration), the default on a distributed cluster. X is validated (NaN/inf) and persisted
+once, in `to_backend`.
 
 The scheduler is dask's current one: the active `distributed.Client` when there is one
 (`LocalCluster`, dask-cuda's `LocalCUDACluster`, any scheduler address), else the local
