@@ -127,17 +127,22 @@ def test_label_store_in_pinned_host_memory(fake_cupy, monkeypatch):
     assert got.memory_report_["pinned_host"] >= 60013 * 2  # the uint16 store
 
 
+def _read_only_memmap(X, directory):
+    """X written to a file and opened again as a read-only memmap."""
+    path = directory / "X.bin"
+    mm = np.memmap(path, dtype=X.dtype, mode="w+", shape=X.shape)
+    mm[...] = X
+    mm.flush()
+    return np.memmap(path, dtype=X.dtype, mode="r", shape=X.shape)
+
+
 def test_memmap_is_streamed_without_a_copy_or_page_lock(fake_cupy, tmp_path, monkeypatch):
     """A memmap too large for the host's available memory (here: said to be) is staged,
     never page-locked (which would read it all in) nor copied."""
     from kmeans_xp_backends import _cupy_streaming
     monkeypatch.setattr(_cupy_streaming, "available_host_bytes", lambda: 6007 * 12)
     X, init = _problem(6007, 3, 7, np.float32, seed=7)
-    path = tmp_path / "X.f32"
-    mm = np.memmap(path, dtype=np.float32, mode="w+", shape=X.shape)
-    mm[...] = X
-    mm.flush()
-    ro = np.memmap(path, dtype=np.float32, mode="r", shape=X.shape)
+    ro = _read_only_memmap(X, tmp_path)
     assert is_memmap(ro) and is_memmap(ro[10:]) and not is_memmap(X)
     ref = KMeans(7, init=init, backend="cupy-kernels", backend_options={"stream": True},
                  max_iter=20, tol=0).fit(X)
@@ -153,11 +158,7 @@ def test_memmap_that_fits_the_host_is_page_locked(fake_cupy, tmp_path, monkeypat
     memory (read-only pages with cudaHostRegisterReadOnly), and stages a larger one."""
     from kmeans_xp_backends import _cupy_streaming
     X, init = _problem(5003, 3, 5, np.float32, seed=9)
-    path = tmp_path / "X.f32"
-    mm = np.memmap(path, dtype=np.float32, mode="w+", shape=X.shape)
-    mm[...] = X
-    mm.flush()
-    ro = np.memmap(path, dtype=np.float32, mode="r", shape=X.shape)
+    ro = _read_only_memmap(X, tmp_path)
     share = _cupy_streaming.MEMMAP_LOCK_SHARE
     monkeypatch.setattr(_cupy_streaming, "available_host_bytes", lambda: X.nbytes / share)
     assert _cupy_streaming.lockable(ro) and _cupy_streaming.lockable(X)
