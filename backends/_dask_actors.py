@@ -29,22 +29,12 @@ _generations = itertools.count()
 
 
 # -- on the workers ----------------------------------------------------------------------------
-class HostReductions:
-    """The statistics of a NumPy block (the CuPy blocks use the device loop's reductions)."""
-
-    @staticmethod
-    def weighted_sum(v, w):
-        return np.dot(v.astype(np.float64), w.astype(np.float64))
-
-    @staticmethod
-    def count_changed(a, b):
-        return np.count_nonzero(a != b)
-
-
 def _reductions(kind):
+    """The device loop's reductions for the blocks' library."""
     if kind == "cupy":
         from ._cupy_kmeans_kernels import DeviceReductions
         return DeviceReductions
+    from ._device_loop import HostReductions
     return HostReductions
 
 
@@ -68,6 +58,7 @@ class BlockActor:
         self.w = list(w_blocks) if w_blocks is not None else [None] * len(self.x)
         self.kind, self.name, self.max_memory = kind, name, max_memory
         self.keep = keep
+        self.red = _reductions(kind)
         self.outputs = {}       # generation -> [(labels, min_sq) per local block]
         self.previous = None    # labels of the last update call (for the changed count)
 
@@ -80,7 +71,7 @@ class BlockActor:
         clock) and each block's own timing."""
         entered = time.time()
         from kmeans_xp_backends.dask_ import block_step
-        red = _reductions(self.kind)
+        red = self.red
         stats = stats and update
         compare = stats and self.previous is not None
         outs, infos, parts, inertias, changes = [], [], [], [], []

@@ -17,7 +17,37 @@ synchronises once. tests/test_device_loop.py checks it against the driver on the
 """
 from __future__ import annotations
 
+import numpy as np
+
 from kmeans_xp.lloyd import LloydResult, new_centers, relocate_empty, stop_reason
+
+
+class HostReductions:
+    """The reductions in NumPy (the CuPy backends have them as kernels,
+    `_cupy_kmeans_kernels.DeviceReductions`): for NumPy blocks of the dask backend, and the
+    reference the device loop is tested against on the CPU."""
+
+    @staticmethod
+    def weighted_sum(v, w):
+        return np.sum(v.astype(np.float64) * w.astype(np.float64))
+
+    @staticmethod
+    def center_shift(a, b):
+        return np.sum((a.astype(np.float64) - b.astype(np.float64)) ** 2)
+
+    @staticmethod
+    def count_changed(a, b):
+        return np.count_nonzero(a != b)
+
+    @staticmethod
+    def labelled_sq_dist(X, C, labels, out):
+        diff = X - C[labels]
+        out[...] = np.einsum("ij,ij->i", diff, diff)
+        return out
+
+    @staticmethod
+    def fetch(scalars):
+        return [float(s) for s in scalars]
 
 
 def lloyd_with_reductions(backend, X, sample_weight, centers, *, xp, max_iter, tol, rows,

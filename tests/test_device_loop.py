@@ -6,35 +6,11 @@ reductions the CuPy backends provide as kernels, and compared with
 """
 import numpy as np
 import pytest
-from kmeans_xp_backends._device_loop import lloyd_with_reductions
+from kmeans_xp_backends._device_loop import HostReductions, lloyd_with_reductions
 from kmeans_xp_backends.numpy_ import NumpyBackend
 
 from kmeans_xp.lloyd import kmeans_single_lloyd
 from kmeans_xp.testing import asymmetric_data
-
-
-class NumpyReductions:
-    @staticmethod
-    def weighted_sum(v, w):
-        return np.sum(v.astype(np.float64) * w.astype(np.float64))
-
-    @staticmethod
-    def center_shift(a, b):
-        return np.sum((a.astype(np.float64) - b.astype(np.float64)) ** 2)
-
-    @staticmethod
-    def count_changed(a, b):
-        return np.count_nonzero(a != b)
-
-    @staticmethod
-    def labelled_sq_dist(X, C, labels, out):
-        diff = X - C[labels]
-        out[...] = np.einsum("ij,ij->i", diff, diff)
-        return out
-
-    @staticmethod
-    def fetch(scalars):
-        return [float(s) for s in scalars]
 
 
 def _problem(n, d, k, dtype, seed, zero_weights=False):
@@ -52,7 +28,7 @@ def _both(X, w, C, max_iter, tol):
     backend = NumpyBackend(max_memory="1MB", n_threads=1)
     ref = kmeans_single_lloyd(backend, X, w, C, xp=np, max_iter=max_iter, tol=tol, rows=97)
     got = lloyd_with_reductions(backend, X, w, C, xp=np, max_iter=max_iter, tol=tol, rows=97,
-                                reductions=NumpyReductions())
+                                reductions=HostReductions())
     return ref, got
 
 
