@@ -329,7 +329,7 @@ class ActorEngine:
         the centers go back to the driver's namespace at the end."""
         import array_api_compat.numpy as host
 
-        from kmeans_xp._xp import to_numpy
+        from kmeans_xp.namespaces import to_numpy
         from kmeans_xp.lloyd import (
             LloydResult,
             inertia,

@@ -26,7 +26,7 @@ import uuid
 
 import numpy as np
 
-from kmeans_xp._xp import namespace_name, to_numpy
+from kmeans_xp.namespaces import namespace_name, to_numpy
 from kmeans_xp.backend import AssignResult, IterResult, KMeansBackend, ReduceResult
 from kmeans_xp.memory import MemoryEstimate
 

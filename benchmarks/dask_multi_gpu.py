@@ -100,7 +100,7 @@ def lloyd_loop(backend, X, sw, centers, xp, iters, warmup, sync, details=None):
     iteration, final centers as NumPy, per-iteration seconds). With `details` (a list), each
     timed iteration's backend.last_iter_timings is appended, with the iteration's start and
     end (this host's clock)."""
-    from kmeans_xp._xp import to_numpy
+    from kmeans_xp.namespaces import to_numpy
     from kmeans_xp.lloyd import new_centers
 
     per_iter = []

@@ -55,7 +55,7 @@ class KMeansBackend:
 
     def reject_reason(self, X, *, n_clusters, sample_weight=None):
         """None when the backend takes X, else a sentence saying why not."""
-        from ._xp import namespace_name
+        from .namespaces import namespace_name
         ns = namespace_name(X)
         if ns not in self.namespaces and not self.converts_from(ns):
             return f"it computes on {sorted(self.namespaces)}, not {ns} arrays"
@@ -99,7 +99,7 @@ class KMeansBackend:
         """The namespace the driver computes with on `X` (the output of `to_backend`).
         Default: array-api-compat's; a backend whose arrays need more (e.g. dask arrays with
         CuPy blocks, where new arrays must get CuPy blocks too) returns its own."""
-        from ._xp import array_namespace
+        from .namespaces import array_namespace
         return array_namespace(X)
 
     def persist(self, x):

@@ -37,7 +37,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ._xp import to_numpy
+from .namespaces import to_numpy
 from .memory import format_bytes, host_available_memory, parse_memory
 
 SCHEMA = "kmeans_xp.bench/1"

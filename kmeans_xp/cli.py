@@ -260,7 +260,7 @@ def _add_plot_clusters(sub):
 
 def _fresh_fit(args):
     from . import KMeans
-    from ._xp import to_numpy
+    from .namespaces import to_numpy
     from .bench import Workload, make_data
     X = make_data(Workload(n=args.n, d=args.d, k=args.k, data=args.data, seed=args.seed))
     km = KMeans(args.k, n_init=1, max_iter=args.iters, random_state=args.seed,

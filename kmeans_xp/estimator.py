@@ -14,7 +14,7 @@ import warnings
 import numpy as np
 
 from . import init as _init
-from ._xp import array_namespace, device, label_counts, namespace_name, to_numpy
+from .namespaces import array_namespace, device, label_counts, namespace_name, to_numpy
 from .lloyd import direct_sq_dist, kmeans_single_lloyd
 from .memory import format_bytes
 from .registry import get_backend, select_backend

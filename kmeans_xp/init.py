@@ -9,7 +9,7 @@ import math
 
 import numpy as np
 
-from ._xp import to_numpy
+from .namespaces import to_numpy
 
 
 def row_chunks(n, rows):

@@ -11,7 +11,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ._xp import to_numpy
+from .namespaces import to_numpy
 from .init import row_chunks
 
 

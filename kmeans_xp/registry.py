@@ -186,7 +186,7 @@ def get_backend(name: str):
 def select_backend(backend, X, *, n_clusters, sample_weight=None, backend_options=None,
                    max_memory="auto"):
     """(backend instance, why it was chosen) for this input; never a silent fallback."""
-    from ._xp import namespace_name
+    from .namespaces import namespace_name
 
     options = dict(backend_options or {})
     if backend != "auto":

@@ -14,7 +14,7 @@ import contextlib
 
 import numpy as np
 
-from ._xp import array_namespace, to_numpy
+from .namespaces import array_namespace, to_numpy
 from .backend import KMeansBackend
 
 

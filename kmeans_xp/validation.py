@@ -11,7 +11,7 @@ import sys
 
 import numpy as np
 
-from ._xp import array_namespace, is_array_api_obj, namespace_name, to_numpy
+from .namespaces import array_namespace, is_array_api_obj, namespace_name, to_numpy
 from .memory import parse_memory
 
 

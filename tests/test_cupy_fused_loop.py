@@ -9,7 +9,7 @@ import pytest
 from kmeans_xp_backends.cupy_fused import CupyFusedBackend
 from kmeans_xp_backends.numpy_ import NumpyBackend
 
-from kmeans_xp._xp import array_namespace
+from kmeans_xp.namespaces import array_namespace
 from kmeans_xp.lloyd import inertia, kmeans_single_lloyd, new_centers, relocate_empty, tolerance
 from kmeans_xp.testing import asymmetric_data
 

@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kmeans_xp import KMeans
-from kmeans_xp._xp import array_namespace
+from kmeans_xp.namespaces import array_namespace
 from kmeans_xp.init import kmeans_plusplus, random_init
 from kmeans_xp.testing import asymmetric_data
 
