@@ -5,23 +5,33 @@
 
 `list_backends()` says what is installed; `estimate_memory(...)` says what a fit will need.
 """
-from .backend import AssignResult, IterResult, KMeansBackend, ReduceResult
+from .backend import (
+    AssignResult,
+    Farthest,
+    IterStats,
+    KMeansBackend,
+    Option,
+    Placement,
+    ReduceResult,
+)
 from .estimator import ConvergenceWarning, KMeans
 from .lloyd import LloydResult
-from .memory import KMeansMemoryError, MemoryEstimate, estimate_memory
+from .memory import Budget, KMeansMemoryError, MemoryEstimate
 from .registry import (
-                       BackendNotAvailableError,
-                       available_backends,
-                       get_backend,
-                       list_backends,
-                       register_backend,
+    BackendNotAvailableError,
+    available_backends,
+    estimate_memory,
+    get_backend,
+    list_backends,
+    register_backend,
 )
 from .validation import NotFittedError
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "KMeans", "KMeansBackend", "AssignResult", "ReduceResult", "IterResult", "LloydResult",
+    "KMeans", "KMeansBackend", "AssignResult", "ReduceResult", "IterStats", "Farthest",
+    "Option", "Placement", "Budget", "LloydResult",
     "KMeansMemoryError", "MemoryEstimate", "estimate_memory", "list_backends", "get_backend",
     "available_backends", "register_backend", "BackendNotAvailableError", "NotFittedError",
     "ConvergenceWarning", "__version__",

@@ -1,180 +1,282 @@
-"""The backend contract: what every backend implements, and the small results it returns.
+"""The backend contract: the few members a backend implements, and who calls them.
 
-A backend does the O(n k d) work (distance + argmin, per-cluster sums) on one array library.
-Everything else (convergence, empty clusters, inertia, n_init) belongs to the driver
-(`kmeans_xp.lloyd`), so every backend gives the same answer for the same initial centers.
+A backend does the O(n k d) work (distance + argmin, per-cluster sums, and the statistics of
+an iteration) on one array library. The Lloyd semantics (convergence, empty clusters, the
+center update, inertia, n_init) belong to the driver (`kmeans_xp.lloyd`) alone, so every
+backend gives the same answer for the same initial centers.
+
+    member            required  called by      what
+    name, namespaces  yes       registry       registry key; array libraries it computes on
+    device            no        registry/bench "cpu" or "gpu"
+    options           no        __init__       backend_options as {name: Option}
+    reject_reason     no        registry       None when X is taken, else a sentence (cheap)
+    assign            yes       driver, init,  (labels, min_sq_dist) against centers
+                                predict
+    reduce            yes       default        per-cluster float64 sums of w*x and of w
+                                lloyd_iter
+    lloyd_iter        no        driver         one iteration's IterStats (default: assign +
+                                               reduce + two reductions)
+    inertia           no        driver, score  sum of w * ||x - c_label||^2 by differences
+    farthest          no        driver         the m points farthest from their centers
+                                               (only when a cluster is empty)
+    estimate_memory   no        estimate_memory working bytes per part, before anything runs
+    placement         no        estimator,     a `Placement`: moving X to the device and back,
+                                driver         centering, fetching, synchronising
+    memory            no        everyone       a `memory.Budget`: max_memory in bytes, stages
+                                               and their measured peaks, memory checks
+
+`X` handed to the primitives is what `placement.center` returned (mean-centered X in the
+backend's namespace); `sample_weight` is an (n,) array in X's namespace and dtype, or None for
+unit weights. Centers and the small results (k-sized sums, 0-d statistics) live in the
+namespace `placement.small` puts them in (X's own by default).
 """
 from __future__ import annotations
 
-import contextlib
-import inspect
 from typing import Any, ClassVar, NamedTuple
 
-from .memory import MemoryEstimate, resolve_budget
+from .memory import Budget, MemoryEstimate
+from .namespaces import array_namespace, device, namespace_name, to_numpy
 
 
 class AssignResult(NamedTuple):
-    labels: Any          # (n,) int64 index of the nearest center
+    labels: Any          # (n,) integer index of the nearest center
     min_sq_dist: Any     # (n,) squared distance to it, clamped at 0
 
 
 class ReduceResult(NamedTuple):
-    weighted_sums: Any        # (k, d) sum of w * x per cluster
-    weight_in_clusters: Any   # (k,) sum of w per cluster
+    weighted_sums: Any        # (k, d) float64 sum of w * x per cluster
+    weight_in_clusters: Any   # (k,) float64 sum of w per cluster
 
 
-class IterResult(NamedTuple):
-    labels: Any
-    min_sq_dist: Any
-    weighted_sums: Any         # None when update_centers=False
-    weight_in_clusters: Any    # None when update_centers=False
+class IterStats(NamedTuple):
+    """One Lloyd iteration's results, computed where the data lives."""
+    labels: Any               # (n,) a new array each call (the driver keeps the last one)
+    weighted_sums: Any        # (k, d) float64
+    weight_in_clusters: Any   # (k,) float64
+    inertia: Any              # 0-d float64: sum of w * min_sq_dist of this assignment
+    n_changed: Any            # 0-d float64: labels != labels_old (n when labels_old is None)
 
 
-class KMeansBackend:
-    """Base class of all backends. Subclasses set `name` and `namespaces` and implement
-    `assign` and `reduce`; fused backends override `lloyd_iter`, and a backend that keeps the
-    whole loop on its device may define `kmeans_single` (see `kmeans_xp.lloyd`)."""
+class Farthest(NamedTuple):
+    """The m points farthest from their own centers: distance descending, lower index first
+    among equals, zero-weight points never (sklearn's relocation candidates)."""
+    index: Any     # (m,) int64
+    x: Any         # (m, d) their rows of the centered X
+    weight: Any    # (m,) float64
+    label: Any     # (m,) their labels
+    sq_dist: Any   # (m,) float64 their squared distances
 
-    name: ClassVar[str] = ""
-    namespaces: ClassVar[frozenset] = frozenset()
-    #: the device kind the backend computes on, for reports and "auto": "cpu" or "gpu"
-    device: ClassVar[str] = "cpu"
 
-    def __init__(self, max_memory="auto", **options):
-        if options:
-            raise TypeError(
-                f"backend {self.name!r} takes no options {sorted(options)}; "
-                f"backend_options it knows: none")
-        self.max_memory = max_memory
-        self.memory_report = {}
+class Option:
+    """One backend option: its default and the values it takes (values, types, or
+    `validation` constraints such as `Interval`)."""
 
-    # -- capability -------------------------------------------------------------------------
-    def accepts(self, X, *, n_clusters, sample_weight=None) -> bool:
-        """Cheap check (no compute) that this backend can take X."""
-        return self.reject_reason(X, n_clusters=n_clusters, sample_weight=sample_weight) is None
+    def __init__(self, default, *allowed, doc=""):
+        self.default, self.allowed, self.doc = default, allowed, doc
 
-    def reject_reason(self, X, *, n_clusters, sample_weight=None):
-        """None when the backend takes X, else a sentence saying why not."""
-        from .namespaces import namespace_name
-        ns = namespace_name(X)
-        if ns not in self.namespaces and not self.converts_from(ns):
-            return f"it computes on {sorted(self.namespaces)}, not {ns} arrays"
-        return None
+    def accepts(self, value) -> bool:
+        for a in self.allowed:
+            if isinstance(a, type):
+                if isinstance(value, a) and not (isinstance(value, bool) and a is not bool):
+                    return True
+            elif callable(a):
+                if a(value):
+                    return True
+            elif value is a or (type(value) is type(a) and value == a):
+                return True
+        return False
+
+    def describe(self) -> str:
+        parts = [a.__name__ if isinstance(a, type) else repr(a) if not callable(a) else str(a)
+                 for a in self.allowed]
+        return " or ".join(parts)
+
+
+class Placement:
+    """Where X lives and how arrays get there and back. Default: X stays where it is, in its
+    own namespace, and everything is synchronous."""
+
+    #: True when work is queued (a GPU stream): the driver then issues the next iteration
+    #: before it reads the last one's statistics, so the device never waits on the host
+    asynchronous: ClassVar[bool] = False
+
+    def __init__(self, backend):
+        self.backend = backend
 
     def converts_from(self, namespace: str) -> bool:
         """Whether input of this namespace is copied in by `to_backend`."""
         return False
 
-    # -- data movement ----------------------------------------------------------------------
     def to_backend(self, X):
         """X (validated, floating) in the backend's namespace; default: as given."""
         return X
 
     def from_backend(self, arr, like):
-        """arr returned in the namespace and device of `like` (the user's input)."""
+        """arr in the namespace and device of `like` (the user's input)."""
         return arr
 
-    def budget(self, xp=None) -> int:
-        """Working-memory bound in bytes for this fit."""
-        return resolve_budget(self.max_memory, self.available_memory())
+    def namespace(self, X):
+        """The namespace the driver computes with on X (the output of `to_backend`)."""
+        return array_namespace(X)
 
-    def available_memory(self) -> int:
-        from .memory import host_available_memory
-        return host_available_memory()
+    def small(self, x):
+        """A k-sized array (centers) where the driver's center math runs: X's namespace."""
+        return x
 
-    def driver_rows(self, n_samples, n_features, dtype) -> int:
-        """Rows per chunk for the driver's own O(n d) passes (init, inertia, relocation)."""
-        itemsize = 8 if "64" in str(dtype) else 4
-        per_row = n_features * itemsize * 4 + 64 * itemsize  # diffs + k-means++ candidates
-        return int(max(256, min(n_samples, self.budget() // 4 // per_row)))
+    def persist(self, x):
+        """Make a lazily evaluated array concrete (dask); default: x."""
+        return x
 
     def synchronize(self):
         """Wait for the device, so a clock read after it measures finished work."""
 
-    def finish(self):
-        """Called by the estimator when a fit has ended, after it dropped its device arrays:
-        release per-fit buffers (and, where the backend offers it, cached memory)."""
+    def fetch(self, values):
+        """Start copying a small 1-d array to the host; returns a function that waits for it
+        and gives a NumPy array. Default: copied now."""
+        host = to_numpy(values)
+        return lambda: host
 
-    def array_namespace(self, X):
-        """The namespace the driver computes with on `X` (the output of `to_backend`).
-        Default: array-api-compat's; a backend whose arrays need more (e.g. dask arrays with
-        CuPy blocks, where new arrays must get CuPy blocks too) returns its own."""
-        from .namespaces import array_namespace
-        return array_namespace(X)
-
-    def persist(self, x):
-        """Make a lazily evaluated array concrete, so later passes reuse it instead of
-        recomputing its whole history. The driver calls it on the small or reused arrays it
-        builds (mean, weights, centers each iteration, k-means++ distances). Default: `x`."""
-        return x
-
-    @contextlib.contextmanager
-    def stage(self, name):
-        """Context of one stage ("transfer", "init", "assign", "update") for memory_report."""
-        yield
-
-    @classmethod
-    def estimate_memory(cls, n_samples, n_features, n_clusters, *, itemsize,
-                        max_memory="auto") -> MemoryEstimate:
-        raise NotImplementedError(f"backend {cls.name!r} gives no memory estimate")
-
-    def check_memory(self, X, n_clusters, options=None):
-        """Raise KMeansMemoryError now, before any work, when max_memory cannot hold even the
-        backend's smallest chunk: its `estimate_memory` applies the fit's plan, with the
-        backend_options it takes (`options`). A backend without an estimate raises from its
-        first chunk instead. Backends that know more about X (where it lives) override this."""
-        n, d = X.shape
-        estimate = type(self).estimate_memory
-        itemsize = 4 if "float32" in str(X.dtype) else 8
-        try:
-            estimate(n, d, n_clusters, itemsize=itemsize, max_memory=self.max_memory,
-                     **accepted_options(estimate, options or {}))
-        except NotImplementedError:
-            pass
-
-    # -- the data the driver computes on ----------------------------------------------------
     def feature_stats(self, X, tol, *, xp):
-        """(per-feature mean of X, sklearn's absolute tol for X): what the estimator centers
-        X with and the driver stops on. A backend that streams X from the host computes both
-        in its own pass instead of NumPy's full-size temporaries."""
+        """(per-feature mean, absolute tol) of X: the driver's definitions
+        (`lloyd.feature_mean`, `lloyd.tolerance`) on chunks of X."""
         from .lloyd import feature_mean, tolerance
-        return feature_mean(X, xp), tolerance(X, tol, xp)
+        mean = feature_mean(X, xp, self.backend.driver_rows(X))
+        return mean, tolerance(X, mean, tol, xp, self.backend.driver_rows(X))
 
     def center(self, X, mean, *, xp, in_place=False):
         """X - mean, the data the driver and the backend compute on (in place when asked: the
-        estimator adds the mean back). A backend may return another object that it and the
-        driver understand: host streaming returns a view that centers rows on the fly."""
+        estimator adds the mean back)."""
         if in_place:
             X -= mean
             return X
         return X - mean
 
-    # -- the heavy primitives -----------------------------------------------------------------
+    def finish(self):
+        """The fit has ended and dropped its arrays: release per-fit buffers."""
+
+
+class KMeansBackend:
+    """Base class of all backends. Subclasses set `name` and `namespaces` and implement
+    `assign` and `reduce`; the rest has defaults (see the module's table)."""
+
+    name: ClassVar[str] = ""
+    namespaces: ClassVar[frozenset] = frozenset()
+    device: ClassVar[str] = "cpu"
+    options: ClassVar[dict] = {}
+    placement_class: ClassVar[type] = Placement
+    budget_class: ClassVar[type] = Budget
+
+    def __init__(self, max_memory="auto", **options):
+        unknown = sorted(set(options) - set(self.options))
+        if unknown:
+            raise ValueError(
+                f"backend {self.name!r} takes no option(s) {unknown}; backend_options it "
+                f"knows: {sorted(self.options) or 'none'}")
+        for key, opt in self.options.items():
+            value = options.get(key, opt.default)
+            if not opt.accepts(value):
+                raise ValueError(f"backend {self.name!r}: backend_options[{key!r}] must be "
+                                 f"{opt.describe()}, got {value!r}")
+            setattr(self, key, value)
+        self.memory = self.budget_class(max_memory, backend=self)
+        self.placement = self.placement_class(self)
+
+    @property
+    def max_memory(self):
+        return self.memory.max_memory
+
+    @property
+    def memory_report(self) -> dict:
+        return self.memory.report
+
+    # -- capability -------------------------------------------------------------------------
+    def accepts(self, X, *, n_clusters, sample_weight=None) -> bool:
+        return self.reject_reason(X, n_clusters=n_clusters, sample_weight=sample_weight) is None
+
+    def reject_reason(self, X, *, n_clusters, sample_weight=None):
+        """None when the backend takes X, else a sentence saying why not (no compute)."""
+        ns = namespace_name(X)
+        if ns not in self.namespaces and not self.placement.converts_from(ns):
+            return f"it computes on {sorted(self.namespaces)}, not {ns} arrays"
+        return None
+
+    def driver_rows(self, X) -> int:
+        """Rows per chunk for the O(n d) passes done in xp code (init, defaults below): a
+        quarter of the budget, at (d + 64) values a row."""
+        n, d = X.shape
+        itemsize = 8 if "64" in str(X.dtype) else 4
+        per_row = (d * 4 + 64) * itemsize
+        return int(max(256, min(n, self.memory.bytes() // 4 // per_row)))
+
+    # -- the heavy primitives ---------------------------------------------------------------
     def assign(self, X, centers, *, xp) -> AssignResult:
         raise NotImplementedError
 
     def reduce(self, X, labels, sample_weight, n_clusters, *, xp) -> ReduceResult:
         raise NotImplementedError
 
-    def lloyd_iter(self, X, sample_weight, centers, *, xp, update_centers=True) -> IterResult:
+    def lloyd_iter(self, X, sample_weight, centers, labels_old, *, xp) -> IterStats:
         labels, min_sq = self.assign(X, centers, xp=xp)
-        if not update_centers:
-            return IterResult(labels, min_sq, None, None)
         sums, weights = self.reduce(X, labels, sample_weight, centers.shape[0], xp=xp)
-        return IterResult(labels, min_sq, sums, weights)
+        return IterStats(labels, sums, weights,
+                         weighted_total(min_sq, sample_weight, xp),
+                         count_changed(labels, labels_old, xp))
 
-    #: optional: ``kmeans_single(X, sample_weight, centers_init, *, xp, max_iter, tol,
-    #: verbose) -> LloydResult`` keeps the whole loop on the device. None: the core loop runs.
-    kmeans_single = None
+    def inertia(self, X, sample_weight, centers, labels, *, xp):
+        """0-d float64: sum of w * ||x - c_label||^2, by differences (not the expansion)."""
+        total = xp.zeros((), dtype=xp.float64, device=device(centers))
+        for sl, dist in labelled_sq_dist(X, centers, labels, xp, self.driver_rows(X)):
+            w = None if sample_weight is None else sample_weight[sl]
+            total = total + weighted_total(dist, w, xp)
+        return total
+
+    def farthest(self, X, sample_weight, centers, labels, m, *, xp) -> Farthest:
+        """The m farthest points (see `Farthest`); default: distances of all n points, then a
+        stable descending sort (it runs only when a cluster is empty)."""
+        parts = [xp.astype(dist, xp.float64)
+                 for _, dist in labelled_sq_dist(X, centers, labels, xp, self.driver_rows(X))]
+        dist = parts[0] if len(parts) == 1 else xp.concat(parts)
+        if sample_weight is not None:
+            dist = xp.where(sample_weight > 0, dist, xp.full_like(dist, -1.0))
+        idx = xp.argsort(dist, descending=True, stable=True)[:m]
+        w = (xp.ones(m, dtype=xp.float64, device=device(dist)) if sample_weight is None
+             else xp.astype(xp.take(sample_weight, idx), xp.float64))
+        return Farthest(xp.astype(idx, xp.int64), xp.take(X, idx, axis=0), w,
+                        xp.take(labels, idx), xp.take(dist, idx))
+
+    # -- memory -----------------------------------------------------------------------------
+    @classmethod
+    def estimate_memory(cls, n_samples, n_features, n_clusters, *, itemsize,
+                        max_memory="auto", **options) -> MemoryEstimate:
+        raise NotImplementedError(f"backend {cls.name!r} gives no memory estimate")
 
     def __repr__(self):
         return f"<{type(self).__name__} {self.name!r}>"
 
 
-def accepted_options(fn, options):
-    """The backend_options `fn` takes (an estimate plans with the fit's options, e.g. the
-    numpy backend's n_threads), all of them when it takes **kwargs."""
-    params = inspect.signature(fn).parameters
-    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
-        return dict(options)
-    return {k: v for k, v in options.items() if k in params}
+# -- small xp helpers for backends' defaults ----------------------------------------------------
+def row_chunks(n, rows):
+    for start in range(0, n, rows):
+        yield slice(start, min(start + rows, n))
+
+
+def labelled_sq_dist(X, centers, labels, xp, rows):
+    """Yield (rows slice, ||x - c_label||^2) chunk by chunk, by differences."""
+    for sl in row_chunks(X.shape[0], rows):
+        diff = X[sl, ...] - xp.take(centers, labels[sl], axis=0)
+        yield sl, xp.sum(diff * diff, axis=1)
+
+
+def weighted_total(values, weights, xp):
+    """0-d float64 sum of values * weights (weights None: unit)."""
+    v = xp.astype(values, xp.float64)
+    if weights is None:
+        return xp.sum(v)
+    return xp.sum(v * xp.astype(weights, xp.float64))
+
+
+def count_changed(labels, labels_old, xp):
+    """0-d float64 number of positions where labels differ (all n when there is no old)."""
+    if labels_old is None:
+        return xp.asarray(float(labels.shape[0]), dtype=xp.float64, device=device(labels))
+    return xp.astype(xp.sum(xp.astype(labels != labels_old, xp.int64)), xp.float64)

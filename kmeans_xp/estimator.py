@@ -15,7 +15,7 @@ import numpy as np
 
 from . import init as _init
 from .namespaces import array_namespace, device, label_counts, namespace_name, to_numpy
-from .lloyd import direct_sq_dist, kmeans_single_lloyd
+from .lloyd import kmeans_single_lloyd
 from .memory import format_bytes
 from .registry import get_backend, select_backend
 from .validation import (
@@ -136,8 +136,9 @@ class KMeans:
         if n < self.n_clusters:
             raise ValueError(f"n_samples={n} should be >= n_clusters={self.n_clusters}: ask "
                              f"for at most {n} clusters or give more samples.")
-        sw = check_sample_weight(sample_weight, n, _host_dtype(X))
-        positive = int(np.count_nonzero(sw))
+        sw = None if sample_weight is None else check_sample_weight(sample_weight, n,
+                                                                    _host_dtype(X))
+        positive = n if sw is None else int(np.count_nonzero(sw))
         if positive < self.n_clusters:
             raise ValueError(f"sample_weight is zero for all but {positive} samples, fewer "
                              f"than n_clusters={self.n_clusters}: at least n_clusters samples "
@@ -158,14 +159,15 @@ class KMeans:
         k, d = self.n_clusters, X.shape[1]
         return [check_init_array(self.init(X, k, random_state=rs), k, d) for _ in range(n_init)]
 
-    def _initial_centers(self, Xb, X_mean, sw, rs, xp, rows, given, backend=None):
+    def _initial_centers(self, Xb, X_mean, sw, rs, xp, given, backend):
         k = self.n_clusters
+        rows = backend.driver_rows(Xb)
         if given is not None:
             c = xp.asarray(given.astype(_host_dtype(Xb)), device=device(Xb))
             return c - X_mean
         if self.init == "random":
             return _init.random_init(Xb, k, sample_weight=sw, random_state=rs, xp=xp)[0]
-        persist = backend.persist if backend is not None else None
+        persist = backend.placement.persist
         if self.init == "k-means||":
             return _init.kmeans_parallel(Xb, k, sample_weight=sw, random_state=rs, xp=xp,
                                          rows=rows, backend=backend, persist=persist)[0]
@@ -184,22 +186,23 @@ class KMeans:
                                       sample_weight=sw_host,
                                       backend_options=self.backend_options,
                                       max_memory=self.max_memory)
-        backend.check_memory(X, self.n_clusters, self.backend_options or {})
+        place = backend.placement
+        backend.memory.check(X, self.n_clusters, self.backend_options or {})
         given = self._given_inits(X, init_array, n_init, rs)
         timings = {}
         t0 = time.perf_counter()
-        Xb = backend.to_backend(X)
-        xp = backend.array_namespace(Xb)
-        sw = backend.persist(xp.asarray(sw_host, device=device(Xb)))
-        backend.synchronize()
+        Xb = place.to_backend(X)
+        xp = place.namespace(Xb)
+        sw = None if sw_host is None else place.persist(xp.asarray(sw_host, device=device(Xb)))
+        place.synchronize()
         timings["transfer"] = time.perf_counter() - t0
-        X_mean, tol = backend.feature_stats(Xb, self.tol, xp=xp)
-        X_mean = backend.persist(X_mean)
+        X_mean, tol = place.feature_stats(Xb, self.tol, xp=xp)
+        X_mean = place.persist(X_mean)
         in_place = (not self.copy_x and Xb is X_user and isinstance(Xb, np.ndarray)
                     and Xb.flags.writeable)
         Xc = None
         try:
-            Xc = backend.center(Xb, X_mean, xp=xp, in_place=in_place)
+            Xc = place.center(Xb, X_mean, xp=xp, in_place=in_place)
             best, timings_runs = self._run(backend, Xc, X_mean, sw, rs, xp, n_init, tol,
                                            given)
         finally:
@@ -209,32 +212,28 @@ class KMeans:
         timings["total"] = time.perf_counter() - t_start
         self._store(best, backend, why, X_mean, X_user, Xb, timings)
         del X, Xb, Xc, sw, best  # drop the fit's device arrays so finish() can release them
-        backend.finish()
+        place.finish()
         return self
 
     def _run(self, backend, Xc, X_mean, sw, rs, xp, n_init, tol, given):
-        rows = backend.driver_rows(Xc.shape[0], Xc.shape[1], Xc.dtype)
+        place = backend.placement
         best = None
         t_init = t_lloyd = 0.0
         iterations = 0  # over all runs: runs stop after different numbers of iterations
         for run in range(n_init):
             t0 = time.perf_counter()
             with backend.stage("init"):
-                centers = self._initial_centers(Xc, X_mean, sw, rs, xp, rows,
+                centers = self._initial_centers(Xc, X_mean, sw, rs, xp,
                                                 None if given is None else given[run],
                                                 backend)
                 centers = xp.astype(centers, Xc.dtype)
-            backend.synchronize()
+            place.synchronize()
             t1 = time.perf_counter()
-            single = backend.kmeans_single
-            if single is not None:
-                result = single(Xc, sw, centers, xp=xp, max_iter=self.max_iter, tol=tol,
-                                verbose=self.verbose)
-            else:
+            with backend.memory.stage("lloyd"):
                 result = kmeans_single_lloyd(backend, Xc, sw, centers, xp=xp,
-                                             max_iter=self.max_iter, tol=tol, rows=rows,
+                                             max_iter=self.max_iter, tol=tol,
                                              verbose=self.verbose)
-            backend.synchronize()
+            place.synchronize()
             t_init += t1 - t0
             t_lloyd += time.perf_counter() - t1
             iterations += int(result.n_iter)
@@ -252,8 +251,10 @@ class KMeans:
         self._centers_fit = best.centers
         self._backend_key = (backend.name, dict(self.backend_options or {}), self.max_memory,
                              self.backend == "auto")
-        self.cluster_centers_ = backend.from_backend(best.centers + X_mean, like=X_user)
-        self.labels_ = backend.from_backend(best.labels, like=X_user)
+        place = backend.placement
+        centers = best.centers + place.small(X_mean)
+        self.cluster_centers_ = place.from_backend(centers, like=X_user)
+        self.labels_ = place.from_backend(best.labels, like=X_user)
         self.inertia_ = float(best.inertia)
         self.n_iter_ = int(best.n_iter)
         self.n_features_in_ = int(Xb.shape[1])
@@ -261,7 +262,7 @@ class KMeans:
         self.backend_reason_ = why
         self.history_ = best.history
         self.timings_ = timings
-        self.memory_report_ = dict(backend.memory_report)
+        self.memory_report_ = dict(backend.memory.report)
         # O(n) where the labels are (np.unique would sort all n labels: minutes at n = 1e9)
         distinct = int(np.count_nonzero(label_counts(best.labels, self.n_clusters)))
         if distinct < self.n_clusters:
@@ -305,22 +306,24 @@ class KMeans:
             raise ValueError(f"X has {X.shape[1]} features, but {type(self).__name__} is "
                              f"expecting {self.n_features_in_} features as input.")
         backend = self._predict_backend(X)
-        Xb = backend.to_backend(X)
-        xp = backend.array_namespace(Xb)
+        place = backend.placement
+        Xb = place.to_backend(X)
+        xp = place.namespace(Xb)
         mean = xp.asarray(self._X_mean, device=device(Xb)) if namespace_name(
             self._X_mean) == namespace_name(Xb) else xp.asarray(to_numpy(self._X_mean),
                                                                   device=device(Xb))
         centers = xp.asarray(self._centers_fit, device=device(Xb)) if namespace_name(
             self._centers_fit) == namespace_name(Xb) else xp.asarray(
                 to_numpy(self._centers_fit), device=device(Xb))
-        Xc = backend.center(xp.astype(Xb, centers.dtype, copy=False),
-                            xp.astype(mean, centers.dtype), xp=xp)
+        Xc = place.center(xp.astype(Xb, centers.dtype, copy=False),
+                          xp.astype(mean, centers.dtype), xp=xp)
         return backend, Xc, xp, X, centers
 
     def predict(self, X):
         """Index of the closest cluster center for each sample."""
         backend, Xc, xp, X, centers = self._prepare(X)
-        return backend.from_backend(backend.assign(Xc, centers, xp=xp).labels, like=X)
+        return backend.placement.from_backend(backend.assign(Xc, centers, xp=xp).labels,
+                                              like=X)
 
     def fit_predict(self, X, y=None, sample_weight=None):
         return self.fit(X, sample_weight=sample_weight).labels_
@@ -332,7 +335,7 @@ class KMeans:
         d2 = (xp.sum(Xc * Xc, axis=1)[:, None] - 2 * (Xc @ centers.T)
               + xp.sum(centers * centers, axis=1)[None, :])
         d2 = xp.where(d2 < 0, xp.zeros_like(d2), d2)
-        return backend.from_backend(xp.sqrt(d2), like=X)
+        return backend.placement.from_backend(xp.sqrt(d2), like=X)
 
     def fit_transform(self, X, y=None, sample_weight=None):
         return self.fit(X, sample_weight=sample_weight).transform(X)
@@ -340,12 +343,11 @@ class KMeans:
     def score(self, X, y=None, sample_weight=None):
         """Opposite of the (weighted) inertia of X under the fitted centers."""
         backend, Xc, xp, X, centers = self._prepare(X)
-        sw = xp.asarray(check_sample_weight(sample_weight, Xc.shape[0], np.float64),
-                        device=device(Xc))
+        sw = None if sample_weight is None else xp.asarray(
+            check_sample_weight(sample_weight, Xc.shape[0], _host_dtype(Xc)), device=device(Xc))
         labels = backend.assign(Xc, centers, xp=xp).labels
-        rows = backend.driver_rows(Xc.shape[0], Xc.shape[1], Xc.dtype)
-        d = direct_sq_dist(Xc, centers, labels, xp, rows)
-        return -float(xp.sum(xp.astype(d, xp.float64) * sw))
+        centers = backend.placement.small(centers)
+        return -float(to_numpy(backend.inertia(Xc, sw, centers, labels, xp=xp)))
 
 
 def _host_dtype(X):

@@ -61,6 +61,13 @@ def _draw(weights_cum, total, u, xp, n):
     return xp.clip(idx, 0, n - 1) if hasattr(xp, "clip") else xp.minimum(idx, n - 1)
 
 
+def _weights64(sample_weight, X, xp):
+    """float64 weights on X's device (ones for None: only the O(n) passes of init need them)."""
+    if sample_weight is None:
+        return xp.ones(X.shape[0], dtype=xp.float64, device=_device(X))
+    return xp.astype(sample_weight, xp.float64)
+
+
 def _device(x):
     from array_api_compat import device
     return device(x)
@@ -77,7 +84,7 @@ def kmeans_plusplus(X, n_clusters, *, sample_weight, random_state, xp, rows,
     n = X.shape[0]
     if n_local_trials is None:
         n_local_trials = 2 + int(math.log(n_clusters))
-    sw64 = xp.astype(sample_weight, xp.float64)
+    sw64 = _weights64(sample_weight, X, xp)
     cum = xp.cumulative_sum(sw64)
     first = int(_draw(cum, float(cum[-1]), [random_state.uniform()], xp, n)[0])
     indices = [first]
@@ -103,7 +110,9 @@ def kmeans_plusplus(X, n_clusters, *, sample_weight, random_state, xp, rows,
 
 def random_init(X, n_clusters, *, sample_weight, random_state, xp):
     """k distinct rows drawn with probability proportional to their weight."""
-    w = to_numpy(sample_weight).astype(np.float64)
+    # sklearn always passes p (uniform for unit weights): the same draws as sklearn's
+    w = (np.ones(X.shape[0]) if sample_weight is None
+         else to_numpy(sample_weight).astype(np.float64))
     seeds = random_state.choice(X.shape[0], size=n_clusters, replace=False, p=w / w.sum())
     idx = xp.asarray(seeds, dtype=xp.int64, device=_device(X))
     return xp.take(X, idx, axis=0), seeds
@@ -129,15 +138,18 @@ def _candidate_weights(X, sample_weight, C, xp, rows, backend):
     """(m,) float64: the sample_weight of the points of X closest to each candidate."""
     m = C.shape[0]
     if backend is not None:
-        it = backend.lloyd_iter(X, sample_weight, C, xp=xp)
-        return to_numpy(it.weight_in_clusters).astype(np.float64)
+        labels = backend.assign(X, C, xp=xp).labels
+        weights = backend.reduce(X, labels, sample_weight, m, xp=xp).weight_in_clusters
+        return to_numpy(weights).astype(np.float64)
     # the standard has no scatter-add: a one-hot product per chunk, (m, rows) at most
     ids = xp.arange(m, dtype=xp.int64, device=_device(X))
     total = np.zeros(m, dtype=np.float64)
     for sl, dist in sq_dist_to_points(X, C, xp, rows):
         lab = xp.argmin(dist, axis=1)
         onehot = xp.astype(lab[None, :] == ids[:, None], xp.float64)
-        total += to_numpy(onehot @ xp.astype(sample_weight[sl], xp.float64))
+        w = (xp.ones(lab.shape[0], dtype=xp.float64, device=_device(X)) if sample_weight is None
+             else xp.astype(sample_weight[sl], xp.float64))
+        total += to_numpy(onehot @ w)
     return total
 
 
@@ -173,7 +185,7 @@ def kmeans_parallel(X, n_clusters, *, sample_weight, random_state, xp, rows,
     if isinstance(n_rounds, bool) or not isinstance(n_rounds, (int, np.integer)) or n_rounds < 0:
         raise ValueError(f"n_rounds must be an integer >= 0, got {n_rounds!r}")
     n_draws = max(1, math.ceil(oversampling_factor * k))
-    sw64 = persist(xp.astype(sample_weight, xp.float64))
+    sw64 = persist(_weights64(sample_weight, X, xp))
     cum = xp.cumulative_sum(sw64)
     first = int(_draw(cum, float(cum[-1]), [random_state.uniform()], xp, n)[0])
     chosen = [first]

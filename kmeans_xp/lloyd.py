@@ -1,9 +1,16 @@
-"""The driver: one Lloyd run, with the same semantics whatever backend does the heavy work.
+"""The driver: THE Lloyd loop, written once, for every backend.
 
-Mirrors scikit-learn's `_kmeans_single_lloyd`: stop on strict convergence (labels unchanged)
-or when the squared center shift is <= tol; relocate empty clusters to the farthest points;
-finish with an assignment against the final centers so `labels_ == predict(X)`; inertia from
-direct squared distances. X arrives mean-centered (see `KMeans.fit`).
+Mirrors scikit-learn's `_kmeans_single_lloyd`: stop on strict convergence (no label changed)
+or when the squared center shift is <= tol; relocate empty clusters to the points farthest
+from their centers (sklearn's rules, and its guard: when every point sits on its center
+nothing moves); finish with an assignment against the final centers so `labels_ ==
+predict(X)`; inertia from direct squared differences. X arrives mean-centered.
+
+The backend computes an iteration's statistics where the data lives (`lloyd_iter`); the
+driver updates the k centers in xp code and reads one small array per iteration (shift,
+inertia, changed labels, empty clusters). On an asynchronous device the next iteration is
+issued before that array is read, so the device never waits for the host; it is dropped when
+the read says a cluster was empty (the centers change) or the run converged strictly.
 """
 from __future__ import annotations
 
@@ -11,8 +18,11 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from .namespaces import to_numpy
-from .init import row_chunks
+from .backend import row_chunks
+from .namespaces import device, to_numpy
+
+#: positions in the array the driver reads each iteration
+SHIFT, INERTIA, CHANGED, EMPTY = range(4)
 
 
 class LloydResult(NamedTuple):
@@ -23,121 +33,144 @@ class LloydResult(NamedTuple):
     history: dict     # {"inertia": [...], "center_shift": [...]} per iteration
 
 
-def tolerance(X, tol, xp) -> float:
-    """scikit-learn's tol: absolute, scaled by the mean per-feature variance of X."""
-    if tol == 0:
-        return 0.0
-    return float(xp.mean(xp.var(X, axis=0))) * tol
-
-
-def feature_mean(X, xp):
-    """Per-feature mean accumulated in float64, then cast: every library rounds it the same
-    way, so every backend centers X identically (a float32 pairwise mean differs in the last
-    bit between NumPy and CuPy, and near-tie labels would follow)."""
-    total = xp.sum(X, axis=0, dtype=xp.float64)
+def feature_mean(X, xp, rows):
+    """Per-feature mean accumulated in float64 over row chunks, then cast to X's dtype: every
+    library rounds it the same way, so every backend centers X identically."""
+    total = None
+    for sl in row_chunks(X.shape[0], rows):
+        part = xp.sum(xp.astype(X[sl, ...], xp.float64), axis=0)
+        total = part if total is None else total + part
     return xp.astype(total / X.shape[0], X.dtype)
 
 
-def direct_sq_dist(X, centers, labels, xp, rows):
-    """||x - c_label||^2 by differences (not the GEMM expansion), chunk by chunk."""
-    parts = []
+def tolerance(X, mean, tol, xp, rows) -> float:
+    """scikit-learn's tol: absolute, tol times the mean per-feature variance of X. The
+    variance is of X - mean in float64 (two-pass), so an offset in float32 X cannot inflate
+    it (np.var of float32 X at a 1e6 offset is 68x too large)."""
+    if tol == 0:
+        return 0.0
+    mean64 = xp.astype(mean, xp.float64)
+    sq = shift = None
     for sl in row_chunks(X.shape[0], rows):
-        diff = X[sl, ...] - xp.take(centers, labels[sl], axis=0)
-        parts.append(xp.sum(diff * diff, axis=1))
-    return parts[0] if len(parts) == 1 else xp.concat(parts)
-
-
-def inertia(X, sample_weight, centers, labels, xp, rows) -> float:
-    d = direct_sq_dist(X, centers, labels, xp, rows)
-    return max(float(xp.sum(xp.astype(d, xp.float64) * xp.astype(sample_weight, xp.float64))),
-               0.0)
-
-
-def relocate_empty(X, sample_weight, centers_old, labels, sums, weights, xp, rows):
-    """scikit-learn's relocation: each empty cluster takes the point farthest from its center
-    (ties to the lower index; zero-weight points are never taken), moving that point's weight
-    and weighted coordinates out of its old cluster. Done on the host: k x d is small."""
-    w_host = to_numpy(weights).astype(np.float64)
-    empty = np.flatnonzero(w_host == 0)
-    if empty.size == 0:
-        return sums, weights
-    dist = to_numpy(direct_sq_dist(X, centers_old, labels, xp, rows)).astype(np.float64)
-    sw = to_numpy(sample_weight).astype(np.float64)
-    dist[sw <= 0] = -1.0
-    far = np.argsort(-dist, kind="stable")[: empty.size]
-    s_host = to_numpy(sums).astype(np.float64)
-    lab = to_numpy(labels)
-    far_dev = xp.asarray(far, dtype=xp.int64, device=_dev(X))
-    Xf = to_numpy(xp.take(X, far_dev, axis=0)).astype(np.float64)
-    for j, (new_id, idx) in enumerate(zip(empty, far)):
-        old_id, wt = lab[idx], sw[idx]
-        s_host[old_id] -= Xf[j] * wt
-        s_host[new_id] = Xf[j] * wt
-        w_host[old_id] -= wt
-        w_host[new_id] = wt
-    dev = _dev(sums)
-    return (xp.asarray(s_host, dtype=sums.dtype, device=dev),
-            xp.asarray(w_host, dtype=weights.dtype, device=dev))
-
-
-def _dev(x):
-    from array_api_compat import device
-    return device(x)
+        c = xp.astype(X[sl, ...], xp.float64) - mean64
+        a, b = xp.sum(c * c, axis=0), xp.sum(c, axis=0)
+        sq, shift = (a, b) if sq is None else (sq + a, shift + b)
+    n = X.shape[0]
+    var = sq / n - (shift / n) ** 2   # the mean's rounding, removed
+    return float(xp.mean(var)) * tol
 
 
 def new_centers(sums, weights, centers_old, xp):
-    """Weighted means; a cluster with no weight keeps its old center."""
+    """Weighted means in centers_old's dtype. A cluster still empty after relocation takes
+    the center of the heaviest cluster, as scikit-learn's `_average_centers` does."""
     w = weights[:, None]
-    safe = xp.where(w > 0, w, xp.ones_like(w))
-    out = xp.where(w > 0, sums / safe, xp.astype(centers_old, sums.dtype))
-    return xp.astype(out, centers_old.dtype)
+    filled = w > 0
+    means = sums / xp.where(filled, w, xp.ones_like(w))
+    heaviest = xp.take(means, xp.reshape(xp.argmax(weights), (1,)), axis=0)
+    return xp.astype(xp.where(filled, means, heaviest), centers_old.dtype)
 
 
-def stop_reason(i, labels_unchanged, shift, tol, verbose=0):
-    """The driver's stopping rule, shared by every loop that reproduces it on a device:
-    "strict" when no label changed, "tol" when the squared center shift is <= tol, else None."""
-    if labels_unchanged:
-        if verbose:
-            print(f"Converged at iteration {i}: strict convergence.")
-        return "strict"
-    if shift <= tol:
-        if verbose:
-            print(f"Converged at iteration {i}: center shift {shift:.3g} within tolerance "
-                  f"{tol:.3g}.")
-        return "tol"
-    return None
+def center_shift(a, b, xp):
+    """0-d float64 squared Frobenius distance between two center arrays."""
+    diff = xp.astype(a, xp.float64) - xp.astype(b, xp.float64)
+    return xp.sum(diff * diff)
 
 
-def kmeans_single_lloyd(backend, X, sample_weight, centers, *, xp, max_iter, tol, rows,
+def relocate_empty(backend, X, sample_weight, centers_old, labels, sums, weights, xp):
+    """scikit-learn's relocation: each empty cluster, in index order, takes the next point
+    farthest from its center, moving that point's weight and weighted coordinates out of its
+    old cluster. Nothing moves when all those points sit on their centers (distance 0).
+    Done on the host: k x d and the m chosen points are small."""
+    w = to_numpy(weights).astype(np.float64)
+    empty = np.flatnonzero(w == 0)
+    far = backend.farthest(X, sample_weight, centers_old, labels, int(empty.size), xp=xp)
+    dist = to_numpy(far.sq_dist).astype(np.float64)
+    if dist.size == 0 or not dist.max() > 0:
+        return sums, weights
+    s = to_numpy(sums).astype(np.float64)
+    x = to_numpy(far.x).astype(np.float64)
+    fw = to_numpy(far.weight).astype(np.float64)
+    old = to_numpy(far.label).astype(np.int64)
+    for j, new_id in enumerate(empty[:len(fw)]):
+        s[old[j]] -= x[j] * fw[j]
+        s[new_id] = x[j] * fw[j]
+        w[old[j]] -= fw[j]
+        w[new_id] = fw[j]
+    cxp_dev = device(sums)
+    cxp = backend.placement.namespace(sums)
+    return (cxp.asarray(s, dtype=cxp.float64, device=cxp_dev),
+            cxp.asarray(w, dtype=cxp.float64, device=cxp_dev))
+
+
+def _update(backend, X, sample_weight, centers, it, *, xp, cxp, relocate):
+    """(new centers, the small array to read) from one iteration's statistics."""
+    sums, weights = it.weighted_sums, it.weight_in_clusters
+    if relocate:
+        sums, weights = relocate_empty(backend, X, sample_weight, centers, it.labels, sums,
+                                       weights, xp)
+    c_new = new_centers(sums, weights, centers, cxp)
+    n_empty = xp_count_empty(weights, cxp)
+    small = cxp.stack([center_shift(c_new, centers, cxp), cxp.astype(it.inertia, cxp.float64),
+                       cxp.astype(it.n_changed, cxp.float64), n_empty])
+    return c_new, small
+
+
+def xp_count_empty(weights, xp):
+    return xp.astype(xp.sum(xp.astype(weights == 0, xp.int64)), xp.float64)
+
+
+def _log(verbose, text):
+    if verbose:
+        print(text)
+
+
+def kmeans_single_lloyd(backend, X, sample_weight, centers, *, xp, max_iter, tol,
                         verbose=0) -> LloydResult:
-    """One Lloyd run from `centers` (already in X's namespace and dtype)."""
+    """One Lloyd run from `centers` (X's dtype) on any backend."""
+    place = backend.placement
+    centers = place.small(centers)
+    cxp = place.namespace(centers)
     history = {"inertia": [], "center_shift": []}
-    labels_old = None
     strict = False
-    sw64 = xp.astype(sample_weight, xp.float64)
+    labels_old = None
+    ahead = None  # the next iteration, issued before this one's statistics are read
+    it = backend.lloyd_iter(X, sample_weight, centers, None, xp=xp)
     for i in range(max_iter):
-        it = backend.lloyd_iter(X, sample_weight, centers, xp=xp)
-        sums, weights = relocate_empty(X, sample_weight, centers, it.labels,
-                                       it.weighted_sums, it.weight_in_clusters, xp, rows)
-        centers_new = new_centers(sums, weights, centers, xp)
-        shift = float(xp.sum((centers_new - centers) ** 2))
-        history["inertia"].append(float(xp.sum(xp.astype(it.min_sq_dist, xp.float64) * sw64)))
+        c_new, small = _update(backend, X, sample_weight, centers, it, xp=xp, cxp=cxp,
+                               relocate=False)
+        pending = place.fetch(small)
+        if place.asynchronous:
+            ahead = backend.lloyd_iter(X, sample_weight, c_new, it.labels, xp=xp)
+        values = pending()
+        if values[EMPTY] > 0:
+            ahead = None  # relocation changes the centers the next iteration needs
+            c_new, small = _update(backend, X, sample_weight, centers, it, xp=xp, cxp=cxp,
+                                   relocate=True)
+            values = place.fetch(small)()
+        shift = float(values[SHIFT])
+        history["inertia"].append(float(values[INERTIA]))
         history["center_shift"].append(shift)
-        if verbose:
-            print(f"Iteration {i}, inertia {history['inertia'][-1]:.6g}, "
-                  f"center shift {shift:.3g}")
-        centers = backend.persist(centers_new)  # lazy namespaces: no growing history
-        unchanged = labels_old is not None and bool(xp.all(it.labels == labels_old))
-        stop = stop_reason(i, unchanged, shift, tol, verbose)
-        if stop:
-            strict = stop == "strict"
+        _log(verbose, f"Iteration {i}, inertia {values[INERTIA]:.6g}, center shift "
+                      f"{shift:.3g}")
+        centers = place.persist(c_new)
+        if labels_old is not None and values[CHANGED] == 0:
+            _log(verbose, f"Converged at iteration {i}: strict convergence.")
+            strict = True
             break
-        # a copy: a backend that reuses its output buffer would otherwise make the next
-        # iteration's labels equal these by aliasing, and stop the run as converged
-        labels_old = xp.asarray(it.labels, copy=True)
+        if shift <= tol:
+            _log(verbose, f"Converged at iteration {i}: center shift {shift:.3g} within "
+                          f"tolerance {tol:.3g}.")
+            break
+        if i + 1 == max_iter:
+            break
+        labels_old = it.labels
+        it = ahead if ahead is not None else backend.lloyd_iter(
+            X, sample_weight, centers, labels_old, xp=xp)
+        ahead = None
     labels = it.labels
-    if not strict:
-        labels = backend.lloyd_iter(X, sample_weight, centers, xp=xp,
-                                    update_centers=False).labels
-    return LloydResult(labels, inertia(X, sample_weight, centers, labels, xp, rows), centers,
-                       i + 1, history)
+    if not strict:  # a final assignment, so that labels_ == predict(X)
+        labels = ahead.labels if ahead is not None else backend.assign(X, centers,
+                                                                       xp=xp).labels
+    del it, ahead, labels_old
+    inertia = float(to_numpy(backend.inertia(X, sample_weight, centers, labels, xp=xp)))
+    return LloydResult(labels, max(inertia, 0.0), centers, i + 1, history)

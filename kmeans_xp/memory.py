@@ -5,6 +5,7 @@ their chunks from it with `chunk_rows`, so memory stays bounded whatever n and k
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import numbers
 import os
@@ -117,31 +118,73 @@ def chunk_rows(budget: int, bytes_per_row: int, fixed: int = 0, *, n_samples: in
     return int(min(rows, max(n_samples, 1)))
 
 
-def estimate_memory(n_samples, n_features, n_clusters, *, dtype="float32", backend="numpy",
-                    max_memory="auto") -> MemoryEstimate:
-    """Bytes per part and in total that `backend` needs for this problem, before anything runs.
-
-    The parts cover the working memory the backend allocates (chunk buffers, partial sums);
-    `data` is X itself on the backend's device (0 when it stays where it is).
-    """
-    import numpy as np
-
-    from .registry import get_backend
-
-    for name, v in (("n_samples", n_samples), ("n_features", n_features),
-                    ("n_clusters", n_clusters)):
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
-            raise ValueError(f"{name} must be a positive integer, got {v!r}")
-    cls = get_backend(backend)
-    return cls.estimate_memory(int(n_samples), int(n_features), int(n_clusters),
-                               itemsize=compute_itemsize(dtype), max_memory=max_memory)
-
-
 def compute_itemsize(dtype) -> int:
     """Bytes per element of the dtype a fit computes in for input of `dtype`, as
     `check_array` converts: float32 kept, float16 in float32, float64, ints and bools in
     float64 (so an int8 input costs 8 bytes per value, not 1)."""
     import numpy as np
 
-    dt = np.dtype(dtype)
+    dt = np.dtype(str(dtype).split(".")[-1]) if not isinstance(dtype, (type, np.dtype)) \
+        else np.dtype(dtype)
     return 4 if dt.kind == "f" and dt.itemsize <= 4 else 8
+
+
+def accepted_options(fn, options):
+    """The backend_options `fn` takes (all of them when it takes **kwargs)."""
+    import inspect
+    params = inspect.signature(fn).parameters
+    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        return dict(options)
+    return {k: v for k, v in options.items() if k in params}
+
+
+def driver_bytes(n_samples, n_features, n_clusters, itemsize, *, weighted=True) -> dict:
+    """What the driver keeps besides a backend's buffers, part by part: the centered copy of X
+    the fit computes on, the labels of three iterations (the last, the one before, and the next
+    one issued ahead on an asynchronous device), the sample weights, centers and sums."""
+    return {
+        "centered_copy": n_samples * n_features * itemsize,
+        "labels": 3 * n_samples * 8,
+        "sample_weight": n_samples * itemsize if weighted else 0,
+        "centers_and_sums": 6 * n_clusters * (n_features + 1) * 8,
+    }
+
+
+class Budget:
+    """A fit's memory: `max_memory` in bytes, and the peak bytes measured per stage
+    (`report`, the estimator's memory_report_). Default: host memory, nothing measured;
+    device backends measure their pool."""
+
+    def __init__(self, max_memory="auto", backend=None):
+        parse_memory(max_memory)  # a clear error now, not in the first chunk
+        self.max_memory = max_memory
+        self.backend = backend
+        self.report = {}
+
+    def check(self, X, n_clusters, options=None):
+        """Raise KMeansMemoryError now, before any work, when max_memory cannot hold even the
+        backend's smallest chunk (its `estimate_memory` applies the fit's plan and raises)."""
+        estimate = type(self.backend).estimate_memory
+        n, d = X.shape
+        try:
+            estimate(n, d, n_clusters, itemsize=compute_itemsize(X.dtype),
+                     max_memory=self.max_memory, **accepted_options(estimate, options or {}))
+        except NotImplementedError:
+            pass
+
+    def available(self) -> int:
+        """Bytes free where the backend computes."""
+        return host_available_memory()
+
+    def bytes(self, reserve=0) -> int:
+        """Working-memory bound in bytes for this fit ("auto": a share of what is free)."""
+        return resolve_budget(self.max_memory, max(self.available() - reserve, 0),
+                              cap=HOST_AUTO_CAP)
+
+    @contextlib.contextmanager
+    def stage(self, name):
+        """Context of one stage ("transfer", "init", "lloyd", "assign", ...)."""
+        yield
+
+    def record(self, name, peak):
+        self.report[name] = max(self.report.get(name, 0), int(peak))
