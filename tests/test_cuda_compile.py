@@ -1,36 +1,58 @@
-"""The CUDA source of `cupy-fused` compiles for Hopper (sm_90) with nvcc, every template instance
-the backend can ask NVRTC for, so CI catches compile errors without a GPU. Skipped without nvcc.
-Also reports registers and spills (-Xptxas -v) and fails if an assignment kernel spills in a
-way that would cost speed (any spill in the small-d kernels, the float32 GEMM-like kernels or
-the TF32 kernel)."""
+"""The CUDA sources of the CuPy backends (kmeans_xp_backends/cupy/cuda/) compile for Hopper
+(sm_90) with nvcc, every template instance the backends can ask NVRTC for, so CI catches
+compile errors without a GPU. Skipped without nvcc. Also reports registers and spills
+(-Xptxas -v) and fails if an assignment kernel spills in a way that would cost speed (any
+spill in the small-d kernels, the float32 GEMM-like kernels or the TF32 kernel)."""
 import re
 import shutil
 import subprocess
 
 import pytest
-from kmeans_xp_backends import cupy_fused
+from kmeans_xp_backends.cupy import common, fused_plan, nearest, reductions
 
 NVCC = shutil.which("nvcc")
 pytestmark = pytest.mark.skipif(NVCC is None, reason="nvcc is not on PATH")
 
 
-def _instances_source():
-    refs = ",\n    ".join(f"(void*)&{name}" for name in cupy_fused.all_kernel_names())
-    return (f'#include "{cupy_fused.KERNEL_SOURCE}"\n'
-            f"// force every instance the backend names through name_expressions\n"
-            f"void* kmeans_xp_fused_instances[] = {{\n    {refs}\n}};\n")
+def all_instances():
+    """{file: [instances]} of every kernel the backends launch."""
+    out = {}
+    for file, name in (nearest.kernel_instances() + reductions.kernel_instances()
+                       + fused_plan.kernel_instances()):
+        out.setdefault(file, [])
+        if name not in out[file]:
+            out[file].append(name)
+    return out
+
+
+def test_every_source_has_instances_and_includes_the_common_header():
+    files = set(common.cuda_files())
+    assert set(all_instances()) == files, "a .cu file with no instance, or a missing file"
+    for f in files:
+        text = (common.CUDA_DIR / f).read_text()
+        assert '#include "common.cuh"' in text, f
+        assert "__device__ __forceinline__ float add_rn" not in text, f"{f} redefines helpers"
+        assert len(text.splitlines()) <= 450, f"{f} is over 450 lines"
+    assert "add_rn" in common.source("nearest.cu") and "#include" not in common.source(
+        "nearest.cu"), "headers are inlined for NVRTC"
 
 
 @pytest.fixture(scope="module")
 def ptxas_report(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("nvcc")
-    src = tmp / "instances.cu"
-    src.write_text(_instances_source())
-    cmd = [NVCC, "-arch=sm_90", "-std=c++17", "-fmad=false", "-Xptxas", "-v", "-cubin",
-           "-o", str(tmp / "instances.cubin"), str(src)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, f"nvcc failed:\n{proc.stderr[-6000:]}"
-    return proc.stderr
+    reports = []
+    for i, (file, names) in enumerate(sorted(all_instances().items())):
+        refs = ",\n    ".join(f"(void*)&{name}" for name in names)
+        src = tmp / f"instances_{i}.cu"
+        src.write_text(f'#include "{common.CUDA_DIR / file}"\n'
+                       f"// every instance the backends name through name_expressions\n"
+                       f"void* kmeans_xp_instances[] = {{\n    {refs}\n}};\n")
+        cmd = [NVCC, "-arch=sm_90", "-std=c++17", "-fmad=false", "-Xptxas", "-v", "-cubin",
+               f"-I{common.CUDA_DIR}", "-o", str(tmp / f"instances_{i}.cubin"), str(src)]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+        assert proc.returncode == 0, f"nvcc failed on {file}:\n{proc.stderr[-6000:]}"
+        reports.append(proc.stderr)
+    return "\n".join(reports)
 
 
 def _functions(report):
@@ -54,15 +76,17 @@ def _functions(report):
 def test_every_instance_compiles_for_sm90(ptxas_report):
     funcs = _functions(ptxas_report)
     for kernel in ("assign_small", "assign_gemm", "assign_tf32", "accumulate_shared",
-                   "finalize_sums", "update_centers", "relocation_keys", "relocate_farthest",
-                   "direct_inertia", "argmin_rows"):
+                   "finalize_sums", "pack_centers", "relocation_keys", "direct_inertia",
+                   "argmin_rows", "nearest_small", "nearest_tiled", "nearest_mem",
+                   "cluster_sums_shared", "row_argmin_shifted", "weighted_total",
+                   "count_changed", "store_labels", "column_moments", "fixed_point_scales"):
         assert any(kernel in f for f in funcs), f"{kernel} missing from the ptxas report"
 
 
 def test_small_d_kernels_do_not_spill(ptxas_report):
     funcs = _functions(ptxas_report)
     small = {f: v for f, v in funcs.items() if "assign_small" in f}
-    assert len(small) == 2 * 2 * cupy_fused.SMALL_D_MAX
+    assert len(small) == 2 * 2 * fused_plan.SMALL_D_MAX
     spilling = {f: v for f, v in small.items() if v[1] > _spill_allowance(f)}
     assert not spilling, f"small-d assignment kernels spill: {spilling}"
 

@@ -8,22 +8,21 @@ a running minimum is carried across tiles. The blocks are allocated once per fit
 every iteration, so the pool does not grow; an OutOfMemoryError halves the chunk and retries.
 Per-cluster sums use the atomicAdd kernel shared with cupy-kernels (no (k, n) arrays).
 
-Numerics: ||c||^2 is numpy's (np.einsum on the host, the numpy backend's call) and is added
-to the GEMM's -2 x.c with one rounding, as numpy does; the GEMM itself is cuBLAS's, whose
-summation order may differ from OpenBLAS's in the last bit, so a near-tie can go the other
-way than on the numpy backend (cupy-kernels reproduces OpenBLAS's order exactly). NumPy X too
-large for the device is streamed from the host (see `_cupy_streaming`), chunk by chunk
-through the same GEMM loop.
+Numerics: ||c||^2 is numpy's (pack_centers, np.einsum's order) and is added to the GEMM's
+-2 x.c with one rounding, as numpy does; the GEMM itself is cuBLAS's, whose summation order
+may differ from OpenBLAS's in the last bit, so a near-tie can go the other way than on the
+numpy backend (cupy-kernels reproduces OpenBLAS's order exactly). NumPy X too large for the
+device is streamed from the host (see `streaming`), chunk by chunk through the same GEMM loop.
 """
 from __future__ import annotations
 
 from typing import NamedTuple
 
-from kmeans_xp.backend import AssignResult
 from kmeans_xp.memory import MemoryEstimate, chunk_rows
 
-from . import _cupy_kmeans_kernels as kernels
-from ._cupy_common import MIN_CHUNK_ROWS, CupyBackendBase, fit_state_bytes, kmeanspp_bytes
+from . import nearest, reductions
+from .base import BASE_OPTIONS, STREAM_OPTIONS, CupyBackendBase
+from .common import MIN_CHUNK_ROWS, kmeanspp_bytes, with_oom_retry
 
 #: a chunk narrower than this many rows makes GEMMs too thin: tile the centers instead
 TILE_MIN_ROWS = 8192
@@ -64,10 +63,11 @@ def plan_chunks(n, d, k, itemsize, budget) -> ChunkPlan:
 
 class CupyChunkedBackend(CupyBackendBase):
     name = "cupy-chunked"
+    options = {**BASE_OPTIONS, **STREAM_OPTIONS}
     supports_streaming = True
 
-    def __init__(self, max_memory="auto", free_memory=False, **options):
-        super().__init__(max_memory, free_memory=free_memory, **options)
+    def __init__(self, max_memory="auto", **options):
+        super().__init__(max_memory, **options)
         self._plan = None      # (n, d, k, dtype) -> ChunkPlan, fixed for a fit
         self._blocks = None    # (rows, k_tile, dtype, distance block, running minimum)
         self._stream_plan = None  # ChunkPlan of the GEMM blocks when X is streamed
@@ -81,10 +81,10 @@ class CupyChunkedBackend(CupyBackendBase):
 
     def _planned(self, n, d, k, itemsize):
         # the driver allocates the next iteration's labels and distances beside the blocks
-        reserve = n * (8 + itemsize)
-        with self.explain_device_budget(f"cupy-chunked (n={n}, k={k}, d={d})", reserve,
-                                        "labels and squared distances"):
-            return plan_chunks(n, d, k, itemsize, self.budget(reserve=reserve))
+        reserve = n * (4 + itemsize)
+        with self.memory.explain(f"cupy-chunked (n={n}, k={k}, d={d})", reserve,
+                                 "labels and squared distances"):
+            return plan_chunks(n, d, k, itemsize, self.memory.bytes(reserve=reserve))
 
     def _keep_rows(self, rows):
         """Remember the chunk that fitted after halving, so later iterations start there."""
@@ -100,11 +100,10 @@ class CupyChunkedBackend(CupyBackendBase):
                             cp.empty(rows, dtype=dtype))
         return self._blocks[3], self._blocks[4]
 
-    def on_chunk_halved(self, rows):
+    def _forget_blocks(self, rows=None):
         self._blocks = None
 
-    def drop_work_buffers(self):
-        self._blocks = None
+    drop_work_buffers = _forget_blocks
 
     def release_buffers(self):
         super().release_buffers()
@@ -112,25 +111,31 @@ class CupyChunkedBackend(CupyBackendBase):
         self._plan = None
         self._stream_plan = None
 
-    # -- primitives ---------------------------------------------------------------------------
-    def assign(self, X, centers, *, xp=None) -> AssignResult:
-        if self.is_streamed(X):
-            return self.stream_assign(X, centers)
-        X = self.contiguous(X)
-        C = self.contiguous(centers, X.dtype)
+    # -- the per-chunk primitive ----------------------------------------------------------------
+    def chunk_centers(self, centers, dtype):
+        C = self.contiguous(centers, dtype)
+        return C, nearest.center_norms(C, dtype)
+
+    def assign_chunk(self, X, state, labels, min_sq):
+        """labels and min_sq (by direct differences, not the cancellation-prone expansion) of
+        the rows of X, in row chunks and center tiles of the plan (streamed: its own plan)."""
+        C, c_norm = state
         (n, d), k = X.shape, C.shape[0]
-        with self.stage("assign"):
-            labels = self.device_empty((n,), self._cp.int64, "labels")
-            min_sq = self.device_empty((n,), X.dtype, "squared distances")
+        if self._stream_plan is not None and self.is_streaming:
+            plan = self._stream_plan
+            self._assign_chunks(X, C, c_norm, labels, plan.rows, plan.k_tile)
+        else:
             plan = self._plan_for(n, d, k, X.dtype)
-            c_norm = self._cp.asarray(kernels.center_norms(centers, X.dtype))
-            rows = self.with_oom_retry(
+            rows = with_oom_retry(
                 lambda rows: self._assign_chunks(X, C, c_norm, labels, rows, plan.k_tile),
-                plan.rows, what=f"cupy-chunked assignment (n={n}, k={k}, d={d})")
+                plan.rows, what=f"cupy-chunked assignment (n={n}, k={k}, d={d})",
+                on_halve=self._forget_blocks)
             self._keep_rows(rows)
-            # exact ||x - c||^2 by differences, not the cancellation-prone expansion
-            kernels.labelled_sq_dist(X, C, labels, min_sq)
-        return AssignResult(labels, min_sq)
+        reductions.labelled_sq_dist(X, labels, C, min_sq)
+
+    @property
+    def is_streaming(self):
+        return self._engine is not None and self._engine.running
 
     def _assign_chunks(self, X, C, c_norm, labels, rows, k_tile):
         from cupy import cublas  # needs the cuBLAS library: imported only when used
@@ -144,11 +149,10 @@ class CupyChunkedBackend(CupyBackendBase):
                 j1 = min(j0 + k_tile, k)
                 dist = block[: m * (j1 - j0)].reshape(m, j1 - j0)
                 cublas.gemm("N", "T", X[start:stop], C[j0:j1], out=dist, alpha=-2.0)
-                kernels.row_argmin_shifted(dist, c_norm[j0:j1], j0, j0 == 0, run_min[:m],
+                nearest.row_argmin_shifted(dist, c_norm[j0:j1], j0, j0 == 0, run_min[:m],
                                            labels[start:stop])
         return rows
 
-    # -- the per-chunk primitive of host streaming ------------------------------------------
     def stream_work_bytes(self, rows, d, k, itemsize, budget):
         """Plan the GEMM blocks for chunks of `rows` streamed rows within `budget` bytes (a
         share of the streaming budget); the bytes they take."""
@@ -156,34 +160,25 @@ class CupyChunkedBackend(CupyBackendBase):
         self._stream_plan = plan
         return plan.buffer_bytes(itemsize) + k * itemsize
 
-    def chunk_centers(self, centers, dtype):
-        cp = self._cp
-        C = cp.ascontiguousarray(cp.asarray(centers, dtype=dtype))
-        return C, cp.asarray(kernels.center_norms(centers, dtype))
-
-    def assign_chunk(self, X, state, labels, min_sq):
-        C, c_norm = state
-        plan = self._stream_plan
-        self._assign_chunks(X, C, c_norm, labels, plan.rows, plan.k_tile)
-        kernels.labelled_sq_dist(X, C, labels, min_sq)
-
     # -- memory --------------------------------------------------------------------------------
     @classmethod
     def estimate_memory(cls, n_samples, n_features, n_clusters, *, itemsize,
                         max_memory="auto", stream="auto") -> MemoryEstimate:
-        """Device bytes of a fit, part by part (see `fit_state_bytes`): chunk_buffers is the
-        larger of the GEMM block with its running minimum and center norms, and k-means++'s
-        chunk of driver rows. stream=True: the parts of a fit streamed from the host (see
-        `CupyBackendBase.stream_estimate`); "auto" estimates X on the device."""
+        """Device bytes of the backend's own part of a fit (the driver's arrays are counted by
+        the core): X on the device (`data`), the assignment's distances, the larger of the
+        GEMM block with its running minimum and center norms and k-means++'s chunk of driver
+        rows. stream=True: the parts of a fit streamed from the host."""
         n, d, k = n_samples, n_features, n_clusters
         inst = cls(max_memory=max_memory)
         if stream is True:
             return inst.stream_estimate(n, d, k, itemsize)
         plan = inst._planned(n, d, k, itemsize)
-        rows = inst.driver_rows(n, d, "float32" if itemsize == 4 else "float64")
-        parts = fit_state_bytes(n, d, k, itemsize)
+        rows = inst.driver_rows_for(n, d, itemsize)
         init_per_sample, init_chunk = kmeanspp_bytes(n, d, k, itemsize, rows)
-        lloyd_per_sample = parts.pop("labels_and_distances")
-        parts["per_sample_work"] = max(lloyd_per_sample, init_per_sample)
-        parts["chunk_buffers"] = max(plan.buffer_bytes(itemsize) + k * itemsize, init_chunk)
+        parts = {
+            "data": n * d * itemsize,
+            "per_sample_work": max(n * itemsize, init_per_sample),
+            "chunk_buffers": max(plan.buffer_bytes(itemsize) + k * itemsize, init_chunk),
+            "centers_and_stats": k * (d + 1) * itemsize + 2 * 8 * 1024,
+        }
         return MemoryEstimate(parts, sum(parts.values()), plan.rows)

@@ -1,0 +1,228 @@
+"""CupyBackendBase: what the three CuPy backends share. Placement and memory are the
+collaborators `CupyPlacement` and `CupyBudget`; the primitives of cupy-kernels and
+cupy-chunked are built on one per-chunk assignment (`chunk_centers` + `assign_chunk`, also
+what host streaming runs on each chunk); statistics, the direct inertia and the farthest
+points are kernels (`reductions`). Host-streamed X (`streaming.HostRows`) goes through the
+streaming engine, one streamed pass per primitive.
+"""
+from __future__ import annotations
+
+import types
+from typing import ClassVar
+
+import numpy as np
+
+from kmeans_xp.backend import AssignResult, IterStats, KMeansBackend, Option, ReduceResult
+from kmeans_xp.memory import MemoryEstimate
+
+from . import nearest, reductions
+from .budget import CupyBudget
+from .common import STREAM_HINT, cupy, device_empty, out_of_memory_error
+from .placement import CupyPlacement
+
+
+def _positive_int_or_none(v):
+    return v is None or (isinstance(v, (int, np.integer)) and not isinstance(v, bool) and v >= 1)
+
+
+#: the options of every CuPy backend
+BASE_OPTIONS = {
+    "free_memory": Option(False, bool, doc="hand the pool's cached blocks (and CuPy's cached "
+                          "pinned host blocks) back when a fit ends"),
+}
+#: the options of the backends that stream host X
+STREAM_OPTIONS = {
+    "stream": Option("auto", "auto", bool, doc='"auto": a NumPy X whose fit does not fit in '
+                     "the device memory usable now is streamed through the GPU every pass; "
+                     "True: always stream NumPy X; False: never"),
+    "stream_rows": Option(None, _positive_int_or_none, doc="rows per streamed chunk (default: "
+                          "~256 MiB of X, within the budget)"),
+    "pin_input": Option("auto", "auto", bool, doc='"auto": page-lock an in-memory X (and a '
+                        "memmap taking at most half the available host memory) for the fit; "
+                        "True: try for any memmap; False: always stage through pinned buffers"),
+}
+
+
+class CupyBackendBase(KMeansBackend):
+    namespaces = frozenset({"cupy"})
+    device = "gpu"
+    options: ClassVar[dict] = BASE_OPTIONS
+    placement_class = CupyPlacement
+    budget_class = CupyBudget
+    #: True for backends that define `chunk_centers`, `assign_chunk` and `stream_work_bytes`
+    supports_streaming: ClassVar[bool] = False
+    stream, stream_rows, pin_input = False, None, "auto"
+
+    def __init__(self, max_memory="auto", **options):
+        self._cp = cupy()
+        super().__init__(max_memory, **options)
+        self._engine = None    # streaming.StreamEngine of the fit, when X is streamed
+        self._scratch = None   # reductions.Scratch, made on first use
+
+    # -- shared helpers ---------------------------------------------------------------------
+    def stage(self, name):
+        return self.memory.stage(name)
+
+    @property
+    def scratch(self):
+        if self._scratch is None:
+            self._scratch = reductions.Scratch()
+        return self._scratch
+
+    def contiguous(self, a, dtype=None):
+        """a as a C-contiguous CuPy array of dtype (a no-op when it already is one)."""
+        cp = self._cp
+        a = cp.asarray(a)
+        if dtype is not None and a.dtype != dtype:
+            a = a.astype(dtype)
+        return a if a.flags.c_contiguous else cp.ascontiguousarray(a)
+
+    def weights(self, sample_weight, dtype):
+        """Device weights in X's dtype, or None (unit weights: the kernels take a null)."""
+        return None if sample_weight is None else self.contiguous(sample_weight, dtype)
+
+    def driver_rows_for(self, n, d, itemsize) -> int:
+        """`driver_rows` for an X of this shape, before there is one (estimates)."""
+        like = types.SimpleNamespace(shape=(n, d), dtype="float64" if itemsize == 8 else "float32")
+        return self.driver_rows(like)
+
+    def labels32(self, labels):
+        return self.contiguous(labels, np.int32)
+
+    @staticmethod
+    def is_streamed(X) -> bool:
+        from .streaming import HostRows
+        return isinstance(X, HostRows)
+
+    def release_buffers(self):
+        """Drop per-fit buffers (backends that keep more extend this): the streaming engine
+        and its pinned and device buffers, X's page lock."""
+        if self._engine is not None:
+            self._engine.close()
+            self._engine = None
+
+    def drop_work_buffers(self):
+        """Hook: free the per-chunk working buffers of the streamed primitive (re-planning)."""
+
+    # -- the per-chunk assignment (cupy-kernels, cupy-chunked) --------------------------------
+    def chunk_centers(self, centers, dtype):
+        raise NotImplementedError
+
+    def assign_chunk(self, X, state, labels, min_sq):
+        raise NotImplementedError
+
+    def _assign(self, X, centers):
+        X = self.contiguous(X)
+        n = X.shape[0]
+        labels = device_empty((n,), np.int32, "labels")
+        min_sq = device_empty((n,), X.dtype, "squared distances")
+        self.assign_chunk(X, self.chunk_centers(centers, X.dtype), labels, min_sq)
+        return X, labels, min_sq
+
+    def assign(self, X, centers, *, xp=None) -> AssignResult:
+        if self.is_streamed(X):
+            return self.stream_engine(X.data, centers.shape[0]).assign(X, centers)
+        with self.stage("assign"):
+            _, labels, min_sq = self._assign(X, centers)
+        return AssignResult(labels, min_sq)
+
+    def reduce(self, X, labels, sample_weight, n_clusters, *, xp=None) -> ReduceResult:
+        """Per-cluster float64 sums of w * x and w (shared-memory privatised atomics)."""
+        if self.is_streamed(X):
+            engine = self.stream_engine(X.data, n_clusters, sample_weight)
+            return engine.reduce(X, labels)
+        X = self.contiguous(X)
+        with self.stage("update"):
+            return self._reduce(X, self.labels32(labels), self.weights(sample_weight, X.dtype),
+                                n_clusters)
+
+    def _reduce(self, X, labels, w, k):
+        cp = self._cp
+        sums = cp.zeros((k, X.shape[1]), dtype=cp.float64)
+        weights = cp.zeros((k,), dtype=cp.float64)
+        nearest.cluster_sums(X, labels, w, sums, weights)
+        return ReduceResult(sums, weights)
+
+    def lloyd_iter(self, X, sample_weight, centers, labels_old, *, xp=None) -> IterStats:
+        """One assignment, the sums, then the inertia of the assignment's distances and the
+        labels changed: four launches and no host synchronisation."""
+        if self.is_streamed(X):
+            engine = self.stream_engine(X.data, centers.shape[0], sample_weight)
+            return engine.lloyd_iter(X, centers, labels_old)
+        with self.stage("assign"):
+            X, labels, min_sq = self._assign(X, centers)
+        w = self.weights(sample_weight, X.dtype)
+        with self.stage("update"):
+            sums, weights = self._reduce(X, labels, w, centers.shape[0])
+        stats = self._cp.empty(2, dtype=np.float64)
+        reductions.weighted_total(min_sq, w, stats[0:1], self.scratch)
+        reductions.count_changed(labels, None if labels_old is None
+                                 else self.labels32(labels_old), stats[1:2], self.scratch)
+        return IterStats(labels, sums, weights, stats[0], stats[1])
+
+    def inertia(self, X, sample_weight, centers, labels, *, xp=None):
+        """0-d float64 sum of w * ||x - c_label||^2 by direct differences (numpy's rounding)."""
+        if self.is_streamed(X):
+            engine = self.stream_engine(X.data, centers.shape[0], sample_weight)
+            return engine.inertia(X, centers, labels)
+        X = self.contiguous(X)
+        out = self._cp.empty(1, dtype=np.float64)
+        reductions.direct_inertia(X, self.weights(sample_weight, X.dtype), self.labels32(labels),
+                                  self.contiguous(centers, X.dtype), out, self.scratch)
+        return out[0]
+
+    def farthest(self, X, sample_weight, centers, labels, m, *, xp=None):
+        """The m points farthest from their own centers (kmeans_xp.backend.Farthest)."""
+        if self.is_streamed(X):
+            engine = self.stream_engine(X.data, centers.shape[0], sample_weight)
+            return engine.farthest(X, centers, labels, m)
+        X = self.contiguous(X)
+        return reductions.farthest(X, self.weights(sample_weight, X.dtype), self.labels32(labels),
+                                   self.contiguous(centers, X.dtype), m)
+
+    # -- host streaming ---------------------------------------------------------------------
+    def stream_engine(self, X, n_clusters, sample_weight=None):
+        """The fit's StreamEngine for host X (built on first use, kept until finish: X's page
+        lock and the pinned buffers outlive a pass), planned for n_clusters."""
+        from .streaming import StreamEngine
+        cp = self._cp
+        with self.stage("stream"):
+            try:
+                if self._engine is None or self._engine.X is not X:
+                    self.release_buffers()
+                    self._engine = StreamEngine(self, X, pin_input=self.pin_input)
+                sw = None if sample_weight is None else np.asarray(sample_weight)
+                return self._engine.configure(n_clusters, sw, self.stream_rows)
+            except cp.cuda.memory.OutOfMemoryError as exc:
+                raise out_of_memory_error(f"{self.name} setting up host streaming", exc) from exc
+
+    def stream_pass(self, engine, run):
+        """run() (a streamed pass), its device peak recorded as the "stream" stage and its
+        pinned host bytes as "pinned_host"; OOM becomes KMeansMemoryError."""
+        cp = self._cp
+        with self.stage("stream"):
+            try:
+                return run()
+            except cp.cuda.memory.OutOfMemoryError as exc:
+                raise out_of_memory_error(
+                    f"{self.name} streaming X (n={engine.n}, d={engine.d}) in chunks of "
+                    f"{engine.plan.rows} rows", exc,
+                    " Give a smaller backend_options['stream_rows'].") from exc
+            finally:
+                self.memory.record("pinned_host", engine.pinned_bytes)
+
+    def stream_estimate(self, n, d, k, itemsize, *, weighted=False) -> MemoryEstimate:
+        """Bytes of a fit streamed from the host, part by part (see `streaming.plan_stream`):
+        device parts (their sum is `total`), then host parts (ending in _host)."""
+        from .streaming import plan_stream
+        what = f"{self.name} streaming X (n={n}, d={d}) from the host"
+        with self.memory.explain(what, 0, "nothing else: X stays on the host", hint=STREAM_HINT):
+            plan = plan_stream(
+                n, d, k, itemsize, self.memory.bytes(), weighted=weighted, rows=self.stream_rows,
+                what=what, work_bytes=lambda r, share: self.stream_work_bytes(
+                    r, d, k, itemsize, share))
+        self.drop_work_buffers()
+        return MemoryEstimate(dict(plan.parts), plan.device_bytes, plan.rows)
+
+    def stream_work_bytes(self, rows, d, k, itemsize, budget):
+        raise NotImplementedError(f"{self.name} does not stream")

@@ -1,0 +1,121 @@
+"""CupyBudget: a CuPy fit's memory. max_memory="auto" is a share of what the device has free
+(plus the pool's cached blocks, under its limit); stages record the pool's peak used bytes
+(`memory_report_`); `check` refuses, before any work, a fit whose X or chunks cannot fit.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+
+import numpy as np
+
+from kmeans_xp.memory import Budget, KMeansMemoryError, format_bytes, parse_memory
+
+from .common import DEVICE_AUTO_FRACTION, DEVICE_HINT, cupy, device_memory_state, \
+    free_device_memory
+
+
+@functools.lru_cache(maxsize=1)
+def peak_hook_class():
+    """A CuPy MemoryHook that records the pool's peak used bytes (built once, lazily)."""
+    cp = cupy()
+
+    class PeakHook(cp.cuda.memory_hook.MemoryHook):
+        name = "kmeans_xp_peak"
+
+        def __init__(self):
+            self.peak = 0
+
+        def malloc_postprocess(self, **kwargs):
+            used = cp.get_default_memory_pool().used_bytes()
+            if used > self.peak:
+                self.peak = used
+
+    return PeakHook
+
+
+def host_x_error(X, streams_possible):
+    """X (NumPy) does not fit on the device: what to use instead."""
+    hints = (["float32 (half the bytes)"] if X.dtype != np.float32 else []) + [
+        "a smaller X", "the numpy backend"]
+    if streams_possible:
+        hints.append("host streaming (backend_options={'stream': True})")
+    return KMeansMemoryError(
+        f"X ({format_bytes(X.nbytes)}, {X.dtype}) does not fit on the GPU: "
+        f"{device_memory_state()}. Use {', '.join(hints[:-1])} or {hints[-1]}.")
+
+
+class CupyBudget(Budget):
+    """Device memory of one backend's fits."""
+
+    def __init__(self, max_memory="auto", backend=None):
+        super().__init__(max_memory, backend)
+        self._peak_stack = []
+
+    def available(self) -> int:
+        return free_device_memory()[0]
+
+    def bytes(self, reserve=0) -> int:
+        """max_memory in bytes; "auto" is DEVICE_AUTO_FRACTION of what is usable now, less
+        `reserve` bytes the fit will still allocate outside the backend's buffers."""
+        value = parse_memory(self.max_memory)
+        if value == "auto":
+            return max(int((self.available() - reserve) * DEVICE_AUTO_FRACTION), 1)
+        return value
+
+    def check(self, X, n_clusters, options=None):
+        """A NumPy X that is streamed must fit its chunks; one that is copied must fit on the
+        device; then the backend's estimate (its chunk plan) must fit. With max_memory="auto"
+        the error states the device's side (free, total, the pool limit, what to change)."""
+        b = self.backend
+        if isinstance(X, np.ndarray):
+            n, d = X.shape
+            itemsize = 4 if X.dtype == np.float32 else 8
+            if b.placement.streams(X, n_clusters):
+                b.stream_estimate(n, d, n_clusters, itemsize, weighted=True)
+                return
+            if X.nbytes > self.available():
+                raise host_x_error(X, b.supports_streaming)
+        super().check(X, n_clusters, options)
+
+    @contextlib.contextmanager
+    def explain(self, what, reserve, reserve_what, hint=DEVICE_HINT):
+        """A KMeansMemoryError raised inside, when max_memory is "auto" (so the budget is what
+        the device has free), is restated with the device's numbers and what to change."""
+        try:
+            yield
+        except KMeansMemoryError as exc:
+            if parse_memory(self.max_memory) != "auto" or exc.needed is None:
+                raise
+            beside = (f" beside {format_bytes(reserve)} for {reserve_what}" if reserve
+                      else f" ({reserve_what})")
+            raise KMeansMemoryError(
+                f"{what} needs at least {format_bytes(exc.needed)} of device memory{beside}, "
+                f"but max_memory='auto' leaves {format_bytes(exc.allowed)} "
+                f"({DEVICE_AUTO_FRACTION:.0%} of what is usable): {device_memory_state()}. "
+                f"{hint}", needed=exc.needed, allowed=exc.allowed) from exc
+
+    @contextlib.contextmanager
+    def stage(self, name):
+        """Record the pool's peak used bytes during this stage into report[name]. Stages
+        nest: an inner stage reports its own peak and the outer one still sees it."""
+        # the pool books allocations on the host when they are made: no sync needed
+        used = cupy().get_default_memory_pool().used_bytes()
+        if self._peak_stack:
+            hook = self._peak_stack[-1]
+            outer_peak, hook.peak = hook.peak, used
+            try:
+                yield
+            finally:
+                self.record(name, hook.peak)
+                hook.peak = max(outer_peak, hook.peak)
+            return
+        hook = peak_hook_class()()
+        hook.peak = used
+        self._peak_stack.append(hook)
+        try:
+            with hook:
+                yield
+        finally:
+            self._peak_stack.pop()
+            self.record(name, hook.peak)

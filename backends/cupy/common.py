@@ -1,0 +1,180 @@
+"""What the CuPy backends share below the backend classes: the lazy CuPy import, free device
+memory and the errors that quote it, and the CUDA sources (read from `cuda/`, headers inlined,
+compiled by NVRTC through cupy.RawModule one template instance at a time, memoized).
+"""
+from __future__ import annotations
+
+import functools
+import importlib
+import math
+import re
+from pathlib import Path
+
+import numpy as np
+
+from kmeans_xp.memory import KMeansMemoryError, format_bytes
+
+#: the CUDA sources (one helper header, cuda/common.cuh, included by every .cu file)
+CUDA_DIR = Path(__file__).with_name("cuda")
+#: options every module is compiled with: no a * b + c is contracted (numpy's rounding)
+NVRTC_OPTIONS = ("-std=c++17", "--fmad=false")
+#: threads per block of the point-parallel kernels (BLOCK in cuda/common.cuh)
+BLOCK = 256
+#: a null pointer as a kernel argument (unit weights, no old labels): 8 zero bytes
+NULL = np.uint64(0)
+#: fraction of (free device memory + pool free blocks) that max_memory="auto" uses
+DEVICE_AUTO_FRACTION = 0.8
+#: below this many rows a chunked stage gives up halving and raises KMeansMemoryError
+MIN_CHUNK_ROWS = 1024
+#: what to change when the device is what is short
+DEVICE_HINT = (
+    "Raise or remove the pool limit (cupy.get_default_memory_pool().set_limit(size=0)), "
+    "free device memory held by other arrays or processes, give an explicit max_memory, use "
+    "float32, stream X from the host (NumPy input; backend_options={'stream': True}), or "
+    "use the numpy backend.")
+#: what to change when streaming itself does not fit
+STREAM_HINT = (
+    "Raise or remove the pool limit (cupy.get_default_memory_pool().set_limit(size=0)), "
+    "free device memory held by other arrays or processes, give an explicit max_memory, "
+    "or use the numpy backend.")
+CTYPE = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
+
+
+def cupy():
+    return importlib.import_module("cupy")
+
+
+def ctype(dtype) -> str:
+    return CTYPE[np.dtype(dtype)]
+
+
+# -- device memory ------------------------------------------------------------------------------
+def free_device_memory() -> tuple[int, int]:
+    """(free bytes usable now, total bytes): the driver's free memory plus the blocks the CuPy
+    pool caches but does not use, capped by the pool's limit when one is set."""
+    cp = cupy()
+    free, total = cp.cuda.runtime.memGetInfo()
+    pool = cp.get_default_memory_pool()
+    usable = free + pool.free_bytes()
+    limit = pool.get_limit()
+    if limit:
+        usable = min(usable, max(limit - pool.used_bytes(), 0))
+    return int(usable), int(total)
+
+
+def device_memory_state() -> str:
+    """'X free of Y' (and the pool limit when one is set), for error messages."""
+    free, total = free_device_memory()
+    limit = cupy().get_default_memory_pool().get_limit()
+    text = f"{format_bytes(free)} free of {format_bytes(total)}"
+    return text + (f" under a pool limit of {format_bytes(limit)}" if limit else "")
+
+
+def out_of_memory_error(what, exc, hint=""):
+    """KMeansMemoryError saying what was asked, what is free, and what to change."""
+    asked = getattr(exc, "_size", None) or getattr(exc, "size", None) or 0
+    return KMeansMemoryError(
+        f"{what}: out of device memory (asked {format_bytes(asked)}; "
+        f"{device_memory_state()}).{hint} Lower max_memory, use float32, stream X from the "
+        f"host, or use the numpy backend.")
+
+
+def device_empty(shape, dtype, what):
+    """An output array that cannot be chunked; OOM becomes a KMeansMemoryError."""
+    cp = cupy()
+    try:
+        return cp.empty(shape, dtype=dtype)
+    except cp.cuda.memory.OutOfMemoryError as exc:
+        raise out_of_memory_error(f"allocating {what} {tuple(shape)}", exc) from exc
+
+
+def with_oom_retry(fn, rows, *, what, on_halve=None):
+    """fn(rows); on OutOfMemoryError free the pool's cached blocks, halve rows, retry. Below
+    MIN_CHUNK_ROWS raise KMeansMemoryError saying what was asked and what to do."""
+    cp = cupy()
+    while True:
+        try:
+            return fn(rows)
+        except cp.cuda.memory.OutOfMemoryError as exc:
+            if on_halve is not None:
+                on_halve(rows)  # drop chunk buffers before freeing the pool
+            cp.get_default_memory_pool().free_all_blocks()
+            if rows <= MIN_CHUNK_ROWS:
+                raise out_of_memory_error(
+                    f"{what}", exc, f" A chunk of {rows} rows was tried, the smallest "
+                    f"allowed.") from exc
+            rows = max(MIN_CHUNK_ROWS, rows // 2)
+
+
+def kmeanspp_bytes(n, d, k, itemsize, driver_rows) -> tuple[int, int]:
+    """(per-sample bytes, chunk bytes) that k-means++ (kmeans_xp.init) allocates on the device:
+    per sample its float64 weights, the running closest distances and their concatenated
+    chunks, and the float64 cumulative potential; per chunk row the candidates' distances."""
+    trials = 2 + int(math.log(k)) if k > 1 else 2
+    per_sample = 8 + 3 * itemsize + 3 * 8
+    if d <= 4:   # direct differences: (rows, trials, d) twice, then (rows, trials) distances
+        per_row = 2 * trials * d * itemsize + 2 * trials * itemsize + 2 * trials * 8
+    else:        # norm expansion: x*x, the GEMM block and its clipped/min copies
+        per_row = d * itemsize + 5 * trials * itemsize + 2 * trials * 8
+    return n * per_sample, driver_rows * per_row
+
+
+# -- CUDA sources and kernels -------------------------------------------------------------------
+_INCLUDE = re.compile(r'^#include "([^"]+)"\s*$', re.M)
+
+
+@functools.lru_cache(maxsize=None)
+def source(name: str) -> str:
+    """cuda/<name> with its local headers inlined (each once), so that CuPy's cache key, which
+    hashes the source text, changes whenever a header does."""
+    seen = set()
+
+    def inline(fname):
+        if fname in seen:
+            return ""
+        seen.add(fname)
+        text = (CUDA_DIR / fname).read_text()
+        return _INCLUDE.sub(lambda m: inline(m.group(1)), text)
+
+    return inline(name)
+
+
+def cuda_files() -> list[str]:
+    return sorted(p.name for p in CUDA_DIR.glob("*.cu"))
+
+
+@functools.lru_cache(maxsize=None)
+def raw_kernel(file: str, name: str):
+    """The template instance `name` of cuda/`file`, compiled on first use (one module each:
+    a fit compiles only the few instances it launches; CuPy keeps binaries on disk)."""
+    module = cupy().RawModule(code=source(file), options=NVRTC_OPTIONS,
+                              name_expressions=[name])
+    return module.get_function(name)
+
+
+#: largest dynamic shared memory opted in per kernel (keyed by id of the function)
+_SMEM_OPTED = {}
+
+
+def opt_in(fn, shared_mem):
+    """A block gets more than 48 KB of dynamic shared memory only after an opt-in."""
+    if shared_mem > 48 * 1024 and _SMEM_OPTED.get(id(fn), 0) < shared_mem:
+        fn.max_dynamic_shared_size_bytes = int(shared_mem)
+        _SMEM_OPTED[id(fn)] = shared_mem
+
+
+def launch(fn, grid, args, shared_mem=0, block=BLOCK):
+    opt_in(fn, shared_mem)
+    fn((int(max(grid, 1)),), (int(block),), args, shared_mem=int(shared_mem))
+
+
+@functools.lru_cache(maxsize=None)
+def multiprocessors() -> int:
+    cp = cupy()
+    rt = cp.cuda.runtime
+    return int(rt.deviceGetAttribute(rt.cudaDevAttrMultiProcessorCount, cp.cuda.Device().id))
+
+
+def grid(work_items, per_block, blocks_per_sm=4):
+    """Blocks for a grid-stride kernel: enough for the work, at most a few waves' worth."""
+    return int(max(1, min(-(-int(work_items) // per_block), multiprocessors() * blocks_per_sm)))

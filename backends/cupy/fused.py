@@ -1,0 +1,342 @@
+"""`cupy-fused`: the speed engine. Hand-written CUDA (cuda/fused_*.cu) through cupy.RawModule.
+
+One Lloyd iteration (`lloyd_iter`, called by the driver) is three launches and no host
+synchronisation: pack_centers (-2c and ||c||^2 for the distance expansion, in numpy's
+rounding), one assignment pass (distance + argmin with the centers streamed through shared
+memory; for small d the per-cluster sums accumulated in the same pass, else a second
+kernel), and finalize_sums, which turns the fixed-point sums into float64 and writes the
+assignment's inertia and the labels changed, counted by the assignment pass itself. Nothing of
+size n x k exists anywhere; working memory is O(k d + blocks). The driver (kmeans_xp.lloyd)
+updates the centers, relocates empty clusters (`farthest`) and reads one small array per
+iteration, which it fetches while the next iteration runs.
+
+Paths (chosen per problem, `fused_plan.plan`): small (d <= 16), gemm (d > 16), and
+precision="tf32" (float32 on TF32 tensor cores; not bit-exact FP32), tf32_kernel "fused" (our
+mma.sync kernel with the argmin in its epilogue) or "cublas" (cuBLAS GEMM per row chunk +
+a warp-per-row argmin).
+
+Determinism: the same input gives bit-identical labels, centers, inertia and history run to
+run on the same GPU. Per-cluster sums are accumulated in 64-bit fixed point (two words per
+value: as exact as float64 accumulation) and integer atomics commute; inertia is a fixed-order
+tree over per-block partials (which depend on the grid, i.e. on the GPU model).
+
+Exactness against the numpy backend: a distance is fma-chain(x_j * -2c_j) + ||c||^2, the
+rounding OpenBLAS gives numpy's GEMM; ||c||^2 is summed in the order np.einsum uses
+(`einsum_order`), so the float32 paths give numpy's labels bit for bit wherever OpenBLAS's
+kernel is a plain in-order FMA chain. The final inertia and the relocation distances
+reproduce numpy's pairwise summation (cuda/direct.cu).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from kmeans_xp.backend import AssignResult, IterStats, Option, ReduceResult
+from kmeans_xp.memory import KMeansMemoryError, MemoryEstimate, format_bytes, resolve_budget
+
+from . import fused_plan as fp
+from .base import BASE_OPTIONS, CupyBackendBase
+from .common import BLOCK, NULL, free_device_memory, launch, with_oom_retry
+from .einsum_order import norm_mode
+
+_CTYPE = {"float32": "float", "float64": "double"}
+_i32 = np.int32
+
+
+class _Workspace:
+    """The buffers of one (X, k, weights) problem, kept across calls (the driver calls with
+    the same X every iteration): the plan, the centers' operands, the fixed-point
+    accumulator (finalize_sums leaves it zeroed), per-block partials, the changed-labels
+    counter (finalize_sums resets it) and the fixed-point scales (computed on the device on
+    first use). All used in stream order."""
+
+    def __init__(self, cp, plan, X, w, k):
+        n, d = X.shape
+        self.X, self.w, self.k, self.n, self.d = X, w, k, n, d
+        self.plan, self.T = plan, X.dtype
+        self.dtype_name = str(X.dtype)
+        self.acc = cp.zeros(k * (d + 1) * 2, dtype=cp.uint64)
+        if plan.layout == 0:
+            self.ops = cp.zeros(k * plan.S, dtype=X.dtype)
+            self.cnorm = cp.zeros(1, dtype=X.dtype)
+        else:
+            self.ops = cp.zeros(d * plan.kpad, dtype=X.dtype)
+            self.cnorm = cp.full(plan.kpad, np.inf, dtype=X.dtype)  # padding never wins
+        self.n_partials = plan.n_partials   # grows if an OOM halves the tf32 chunk
+        self.chunk_rows = plan.chunk_rows
+        self.partials = cp.zeros(max(plan.n_partials, 1), dtype=cp.float64)
+        self.counter = cp.zeros(1, dtype=cp.uint64)
+        self.gbuf = None
+        self.scales = None  # (scale, inv_scale) device arrays of d + 1 values
+        self.two_l = fp.fixed_point_lo(n)
+        self.norm_mode = np.int32(norm_mode(self.dtype_name))
+
+
+class CupyFusedBackend(CupyBackendBase):
+    """Fused RawKernel backend; options: precision ("fp32" or "tf32"), tf32_kernel ("fused" or
+    "cublas", with tf32), fuse ("auto", True, False: sums inside the small-d assignment
+    pass), points_per_thread (small-d kernel), free_memory."""
+
+    name = "cupy-fused"
+    options = {
+        **BASE_OPTIONS,
+        "precision": Option("fp32", "fp32", "tf32", doc="'fp32' (exact, default) or 'tf32' "
+                            "(tensor cores, float32 input, not bit-exact)"),
+        "tf32_kernel": Option("fused", "fused", "cublas", doc="with tf32: our tensor-core "
+                              "kernel with the argmin fused, or cuBLAS GEMM per chunk + argmin"),
+        "fuse": Option("auto", "auto", True, False, doc="sums inside the small-d pass"),
+        "points_per_thread": Option(None, None, 1, 2, 4, 8, doc="small-d kernel"),
+    }
+
+    def __init__(self, max_memory="auto", **options):
+        super().__init__(max_memory, **options)
+        self._ws = None
+
+    def release_buffers(self):
+        super().release_buffers()
+        self._ws = None
+
+    # -- capability -----------------------------------------------------------------------------
+    def reject_reason(self, X, *, n_clusters, sample_weight=None):
+        reason = super().reject_reason(X, n_clusters=n_clusters, sample_weight=sample_weight)
+        if reason is not None:
+            return reason
+        dtype = str(getattr(X, "dtype", "float64"))
+        if getattr(X, "dtype", None) is not None and dtype not in _CTYPE:
+            return f"it computes in float32 or float64, not {dtype}"
+        if self.precision == "tf32" and dtype != "float32":
+            return "precision='tf32' needs float32 input"
+        if self.precision == "tf32":
+            cc = int(self._cp.cuda.Device().compute_capability)
+            if cc < 80:
+                return f"precision='tf32' needs TF32 tensor cores (compute capability >= 8.0, " \
+                       f"this GPU has {cc // 10}.{cc % 10})"
+            if self.tf32_kernel == "cublas":
+                try:
+                    fp.tf32_api(self._cp)
+                except RuntimeError as exc:
+                    return str(exc)
+        n = len(X)
+        if n >= 2 ** 31:
+            return f"n_samples={n} >= 2^31; the kernels index rows with 32-bit integers"
+        return None
+
+    # -- memory ---------------------------------------------------------------------------------
+    @classmethod
+    def estimate_memory(cls, n_samples, n_features, n_clusters, *, itemsize,
+                        max_memory="auto", precision="fp32", tf32_kernel="fused", **_):
+        """Device bytes of the backend's own part of a fit (the driver's arrays are counted by
+        the core): X on the device (`data`), the plan's working buffers, and the chunk of
+        relocation keys `farthest` ranks when a cluster is empty."""
+        from .reductions import FARTHEST_ROWS
+        dtype_name = "float32" if itemsize == 4 else "float64"
+        budget = None if max_memory == "auto" else resolve_budget(max_memory, 0)
+        plan = fp.plan(n_samples, n_features, n_clusters, dtype_name, fp.NOMINAL,
+                       precision=precision, budget=budget, tf32_kernel=tf32_kernel)
+        parts = {"data": n_samples * n_features * itemsize, **plan.fixed_bytes,
+                 "relocation": min(n_samples, FARTHEST_ROWS) * (2 * itemsize + 24)}
+        return MemoryEstimate(parts, sum(parts.values()), plan.chunk_rows)
+
+    def _plan_for(self, X, k):
+        n, d = X.shape
+        dev = fp.device_facts(self._cp.cuda.Device().id)
+        budget = self.memory.bytes()
+        plan = fp.plan(n, d, k, str(X.dtype), dev, precision=self.precision, fuse=self.fuse,
+                       P=self.points_per_thread, budget=budget, tf32_kernel=self.tf32_kernel)
+        plan = fp.one_wave(plan, n, d, str(X.dtype), dev)
+        fixed = sum(plan.fixed_bytes.values())
+        if fixed > budget:
+            free, total = free_device_memory()
+            raise KMeansMemoryError(
+                f"cupy-fused needs {format_bytes(fixed)} of working memory for k={k}, d={d} "
+                f"({', '.join(f'{p} {format_bytes(v)}' for p, v in plan.fixed_bytes.items())}) "
+                f"but max_memory allows {format_bytes(budget)} ({format_bytes(free)} free of "
+                f"{format_bytes(total)}). Raise max_memory or use fewer clusters.")
+        return plan
+
+    # -- the workspace of a problem ---------------------------------------------------------------
+    def _workspace(self, X, k, sample_weight=None):
+        """(workspace, X contiguous, weights in X's dtype or None): cached for the same X, k
+        and weights, so an iteration allocates only its outputs."""
+        cp = self._cp
+        ws = self._ws
+        if ws is not None and ws.X is X and ws.k == k and ws.w_in is sample_weight:
+            return ws
+        if not (isinstance(X, cp.ndarray) and X.flags.c_contiguous):
+            X = cp.ascontiguousarray(cp.asarray(X))
+            if ws is not None and ws.X.shape == X.shape and ws.k == k and ws.w_in is \
+                    sample_weight and ws.X.data.ptr == X.data.ptr:
+                return ws
+        w = None if sample_weight is None else self.contiguous(sample_weight, X.dtype)
+        if ws is not None and ws.X is X and ws.k == k:   # new weights only
+            ws.w, ws.w_in, ws.scales = w, sample_weight, None
+            return ws
+        self._ws = None  # release the old buffers before asking for new ones
+        ws = _Workspace(cp, self._plan_for(X, k), X, w, k)
+        ws.w_in = sample_weight
+        self._ws = ws
+        return ws
+
+    def _scales(self, ws):
+        """Fixed-point scales (max|x| per feature and the total weight), on the device."""
+        if ws.scales is None:
+            cp = self._cp
+            n, d = ws.n, ws.d
+            t = _CTYPE[ws.dtype_name]
+            bits = cp.zeros(d, dtype=cp.uint64)
+            dev = fp.device_facts(cp.cuda.Device().id)
+            grid = max(fp.cdiv(d, BLOCK), min(fp.cdiv(n * d, BLOCK), dev.sms * 8))
+            launch(fp.kernel(f"column_absmax<{t}>"), grid, (ws.X, np.int64(n * d), _i32(d), bits))
+            w_total = NULL
+            if ws.w is not None:
+                from .reductions import weighted_total
+                w_total = cp.empty(1, dtype=cp.float64)
+                weighted_total(ws.w, None, w_total, self.scratch)
+            scale = cp.empty(d + 1, dtype=cp.float64)
+            inv = cp.empty(d + 1, dtype=cp.float64)
+            launch(fp.kernel("fixed_point_scales"), 1,
+                   (bits, w_total, np.float64(n), _i32(d), scale, inv), block=32)
+            ws.scales = (scale, inv)
+        return ws.scales
+
+    # -- kernels, one small method each ----------------------------------------------------------
+    def _pack(self, ws, centers):
+        c = centers if (centers.dtype == ws.T and centers.flags.c_contiguous) else \
+            self._cp.ascontiguousarray(centers.astype(ws.T, copy=False))
+        p = ws.plan
+        launch(fp.kernel(f"pack_centers<{_CTYPE[ws.dtype_name]}>"), fp.cdiv(ws.k, BLOCK),
+               (c, _i32(ws.k), _i32(ws.d), _i32(p.layout), _i32(p.S), _i32(p.kpad),
+                ws.norm_mode, ws.ops, ws.cnorm))
+
+    def _assign_pass(self, ws, labels, *, labels_old=None, min_sq=None, accumulate=False):
+        """Labels (int32) into `labels`, optional min_sq, per-block inertia partials, labels
+        changed against labels_old into the counter; with accumulate, the fixed-point sums
+        too (fused into the pass or by a second kernel)."""
+        p, X = ws.plan, ws.X
+        w = NULL if ws.w is None else ws.w
+        tail = (NULL if labels_old is None else labels_old, labels,
+                NULL if min_sq is None else min_sq, ws.partials, ws.counter)
+        if p.path == "small":
+            fuse = accumulate and p.fuse
+            names = fp.small_kernel_names(ws.dtype_name, ws.d, p.P)
+            if fuse:
+                scale = self._scales(ws)[0]
+                extra, smem = (ws.acc, scale, np.float64(ws.two_l)), p.assign_smem
+            else:
+                extra = (NULL, NULL, np.float64(1.0))
+                smem = p.tc * p.S * ws.T.itemsize
+            launch(fp.kernel(names[0] if fuse else names[1]), p.assign_grid,
+                   (X, w, ws.ops, _i32(ws.n), _i32(ws.k), _i32(p.tc), *tail, *extra),
+                   shared_mem=smem)
+        elif p.path in ("gemm", "tf32mma"):
+            vec = ws.d % (16 // ws.T.itemsize) == 0 and X.data.ptr % 16 == 0
+            name = (fp.gemm_kernel_name(ws.dtype_name, vec) if p.path == "gemm"
+                    else f"assign_tf32<{'true' if vec else 'false'}>")
+            launch(fp.kernel(name), p.assign_grid,
+                   (X, w, ws.ops, ws.cnorm, _i32(ws.n), _i32(ws.d), _i32(p.kpad), *tail),
+                   shared_mem=fp.TF32_MMA_SMEM if p.path == "tf32mma" else 0)
+        else:
+            self._assign_tf32(ws, w, tail)
+        if accumulate and not (p.path == "small" and p.fuse):
+            self._accumulate(ws, labels)
+
+    def _assign_tf32(self, ws, w, tail):
+        cp, p = self._cp, ws.plan
+        m2ct = ws.ops.reshape(ws.d, p.kpad)
+        fn = fp.kernel("argmin_rows<float>")
+
+        def run(rows):
+            if ws.gbuf is None or ws.gbuf.shape[0] < min(rows, ws.n):
+                ws.gbuf = None
+                ws.gbuf = cp.empty((min(rows, ws.n), p.kpad), dtype=cp.float32)
+            n_partials = fp.cdiv(ws.n, rows) * p.assign_grid
+            if n_partials > ws.partials.size:
+                ws.partials = cp.zeros(n_partials, dtype=cp.float64)
+            ws.n_partials = n_partials
+            lo, lab, msq, _, counter = tail
+            with fp.tf32_matmul(cp):
+                for c, r0 in enumerate(range(0, ws.n, rows)):
+                    r1 = min(r0 + rows, ws.n)
+                    g = ws.gbuf[: r1 - r0]
+                    cp.matmul(ws.X[r0:r1], m2ct, out=g)
+                    launch(fn, p.assign_grid,
+                           (g, ws.cnorm, _i32(r1 - r0), _i32(p.kpad), _i32(ws.k), np.int64(r0),
+                            ws.X, _i32(ws.d), w, lo, lab, msq,
+                            ws.partials[c * p.assign_grid:], counter))
+            return rows
+
+        def halved(rows):
+            ws.gbuf = None
+
+        try:
+            run(ws.chunk_rows)
+        except cp.cuda.memory.OutOfMemoryError:
+            halved(ws.chunk_rows)
+            ws.chunk_rows = with_oom_retry(run, max(1, ws.chunk_rows // 2),
+                                           what="cupy-fused tf32 distance chunk",
+                                           on_halve=halved)
+
+    def _accumulate(self, ws, labels):
+        p = ws.plan
+        scale = self._scales(ws)[0]
+        t = _CTYPE[ws.dtype_name]
+        w = NULL if ws.w is None else ws.w
+        if p.acc_mode == "shared":
+            launch(fp.kernel(f"accumulate_shared<{t}>"), p.acc_grid,
+                   (ws.X, w, labels, _i32(ws.n), _i32(ws.d), _i32(ws.k), ws.acc, scale,
+                    np.float64(ws.two_l)), shared_mem=p.acc_smem)
+        else:
+            launch(fp.kernel(f"accumulate_global<{t}>"), p.acc_grid,
+                   (ws.X, w, labels, _i32(ws.n), _i32(ws.d), ws.acc, scale,
+                    np.float64(ws.two_l)))
+
+    def _finalize(self, ws, out, *, stats=False, changed_if_none=-1.0):
+        """Fixed point -> float64 sums and weights into `out` (k*(d+1) values, then with
+        stats the inertia and the changed labels)."""
+        k, d = ws.k, ws.d
+        inv = self._scales(ws)[1]
+        dev = fp.device_facts(self._cp.cuda.Device().id)
+        grid = max(1, min(fp.cdiv(k * (d + 1), BLOCK), dev.sms * 8))
+        launch(fp.kernel("finalize_sums"), grid,
+               (ws.acc, _i32(k), _i32(d), inv, np.float64(1.0 / ws.two_l), out,
+                out[k * d:], ws.partials, _i32(ws.n_partials if stats else 0), ws.counter,
+                np.float64(changed_if_none), out[k * (d + 1):] if stats else NULL))
+
+    # -- the contract's primitives ----------------------------------------------------------------
+    def assign(self, X, centers, *, xp=None):
+        cp = self._cp
+        with self.stage("assign"):
+            ws = self._workspace(X, centers.shape[0])
+            self._pack(ws, centers)
+            labels = cp.empty(ws.n, dtype=cp.int32)
+            min_sq = cp.empty(ws.n, dtype=ws.T)
+            self._assign_pass(ws, labels, min_sq=min_sq)
+        return AssignResult(labels, min_sq)
+
+    def reduce(self, X, labels, sample_weight, n_clusters, *, xp=None):
+        cp = self._cp
+        with self.stage("update"):
+            ws = self._workspace(X, n_clusters, sample_weight)
+            k, d = ws.k, ws.d
+            self._accumulate(ws, self.labels32(labels))
+            out = cp.empty(k * (d + 1), dtype=cp.float64)
+            self._finalize(ws, out)
+        return ReduceResult(out[: k * d].reshape(k, d), out[k * d:])
+
+    def lloyd_iter(self, X, sample_weight, centers, labels_old, *, xp=None):
+        """pack_centers, one assignment pass (+ the sums when not fused into it), finalize:
+        new labels, sums, weights and the 0-d inertia and changed count, all on the device;
+        nothing waits for the device."""
+        cp = self._cp
+        ws = self._workspace(X, centers.shape[0], sample_weight)
+        k, d = ws.k, ws.d
+        self._pack(ws, centers)
+        labels = cp.empty(ws.n, dtype=cp.int32)
+        old = None if labels_old is None else (
+            labels_old if labels_old.dtype == np.int32 else self.labels32(labels_old))
+        self._assign_pass(ws, labels, labels_old=old, accumulate=True)
+        out = cp.empty(k * (d + 1) + 2, dtype=cp.float64)
+        self._finalize(ws, out, stats=True,
+                       changed_if_none=float(ws.n) if labels_old is None else -1.0)
+        kd = k * d
+        return IterStats(labels, out[:kd].reshape(k, d), out[kd:kd + k], out[kd + k],
+                         out[kd + k + 1])

@@ -1,0 +1,266 @@
+"""cupy-fused's plan: which kernels a problem (n, d, k, dtype, options) runs, with which grids
+and shared memory, and the working memory it takes; the kernel instance names (shared with
+the compile check); device facts; the TF32 compute-type switch of CuPy's matmul.
+
+Paths:
+  small  d <= 16: d a template parameter, P points per thread, centers in shared memory, sums
+         fused into the same kernel when k*(d+1) fits in shared memory next to them.
+  gemm   d > 16: register-blocked SIMT GEMM tile with the argmin in its epilogue; sums in a
+         second kernel.
+  tf32   precision="tf32", tf32_kernel="cublas": cuBLAS GEMM under TF32 per row chunk + a
+         warp-per-row argmin. tf32mma (tf32_kernel="fused"): our tensor-core kernel with the
+         argmin in its epilogue. Not bit-exact FP32.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+from typing import NamedTuple
+
+from . import common
+from .common import BLOCK, cupy
+
+#: largest d compiled as a template parameter (one module per (dtype, d))
+SMALL_D_MAX = 16
+#: shared memory given to one tile of centers in the small-d kernel
+CENTER_TILE_BYTES = 32 * 1024
+#: "auto" fuses the sums into the small-d pass while the block's shared memory (center tile +
+#: privatised sums) stays under this, i.e. at least two blocks per SM
+FUSE_SMEM_MAX = 96 * 1024
+#: (TM, TN) outputs per thread of the GEMM-like kernel; a block is (16 TM) x (16 TN)
+GEMM_TILES = {"float32": (8, 8), "float64": (4, 8)}
+#: TF32 path: largest distance chunk (rows x k x 4 bytes); bigger stops paying
+TF32_CHUNK_CAP = 1 << 30
+#: points per block of the fused TF32 kernel and its dynamic shared memory (two A tiles
+#: 128 x 20 words, two B tiles 16 x 136 words, 2 x 128 x 20 words of best/index)
+TF32_MMA_ROWS = 128
+TF32_MMA_SMEM = (2 * 128 * 20 + 2 * 16 * 136 + 2 * 128 * 20) * 4
+_CTYPE = {"float32": "float", "float64": "double"}
+
+
+# -- kernel names (shared with tests/test_cuda_compile.py) ---------------------------------------
+def points_per_thread(dtype_name: str, d: int) -> int:
+    """Points per thread of the small-d kernel: 4 while their coordinates take <= 32 bytes of
+    registers, else 2 (keeps the kernel near 64 registers, 4+ blocks per SM)."""
+    itemsize = 4 if dtype_name == "float32" else 8
+    return 4 if d * itemsize <= 32 else 2
+
+
+def ops_stride(dtype_name: str, d: int) -> int:
+    """Row stride of the packed small-d centers: (d + 1) values rounded up to 16 bytes."""
+    itemsize = 4 if dtype_name == "float32" else 8
+    return ((d + 1) * itemsize + 15) // 16 * 16 // itemsize
+
+
+def small_kernel_names(dtype_name: str, d: int, P: int) -> tuple:
+    """(fused sums, assignment only) instances of assign_small (cuda/fused_small.cu)."""
+    t = _CTYPE[dtype_name]
+    return (f"assign_small<{t},{d},{P},true>", f"assign_small<{t},{d},{P},false>")
+
+
+def gemm_kernel_name(dtype_name: str, vec: bool) -> str:
+    """The GEMM-like assignment kernel; vec: 16-byte global loads of X (d a multiple of the
+    16-byte vector, X aligned)."""
+    tm, tn = GEMM_TILES[dtype_name]
+    return f"assign_gemm<{_CTYPE[dtype_name]},{tm},{tn},{'true' if vec else 'false'}>"
+
+
+#: file of each kernel template
+KERNEL_FILES = {
+    "assign_small": "fused_small.cu", "assign_gemm": "fused_gemm.cu",
+    "assign_tf32": "fused_tf32.cu", "argmin_rows": "fused_tf32.cu",
+    "accumulate_shared": "fused_sums.cu", "accumulate_global": "fused_sums.cu",
+    "finalize_sums": "fused_sums.cu", "pack_centers": "centers.cu",
+    "column_absmax": "stats.cu", "fixed_point_scales": "stats.cu",
+    "weighted_total": "stats.cu", "direct_inertia": "direct.cu",
+    "relocation_keys": "direct.cu",
+}
+
+
+def kernel(name: str):
+    """The compiled instance `name` (a full instance name) from its file."""
+    return common.raw_kernel(KERNEL_FILES[name.split("<")[0]], name)
+
+
+def common_kernel_names(dtype_name: str) -> tuple:
+    t = _CTYPE[dtype_name]
+    tf32 = (("argmin_rows<float>", "assign_tf32<true>", "assign_tf32<false>")
+            if dtype_name == "float32" else ())
+    return (gemm_kernel_name(dtype_name, True), gemm_kernel_name(dtype_name, False), *tf32,
+            f"accumulate_shared<{t}>", f"accumulate_global<{t}>", "finalize_sums",
+            f"pack_centers<{t}>", f"column_absmax<{t}>", "fixed_point_scales",
+            f"weighted_total<{t}>", f"direct_inertia<{t}>", f"relocation_keys<{t}>")
+
+
+def all_kernel_names() -> list:
+    """Every template instance the backend can ask NVRTC for."""
+    names = []
+    for dt in _CTYPE:
+        names += common_kernel_names(dt)
+        for d in range(1, SMALL_D_MAX + 1):
+            names += small_kernel_names(dt, d, points_per_thread(dt, d))
+    return list(dict.fromkeys(names))
+
+
+def kernel_instances():
+    """(file, instance) of every kernel cupy-fused can launch (the compile check)."""
+    return [(KERNEL_FILES[n.split("<")[0]], n) for n in all_kernel_names()]
+
+
+# -- device facts -------------------------------------------------------------------------------
+class DeviceFacts(NamedTuple):
+    sms: int
+    smem_block: int   # opt-in shared memory per block
+    smem_sm: int      # shared memory per multiprocessor
+
+
+@functools.lru_cache(maxsize=None)
+def device_facts(device_id: int) -> DeviceFacts:
+    rt = cupy().cuda.runtime
+    get = rt.deviceGetAttribute
+    return DeviceFacts(get(rt.cudaDevAttrMultiProcessorCount, device_id),
+                       get(rt.cudaDevAttrMaxSharedMemoryPerBlockOptin, device_id),
+                       get(rt.cudaDevAttrMaxSharedMemoryPerMultiprocessor, device_id))
+
+
+#: a nominal device for estimate_memory, which runs before any device is touched (H200)
+NOMINAL = DeviceFacts(132, 227 * 1024, 228 * 1024)
+
+
+def blocks_per_sm(fn, shared_mem, block=BLOCK):
+    """Resident blocks per SM (registers and shared memory), so that a grid-stride kernel's
+    grid is exactly one wave: no second, partial wave."""
+    common.opt_in(fn, shared_mem)
+    try:
+        n = cupy().cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(
+            fn.kernel.ptr, block, int(shared_mem))
+    except Exception:  # fall back on the register count alone
+        regs = (fn.num_regs + 7) // 8 * 8
+        n = min(2048 // block, 65536 // max(regs * block, 1))
+    return max(1, int(n))
+
+
+def cdiv(a, b):
+    return -(-a // b)
+
+
+# -- the plan -----------------------------------------------------------------------------------
+class Plan(NamedTuple):
+    path: str          # "small", "gemm", "tf32" (cuBLAS + argmin) or "tf32mma"
+    fuse: bool         # sums accumulated inside the small-d assignment pass
+    P: int             # points per thread (small)
+    tc: int            # centers per shared-memory tile (small)
+    assign_smem: int
+    assign_grid: int
+    layout: int        # 0: ops (k, S); 1: -2C^T (d, kpad) + ||c||^2 (kpad)
+    S: int
+    kpad: int
+    acc_mode: str      # "fused", "shared" or "global"
+    acc_smem: int
+    acc_grid: int
+    n_partials: int    # per-block inertia partials of one assignment pass
+    chunk_rows: int    # tf32: rows per GEMM chunk (n otherwise)
+    fixed_bytes: dict  # working memory by part
+
+
+def plan(n, d, k, dtype_name, dev, *, precision="fp32", fuse="auto", P=None, budget=None,
+         tf32_kernel="fused") -> Plan:
+    itemsize = 4 if dtype_name == "float32" else 8
+    sums_smem = k * (d + 1) * 16 + (d + 1) * 8
+    if precision == "tf32" or d > SMALL_D_MAX:
+        if precision == "tf32":
+            path = "tf32mma" if tf32_kernel == "fused" else "tf32"
+        else:
+            path = "gemm"
+        layout, S = 1, 0
+        tm, tn = GEMM_TILES[dtype_name]
+        kpad = cdiv(k, 16 * tn) * 16 * tn   # a multiple of 128 (both GEMM kernels' BN)
+        fused, P, tc, assign_smem = False, 1, 0, 0
+        assign_grid = {"gemm": cdiv(n, 16 * tm), "tf32mma": cdiv(n, TF32_MMA_ROWS),
+                       "tf32": dev.sms * 8}[path]
+    else:
+        path, layout, S, kpad = "small", 0, ops_stride(dtype_name, d), k
+        P = P or points_per_thread(dtype_name, d)
+        tc = max(1, min(k, CENTER_TILE_BYTES // (S * itemsize)))
+        tile = tc * S * itemsize
+        can_fuse = tile + sums_smem <= dev.smem_block - 2048
+        fused = bool(can_fuse and (fuse is True or (fuse == "auto"
+                                                    and tile + sums_smem <= FUSE_SMEM_MAX)))
+        assign_smem = tile + (sums_smem if fused else 0)
+        per_sm = max(1, min(2048 // BLOCK, dev.smem_sm // (assign_smem + 1024)))
+        assign_grid = max(1, min(cdiv(n, BLOCK * P), dev.sms * per_sm))
+    if fused:
+        acc_mode, acc_smem, acc_grid = "fused", 0, 0
+    elif sums_smem <= min(dev.smem_block - 2048, 160 * 1024):
+        per_sm = max(1, min(2048 // BLOCK, dev.smem_sm // (sums_smem + 1024)))
+        acc_mode, acc_smem = "shared", sums_smem
+        acc_grid = max(1, min(cdiv(n, BLOCK), dev.sms * per_sm))
+    else:
+        acc_mode, acc_smem = "global", 0
+        acc_grid = max(1, min(cdiv(n * (d + 1), BLOCK), dev.sms * 16))
+    chunk_rows = n
+    n_chunks = 1
+    if path == "tf32":
+        per_row = kpad * 4
+        room = TF32_CHUNK_CAP if budget is None else min(TF32_CHUNK_CAP, budget // 2)
+        chunk_rows = int(max(1, min(n, room // per_row)))
+        n_chunks = cdiv(n, chunk_rows)
+    n_partials = assign_grid * n_chunks
+    ops = (k * S if layout == 0 else d * kpad + kpad) * itemsize
+    parts = {
+        "sum_accumulators": k * (d + 1) * 16,
+        "center_operands": ops,
+        "block_partials": 8 * (n_partials + 2 * 1024) + 64,
+        "scales": 4 * (d + 1) * 8,
+    }
+    if path == "tf32":
+        parts["tf32_distance_chunk"] = chunk_rows * kpad * 4
+    return Plan(path, fused, P, tc, assign_smem, assign_grid, layout, S, kpad, acc_mode,
+                acc_smem, acc_grid, n_partials, chunk_rows, parts)
+
+
+def one_wave(p: Plan, n, d, dtype_name, dev) -> Plan:
+    """Grid-stride grids sized to what is resident at once on this GPU (compiles the kernel)."""
+    if p.path == "small":
+        names = small_kernel_names(dtype_name, d, p.P)
+        fn = kernel(names[0] if p.fuse else names[1])
+        per_sm = blocks_per_sm(fn, p.assign_smem)
+        grid = max(1, min(cdiv(n, BLOCK * p.P), dev.sms * per_sm))
+        p = p._replace(assign_grid=grid, n_partials=grid)
+    if p.acc_mode == "shared":
+        per_sm = blocks_per_sm(kernel(f"accumulate_shared<{_CTYPE[dtype_name]}>"), p.acc_smem)
+        p = p._replace(acc_grid=max(1, min(cdiv(n, BLOCK), dev.sms * per_sm)))
+    return p
+
+
+def fixed_point_lo(n) -> float:
+    """2^L of the fixed point's lo word for n points (the hi words' scales are per feature)."""
+    return 2.0 ** max(1, 63 - int(n).bit_length())
+
+
+# -- TF32 ---------------------------------------------------------------------------------------
+def tf32_api(cp):
+    """(get_compute_type, set_compute_type, COMPUTE_TYPE_TF32) of CuPy's matmul, from
+    cupy._core._routines_linalg; a clear error where this CuPy lacks them."""
+    try:
+        from cupy._core import _routines_linalg as linalg
+        return linalg.get_compute_type, linalg.set_compute_type, linalg.COMPUTE_TYPE_TF32
+    except (ImportError, AttributeError) as exc:
+        raise RuntimeError(
+            f"precision='tf32' needs CuPy's TF32 compute type "
+            f"(cupy._core._routines_linalg.COMPUTE_TYPE_TF32 with get/set_compute_type), "
+            f"which CuPy {getattr(cp, '__version__', '?')} does not provide ({exc}). Use "
+            f"precision='fp32'.") from exc
+
+
+@contextlib.contextmanager
+def tf32_matmul(cp):
+    """CuPy's float32 matmul on TF32 tensor cores inside the block (the previous compute type
+    restored after). CuPy keeps the compute type per process."""
+    get, set_, tf32 = tf32_api(cp)
+    old = get(cp.float32)
+    set_(cp.float32, tf32)
+    try:
+        yield
+    finally:
+        set_(cp.float32, old)

@@ -1,0 +1,149 @@
+"""CupyPlacement: where a CuPy fit's data lives and how it moves.
+
+CuPy input stays on its device (made C-contiguous once); NumPy input is copied to the device
+once, or, when its fit would not fit in the device memory usable now (stream="auto") or when
+asked (stream=True), stays on the host and is streamed through the GPU on every pass
+(`streaming.HostRows`). Centers and the driver's small arrays always live on the device.
+Work is queued on the device (`asynchronous`): `fetch` copies the driver's per-iteration
+statistics into pinned host memory behind a CUDA event, so the next iteration is queued
+before they are read.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from kmeans_xp.backend import Placement
+from kmeans_xp.memory import driver_bytes
+from kmeans_xp.namespaces import array_namespace
+
+from .budget import host_x_error
+from .common import cupy, out_of_memory_error
+
+#: stream="auto" streams host X when X, the driver's arrays and this much working memory
+#: would not fit in the device memory usable now
+STREAM_AUTO_SLACK = 64 << 20
+
+
+class CupyPlacement(Placement):
+    asynchronous = True
+
+    def __init__(self, backend):
+        super().__init__(backend)
+        self._cp = cupy()
+        self._stream_choice = None  # (id of the host X, stream it?) decided once per X
+
+    def converts_from(self, namespace):
+        return namespace in ("numpy", "list")
+
+    # -- data movement ----------------------------------------------------------------------
+    def to_backend(self, X):
+        cp, b = self._cp, self.backend
+        if isinstance(X, cp.ndarray) and not isinstance(X, np.ndarray):
+            # kernels index rows directly: a strided view is made C-contiguous once, here
+            return X if X.flags.c_contiguous else self._device_copy(X)
+        streamed = self.streams(X)
+        X = np.ascontiguousarray(X)  # kernels index rows directly (a memmap stays one)
+        if streamed:
+            self._stream_choice = (id(X), True)
+            return X  # stays on the host: every pass streams it through the GPU
+        with b.memory.stage("transfer"):
+            try:
+                return cp.asarray(X)
+            except cp.cuda.memory.OutOfMemoryError as exc:
+                raise host_x_error(X, b.supports_streaming) from exc
+
+    def _device_copy(self, X):
+        cp = self._cp
+        try:
+            return cp.ascontiguousarray(X)
+        except cp.cuda.memory.OutOfMemoryError as exc:
+            raise out_of_memory_error("X as C-contiguous", exc) from exc
+
+    def from_backend(self, arr, like):
+        cp = self._cp
+        if arr is None:
+            return arr
+        if getattr(arr, "dtype", None) is not None and arr.dtype.kind == "u":
+            arr = arr.astype(np.int32)  # streamed labels live in compact unsigned types
+        if isinstance(arr, cp.ndarray) and not isinstance(like, cp.ndarray) \
+                and hasattr(arr, "get"):
+            return arr.get()
+        return arr
+
+    def namespace(self, X):
+        from .streaming import HostRows
+        if isinstance(X, HostRows):
+            return array_namespace(np.empty(0))
+        return array_namespace(X)
+
+    def small(self, x):
+        """Centers on the device, whatever X's placement (the driver's center math runs
+        there)."""
+        cp = self._cp
+        return x if isinstance(x, cp.ndarray) else cp.asarray(x)
+
+    def synchronize(self):
+        self._cp.cuda.get_current_stream().synchronize()
+
+    def fetch(self, values):
+        """An asynchronous copy of `values` (small, 1-d) into pinned host memory behind a
+        CUDA event; the function returned waits for the event and gives the NumPy array."""
+        cp = self._cp
+        if not hasattr(values, "get"):  # already on the host
+            host = np.array(values)
+            return lambda: host
+        values = cp.ascontiguousarray(values)
+        mem = cp.cuda.alloc_pinned_memory(max(values.nbytes, 1))
+        host = np.frombuffer(mem, dtype=values.dtype, count=values.size).reshape(values.shape)
+        values.get(out=host, blocking=False)
+        event = cp.cuda.Event(disable_timing=True)
+        event.record()
+
+        def wait():
+            event.synchronize()
+            return host.copy()  # the pinned block goes back to CuPy's pinned pool
+
+        return wait
+
+    # -- centering --------------------------------------------------------------------------
+    def feature_stats(self, X, tol, *, xp):
+        if isinstance(X, np.ndarray) and self.streams(X):
+            from .streaming import mean_and_tol
+            b = self.backend
+            engine = b.stream_engine(X, 1)
+            return b.stream_pass(engine, run=lambda: mean_and_tol(engine, tol))
+        return super().feature_stats(X, tol, xp=xp)
+
+    def center(self, X, mean, *, xp, in_place=False):
+        if isinstance(X, np.ndarray) and self.streams(X):
+            from .streaming import HostRows
+            return HostRows(X, np.asarray(mean))  # centered chunk by chunk on the device
+        return super().center(X, mean, xp=xp, in_place=in_place)
+
+    # -- host streaming ---------------------------------------------------------------------
+    def streams(self, X, n_clusters=1) -> bool:
+        """Whether this host X is streamed rather than copied to the device (decided once per
+        X: the budget's check decides with the fit's k, to_backend reuses it)."""
+        b = self.backend
+        if not b.supports_streaming or not isinstance(X, np.ndarray):
+            return False
+        if self._stream_choice is not None and self._stream_choice[0] == id(X):
+            return self._stream_choice[1]
+        if b.stream != "auto":
+            choice = bool(b.stream)
+        else:
+            n, d = X.shape
+            itemsize = 4 if X.dtype == np.float32 else 8
+            state = n * d * itemsize + sum(driver_bytes(n, d, n_clusters, itemsize).values())
+            choice = state + STREAM_AUTO_SLACK > b.memory.available()
+        self._stream_choice = (id(X), choice)
+        return choice
+
+    def finish(self):
+        """The fit is over: drop per-fit buffers and, with free_memory=True, hand the pool's
+        cached blocks back to the device (and CuPy's cached pinned host blocks)."""
+        self.backend.release_buffers()
+        self._stream_choice = None
+        if getattr(self.backend, "free_memory", False):
+            self._cp.get_default_memory_pool().free_all_blocks()
+            self._cp.get_default_pinned_memory_pool().free_all_blocks()

@@ -1,0 +1,157 @@
+"""Launchers of the statistics and direct-difference kernels every CuPy backend shares
+(cuda/stats.cu, cuda/direct.cu): an assignment's inertia and changed labels written into
+float64 slots, the inertia by direct differences, and the points farthest from their centers.
+Each reduction is a fixed-order tree (deterministic for a given grid) and launches once.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from kmeans_xp.backend import Farthest
+
+from . import common
+from .common import BLOCK, NULL, cupy
+
+#: at most this many blocks in a reduction (its per-block partials)
+MAX_REDUCE_GRID = 1024
+#: rows per chunk when `farthest` ranks keys (bounds the sort's memory)
+FARTHEST_ROWS = 1 << 22
+
+
+class Scratch:
+    """Per-block partials and the last-block counter of the reduction kernels (used in stream
+    order: one at a time)."""
+
+    def __init__(self):
+        cp = cupy()
+        self.partials = cp.empty(MAX_REDUCE_GRID, dtype=cp.float64)
+        self.done = cp.zeros(1, dtype=cp.uint32)
+
+
+def _reduce_grid(n):
+    return min(MAX_REDUCE_GRID, common.grid(n, BLOCK * 8, 8))
+
+
+def _i64(v):
+    return np.int64(v)
+
+
+def _w(w):
+    return NULL if w is None else w
+
+
+def weighted_total(v, w, out, scratch):
+    """out[0] = sum(float64(v) * float64(w)) (w None: unit weights); out a float64 slot."""
+    n = v.shape[0]
+    fn = common.raw_kernel("stats.cu", f"weighted_total<{common.ctype(v.dtype)}>")
+    common.launch(fn, _reduce_grid(n), (v, _w(w), _i64(n), scratch.partials, out,
+                                        scratch.done))
+    return out
+
+
+def count_changed(a, b, out, scratch):
+    """out[0] = #(a != b) as float64 (b None: all n); a, b int32."""
+    n = a.shape[0]
+    fn = common.raw_kernel("stats.cu", "count_changed")
+    common.launch(fn, _reduce_grid(n), (a, NULL if b is None else b, _i64(n),
+                                        scratch.partials, out, scratch.done))
+    return out
+
+
+def _rows_grid(n, d):
+    """Grid of the kernels built on for_each_direct_sq_dist: eight lanes per row from d = 16
+    on, one thread per row below; at most 8 blocks per SM."""
+    lanes = 8 if d >= 16 else 1
+    return common.grid(n * lanes, BLOCK, 8)
+
+
+def direct_inertia(X, w, labels, C, out, scratch):
+    """out[0] = sum of w * ||x - c_label||^2 by direct differences (numpy's rounding)."""
+    n, d = X.shape
+    fn = common.raw_kernel("direct.cu", f"direct_inertia<{common.ctype(X.dtype)}>")
+    common.launch(fn, min(MAX_REDUCE_GRID, _rows_grid(n, d)),
+                  (X, _w(w), labels, C, _i64(n), np.int32(d), scratch.partials, out,
+                   scratch.done))
+    return out
+
+
+def labelled_sq_dist(X, labels, C, out):
+    """out[i] = ||X[i] - C[labels[i]]||^2 by direct differences."""
+    n, d = X.shape
+    if n:
+        fn = common.raw_kernel("direct.cu", f"labelled_sq_dist<{common.ctype(X.dtype)}>")
+        common.launch(fn, _rows_grid(n, d), (X, labels, C, _i64(n), np.int32(d), out))
+    return out
+
+
+def relocation_keys(X, w, labels, C, keys):
+    """keys[i] = ||X[i] - C[labels[i]]||^2, or -1 where the weight is 0."""
+    n, d = X.shape
+    if n:
+        fn = common.raw_kernel("direct.cu", f"relocation_keys<{common.ctype(X.dtype)}>")
+        common.launch(fn, _rows_grid(n, d), (X, _w(w), labels, C, _i64(n), np.int32(d), keys))
+    return keys
+
+
+class TopKeys:
+    """The m largest keys seen so far with their row indices, key descending and index
+    ascending among equals (the driver's relocation order), merged chunk by chunk (rows come
+    in ascending order, and the sorts are stable)."""
+
+    def __init__(self, m):
+        self.m = int(m)
+        self.keys = self.index = None
+
+    def add(self, keys, offset):
+        cp = cupy()
+        order = cp.argsort(-keys)[: self.m]           # stable: lower index first among equals
+        k = keys[order].astype(cp.float64)
+        i = order.astype(cp.int64) + offset
+        if self.keys is not None:
+            k, i = cp.concatenate([self.keys, k]), cp.concatenate([self.index, i])
+            top = cp.argsort(-k)[: self.m]            # earlier rows first among equals
+            k, i = k[top], i[top]
+        self.keys, self.index = k, i
+
+    def result(self):
+        """(keys, index) of the points with a positive weight (key >= 0)."""
+        keep = self.keys >= 0
+        return self.keys[keep], self.index[keep]
+
+
+def farthest(X, w, labels, C, m, *, rows=FARTHEST_ROWS):
+    """The m points of X farthest from their own centers (kmeans_xp.backend.Farthest): keys by
+    direct differences chunk by chunk, ranked without an n-sized sort."""
+    cp = cupy()
+    n = X.shape[0]
+    top = TopKeys(m)
+    rows = max(int(rows), 1)
+    keys = cp.empty(min(rows, n), dtype=X.dtype)
+    for s in range(0, n, rows):
+        e = min(s + rows, n)
+        relocation_keys(X[s:e], None if w is None else w[s:e], labels[s:e], C, keys[: e - s])
+        top.add(keys[: e - s], s)
+    return gather_farthest(top, lambda idx: X[idx],
+                           lambda idx: None if w is None else w[idx], labels)
+
+
+def gather_farthest(top, rows_of, weights_of, labels) -> Farthest:
+    """Farthest from ranked keys: rows_of(index) gives the (centered) rows of X,
+    weights_of(index) their weights (None: unit)."""
+    cp = cupy()
+    dist, idx = top.result()
+    w = weights_of(idx)
+    weight = cp.ones(idx.shape[0], dtype=cp.float64) if w is None else w.astype(cp.float64)
+    return Farthest(idx, rows_of(idx), weight, cp.asarray(labels)[idx], dist)
+
+
+def kernel_instances():
+    """(file, instance) of every kernel of stats.cu and direct.cu the backends launch (the
+    compile check), host streaming's included."""
+    out = [("stats.cu", "count_changed"), ("stats.cu", "fixed_point_scales")]
+    out += [("stats.cu", f"store_labels<{t}>") for t in ("unsigned char", "unsigned short", "int")]
+    for t in common.CTYPE.values():
+        out += [("stats.cu", f"weighted_total<{t}>"), ("stats.cu", f"column_absmax<{t}>"),
+                ("stats.cu", f"column_moments<{t}>"), ("direct.cu", f"direct_inertia<{t}>"),
+                ("direct.cu", f"labelled_sq_dist<{t}>"), ("direct.cu", f"relocation_keys<{t}>")]
+    return out

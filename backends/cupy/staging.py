@@ -1,0 +1,129 @@
+"""Host-side pieces of host streaming (`streaming`): `HostRows`, X on the host seen
+mean-centered without a centered copy; which inputs are memmaps and may be page-locked; pinned
+host buffers and the asynchronous copies between them and the device.
+"""
+from __future__ import annotations
+
+import functools
+import mmap
+import os
+
+import numpy as np
+
+from kmeans_xp.memory import host_available_memory
+
+#: host threads copying X into the pinned buffers (and back out): on the H200 host (16
+#: cores) the copy rate grows up to about this many (benchmarks/streaming_probe.py measures it)
+STAGING_THREADS = max(1, min(16, os.cpu_count() or 2))
+#: a memmap is page-locked in place (read into RAM once, then copied at the full DMA rate)
+#: when it takes at most this share of the host's available memory; a larger one is staged
+MEMMAP_LOCK_SHARE = 0.5
+#: rows per staging thread below which fewer threads are used
+STAGING_MIN_ROWS = 1 << 16
+
+
+class HostRows:
+    """X on the host seen mean-centered (X - mean), without a centered copy of X.
+
+    Row selections (`X[rows]`, `X[rows, ...]`, `X[rows, :]`, `np.take(X, idx, axis=0)`) give
+    centered NumPy arrays, as `X - mean` would, row for row and bit for bit; `np.asarray`
+    makes the full centered copy (transform does, its output is n x k anyway). The streaming
+    backend reads `data` and `mean` and centers each chunk on the device."""
+
+    ndim = 2
+    device = "cpu"
+
+    def __init__(self, data, mean):
+        self.data = data
+        self.mean = np.asarray(mean, dtype=data.dtype)
+        self.shape = data.shape
+        self.dtype = data.dtype
+
+    def __len__(self):
+        return self.shape[0]
+
+    def __getitem__(self, key):
+        if isinstance(key, tuple):
+            if len(key) == 2 and (key[1] is Ellipsis or key[1] == slice(None)):
+                key = key[0]
+            else:
+                raise TypeError(f"HostRows selects whole rows, not {key!r}")
+        return np.subtract(self.data[key], self.mean)
+
+    def take(self, indices, axis=None, out=None, mode="raise"):
+        if axis != 0 or out is not None:
+            raise TypeError("HostRows.take gathers rows: axis=0, no out")
+        return np.subtract(np.take(self.data, indices, axis=0, mode=mode), self.mean)
+
+    def __array__(self, dtype=None, copy=None):
+        centered = np.subtract(self.data, self.mean)
+        return centered if dtype is None else centered.astype(dtype, copy=False)
+
+    def __repr__(self):
+        return f"HostRows(shape={self.shape}, dtype={self.dtype})"
+
+
+def is_memmap(X) -> bool:
+    """Whether X's memory is a mapped file (np.memmap or a view of an mmap)."""
+    a = X
+    while a is not None:
+        if isinstance(a, (np.memmap, mmap.mmap)):
+            return True
+        a = getattr(a, "base", None)
+    return False
+
+
+#: the host's available memory (MemAvailable), or None where it cannot be read
+available_host_bytes = functools.partial(host_available_memory, default=None)
+
+
+def lockable(X) -> bool:
+    """Whether pin_input="auto" page-locks X: an in-memory array always (its pages are
+    resident already; locking only keeps them so), a memmap when it fits comfortably in the
+    available memory (locking reads it in and keeps it resident for the fit)."""
+    if not is_memmap(X):
+        return True
+    avail = available_host_bytes()
+    return avail is not None and X.nbytes <= MEMMAP_LOCK_SHARE * avail
+
+
+def copy_to_device(dst, src, stream):
+    """Asynchronous host -> device copy on `stream` (src pinned or registered)."""
+    dst.set(src, stream=stream)
+
+
+def copy_to_host(dst, src, stream):
+    """Asynchronous device -> host copy on `stream` into pinned `dst`."""
+    src.get(stream=stream, out=dst, blocking=False)
+
+
+class Pinned:
+    """A pinned host buffer viewed as a NumPy array (the allocation kept alive with it)."""
+
+    def __init__(self, cp, shape, dtype):
+        count = int(np.prod(shape))
+        self.mem = cp.cuda.alloc_pinned_memory(max(count * np.dtype(dtype).itemsize, 1))
+        self.array = np.frombuffer(self.mem, dtype=dtype, count=count).reshape(shape)
+        self.nbytes = count * np.dtype(dtype).itemsize
+
+
+def all_ones(w, rows=1 << 24):
+    """Whether every weight is 1, without an n-sized temporary."""
+    for s in range(0, w.shape[0], rows):
+        if not np.all(w[s:s + rows] == 1):
+            return False
+    return True
+
+
+def parallel_copy(dst, src, pool):
+    """dst[...] = src with several threads of `pool` for large chunks (copies release the
+    GIL); pool() gives the executor."""
+    m = dst.shape[0]
+    parts = min(STAGING_THREADS, max(1, m // STAGING_MIN_ROWS))
+    if parts == 1:
+        np.copyto(dst, src, casting="unsafe")
+        return
+    bounds = [m * i // parts for i in range(parts + 1)]
+    list(pool().map(lambda i: np.copyto(dst[bounds[i]:bounds[i + 1]],
+                                        src[bounds[i]:bounds[i + 1]], casting="unsafe"),
+                    range(parts)))
