@@ -67,6 +67,11 @@ class Farthest(NamedTuple):
     sq_dist: Any   # (m,) float64 their squared distances
 
 
+class InvalidOptionError(ValueError, TypeError):
+    """A backend_options entry the backend does not know, or a value it does not take
+    (a TypeError too, as Python's own error for an unexpected keyword is)."""
+
+
 class Option:
     """One backend option: its default and the values it takes (values, types, or
     `validation` constraints such as `Interval`)."""
@@ -169,14 +174,15 @@ class KMeansBackend:
     def __init__(self, max_memory="auto", **options):
         unknown = sorted(set(options) - set(self.options))
         if unknown:
-            raise ValueError(
+            raise InvalidOptionError(
                 f"backend {self.name!r} takes no option(s) {unknown}; backend_options it "
                 f"knows: {sorted(self.options) or 'none'}")
         for key, opt in self.options.items():
             value = options.get(key, opt.default)
             if not opt.accepts(value):
-                raise ValueError(f"backend {self.name!r}: backend_options[{key!r}] must be "
-                                 f"{opt.describe()}, got {value!r}")
+                raise InvalidOptionError(
+                    f"backend {self.name!r}: backend_options[{key!r}] must be "
+                    f"{opt.describe()}, got {value!r}")
             setattr(self, key, value)
         self.memory = self.budget_class(max_memory, backend=self)
         self.placement = self.placement_class(self)

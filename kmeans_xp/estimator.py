@@ -222,7 +222,7 @@ class KMeans:
         iterations = 0  # over all runs: runs stop after different numbers of iterations
         for run in range(n_init):
             t0 = time.perf_counter()
-            with backend.stage("init"):
+            with backend.memory.stage("init"):
                 centers = self._initial_centers(Xc, X_mean, sw, rs, xp,
                                                 None if given is None else given[run],
                                                 backend)
