@@ -150,7 +150,7 @@ def test_seed_reference_oom_under_a_memory_cap_is_a_row():
 
 
 def test_seed_fit_uses_every_feature():
-    from benchmarks import seed_reference
+    from kmeans_xp.bench import seed as seed_reference
     from kmeans_xp.testing import asymmetric_data
     X = asymmetric_data(500, 3, 5, seed=3)
     C = X[:5].copy()
@@ -161,7 +161,7 @@ def test_seed_fit_uses_every_feature():
 
 
 def test_seed_peak_formula_matches_the_measured_h200_numbers():
-    from benchmarks.seed_reference import peak_bytes
+    from kmeans_xp.bench.seed import peak_bytes
     assert peak_bytes(2_000_000, 200, 3) / 2**30 == pytest.approx(20.9, rel=0.01)
     assert peak_bytes(2_000_000, 500, 3) / 2**30 == pytest.approx(52.2, rel=0.01)
 

@@ -89,7 +89,7 @@ def check_host_cap(n_samples, n_clusters, n_features, cap):
     """Refuse, as a card with `cap` bytes would, when the seed's working memory exceeds it."""
     need = peak_bytes(n_samples, n_clusters, n_features)
     if need > cap:
-        from kmeans_xp.memory import format_bytes
+        from ..memory import format_bytes
         first = diff_bytes(n_samples, n_clusters, n_features)
         raise EmulatedOutOfMemory(
             f"Out of memory allocating {format_bytes(first)} for the (n, k, d) float64 "

@@ -15,8 +15,7 @@ message, never a crash of the whole comparison.
 
 Rows are "entries": a kmeans_xp backend by name (optionally "name@namespace" to feed it arrays
 of another library, e.g. "array-api@cupy"), the seed's original algorithm
-(`benchmarks/seed_reference.py`) and a torch chunked-GEMM baseline
-(`benchmarks/torch_baseline.py`).
+(`kmeans_xp.bench.seed`) and a torch chunked-GEMM baseline (`kmeans_xp.bench.torch_rows`).
 """
 from __future__ import annotations
 
@@ -37,8 +36,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from .namespaces import to_numpy
-from .memory import format_bytes, host_available_memory, parse_memory
+from ..namespaces import to_numpy
+from ..memory import format_bytes, host_available_memory, parse_memory
 
 SCHEMA = "kmeans_xp.bench/1"
 #: the named workloads of issues 3-5 (d=3 unless said; float32)
@@ -85,7 +84,7 @@ class Workload:
 
 def make_data(w: Workload) -> np.ndarray:
     """The host data of the workload (updates w.n and w.d when read from a file)."""
-    from .data import blobs, seed_data
+    from ..data import blobs, seed_data
     dtype = np.dtype(w.dtype)
     if w.data == "seed":
         return seed_data(w.n, w.d, dtype=dtype, random_state=w.seed)
@@ -110,8 +109,8 @@ def shared_init(X, w: Workload) -> np.ndarray:
     if w.init == "k-means++":
         from array_api_compat import array_namespace
 
-        from .init import kmeans_plusplus
-        from .validation import check_random_state
+        from ..init import kmeans_plusplus
+        from ..validation import check_random_state
         xp = array_namespace(X)
         rows = max(256, (64 << 20) // (8 * max(w.k, 1)))
         C, _ = kmeans_plusplus(X, w.k, sample_weight=np.ones(len(X), X.dtype),
@@ -303,13 +302,13 @@ class BackendEntry(Entry):
         self.name = spec
         self.backend_name, _, self.namespace = spec.partition("@")
         self.w = w
-        from .registry import list_backends
+        from ..registry import list_backends
         info = list_backends().get(self.backend_name)
         self.device = "gpu" if (info is not None and info.gpu) or self.namespace == "cupy" \
             else "cpu"
 
     def check(self):
-        from .registry import get_backend, list_backends
+        from ..registry import get_backend, list_backends
         info = list_backends().get(self.backend_name)
         if info is None:
             raise Unavailable(f"unknown backend; known: {sorted(list_backends())}")
@@ -344,7 +343,7 @@ class BackendEntry(Entry):
         _sync_namespace(self.namespace)
 
     def fit(self, Xb, C, iters) -> Fitted:
-        from .estimator import KMeans
+        from ..estimator import KMeans
         km = KMeans(self.w.k, init=C, n_init=1, max_iter=iters, tol=0, random_state=0,
                     backend=self.backend_name, max_memory=self.w.max_memory).fit(Xb)
         # the copy-in stage was recorded by our own instance (to_input), the rest by the fit's
@@ -354,7 +353,7 @@ class BackendEntry(Entry):
                       km.timings_["lloyd"], report)
 
     def estimate(self):
-        from .memory import estimate_memory
+        from ..memory import estimate_memory
         try:
             est = estimate_memory(self.w.n, self.w.d, self.w.k, dtype=self.w.dtype,
                                   backend=self.backend_name, max_memory=self.w.max_memory)
@@ -367,22 +366,6 @@ def _torch_cuda():
     if importlib.util.find_spec("torch") is None:
         return False
     return importlib.import_module("torch").cuda.is_available()
-
-
-def _load_reference(module):
-    """benchmarks/<module>.py: importable from a source checkout (cwd) or beside the package."""
-    try:
-        return importlib.import_module(f"benchmarks.{module}")
-    except ImportError:
-        pass
-    path = Path(__file__).resolve().parent.parent / "benchmarks" / f"{module}.py"
-    if not path.exists():
-        raise Unavailable(f"benchmarks/{module}.py ships with the source tree, not the wheel; "
-                          f"run from a checkout of kmeans_xp")
-    spec = importlib.util.spec_from_file_location(f"kmeans_xp_bench_{module}", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def host_inertia(X, centers, labels, rows=1 << 20) -> float:
@@ -406,7 +389,8 @@ class SeedEntry(Entry):
         self.w = w
 
     def check(self):
-        self.mod = _load_reference("seed_reference")
+        from . import seed
+        self.mod = seed
         if self.device == "gpu":
             if not _cupy_gpu():
                 raise Unavailable("needs CuPy and a CUDA GPU")
@@ -460,7 +444,8 @@ class TorchEntry(Entry):
     def check(self):
         if importlib.util.find_spec("torch") is None:
             raise Unavailable("torch is not installed (pip install torch)")
-        self.mod = _load_reference("torch_baseline")
+        from . import torch_rows
+        self.mod = torch_rows
         self.dev = self.mod.default_device()
         self.device = "gpu" if self.dev == "cuda" else "cpu"
         self.name = f"{TORCH_ROW}[{self.dev}]"
@@ -639,7 +624,7 @@ def make_entries(backends, w: Workload, *, include_seed=False, seed_device="auto
 def resolve_backends(spec) -> list:
     """'all', 'auto' or 'a,b,c' -> backend specs. 'all' lists every known backend (missing
     ones become rows that say so) and the generic array-api path on CuPy when CuPy imports."""
-    from .registry import list_backends
+    from ..registry import list_backends
     if spec in (None, "auto"):
         infos = list_backends()
         if any(i.available and i.gpu for i in infos.values()):
@@ -706,7 +691,7 @@ def _measure_all(entries, X, C, w, bar):
 
 def _reference_labels(X, C, w):
     """numpy backend labels from the same init, untimed, when no numpy row ran."""
-    from .estimator import KMeans
+    from ..estimator import KMeans
     try:
         km = KMeans(w.k, init=C, n_init=1, max_iter=w.iters, tol=0, backend="numpy",
                     max_memory=w.max_memory).fit(X)
@@ -851,7 +836,7 @@ def library_versions() -> dict:
 
 def _git_commit():
     import subprocess
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     if not (root / ".git").exists():
         return None
     try:
