@@ -132,8 +132,8 @@ def _add_protocol_args(p):
 
 
 def _workload(args):
-    from .bench import WORKLOADS, Workload, _cupy_gpu
-    defaults = GPU_DEFAULTS if _cupy_gpu() else CPU_DEFAULTS
+    from .bench import WORKLOADS, Workload, cupy_gpu
+    defaults = GPU_DEFAULTS if cupy_gpu() else CPU_DEFAULTS
     named = WORKLOADS.get(args.workload, {})
     size = {key: getattr(args, key) or named.get(key) or defaults[key] for key in ("n", "d", "k")}
     if args.data not in ("seed", "blobs") and not (args.n or named):

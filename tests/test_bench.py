@@ -8,6 +8,7 @@ import pytest
 from kmeans_xp_backends.numpy_ import NumpyBackend
 
 from kmeans_xp import bench
+from kmeans_xp.bench import comparison
 from kmeans_xp.backend import IterResult
 from kmeans_xp.memory import KMeansMemoryError
 from kmeans_xp.registry import list_backends, register_backend
@@ -79,7 +80,9 @@ def test_compare_measures_every_row_with_the_protocol():
 def test_every_row_gets_the_same_single_init(monkeypatch):
     seen, calls = [], []
     real_init, real_fit = bench.shared_init, bench.BackendEntry.fit
-    monkeypatch.setattr(bench, "shared_init", lambda X, w: calls.append(1) or real_init(X, w))
+    # compare() looks the init up where it is defined, kmeans_xp.bench.comparison
+    monkeypatch.setattr(comparison, "shared_init",
+                        lambda X, w: calls.append(1) or real_init(X, w))
     monkeypatch.setattr(bench.BackendEntry, "fit",
                         lambda self, Xb, C, iters: seen.append(bench.fingerprint(C))
                         or real_fit(self, Xb, C, iters))
