@@ -1,7 +1,10 @@
 """kmeans_xp.bench: the protocol (one init, fixed iterations, computed agreement, speed-ups) and
 failures as rows. Tiny sizes: CPU only, well under a second each."""
+import importlib
 import importlib.util
 import json
+import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -224,3 +227,51 @@ def test_resolve_backends():
     assert set(list_backends()) <= set(bench.resolve_backends("all"))
     with pytest.raises(ValueError):
         bench.resolve_backends(" , ")
+
+
+# --------------------------------------------------------------------------------------------
+# the reference rows ship in the package: an installed wheel runs them
+
+
+BENCH_DIR = Path(bench.__file__).resolve().parent
+
+
+@pytest.mark.parametrize("module, names", [
+    ("kmeans_xp.bench.seed", ["SeedEntry", "SEED_ROW", "fit_xp", "peak_bytes"]),
+    ("kmeans_xp.bench.torch_rows", ["TorchEntry", "TORCH_ROW", "fit_torch", "memory_estimate"]),
+])
+def test_reference_rows_are_modules_of_the_package(module, names):
+    mod = importlib.import_module(module)
+    assert Path(mod.__file__).resolve().parent == BENCH_DIR
+    assert all(hasattr(mod, name) for name in names)
+
+
+def test_no_bench_module_reaches_into_the_benchmarks_directory():
+    # a wheel holds kmeans_xp/ only: code that loads benchmarks/*.py works from a checkout alone
+    offenders = [f"{path.name}:{i}" for path in sorted(BENCH_DIR.rglob("*.py"))
+                 for i, line in enumerate(path.read_text().splitlines(), 1)
+                 if re.search(r"\bbenchmarks\b", line)]
+    assert offenders == []
+
+
+def test_every_package_under_kmeans_xp_is_listed_for_the_wheel():
+    tomllib = pytest.importorskip("tomllib")
+    root = BENCH_DIR.parents[1]
+    listed = set(tomllib.loads((root / "pyproject.toml").read_text())
+                 ["tool"]["setuptools"]["packages"])
+    found = {".".join(p.parent.relative_to(root).parts)
+             for p in (root / "kmeans_xp").rglob("__init__.py")}
+    assert found <= listed
+
+
+def test_seed_row_runs_end_to_end_on_numpy():
+    from kmeans_xp.bench import protocol, seed
+    w = bench.Workload(**{**TINY, "repeats": 1})
+    X = bench.make_data(w)
+    C = bench.shared_init(X, w)
+    row = protocol.measure(seed.SeedEntry("cpu", w), X, C, w)
+    assert row.ok, row.message
+    assert (row.name, row.device, row.dtype) == ("seed-reference[numpy]", "cpu", "float64")
+    centers, labels, n_iter = seed.fit_xp(X.astype(np.float64), C.astype(np.float64), w.iters)
+    assert row.n_iter == n_iter and np.array_equal(row.labels, labels)
+    assert row.inertia == pytest.approx(protocol.host_inertia(X, centers, labels))
