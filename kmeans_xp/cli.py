@@ -260,8 +260,8 @@ def _add_plot_clusters(sub):
 
 def _fresh_fit(args):
     from . import KMeans
-    from .namespaces import to_numpy
     from .bench import Workload, make_data
+    from .namespaces import to_numpy
     X = make_data(Workload(n=args.n, d=args.d, k=args.k, data=args.data, seed=args.seed))
     km = KMeans(args.k, n_init=1, max_iter=args.iters, random_state=args.seed,
                 backend=args.backend).fit(X)

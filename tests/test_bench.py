@@ -11,8 +11,8 @@ import pytest
 from kmeans_xp_backends.numpy_ import NumpyBackend
 
 from kmeans_xp import bench
-from kmeans_xp.bench import comparison
 from kmeans_xp.backend import IterResult
+from kmeans_xp.bench import comparison
 from kmeans_xp.memory import KMeansMemoryError
 from kmeans_xp.registry import list_backends, register_backend
 
