@@ -7,9 +7,9 @@ The standard has no scatter-add, so per-cluster sums are a one-hot product per r
 """
 from __future__ import annotations
 
-from kmeans_xp.namespaces import array_namespace, device, namespace_name
 from kmeans_xp.backend import AssignResult, KMeansBackend, ReduceResult
 from kmeans_xp.memory import MemoryEstimate, chunk_rows, host_available_memory, resolve_budget
+from kmeans_xp.namespaces import array_namespace, device, namespace_name
 
 _CAP = 1 << 28  # chunks past a few hundred MB buy nothing on any device
 

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, NamedTuple
 
+from .chunks import count_changed, feature_mean, labelled_sq_dist, tolerance, weighted_total
 from .memory import Budget, MemoryEstimate
 from .namespaces import array_namespace, device, namespace_name, to_numpy
 
@@ -142,9 +143,7 @@ class Placement:
         return lambda: host
 
     def feature_stats(self, X, tol, *, xp):
-        """(per-feature mean, absolute tol) of X: the driver's definitions
-        (`lloyd.feature_mean`, `lloyd.tolerance`) on chunks of X."""
-        from .lloyd import feature_mean, tolerance
+        """(per-feature mean, absolute tol) of X (`chunks.feature_mean`, `chunks.tolerance`)."""
         mean = feature_mean(X, xp, self.backend.driver_rows(X))
         return mean, tolerance(X, mean, tol, xp, self.backend.driver_rows(X))
 
@@ -258,31 +257,3 @@ class KMeansBackend:
 
     def __repr__(self):
         return f"<{type(self).__name__} {self.name!r}>"
-
-
-# -- small xp helpers for backends' defaults ----------------------------------------------------
-def row_chunks(n, rows):
-    for start in range(0, n, rows):
-        yield slice(start, min(start + rows, n))
-
-
-def labelled_sq_dist(X, centers, labels, xp, rows):
-    """Yield (rows slice, ||x - c_label||^2) chunk by chunk, by differences."""
-    for sl in row_chunks(X.shape[0], rows):
-        diff = X[sl, ...] - xp.take(centers, labels[sl], axis=0)
-        yield sl, xp.sum(diff * diff, axis=1)
-
-
-def weighted_total(values, weights, xp):
-    """0-d float64 sum of values * weights (weights None: unit)."""
-    v = xp.astype(values, xp.float64)
-    if weights is None:
-        return xp.sum(v)
-    return xp.sum(v * xp.astype(weights, xp.float64))
-
-
-def count_changed(labels, labels_old, xp):
-    """0-d float64 number of positions where labels differ (all n when there is no old)."""
-    if labels_old is None:
-        return xp.asarray(float(labels.shape[0]), dtype=xp.float64, device=device(labels))
-    return xp.astype(xp.sum(xp.astype(labels != labels_old, xp.int64)), xp.float64)

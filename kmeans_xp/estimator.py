@@ -14,9 +14,9 @@ import warnings
 import numpy as np
 
 from . import init as _init
-from .namespaces import array_namespace, device, label_counts, namespace_name, to_numpy
 from .lloyd import kmeans_single_lloyd
 from .memory import format_bytes
+from .namespaces import array_namespace, device, label_counts, namespace_name, to_numpy
 from .registry import get_backend, select_backend
 from .validation import (
     check_array,

@@ -14,8 +14,8 @@ import contextlib
 
 import numpy as np
 
-from .namespaces import array_namespace, to_numpy
 from .backend import KMeansBackend
+from .namespaces import to_numpy
 
 
 def asymmetric_data(n, d, k, *, dtype=np.float64, seed=0, offset=0.0):

@@ -11,7 +11,7 @@ import pytest
 from kmeans_xp_backends.numpy_ import NumpyBackend
 
 from kmeans_xp import bench
-from kmeans_xp.backend import IterResult
+from kmeans_xp.backend import KMeansBackend
 from kmeans_xp.bench import comparison
 from kmeans_xp.memory import KMeansMemoryError
 from kmeans_xp.registry import list_backends, register_backend
@@ -27,12 +27,8 @@ class SwappedFeatures(NumpyBackend):
         return super().assign(np.ascontiguousarray(X[:, :2]),
                               np.ascontiguousarray(centers[:, [1, 0]]))
 
-    def lloyd_iter(self, X, sample_weight, centers, *, xp=None, update_centers=True):
-        labels, min_sq = self.assign(X, centers)
-        if not update_centers:
-            return IterResult(labels, min_sq, None, None)
-        return IterResult(labels, min_sq, *self.reduce(X, labels, sample_weight,
-                                                       centers.shape[0]))
+    def lloyd_iter(self, X, sample_weight, centers, labels_old, *, xp=None):
+        return KMeansBackend.lloyd_iter(self, X, sample_weight, centers, labels_old, xp=xp)
 
 
 class Exploding(NumpyBackend):

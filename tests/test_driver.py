@@ -5,7 +5,7 @@ from kmeans_xp_backends.numpy_ import NumpyBackend
 
 from kmeans_xp import KMeans
 from kmeans_xp.backend import InvalidOptionError
-from kmeans_xp.lloyd import feature_mean, tolerance
+from kmeans_xp.chunks import feature_mean, tolerance
 from kmeans_xp.testing import asymmetric_data
 
 

@@ -7,8 +7,8 @@ from kmeans_xp_backends.numpy_ import NumpyBackend
 
 import kmeans_xp.init as init_mod
 from kmeans_xp import KMeans, KMeansMemoryError, MemoryEstimate, estimate_memory
-from kmeans_xp.namespaces import array_namespace
 from kmeans_xp.memory import chunk_rows, format_bytes, parse_memory, resolve_budget
+from kmeans_xp.namespaces import array_namespace
 from kmeans_xp.testing import asymmetric_data
 
 

@@ -4,8 +4,6 @@ import importlib.util
 import array_api_strict as xps
 import numpy as np
 import pytest
-
-from kmeans_xp.backend import Placement
 import scipy.sparse
 from kmeans_xp_backends.array_api import ArrayAPIBackend
 from kmeans_xp_backends.numpy_ import NumpyBackend
@@ -14,6 +12,7 @@ import kmeans_xp
 import kmeans_xp.estimator as est_mod
 import kmeans_xp.init as init_mod
 from kmeans_xp import KMeans, NotFittedError
+from kmeans_xp.backend import Placement
 from kmeans_xp.testing import asymmetric_data
 
 X = asymmetric_data(50, 3, 3, seed=0)

@@ -49,7 +49,7 @@ class BackendEntry(Entry):
         if self.namespace:
             return _converter(self.namespace)(X)
         if self.backend.reject_reason(X, n_clusters=self.w.k) is None:
-            return self.backend.to_backend(X)
+            return self.backend.placement.to_backend(X)
         return _converter(sorted(self.cls.namespaces)[0])(X)
 
     def memory_scope(self):
@@ -65,7 +65,7 @@ class BackendEntry(Entry):
 
     def sync(self):
         # the backend's own sync, and the namespace's for "name@ns" (array-api's is a no-op)
-        self.backend.synchronize()
+        self.backend.placement.synchronize()
         sync_namespace(self.namespace)
 
     def fit(self, Xb, C, iters) -> Fitted:
@@ -73,13 +73,13 @@ class BackendEntry(Entry):
         km = KMeans(self.w.k, init=C, n_init=1, max_iter=iters, tol=0, random_state=0,
                     backend=self.backend_name, max_memory=self.w.max_memory).fit(Xb)
         # the copy-in stage was recorded by our own instance (to_input), the rest by the fit's
-        stages = {**self.backend.memory_report, **km.memory_report_}
+        stages = {**self.backend.memory.report, **km.memory_report_}
         report = {k: int(v) for k, v in stages.items()}
         return Fitted(km.labels_, km.cluster_centers_, km.inertia_, km.n_iter_,
                       km.timings_["lloyd"], report)
 
     def estimate(self):
-        from ..memory import estimate_memory
+        from ..registry import estimate_memory
         try:
             est = estimate_memory(self.w.n, self.w.d, self.w.k, dtype=self.w.dtype,
                                   backend=self.backend_name, max_memory=self.w.max_memory)

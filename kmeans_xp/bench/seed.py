@@ -66,7 +66,7 @@ def _update(X, pred, centers, n_clusters, xp):
     return xp.where(counts > 0, sums / xp.maximum(counts, 1), centers)
 
 
-def fit_xp(X, init, max_iter):
+def fit_xp(X, init, iterations):
     """The seed's `fit_xp` from given initial centers: returns (centers, labels, n_iter).
 
     X: (n, d) float64 NumPy or CuPy array; init: (k, d) array of the same module. The loop
@@ -77,7 +77,7 @@ def fit_xp(X, init, max_iter):
     pred = xp.zeros(len(X))
     centers = init
     n_iter = 0
-    for _ in range(max_iter):
+    for _ in range(iterations):
         distances = xp.linalg.norm(X[:, None, :] - centers[None, :, :], axis=2)
         new_pred = xp.argmin(distances, axis=1)
         if xp.all(new_pred == pred):

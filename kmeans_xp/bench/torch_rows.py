@@ -101,7 +101,7 @@ def _inertia(Xc, centers, labels, rows) -> float:
     return total
 
 
-def fit_torch(X, init, max_iter, *, budget=None):
+def fit_torch(X, init, iterations, *, budget=None):
     """Lloyd from `init` on torch tensor X (any device): (centers, labels, inertia, n_iter).
 
     X: (n, d) float32/float64 tensor; init: (k, d) tensor on X's device and dtype."""
@@ -115,7 +115,7 @@ def fit_torch(X, init, max_iter, *, budget=None):
         centers = init - mean
         labels_old = None
         n_iter = 0
-        for n_iter in range(1, max_iter + 1):  # noqa: B007 (n_iter is read after the loop)
+        for n_iter in range(1, iterations + 1):  # noqa: B007 (n_iter is read after the loop)
             labels = _assign(Xc, centers, rows)
             centers = _update(Xc, labels, centers, rows)
             if labels_old is not None and t.equal(labels, labels_old):
