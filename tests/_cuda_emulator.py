@@ -1,16 +1,23 @@
-"""Runs the CuPy backends' raw CUDA kernels (`_cupy_kmeans_kernels.RAW_SOURCE`) on the CPU.
+"""Runs the CuPy backends' CUDA kernels (kmeans_xp_backends/cupy/cuda/*.cu) on the CPU.
 
-The kernel source is compiled as C++20 with a small SIMT emulation in front of it: every
-CUDA thread of a block is a coroutine (ucontext) on one OS thread, blocks run one after
-another; `__syncthreads` is a block barrier, warp shuffles and votes exchange values through
-a per-warp slot array between two warp barriers (a thread that waits yields to the next);
-`__shared__` arrays are static (one block runs at a time), the dynamic one a per-launch
-buffer; atomics are plain read-modify-writes (one OS thread); the rounding intrinsics are
-std::fma and plain IEEE operations compiled with -ffp-contract=off (what the GPU does).
+Each kernel instance is compiled as C++20 with a small SIMT emulation in front of its source
+(headers inlined as for NVRTC): every CUDA thread of a block is a coroutine (ucontext) on one
+OS thread, blocks run one after another; `__syncthreads` is a block barrier, warp shuffles and
+votes exchange values through a per-warp slot array between two warp barriers (a thread that
+waits yields to the next); `__shared__` arrays are static (one block runs at a time), the
+dynamic one a per-launch buffer; atomics are plain read-modify-writes (one OS thread); the
+rounding intrinsics are std::fma and plain IEEE operations compiled with -ffp-contract=off
+(what the GPU does).
 
-So the kernels' logic (indexing, tiles, grid-stride loops, warp reductions, tie rules) and
-their arithmetic are checked bit for bit against NumPy without a GPU. Launch configuration,
-occupancy and speed are not. Needs g++ (C++20) and <ucontext.h>; callers skip without it.
+Launches are checked as CuPy cannot: every argument must have the exact size and kind of the
+kernel's parameter (an np.int32 for an `int`, an np.int64 for a `long long`, an np.float64
+for a `double`, an array or the null np.uint64(0) for a pointer), so a launch that passes here
+passes its bytes right on the GPU too.
+
+So the kernels' logic (indexing, tiles, grid-stride loops, warp reductions, tie rules, last-block
+reductions) and their arithmetic are checked bit for bit against NumPy without a GPU. Launch
+configuration, occupancy and speed are not. Needs g++ (C++20) and <ucontext.h>; callers skip
+without it. The TF32 tensor-core file (inline PTX) is not emulated.
 """
 from __future__ import annotations
 
@@ -20,16 +27,19 @@ import os
 import shutil
 import subprocess
 import tempfile
+import threading
 
 import numpy as np
-from kmeans_xp_backends import _cupy_kmeans_kernels as K
+from kmeans_xp_backends.cupy import common
 
 HEADER = r"""
 #include <algorithm>
-#include <atomic>
 #include <cmath>
+#include <math.h>
 #include <cstring>
 #include <functional>
+#include <type_traits>
+#include <utility>
 #include <vector>
 #include <ucontext.h>
 
@@ -40,6 +50,7 @@ HEADER = r"""
 #define __launch_bounds__(...)
 #define __shared__ static
 #define __align__(n) __attribute__((aligned(n)))
+#define KMEANS_DYNAMIC_SMEM(type, name) type* name = reinterpret_cast<type*>(emu_dynamic_smem)
 
 struct emu_dim { unsigned x = 0; };
 static emu_dim threadIdx, blockIdx, blockDim, gridDim;
@@ -49,9 +60,8 @@ struct alignas(16) float4 { float x, y, z, w; };
 struct alignas(16) double2 { double x, y; };
 
 template <class T> inline T min(T a, T b) { return b < a ? b : a; }
+template <class T> inline T max(T a, T b) { return a < b ? b : a; }
 
-// -- cooperative threads: every CUDA thread of a block is a ucontext on one OS thread;
-//    a thread runs until it waits at a barrier, then the scheduler resumes the next one
 static ucontext_t emu_sched;
 static std::vector<ucontext_t> emu_ctx;
 static std::vector<char> emu_done;
@@ -112,15 +122,26 @@ inline double atomicAdd(double* p, double v) { double old = *p; *p = old + v; re
 inline unsigned long long atomicAdd(unsigned long long* p, unsigned long long v) {
     unsigned long long old = *p; *p = old + v; return old;
 }
+inline unsigned atomicAdd(unsigned* p, unsigned v) { unsigned old = *p; *p = old + v; return old; }
+inline unsigned long long atomicMax(unsigned long long* p, unsigned long long v) {
+    unsigned long long old = *p; if (v > old) *p = v; return old;
+}
 inline float __fadd_rn(float a, float b) { return a + b; }
 inline double __dadd_rn(double a, double b) { return a + b; }
+inline float __fsub_rn(float a, float b) { return a - b; }
+inline double __dsub_rn(double a, double b) { return a - b; }
 inline float __fmul_rn(float a, float b) { return a * b; }
 inline double __dmul_rn(double a, double b) { return a * b; }
 inline float __fmaf_rn(float a, float b, float c) { return std::fmaf(a, b, c); }
 inline double __fma_rn(double a, double b, double c) { return std::fma(a, b, c); }
+inline float __double2float_rn(double v) { return (float)v; }
+inline long long __double2ll_rn(double v) { return std::llrint(v); }
+inline double __ll2double_rn(long long v) { return (double)v; }
 inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; }
 inline double __longlong_as_double(long long i) { double f; std::memcpy(&f, &i, 8); return f; }
+inline long long __double_as_longlong(double f) { long long i; std::memcpy(&i, &f, 8); return i; }
 template <class T> inline T __ldg(const T* p) { return *p; }
+template <class T> inline T __ldcg(const T* p) { return *p; }
 
 template <class F>
 void emu_launch(int grid, int block, size_t smem, F body) {
@@ -138,7 +159,7 @@ void emu_launch(int grid, int block, size_t smem, F body) {
     for (int b = 0; b < grid; ++b) {
         blockIdx.x = b;
         emu_block_bar = emu_barrier{block, 0, 0};
-        emu_warp_bar.assign(block / 32, emu_barrier{32, 0, 0});
+        emu_warp_bar.assign((block + 31) / 32, emu_barrier{32, 0, 0});
         for (int t = 0; t < block; ++t) {
             getcontext(&emu_ctx[t]);
             emu_ctx[t].uc_stack.ss_sp = stacks.data() + (size_t)t * stack;
@@ -159,78 +180,107 @@ void emu_launch(int grid, int block, size_t smem, F body) {
         }
     }
 }
+
+// kinds of parameters: 1 pointer, 4 float, 8 double, 100 + 10 * size + signed for integers
+template <class T> constexpr int emu_kind() {
+    if constexpr (std::is_pointer_v<T>) return 1;
+    else if constexpr (std::is_same_v<T, float>) return 4;
+    else if constexpr (std::is_same_v<T, double>) return 8;
+    else return 100 + 10 * (int)sizeof(T) + (std::is_signed_v<T> ? 1 : 0);
+}
+template <class... A> int emu_arity(void (*)(A...)) { return (int)sizeof...(A); }
+template <class... A> void emu_kinds(void (*)(A...), int* out) {
+    int i = 0;
+    ((out[i++] = emu_kind<A>()), ...);
+}
+template <class... A, size_t... I>
+void emu_call_impl(void (*f)(A...), void** a, std::index_sequence<I...>) {
+    f(*reinterpret_cast<A*>(a[I])...);
+}
+template <class... A> void emu_call(void (*f)(A...), void** a) {
+    emu_call_impl(f, a, std::index_sequence_for<A...>{});
+}
 """
 
-_CT = {"float": np.float32, "double": np.float64}
-
-
-def _wrappers(names):
-    """extern "C" launchers, one per template instance: emu_<i>(grid, smem, args...)."""
-    sig = {
-        "nearest_small": ("const {T}* X, const {T}* ops, long long n, int k, long long* labels, "
-                          "{T}* min_sq", "X, ops, n, k, labels, min_sq"),
-        "nearest_tiled": ("const {T}* X, const {T}* ops, long long n, int k, int d, "
-                          "long long* labels, {T}* min_sq", "X, ops, n, k, d, labels, min_sq"),
-        "nearest_mem": ("const {T}* X, const {T}* ops, long long n, int k, int d, "
-                        "long long* labels, {T}* min_sq", "X, ops, n, k, d, labels, min_sq"),
-        "cluster_sums_shared": ("const {T}* X, const long long* labels, const {T}* w, long long n, "
-                                "int d, int k, double* sums, double* wsum",
-                                "X, labels, w, n, d, k, sums, wsum"),
-        "row_argmin_shifted": ("const {T}* dist, const {T}* c_norm, long long rows, int width, "
-                               "long long col0, int first, {T}* run_min, long long* labels",
-                               "dist, c_norm, rows, width, col0, first, run_min, labels"),
-        "update_label_store": ("const long long* labels, {T}* store, long long m, "
-                               "unsigned long long* changed", "labels, store, m, changed"),
-    }
-    out = []
-    for i, name in enumerate(names):
-        base = name.split("<")[0]
-        T = name.split("<")[1].split(",")[0].rstrip(">").strip()
-        params, args = sig[base]
-        out.append(f'extern "C" void emu_{i}(int grid, int block, size_t smem, '
-                   f'{params.format(T=T)}) {{\n'
-                   f'    emu_launch(grid, block, smem, [&] {{ {name}({args}); }});\n}}\n')
-    return "".join(out)
+_SCALARS = {np.dtype(np.int32): (141, ctypes.c_int32), np.dtype(np.int64): (181, ctypes.c_int64),
+            np.dtype(np.uint32): (140, ctypes.c_uint32), np.dtype(np.float64): (8, ctypes.c_double),
+            np.dtype(np.float32): (4, ctypes.c_float)}
 
 
 class EmulatedKernels:
-    """The raw kernels compiled for the CPU; `launch(name, grid, args, smem=0)`."""
+    """Kernel instances compiled for the CPU on first use (one library each, cached on disk
+    by the hash of its code); `launch(file, name, grid, args, smem=0, block=256)`."""
 
-    def __init__(self, names, build_dir=None):
-        self.names = list(names)
-        source = K.RAW_SOURCE.replace("extern __shared__ double acc[];",
-                                      "double* acc = reinterpret_cast<double*>(emu_dynamic_smem);")
-        code = HEADER + source + _wrappers(self.names)
-        digest = hashlib.sha1(code.encode()).hexdigest()[:16]
-        build_dir = build_dir or os.path.join(tempfile.gettempdir(), "kmeans_xp_emu")
-        os.makedirs(build_dir, exist_ok=True)
-        lib = os.path.join(build_dir, f"kernels_{digest}.so")
-        if not os.path.exists(lib):
-            src = os.path.join(build_dir, f"kernels_{digest}.cpp")
-            with open(src, "w") as f:
-                f.write(code)
-            tmp = lib + f".{os.getpid()}"
-            subprocess.run(["g++", "-std=c++20", "-O1", "-ffp-contract=off", "-fPIC", "-shared",
-                            "-o", tmp, src], check=True, capture_output=True,
-                           text=True)
-            os.replace(tmp, lib)
-        self.lib = ctypes.CDLL(lib)
+    def __init__(self, build_dir=None):
+        self.build_dir = build_dir or os.path.join(tempfile.gettempdir(), "kmeans_xp_emu")
+        os.makedirs(self.build_dir, exist_ok=True)
+        self._libs = {}
+        self._lock = threading.Lock()
 
     @staticmethod
     def available():
         return shutil.which("g++") is not None
 
-    def launch(self, name, grid, args, smem=0, block=K.BLOCK):
-        fn = getattr(self.lib, f"emu_{self.names.index(name)}")
-        cargs = [ctypes.c_int(grid), ctypes.c_int(block), ctypes.c_size_t(smem)]
-        for a in args:
-            if isinstance(a, np.ndarray):
-                assert a.flags.c_contiguous
-                cargs.append(ctypes.c_void_p(a.ctypes.data))
-            elif isinstance(a, np.int64):
-                cargs.append(ctypes.c_longlong(int(a)))
-            elif isinstance(a, (np.int32, int)):
-                cargs.append(ctypes.c_int(int(a)))
-            else:
-                raise TypeError(f"argument {a!r}")
-        fn(*cargs)
+    def _lib(self, file, name):
+        key = (file, name)
+        with self._lock:
+            if key not in self._libs:
+                self._libs[key] = self._build(file, name)
+            return self._libs[key]
+
+    def _build(self, file, name):
+        code = (HEADER + common.source(file)
+                + f'\nextern "C" int emu_arity() {{ return emu_arity(&{name}); }}\n'
+                + f'extern "C" void emu_kinds(int* out) {{ emu_kinds(&{name}, out); }}\n'
+                + 'extern "C" void emu_run(int grid, int block, size_t smem, void** args) {\n'
+                + f'    emu_launch(grid, block, smem, [&] {{ emu_call(&{name}, args); }});\n}}\n')
+        digest = hashlib.sha1(code.encode()).hexdigest()[:16]
+        lib = os.path.join(self.build_dir, f"kernel_{digest}.so")
+        if not os.path.exists(lib):
+            src = os.path.join(self.build_dir, f"kernel_{digest}.cpp")
+            with open(src, "w") as f:
+                f.write(code)
+            tmp = lib + f".{os.getpid()}"
+            proc = subprocess.run(["g++", "-std=c++20", "-O1", "-ffp-contract=off", "-fPIC",
+                                   "-shared", "-w", "-o", tmp, src], capture_output=True,
+                                  text=True)
+            if proc.returncode:
+                raise RuntimeError(f"{name} ({file}) does not build for the CPU:\n"
+                                   f"{proc.stderr[-4000:]}")
+            os.replace(tmp, lib)
+        handle = ctypes.CDLL(lib)
+        arity = handle.emu_arity()
+        kinds = (ctypes.c_int * max(arity, 1))()
+        handle.emu_kinds(kinds)
+        return handle, list(kinds)[:arity]
+
+    def launch(self, file, name, grid, args, smem=0, block=common.BLOCK):
+        handle, kinds = self._lib(file, name)
+        if len(args) != len(kinds):
+            raise TypeError(f"{name}: {len(args)} arguments for {len(kinds)} parameters")
+        keep = []
+        for i, (a, kind) in enumerate(zip(args, kinds)):
+            keep.append(self._argument(name, i, a, kind))
+        ptrs = (ctypes.c_void_p * max(len(keep), 1))(*[ctypes.addressof(k) for k in keep])
+        handle.emu_run(ctypes.c_int(grid), ctypes.c_int(block), ctypes.c_size_t(smem), ptrs)
+
+    @staticmethod
+    def _argument(name, i, a, kind):
+        if isinstance(a, np.ndarray):
+            if kind != 1:
+                raise TypeError(f"{name}: argument {i} is an array, the parameter is not a "
+                                f"pointer (kind {kind})")
+            if a.size and not a.flags.c_contiguous:
+                raise TypeError(f"{name}: argument {i} is not C-contiguous")
+            return ctypes.c_void_p(a.ctypes.data if a.size else 0)
+        if isinstance(a, np.uint64) and int(a) == 0 and kind == 1:
+            return ctypes.c_void_p(0)  # the null pointer
+        dt = np.asarray(a).dtype if isinstance(a, np.generic) else None
+        if dt not in _SCALARS:
+            raise TypeError(f"{name}: argument {i} is {a!r} ({type(a).__name__}); pass a NumPy "
+                            f"scalar of the parameter's exact type")
+        want, ctype = _SCALARS[dt]
+        if want != kind:
+            raise TypeError(f"{name}: argument {i} is {dt} (kind {want}), the parameter's "
+                            f"kind is {kind}")
+        return ctype(a.item())

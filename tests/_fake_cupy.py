@@ -1,22 +1,19 @@
-"""A NumPy stand-in for the parts of CuPy the CuPy backends touch, with their kernels emulated,
-so the backends' Python paths (planning, chunk and tile loops, OOM halving, stages, the
-device-resident loop, finish) run in CPU tests. "Device" arrays are NumPy arrays here.
+"""A NumPy stand-in for the parts of CuPy the CuPy backends touch, so that their Python paths
+(placement, budgets and stages, planning, chunk and tile loops, OOM halving, streaming,
+finish) and their real CUDA kernels, run on the CPU by tests/_cuda_emulator.py, are tested
+where no GPU is. "Device" arrays are NumPy arrays here; cuBLAS's GEMM is NumPy's.
 
-Only orchestration is tested this way: the kernels themselves are checked by compiling them
-(test_cupy_kernel_sources.py) and against NumPy on a GPU (test_cupy_backends.py).
+What this cannot show: speed, occupancy, real streams (work runs at once) and CuPy's own
+argument packing (the emulator checks every launch's argument types instead).
 """
 import importlib.machinery
 import sys
 import types
 
 import numpy as np
-from kmeans_xp_backends import _cupy_common
-from kmeans_xp_backends import _cupy_kmeans_kernels as kernels
-from kmeans_xp_backends import _cupy_streaming as streaming
+from kmeans_xp_backends.cupy import budget, common, fused_plan, staging
 
 from kmeans_xp import registry
-
-_REAL_CLUSTER_SUMS = kernels.cluster_sums
 
 
 class FakeOOM(MemoryError):
@@ -59,7 +56,7 @@ class FakeStream:
     """A CUDA stream: a context that makes it current; work runs at once here."""
 
     def __init__(self, non_blocking=False):
-        self.events = []
+        pass
 
     def __enter__(self):
         return self
@@ -111,7 +108,7 @@ class FakeRuntime(types.SimpleNamespace):
 
 
 class FakeCupy(types.ModuleType):
-    """`empty` fails above `max_alloc` bytes, like a pool at its limit; allocations are
+    """`empty` & co. fail above `max_alloc` bytes, like a pool at its limit; allocations are
     booked in the pool (never released: the peak is what the tests read)."""
 
     def __init__(self, max_alloc=1 << 40):
@@ -122,13 +119,14 @@ class FakeCupy(types.ModuleType):
         self.pinned = []
         self.pool = FakePool()
         self.pinned_pool = FakePool()
-        self.ndarray, self.int64, self.float64 = np.ndarray, np.int64, np.float64
-        self.float32, self.uint64 = np.float32, np.uint64
-        self.ascontiguousarray, self.stack = np.ascontiguousarray, np.stack
-        self.asarray, self.asnumpy = np.asarray, np.asarray
+        for name in ("int32", "int64", "uint8", "uint16", "uint32", "uint64", "float32",
+                     "float64", "ndarray", "ascontiguousarray", "stack", "asarray",
+                     "concatenate", "where", "inf"):
+            setattr(self, name, getattr(np, name))
+        self.asnumpy = np.asarray
         self.get_default_memory_pool = lambda: self.pool
         self.get_default_pinned_memory_pool = lambda: self.pinned_pool
-        stream = types.SimpleNamespace(synchronize=lambda: None)
+        stream = FakeStream()
         self.runtime = FakeRuntime()
         self.cuda = types.SimpleNamespace(
             memory=types.SimpleNamespace(OutOfMemoryError=FakeOOM),
@@ -136,6 +134,7 @@ class FakeCupy(types.ModuleType):
             runtime=self.runtime,
             get_current_stream=lambda: stream,
             Stream=FakeStream, Event=FakeEvent,
+            Device=lambda *a: types.SimpleNamespace(id=0, compute_capability="90"),
             alloc_pinned_memory=self._alloc_pinned)
         self.cublas = types.SimpleNamespace(gemm=_gemm)
 
@@ -153,62 +152,31 @@ class FakeCupy(types.ModuleType):
             hook.malloc_postprocess(device_id=0, size=nbytes, mem_size=nbytes, mem_ptr=1,
                                     pmem_id=1)
 
-    def empty(self, shape, dtype):
+    def empty(self, shape, dtype=np.float64):
         self._book(shape, dtype)
         return np.empty(shape, dtype=dtype)
 
-    def zeros(self, shape, dtype):
+    def zeros(self, shape, dtype=np.float64):
         self._book(shape, dtype)
         return np.zeros(shape, dtype=dtype)
 
-    def ones(self, shape, dtype):
+    def ones(self, shape, dtype=np.float64):
         self._book(shape, dtype)
         return np.ones(shape, dtype=dtype)
+
+    def full(self, shape, value, dtype=np.float64):
+        self._book(shape, dtype)
+        return np.full(shape, value, dtype=dtype)
+
+    @staticmethod
+    def argsort(a):
+        return np.argsort(a, kind="stable")  # CuPy's sort is stable
 
 
 def _gemm(transa, transb, a, b, out, alpha):
     assert (transa, transb) == ("N", "T") and out.flags.c_contiguous
-    out[...] = alpha * (a @ b.T)
-
-
-# -- the kernels, in NumPy --------------------------------------------------------------------
-def nearest_center(X, ops, k, labels, min_sq):
-    """The kernels' arithmetic is numpy's GEMM expansion: here it is numpy's own."""
-    d = X.shape[1]
-    neg2_ct, c_norm = np.ascontiguousarray(ops[:k, :d].T), ops[:k, d]
-    for s in range(0, len(X), 4096):
-        dist = X[s:s + 4096] @ neg2_ct
-        dist += c_norm
-        lab = dist.argmin(1)
-        best = dist[np.arange(len(dist)), lab]
-        best += np.einsum("ij,ij->i", X[s:s + 4096], X[s:s + 4096])
-        labels[s:s + 4096] = lab
-        min_sq[s:s + 4096] = np.maximum(best, 0)
-
-
-def cluster_sums(X, labels, w, sums, weights):
-    np.add.at(sums, labels, X.astype(np.float64) * w.astype(np.float64)[:, None])
-    weights += np.bincount(labels, weights=w.astype(np.float64), minlength=len(weights))
-
-
-def labelled_sq_dist(X, C, labels, out):
-    diff = X - C[labels]
-    out[...] = np.einsum("ij,ij->i", diff, diff)
-    return out
-
-
-def row_argmin_shifted(dist, c_norm, col0, first, run_min, labels):
-    v = dist + c_norm
-    j = v.argmin(axis=1)
-    best = v[np.arange(len(v)), j]
-    take = np.ones(len(v), bool) if first else best < run_min
-    run_min[take] = best[take]
-    labels[take] = col0 + j[take]
-
-
-def update_label_store(labels, store, changed):
-    changed += np.uint64(np.count_nonzero(store != labels.astype(store.dtype)))
-    store[...] = labels
+    np.matmul(a, b.T, out=out)  # into the block, as cuBLAS writes (no temporaries)
+    out *= alpha
 
 
 def copy_to_device(dst, src, stream):
@@ -219,52 +187,49 @@ def copy_to_host(dst, src, stream):
     dst[...] = src
 
 
-REDUCTIONS = {
-    "weighted_sum": lambda v, w, axis=None: np.sum(v.astype(np.float64) * w, axis=axis),
-    "center_shift": lambda a, b, axis=None: np.sum(
-        (a.astype(np.float64) - b.astype(np.float64)) ** 2, axis=axis),
-    "count_changed": lambda a, b, axis=None: np.sum(a != b, axis=axis, dtype=np.int64),
-    "shifted_sq": lambda x, s, axis=None: np.sum((x.astype(np.float64) - s) ** 2, axis=axis),
-}
-
-
 class _EmulatedRawKernel:
     """A RawModule function whose launches run the real CUDA source on the CPU."""
 
-    def __init__(self, emu, name):
-        self.emu, self.name = emu, name
+    num_regs = 64
+
+    def __init__(self, emu, file, name):
+        self.emu, self.file, self.name = emu, file, name
 
     def __call__(self, grid, block, args, shared_mem=0):
-        self.emu.launch(self.name, int(grid[0]), args, smem=int(shared_mem),
+        self.emu.launch(self.file, self.name, int(grid[0]), args, smem=int(shared_mem),
                         block=int(block[0]))
 
 
-def install(monkeypatch, max_alloc=1 << 40, emulated=False):
-    """Put a FakeCupy in sys.modules and the NumPy kernels in place; returns the fake.
-    emulated=True: the raw kernels are the real CUDA source run on the CPU
-    (tests/_cuda_emulator.py) behind the backends' own launch code; the elementwise and
-    reduction kernels stay NumPy."""
+_EMULATOR = None
+
+
+def emulator():
+    global _EMULATOR
+    if _EMULATOR is None:
+        from tests._cuda_emulator import EmulatedKernels
+        _EMULATOR = EmulatedKernels()
+    return _EMULATOR
+
+
+def install(monkeypatch, max_alloc=1 << 40):
+    """Put a FakeCupy in sys.modules with the real kernels emulated on the CPU behind the
+    backends' own launch code; returns the fake."""
     fake = FakeCupy(max_alloc)
     monkeypatch.setitem(sys.modules, "cupy", fake)
-    raw = ("nearest_center", "row_argmin_shifted", "update_label_store")
-    for name in ("cluster_sums", "labelled_sq_dist") + (() if emulated else raw):
-        monkeypatch.setattr(kernels, name, globals()[name])
-    if emulated:
-        from tests._cuda_emulator import EmulatedKernels
-        emu = EmulatedKernels(kernels.all_raw_kernel_names())
-        monkeypatch.setattr(kernels, "raw_kernel", lambda name: _EmulatedRawKernel(emu, name))
-        monkeypatch.setattr(kernels, "_multiprocessors", lambda: 2)
-        # cluster_sums' shared-memory path needs its launcher: keep the real one
-        monkeypatch.setattr(kernels, "cluster_sums", _REAL_CLUSTER_SUMS)
+    emu = emulator()
+    monkeypatch.setattr(common, "raw_kernel",
+                        lambda file, name: _EmulatedRawKernel(emu, file, name))
+    monkeypatch.setattr(common, "multiprocessors", lambda: 2)
+    monkeypatch.setattr(fused_plan, "device_facts",
+                        lambda device_id: fused_plan.DeviceFacts(2, 227 * 1024, 228 * 1024))
     for name in ("copy_to_device", "copy_to_host"):
-        monkeypatch.setattr(streaming, name, globals()[name])
-    monkeypatch.setattr(kernels, "reduction", REDUCTIONS.__getitem__)
-    _cupy_common._peak_hook_class.cache_clear()
+        monkeypatch.setattr(staging, name, globals()[name])
+    budget.peak_hook_class.cache_clear()
     registry.list_backends.cache_clear()
     monkeypatch.setattr(registry, "_gpu_present", lambda: (True, ""))
     return fake
 
 
 def uninstall():
-    _cupy_common._peak_hook_class.cache_clear()
+    budget.peak_hook_class.cache_clear()
     registry.list_backends.cache_clear()

@@ -24,24 +24,22 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture
 def fake_cupy(monkeypatch):
-    """A NumPy stand-in installed as `cupy` (tests/_fake_cupy.py), for CPU tests of the CuPy
-    backends' Python paths."""
+    """A NumPy stand-in installed as `cupy` (tests/_fake_cupy.py) with the backends' real CUDA
+    kernels run on the CPU (tests/_cuda_emulator.py; needs g++), for CPU tests of the CuPy
+    backends."""
     from tests import _fake_cupy
+    from tests._cuda_emulator import EmulatedKernels
+    if not EmulatedKernels.available():
+        pytest.skip("needs g++ to run the CUDA kernels on the CPU")
     fake = _fake_cupy.install(monkeypatch)
     yield fake
     _fake_cupy.uninstall()
 
 
 @pytest.fixture
-def emulated_cupy(monkeypatch):
-    """The stand-in with the real CUDA kernels run on the CPU (needs g++)."""
-    from tests import _fake_cupy
-    from tests._cuda_emulator import EmulatedKernels
-    if not EmulatedKernels.available():
-        pytest.skip("needs g++ to run the CUDA kernels on the CPU")
-    fake = _fake_cupy.install(monkeypatch, emulated=True)
-    yield fake
-    _fake_cupy.uninstall()
+def emulated_cupy(fake_cupy):
+    """The same stand-in (the kernels are always the real ones, emulated)."""
+    yield fake_cupy
 
 
 @pytest.fixture

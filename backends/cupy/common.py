@@ -48,6 +48,13 @@ def ctype(dtype) -> str:
     return CTYPE[np.dtype(dtype)]
 
 
+def device_ptr(a) -> int:
+    """The address of a's first element (CuPy's data.ptr; a NumPy stand-in's in tests)."""
+    data = getattr(a, "data", None)
+    ptr = getattr(data, "ptr", None)
+    return int(ptr) if ptr is not None else int(a.ctypes.data)
+
+
 # -- device memory ------------------------------------------------------------------------------
 def free_device_memory() -> tuple[int, int]:
     """(free bytes usable now, total bytes): the driver's free memory plus the blocks the CuPy

@@ -35,7 +35,7 @@ from kmeans_xp.memory import KMeansMemoryError, MemoryEstimate, format_bytes, re
 
 from . import fused_plan as fp
 from .base import BASE_OPTIONS, CupyBackendBase
-from .common import BLOCK, NULL, free_device_memory, launch, with_oom_retry
+from .common import BLOCK, NULL, device_ptr, free_device_memory, launch, with_oom_retry
 from .einsum_order import norm_mode
 
 _CTYPE = {"float32": "float", "float64": "double"}
@@ -164,7 +164,7 @@ class CupyFusedBackend(CupyBackendBase):
         if not (isinstance(X, cp.ndarray) and X.flags.c_contiguous):
             X = cp.ascontiguousarray(cp.asarray(X))
             if ws is not None and ws.X.shape == X.shape and ws.k == k and ws.w_in is \
-                    sample_weight and ws.X.data.ptr == X.data.ptr:
+                    sample_weight and device_ptr(ws.X) == device_ptr(X):
                 return ws
         w = None if sample_weight is None else self.contiguous(sample_weight, X.dtype)
         if ws is not None and ws.X is X and ws.k == k:   # new weights only
@@ -228,7 +228,7 @@ class CupyFusedBackend(CupyBackendBase):
                    (X, w, ws.ops, _i32(ws.n), _i32(ws.k), _i32(p.tc), *tail, *extra),
                    shared_mem=smem)
         elif p.path in ("gemm", "tf32mma"):
-            vec = ws.d % (16 // ws.T.itemsize) == 0 and X.data.ptr % 16 == 0
+            vec = ws.d % (16 // ws.T.itemsize) == 0 and device_ptr(X) % 16 == 0
             name = (fp.gemm_kernel_name(ws.dtype_name, vec) if p.path == "gemm"
                     else f"assign_tf32<{'true' if vec else 'false'}>")
             launch(fp.kernel(name), p.assign_grid,
