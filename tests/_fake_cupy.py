@@ -187,6 +187,9 @@ def copy_to_host(dst, src, stream):
     dst[...] = src
 
 
+copy_to_host_blocking = copy_to_host
+
+
 class _EmulatedRawKernel:
     """A RawModule function whose launches run the real CUDA source on the CPU."""
 
@@ -222,7 +225,7 @@ def install(monkeypatch, max_alloc=1 << 40):
     monkeypatch.setattr(common, "multiprocessors", lambda: 2)
     monkeypatch.setattr(fused_plan, "device_facts",
                         lambda device_id: fused_plan.DeviceFacts(2, 227 * 1024, 228 * 1024))
-    for name in ("copy_to_device", "copy_to_host"):
+    for name in ("copy_to_device", "copy_to_host", "copy_to_host_blocking"):
         monkeypatch.setattr(staging, name, globals()[name])
     budget.peak_hook_class.cache_clear()
     registry.list_backends.cache_clear()

@@ -62,16 +62,18 @@ def test_one_iteration_agrees_with_numpy(cp, d, k, dtype):
     dist = _float64_distances(X, C)
     ref = dist.argmin(1)
     clear = _clear_rows(dist, 1e-4 if dtype == np.float32 else 1e-9)
-    np_it = get_backend("numpy")(max_memory="256MB").lloyd_iter(X, w, C)
+    np_it = get_backend("numpy")(max_memory="256MB").lloyd_iter(X, w, C, None)
     assert np.array_equal(np_it.labels[clear], ref[clear])
     for name in BACKENDS:
         # a small budget so cupy-chunked works in several row chunks and center tiles
         backend = get_backend(name)(max_memory="4MB")
         Xd, Cd, wd = cp.asarray(X), cp.asarray(C), cp.asarray(w)
-        it = backend.lloyd_iter(Xd, wd, Cd, xp=array_namespace(Xd))
+        xp = array_namespace(Xd)
+        it = backend.lloyd_iter(Xd, wd, Cd, None, xp=xp)
         labels = cp.asnumpy(it.labels)
         where = f"{name} n={n} d={d} k={k} {np.dtype(dtype)}"
-        assert labels.dtype == np.int64 and labels.shape == (n,)
+        assert labels.dtype == np.int32 and labels.shape == (n,)
+        assert np.array_equal(cp.asnumpy(backend.assign(Xd, Cd, xp=xp).labels), labels)
         bad = np.flatnonzero((labels != ref) & clear)
         assert bad.size == 0, f"{where}: {bad.size} labels differ from the argmin"
         if name == "cupy-kernels" and d <= 3:
@@ -80,7 +82,7 @@ def test_one_iteration_agrees_with_numpy(cp, d, k, dtype):
             assert differ.size == 0, f"{where}: {differ.size} labels differ from numpy"
         else:  # cuBLAS's GEMM order (cupy-chunked) may split a near-tie the other way
             assert np.mean(labels == np_it.labels) > 0.999, f"{where}: disagrees with numpy"
-        mins = cp.asnumpy(it.min_sq_dist).astype(np.float64)
+        mins = cp.asnumpy(backend.assign(Xd, Cd, xp=xp).min_sq_dist).astype(np.float64)
         scale = float(np.abs(X).max()) ** 2 + 1
         rtol = 1e-4 if dtype == np.float32 else 1e-10
         np.testing.assert_allclose(mins, dist[np.arange(n), labels], rtol=rtol,
@@ -92,6 +94,10 @@ def test_one_iteration_agrees_with_numpy(cp, d, k, dtype):
                                    atol=1e-9, err_msg=where)
         np.testing.assert_allclose(cp.asnumpy(it.weighted_sums), sums, rtol=1e-9,
                                    atol=1e-9 * scale * n, err_msg=where)
+        inertia = float(np.sum(mins * w.astype(np.float64)))
+        assert float(it.inertia) == pytest.approx(inertia, rel=rtol * 10, abs=rtol * scale), \
+            where
+        assert float(it.n_changed) == n, where
 
 
 FIT_CASES = ([(d, 7, np.float32) for d in (1, 3, 17, 128)]
@@ -224,8 +230,8 @@ def test_limit_below_the_fit_state_raises_memory_error(cp, pool, name):
     n = 2_000_003
     X = cp.asarray(asymmetric_data(n, 3, 20, dtype=np.float32, seed=9))
     init = cp.asnumpy(X[:20])
-    # room for the weights and the centered copy, not for the labels
-    pool.set_limit(size=pool.used_bytes() + n * 4 + n * 12 + 4 * MiB)
+    # room for the centered copy, not for the labels (int32)
+    pool.set_limit(size=pool.used_bytes() + n * 12 + 2 * MiB)
     with pytest.raises(KMeansMemoryError, match=r"allocating labels .* pool limit"):
         KMeans(20, init=init, tol=0, max_iter=2, backend=name).fit(X)
 

@@ -26,7 +26,7 @@ D_VALUES = [1, 2, 3, 4, 7, 16, 33, 128, 1024]
 
 
 def _backend(**options):
-    from kmeans_xp_backends.cupy_fused import CupyFusedBackend
+    from kmeans_xp_backends.cupy.fused import CupyFusedBackend
     return CupyFusedBackend(**options)
 
 
@@ -81,35 +81,30 @@ def _assert_same_argmin(X, C, got, ref, dtype, where):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("d", D_VALUES)
 def test_center_norms_are_numpys_einsum(cp, d, dtype):
-    """||c||^2 as the kernels pack it (small-d and GEMM layouts, and again after an update)
-    has the bits of np.einsum("ij,ij->i"), the numpy backend's norm."""
-    from kmeans_xp_backends.cupy_fused import _einsum_order
-    if _einsum_order() is None:
+    """||c||^2 as pack_centers writes it (small-d and GEMM layouts, for any centers) has the
+    bits of np.einsum("ij,ij->i"), the numpy backend's norm."""
+    from kmeans_xp_backends.cupy.einsum_order import einsum_order
+    if einsum_order() is None:
         pytest.skip("this numpy's einsum order is not one the kernels reproduce")
     k = 300
     X, C, w = _problem(1031, d, k, dtype, seed=d)
     be = _backend()
-    st, Xg, wg = be._prepare(cp.asarray(X), cp.asarray(w), k)
+    ws = be._workspace(cp.asarray(X), k, cp.asarray(w))
 
     def packed_norms():
-        if st.plan.layout == 0:
-            return st.ops.reshape(k, st.plan.S)[:, d].get()
-        return st.cnorm[:k].get()
+        if ws.plan.layout == 0:
+            return ws.ops.reshape(k, ws.plan.S)[:, d].get()
+        return ws.cnorm[:k].get()
 
-    be._pack(st, cp.asarray(C))
-    assert np.array_equal(packed_norms(), np.einsum("ij,ij->i", C, C)), "packed norms"
-    # after an update the operands are repacked by update_centers from the new centers
-    spare = cp.empty_like(cp.asarray(C))
-    be._assign_pass(st, accumulate=True)
-    be._finalize(st, inertia=False)
-    be._update(st, cp.asarray(C), spare)
-    new = spare.get()
-    assert np.array_equal(packed_norms(), np.einsum("ij,ij->i", new, new)), "updated norms"
+    for centers in (C, (C * 1.7 - 0.3).astype(dtype)):  # and again for other centers
+        be._pack(ws, cp.asarray(centers))
+        assert np.array_equal(packed_norms(), np.einsum("ij,ij->i", centers, centers))
 
 
-def test_contract_suite():
-    from kmeans_xp_backends.cupy_fused import CupyFusedBackend
-    assert check_backend(CupyFusedBackend) > 0
+def test_contract_suite(cp):
+    from kmeans_xp_backends.cupy.fused import CupyFusedBackend
+    assert check_backend(CupyFusedBackend) > 0                                  # NumPy in
+    assert check_backend(CupyFusedBackend, make_array=cp.asarray) > 0           # CuPy in
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -136,7 +131,7 @@ def _check_primitives(cp, n, d, k, dtype):
 
     lab, msq = be.assign(Xg, Cg)
     lab, msq = lab.get(), msq.get()
-    assert lab.dtype == np.int64 and msq.dtype == dtype
+    assert lab.dtype == np.int32 and msq.dtype == dtype
     _assert_same_argmin(X, C, lab, ref_lab, dtype, where)
     same = lab == ref_lab
     eps = np.finfo(dtype).eps
@@ -154,13 +149,21 @@ def _check_primitives(cp, n, d, k, dtype):
         f"{where}: weighted sums differ from numpy's"
     assert np.allclose(weights.get(), r_weights, rtol=1e-11, atol=0), f"{where}: weights"
 
-    it = be.lloyd_iter(Xg, wg, Cg)
+    it = be.lloyd_iter(Xg, wg, Cg, None)
     assert np.array_equal(it.labels.get(), lab), f"{where}: lloyd_iter labels != assign"
     it_sums, it_w = be.reduce(Xg, it.labels, wg, k)
     # fused or not, integer accumulation gives the same bits
     assert np.array_equal(it.weighted_sums.get(), it_sums.get()), f"{where}: fused sums"
     assert np.array_equal(it.weight_in_clusters.get(), it_w.get()), f"{where}: fused weights"
-    assert be.lloyd_iter(Xg, wg, Cg, update_centers=False).weighted_sums is None
+    inertia = float(np.sum(msq.astype(np.float64) * w.astype(np.float64)))
+    assert float(it.inertia) == pytest.approx(inertia, rel=1e-9), f"{where}: inertia"
+    assert float(it.n_changed) == n, f"{where}: n_changed without old labels"
+    it2 = be.lloyd_iter(Xg, None, Cg[::-1].copy(), it.labels)
+    lab2 = it2.labels.get()
+    assert np.array_equal(it.labels.get(), lab), f"{where}: a later call overwrote labels"
+    assert float(it2.n_changed) == np.count_nonzero(lab2 != lab), f"{where}: n_changed"
+    assert np.array_equal(it2.weight_in_clusters.get(), np.bincount(lab2, minlength=k)), \
+        f"{where}: unit weights (None)"
 
 
 @pytest.mark.parametrize("fuse", ["auto", False])
@@ -235,7 +238,8 @@ def test_bit_identical_run_to_run(cp, d, k, fuse, dtype):
     assert a.cluster_centers_.tobytes() == b.cluster_centers_.tobytes()
     assert a.inertia_ == b.inertia_ and a.history_ == b.history_
     be = _backend(fuse=fuse)
-    it1, it2 = (be.lloyd_iter(X - X.mean(0), w, cp.asarray(init)) for _ in range(2))
+    Xc = X - X.mean(0)
+    it1, it2 = (be.lloyd_iter(Xc, w, cp.asarray(init), None) for _ in range(2))
     assert it1.weighted_sums.tobytes() == it2.weighted_sums.tobytes()
     assert it1.weight_in_clusters.tobytes() == it2.weight_in_clusters.tobytes()
 
@@ -323,14 +327,13 @@ def test_memory_stays_under_estimate(cp, n, d, k):
     from kmeans_xp import estimate_memory
     X = cp.asarray(asymmetric_data(n, d, 20, dtype=np.float32, seed=1))
     X -= X.mean(axis=0)
-    w = cp.ones(n, dtype=cp.float32)
-    init = X[:k].copy()
-    be = _backend()
+    init = X[:k].get()
     pool = cp.get_default_memory_pool()
     pool.free_all_blocks()
-    before = pool.used_bytes()
-    be.kmeans_single(X, w, init, max_iter=3, tol=0.0)
-    used = be.memory_report["lloyd"] - before
+    before = pool.used_bytes()  # X itself
+    km = KMeans(k, init=init, max_iter=3, tol=0, backend="cupy-fused").fit(X)
+    used = km.memory_report_["lloyd"] - before
     est = estimate_memory(n, d, k, dtype="float32", backend="cupy-fused")
     assert used <= est.total + (1 << 20), f"peak {used} B > estimate {est}"
-    assert est.total < 16 * n + 256 * k * (d + 1) + (8 << 20)  # O(n + k d), never O(n k)
+    # O(n d + k d), never O(n k)
+    assert est.total < (2 * d * 4 + 64) * n + 256 * k * (d + 1) + (16 << 20)

@@ -1,16 +1,19 @@
 """Host streaming of the CuPy backends, checked on the CPU through the NumPy stand-in for CuPy
-(tests/_fake_cupy.py: kernels in NumPy, streams and events that run at once, pinned memory as
-bytearrays). What is checked is the orchestration: chunking with an uneven last chunk, the
-centering on the "device", the label store (on the device and in pinned host memory), the
-Lloyd loop's semantics against the driver (relocation, strict convergence, final assignment),
-the plan against the budget, the decisions of stream="auto", memmaps and page locking, and
-the memory estimate and report. The GPU tests (test_cupy_streaming.py) run the real thing."""
+(tests/_fake_cupy.py: the real kernels run on the CPU, streams and events that run at once,
+pinned memory as bytearrays). What is checked: chunking with an uneven last chunk, the
+centering on the "device", the labels in their compact type, the primitives through the
+driver (relocation, strict convergence, final assignment), the plan against the budget, the
+decisions of stream="auto", memmaps and page locking, and the memory estimate and report. The
+GPU tests (test_cupy_streaming.py) run the real thing."""
+import array_api_compat.numpy as np_xp
 import numpy as np
 import pytest
-from kmeans_xp_backends import _cupy_streaming as streaming
-from kmeans_xp_backends._cupy_streaming import HostRows, is_memmap, plan_stream
+from kmeans_xp_backends.cupy import staging, streaming
+from kmeans_xp_backends.cupy.staging import is_memmap
+from kmeans_xp_backends.cupy.streaming import HostRows, plan_stream
 
 from kmeans_xp import KMeans, KMeansMemoryError, estimate_memory, get_backend
+from kmeans_xp.lloyd import kmeans_single_lloyd
 from kmeans_xp.testing import asymmetric_data
 
 BACKENDS = ("cupy-kernels", "cupy-chunked")
@@ -105,9 +108,9 @@ def test_empty_cluster_is_relocated_as_the_driver_does(fake_cupy, name):
     assert got.n_iter_ == ref.n_iter_
 
 
-def test_label_store_in_pinned_host_memory(fake_cupy, monkeypatch):
-    """When n labels take more than half the budget the store lives in pinned host memory
-    and goes to the device with each chunk: the fit is the same."""
+def test_labels_live_on_the_device_in_a_compact_type(fake_cupy, monkeypatch):
+    """k = 300: the streamed labels are uint16 on the device (three generations counted by
+    the plan), the user gets int32, and the fit is the numpy backend's."""
     X, init = _problem(60013, 2, 300, np.float64, seed=6)
     plans = []
     real = streaming.plan_stream
@@ -119,12 +122,12 @@ def test_label_store_in_pinned_host_memory(fake_cupy, monkeypatch):
     monkeypatch.setattr(streaming, "plan_stream", spy)
     kw = dict(max_iter=4, tol=0)
     ref = KMeans(300, init=init, backend="numpy", **kw).fit(X)
-    got = KMeans(300, init=init, backend="cupy-kernels", max_memory="300KB",
+    got = KMeans(300, init=init, backend="cupy-kernels", max_memory="2MB",
                  backend_options={"stream": True}, **kw).fit(X)
-    assert plans and not plans[-1].store_on_device
-    assert plans[-1].rows < 60013
+    assert plans and plans[-1].store_dtype == np.uint16
+    assert plans[-1].parts["labels"] == 3 * 60013 * 2 and plans[-1].rows < 60013
     np.testing.assert_array_equal(got.labels_, ref.labels_)
-    assert got.memory_report_["pinned_host"] >= 60013 * 2  # the uint16 store
+    assert got.labels_.dtype == np.int32
 
 
 def _read_only_memmap(X, directory):
@@ -139,8 +142,7 @@ def _read_only_memmap(X, directory):
 def test_memmap_is_streamed_without_a_copy_or_page_lock(fake_cupy, tmp_path, monkeypatch):
     """A memmap too large for the host's available memory (here: said to be) is staged,
     never page-locked (which would read it all in) nor copied."""
-    from kmeans_xp_backends import _cupy_streaming
-    monkeypatch.setattr(_cupy_streaming, "available_host_bytes", lambda: 6007 * 12)
+    monkeypatch.setattr(staging, "available_host_bytes", lambda: 6007 * 12)
     X, init = _problem(6007, 3, 7, np.float32, seed=7)
     ro = _read_only_memmap(X, tmp_path)
     assert is_memmap(ro) and is_memmap(ro[10:]) and not is_memmap(X)
@@ -156,7 +158,7 @@ def test_memmap_is_streamed_without_a_copy_or_page_lock(fake_cupy, tmp_path, mon
 def test_memmap_that_fits_the_host_is_page_locked(fake_cupy, tmp_path, monkeypatch):
     """pin_input="auto" page-locks a memmap of at most MEMMAP_LOCK_SHARE of the available
     memory (read-only pages with cudaHostRegisterReadOnly), and stages a larger one."""
-    from kmeans_xp_backends import _cupy_streaming
+    _cupy_streaming = staging
     X, init = _problem(5003, 3, 5, np.float32, seed=9)
     ro = _read_only_memmap(X, tmp_path)
     share = _cupy_streaming.MEMMAP_LOCK_SHARE
@@ -175,8 +177,7 @@ def test_memmap_that_fits_the_host_is_page_locked(fake_cupy, tmp_path, monkeypat
 
 
 def test_available_host_bytes_reads_the_host():
-    from kmeans_xp_backends._cupy_streaming import available_host_bytes
-    got = available_host_bytes()
+    got = staging.available_host_bytes()
     assert got is None or got > 0
 
 
@@ -198,10 +199,10 @@ def test_in_memory_x_is_page_locked_for_the_fit_then_released(fake_cupy):
 @pytest.mark.parametrize("name", BACKENDS)
 def test_auto_streams_only_what_does_not_fit(fake_cupy, name):
     X, init = _problem(20011, 3, 5, np.float32, seed=9)
-    fits = KMeans(5, init=init, backend=name).fit(X)
+    fits = KMeans(5, init=init, backend=name, max_iter=5).fit(X)
     assert "stream" not in fits.memory_report_
     fake_cupy.runtime.free = 2 * X.nbytes  # X, not X with its centered copy and labels
-    streamed = KMeans(5, init=init, backend=name).fit(X)
+    streamed = KMeans(5, init=init, backend=name, max_iter=5).fit(X)
     assert "stream" in streamed.memory_report_
     np.testing.assert_array_equal(streamed.labels_, fits.labels_)
 
@@ -229,7 +230,7 @@ def test_streaming_below_its_floor_fails_early_with_the_device_numbers(fake_cupy
     assert len(fake_cupy.allocations) == 0
 
 
-@pytest.mark.parametrize("k,budget", [(7, 50 << 20), (1000, 8 << 20), (300, 300_000)])
+@pytest.mark.parametrize("k,budget", [(7, 50 << 20), (1000, 8 << 20), (300, 7 << 20)])
 @pytest.mark.parametrize("name", BACKENDS)
 def test_plan_fits_the_budget_and_the_estimate_says_so(fake_cupy, name, k, budget):
     n, d = 1_000_003, 3
@@ -244,8 +245,8 @@ def test_plan_fits_the_budget_and_the_estimate_says_so(fake_cupy, name, k, budge
                                             stream=True)
     assert est.total <= budget and est.total == sum(
         v for key, v in est.parts.items() if not key.endswith("_host"))
-    assert {"label_store", "stream_buffers", "chunk_buffers", "centers_and_sums",
-            "pinned_host", "label_store_host"} == set(est.parts)
+    assert {"labels", "stream_buffers", "chunk_buffers", "centers_and_sums",
+            "pinned_host", "assign_distances_host"} == set(est.parts)
     assert est.parts["pinned_host"] > 0
 
 
@@ -253,20 +254,19 @@ def test_plan_fits_the_budget_and_the_estimate_says_so(fake_cupy, name, k, budge
 def test_streaming_buffers_stay_within_the_plan(fake_cupy, name):
     """What the engine allocates on the device (chunk buffers of every slot, the label
     store, the GEMM blocks) and in pinned memory is what its plan counted."""
-    X, init = _problem(50021, 3, 40, np.float32, seed=12)
-    w = np.random.default_rng(0).uniform(0.5, 2, 50021).astype(np.float32)
-    b = get_backend(name)(max_memory="4MB", stream=True)
+    X, init = _problem(20011, 3, 40, np.float32, seed=12)
+    w = np.random.default_rng(0).uniform(0.5, 2, 20011).astype(np.float32)
+    b = get_backend(name)(max_memory="2MB", stream=True, stream_rows=8192)
     mean = X.mean(axis=0)
-    b.kmeans_single(HostRows(X, mean), w, init - mean, xp=np, max_iter=3, tol=0)
+    kmeans_single_lloyd(b, HostRows(X, mean), w, init - mean, xp=np_xp, max_iter=3, tol=0)
     e, plan = b._engine, b._engine.plan
-    assert plan.rows < 50021 and plan.store_on_device
-    device = sum(a.nbytes for a in e._dev.values()) + e._store.nbytes
-    assert device <= plan.parts["stream_buffers"] + plan.parts["label_store"]
+    assert plan.rows < 20011
+    assert sum(a.nbytes for a in e._dev.values()) <= plan.parts["stream_buffers"]
     if name == "cupy-chunked":
         assert b._blocks[3].nbytes + b._blocks[4].nbytes <= plan.parts["chunk_buffers"]
-    assert plan.device_bytes <= 4_000_000
-    assert e.pinned_bytes <= plan.parts["pinned_host"] + plan.parts["label_store_host"]
-    b.finish()
+    assert plan.device_bytes <= 2_000_000
+    assert e.pinned_bytes <= plan.parts["pinned_host"]
+    b.placement.finish()
     assert b._engine is None and not fake_cupy.runtime.registered
 
 
@@ -279,19 +279,31 @@ def test_primitives_on_host_rows_match_the_in_memory_ones(fake_cupy, name):
     rows = HostRows(X, mean)
     b = get_backend(name)(stream=True, stream_rows=1024)
     Xc, Cc = X - mean, C - mean
-    ref = b.lloyd_iter(Xc, w, Cc)
-    got = b.lloyd_iter(rows, w, Cc)
+    ref = b.lloyd_iter(Xc, w, Cc, None)
+    ref_lab, ref_min = b.assign(Xc, Cc)
+    got = b.lloyd_iter(rows, w, Cc, None)
     np.testing.assert_array_equal(got.labels, ref.labels)
-    np.testing.assert_allclose(got.min_sq_dist, ref.min_sq_dist, rtol=1e-12)
     np.testing.assert_allclose(got.weighted_sums, ref.weighted_sums, rtol=1e-12)
     np.testing.assert_allclose(got.weight_in_clusters, ref.weight_in_clusters, rtol=1e-12)
+    assert float(got.inertia) == pytest.approx(float(ref.inertia), rel=1e-12)
+    assert float(got.n_changed) == 4099
+    again = b.lloyd_iter(rows, None, Cc[::-1].copy(), got.labels)
+    assert float(again.n_changed) == np.count_nonzero(
+        np.asarray(again.labels) != np.asarray(got.labels))
     lab, mins = b.assign(rows, Cc)
-    np.testing.assert_array_equal(lab, ref.labels)
-    np.testing.assert_allclose(mins, ref.min_sq_dist, rtol=1e-12)
+    np.testing.assert_array_equal(lab, ref_lab)
+    np.testing.assert_allclose(mins, ref_min, rtol=1e-12)
     sums, weights = b.reduce(rows, ref.labels, w, 11)
     np.testing.assert_allclose(sums, ref.weighted_sums, rtol=1e-12)
     np.testing.assert_allclose(weights, ref.weight_in_clusters, rtol=1e-12)
-    b.finish()
+    labels = np.asarray(ref.labels)
+    direct = float(b.inertia(Xc, w, Cc, labels))
+    assert float(b.inertia(rows, w, Cc, labels)) == pytest.approx(direct, rel=1e-12)
+    far, far_ref = b.farthest(rows, w, Cc, labels, 5), b.farthest(Xc, w, Cc, labels, 5)
+    np.testing.assert_array_equal(far.index, far_ref.index)
+    np.testing.assert_allclose(far.x, far_ref.x, rtol=1e-12)
+    np.testing.assert_allclose(far.weight, far_ref.weight)
+    b.placement.finish()
 
 
 def test_host_rows_select_centered_rows_only():

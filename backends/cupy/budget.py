@@ -6,10 +6,18 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import weakref
 
 import numpy as np
 
-from kmeans_xp.memory import Budget, KMeansMemoryError, format_bytes, parse_memory
+from kmeans_xp.memory import (
+    Budget,
+    KMeansMemoryError,
+    accepted_options,
+    compute_itemsize,
+    format_bytes,
+    parse_memory,
+)
 
 from .common import DEVICE_AUTO_FRACTION, DEVICE_HINT, cupy, device_memory_state, \
     free_device_memory
@@ -50,6 +58,8 @@ class CupyBudget(Budget):
 
     def __init__(self, max_memory="auto", backend=None):
         super().__init__(max_memory, backend)
+        self.backend = None if backend is None else weakref.proxy(backend)  # no cycle
+        self.backend_class = type(backend)
         self._peak_stack = []
 
     def available(self) -> int:
@@ -76,7 +86,10 @@ class CupyBudget(Budget):
                 return
             if X.nbytes > self.available():
                 raise host_x_error(X, b.supports_streaming)
-        super().check(X, n_clusters, options)
+        estimate = self.backend_class.estimate_memory  # the base class's check, by class
+        n, d = X.shape
+        estimate(n, d, n_clusters, itemsize=compute_itemsize(X.dtype),
+                 max_memory=self.max_memory, **accepted_options(estimate, options or {}))
 
     @contextlib.contextmanager
     def explain(self, what, reserve, reserve_what, hint=DEVICE_HINT):

@@ -49,7 +49,7 @@ class _Workspace:
     counter (finalize_sums resets it) and the fixed-point scales (computed on the device on
     first use). All used in stream order."""
 
-    def __init__(self, cp, plan, X, w, k):
+    def __init__(self, cp, plan, X, w, k, dev):
         n, d = X.shape
         self.X, self.w, self.k, self.n, self.d = X, w, k, n, d
         self.plan, self.T = plan, X.dtype
@@ -68,7 +68,17 @@ class _Workspace:
         self.gbuf = None
         self.scales = None  # (scale, inv_scale) device arrays of d + 1 values
         self.two_l = fp.fixed_point_lo(n)
-        self.norm_mode = np.int32(norm_mode(self.dtype_name))
+        t = _CTYPE[self.dtype_name]
+        # what every call launches with, looked up once (an iteration's host time is small)
+        self.fn_pack = fp.kernel(f"pack_centers<{t}>")
+        self.pack_grid = fp.cdiv(k, BLOCK)
+        self.pack_args = (_i32(k), _i32(d), _i32(plan.layout), _i32(plan.S), _i32(plan.kpad),
+                          np.int32(norm_mode(self.dtype_name)), self.ops, self.cnorm)
+        self.fn_finalize = fp.kernel("finalize_sums")
+        self.finalize_grid = max(1, min(fp.cdiv(k * (d + 1), BLOCK), dev.sms * 8))
+        if plan.path == "small":
+            names = fp.small_kernel_names(self.dtype_name, d, plan.P)
+            self.fn_fused, self.fn_assign = fp.kernel(names[0]), fp.kernel(names[1])
 
 
 class CupyFusedBackend(CupyBackendBase):
@@ -171,7 +181,8 @@ class CupyFusedBackend(CupyBackendBase):
             ws.w, ws.w_in, ws.scales = w, sample_weight, None
             return ws
         self._ws = None  # release the old buffers before asking for new ones
-        ws = _Workspace(cp, self._plan_for(X, k), X, w, k)
+        ws = _Workspace(cp, self._plan_for(X, k), X, w, k,
+                        fp.device_facts(cp.cuda.Device().id))
         ws.w_in = sample_weight
         self._ws = ws
         return ws
@@ -200,12 +211,11 @@ class CupyFusedBackend(CupyBackendBase):
 
     # -- kernels, one small method each ----------------------------------------------------------
     def _pack(self, ws, centers):
-        c = centers if (centers.dtype == ws.T and centers.flags.c_contiguous) else \
-            self._cp.ascontiguousarray(centers.astype(ws.T, copy=False))
-        p = ws.plan
-        launch(fp.kernel(f"pack_centers<{_CTYPE[ws.dtype_name]}>"), fp.cdiv(ws.k, BLOCK),
-               (c, _i32(ws.k), _i32(ws.d), _i32(p.layout), _i32(p.S), _i32(p.kpad),
-                ws.norm_mode, ws.ops, ws.cnorm))
+        cp = self._cp
+        c = centers if (isinstance(centers, cp.ndarray) and centers.dtype == ws.T
+                        and centers.flags.c_contiguous) else \
+            cp.ascontiguousarray(cp.asarray(centers).astype(ws.T, copy=False))
+        launch(ws.fn_pack, ws.pack_grid, (c, *ws.pack_args))
 
     def _assign_pass(self, ws, labels, *, labels_old=None, min_sq=None, accumulate=False):
         """Labels (int32) into `labels`, optional min_sq, per-block inertia partials, labels
@@ -217,14 +227,13 @@ class CupyFusedBackend(CupyBackendBase):
                 NULL if min_sq is None else min_sq, ws.partials, ws.counter)
         if p.path == "small":
             fuse = accumulate and p.fuse
-            names = fp.small_kernel_names(ws.dtype_name, ws.d, p.P)
             if fuse:
                 scale = self._scales(ws)[0]
                 extra, smem = (ws.acc, scale, np.float64(ws.two_l)), p.assign_smem
             else:
                 extra = (NULL, NULL, np.float64(1.0))
                 smem = p.tc * p.S * ws.T.itemsize
-            launch(fp.kernel(names[0] if fuse else names[1]), p.assign_grid,
+            launch(ws.fn_fused if fuse else ws.fn_assign, p.assign_grid,
                    (X, w, ws.ops, _i32(ws.n), _i32(ws.k), _i32(p.tc), *tail, *extra),
                    shared_mem=smem)
         elif p.path in ("gemm", "tf32mma"):
@@ -293,11 +302,8 @@ class CupyFusedBackend(CupyBackendBase):
         """Fixed point -> float64 sums and weights into `out` (k*(d+1) values, then with
         stats the inertia and the changed labels)."""
         k, d = ws.k, ws.d
-        inv = self._scales(ws)[1]
-        dev = fp.device_facts(self._cp.cuda.Device().id)
-        grid = max(1, min(fp.cdiv(k * (d + 1), BLOCK), dev.sms * 8))
-        launch(fp.kernel("finalize_sums"), grid,
-               (ws.acc, _i32(k), _i32(d), inv, np.float64(1.0 / ws.two_l), out,
+        launch(ws.fn_finalize, ws.finalize_grid,
+               (ws.acc, _i32(k), _i32(d), self._scales(ws)[1], np.float64(1.0 / ws.two_l), out,
                 out[k * d:], ws.partials, _i32(ws.n_partials if stats else 0), ws.counter,
                 np.float64(changed_if_none), out[k * (d + 1):] if stats else NULL))
 

@@ -10,6 +10,8 @@ before they are read.
 """
 from __future__ import annotations
 
+import weakref
+
 import numpy as np
 
 from kmeans_xp.backend import Placement
@@ -29,6 +31,9 @@ class CupyPlacement(Placement):
 
     def __init__(self, backend):
         super().__init__(backend)
+        # no reference cycle: a backend nobody holds (predict's) is freed at once, and with
+        # it the streaming engine and X's page lock
+        self.backend = weakref.proxy(backend)
         self._cp = cupy()
         self._stream_choice = None  # (id of the host X, stream it?) decided once per X
 

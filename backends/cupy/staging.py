@@ -97,6 +97,11 @@ def copy_to_host(dst, src, stream):
     src.get(stream=stream, out=dst, blocking=False)
 
 
+def copy_to_host_blocking(dst, src, stream):
+    """Device -> host copy on `stream` into any host `dst`, waiting for it."""
+    src.get(stream=stream, out=dst)
+
+
 class Pinned:
     """A pinned host buffer viewed as a NumPy array (the allocation kept alive with it)."""
 

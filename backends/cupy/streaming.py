@@ -69,13 +69,15 @@ def plan_stream(n, d, k, itemsize, budget, *, work_bytes, weighted=True, rows=No
     """Rows per chunk so that the device buffers fit in `budget` bytes. work_bytes(rows,
     share) -> bytes of the backend's own per-chunk working memory (cupy-chunked's GEMM blocks)
     planned within `share` bytes. Device: per slot X, weights, int32 labels and distances of
-    one chunk, the backend's working memory, centers and sums, and the distances of an
-    assignment (n values). Host: per slot pinned X and weights (staging)."""
+    one chunk, the backend's working memory, centers and sums, and the labels of three
+    iterations (the driver keeps the last, the one before and the next one issued ahead), in
+    the smallest type that holds k. Host: per slot pinned X and weights (staging), and the
+    distances an assignment returns (n values; only the final assignment and predict ask)."""
     store_dtype = nearest.label_store_dtype(k)
     stride = nearest.ops_stride(d, itemsize)
     fixed = 2 * k * (d + 1) * 8 + 2 * k * stride * itemsize + FIXED_SLACK
-    assign_out = n * itemsize
-    room = budget - fixed - assign_out
+    labels = 3 * n * store_dtype.itemsize
+    room = budget - fixed - labels
     x_row = d * itemsize
     w_row = itemsize if weighted else 0
     per_row = slots * (x_row + w_row + 4 + itemsize)
@@ -86,23 +88,24 @@ def plan_stream(n, d, k, itemsize, budget, *, work_bytes, weighted=True, rows=No
     except KMeansMemoryError as exc:
         raise KMeansMemoryError(
             f"{what}: the per-chunk working memory does not fit ({exc})",
-            needed=fixed + assign_out + floor * per_row + (exc.needed or 0),
+            needed=fixed + labels + floor * per_row + (exc.needed or 0),
             allowed=budget) from exc
     got = (room - work) // per_row
     if got < floor:
-        needed = fixed + assign_out + work + floor * per_row
+        needed = fixed + labels + work + floor * per_row
         raise KMeansMemoryError(
             f"{what} needs at least {format_bytes(needed)} of device memory (chunks of "
-            f"{floor} rows in {slots} slots, {format_bytes(work)} of working memory, the "
-            f"distances of an assignment, centers and sums), but max_memory allows "
+            f"{floor} rows in {slots} slots, {format_bytes(work)} of working memory, three "
+            f"iterations' labels, centers and sums), but max_memory allows "
             f"{format_bytes(budget)}", needed=needed, allowed=budget)
     rows = int(min(want, got))
     parts = {
         "stream_buffers": rows * per_row,
         "chunk_buffers": work,
         "centers_and_sums": fixed,
-        "assign_distances": assign_out,
+        "labels": labels,
         "pinned_host": slots * rows * (x_row + w_row),
+        "assign_distances_host": n * itemsize,
     }
     return StreamPlan(rows, slots, store_dtype, parts)
 
@@ -229,7 +232,7 @@ class StreamEngine:
         Then: labels_new (device, n): store the labels, counting those that differ from
         labels_old (into stats[1]); accumulate: float64 sums and weights; distance_inertia /
         direct_inertia: sum of w times the assignment's / the direct distances (stats[0]);
-        min_out (device, n): the distances; top (reductions.TopKeys): relocation keys;
+        min_out (host, n): the distances (copied chunk by chunk, synchronously); top (reductions.TopKeys): relocation keys;
         column_stats (a dict): column sums and squares of the raw chunks."""
         cp, p, b = self.cp, self.plan, self.backend
         n, d, rows, S = self.n, self.d, p.rows, p.slots
@@ -302,7 +305,7 @@ class StreamEngine:
             old = None if labels_old is None else labels_old[c0:c1]
             store_labels(lab, old, labels_new[c0:c1], changed)
         if min_out is not None:
-            min_out[c0:c1] = dist
+            staging.copy_to_host_blocking(min_out[c0:c1], dist, self.compute)
         if sums is not None:
             nearest.cluster_sums(Xd, lab, wd, sums, weights)
         if direct_inertia or top is not None:
@@ -333,7 +336,7 @@ class StreamEngine:
 
     def assign(self, X, centers):
         labels = self._new_labels()
-        min_sq = common.device_empty((self.n,), self.dtype, "squared distances")
+        min_sq = np.empty(self.n, dtype=self.dtype)  # on the host: n values need not fit
         self.backend.stream_pass(self, lambda: self.run(X.mean, centers=centers,
                                                         labels_new=labels, min_out=min_sq))
         return AssignResult(labels, min_sq)
@@ -364,12 +367,13 @@ class StreamEngine:
         acc = {}
         self.run(None, column_stats=acc)
         self.compute.synchronize()
-        mean64 = acc["sum"].get() / self.n
+        host = self.cp.asnumpy
+        mean64 = host(acc["sum"]) / self.n
         if not need_var:
             return mean64, None
-        shift = acc["shift"].get()
+        shift = host(acc["shift"])
         # sum (x - s)^2 = sum (x - mean)^2 + n (mean - s)^2
-        var = np.maximum(acc["sq"].get() / self.n - (mean64 - shift) ** 2, 0.0)
+        var = np.maximum(host(acc["sq"]) / self.n - (mean64 - shift) ** 2, 0.0)
         return mean64, var
 
     def __del__(self):
