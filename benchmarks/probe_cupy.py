@@ -4,13 +4,14 @@ workloads (float32), with the issue's targets.
     python benchmarks/probe_cupy.py OUT.json [--quick]
 
 W1 n=2M d=3 k=200, W3 n=20M d=3 k=1000, W5 n=1M d=128 k=4096 (targets: cupy-chunked W3 <=
-150 ms, W5 <= 45 ms; cupy-kernels W3 <= 60 ms). One iteration is what the backend's device
-loop (`kmeans_single`) does per iteration: assignment, per-cluster sums, the empty-cluster
-check, the center update and the inertia / shift / changed-labels reductions with their one
-device-to-host copy. It is timed as the difference of two runs of `kmeans_single` from the
-same centers with tol=0 (max_iter=2 and 2+m), so setup and the final pass cancel out; warm-up
-first, the device synchronised before every clock read, median of repeats. The labels of one
-assignment are compared with the numpy backend's on a subsample (cupy-kernels: identical).
+150 ms, W5 <= 45 ms; cupy-kernels W3 <= 60 ms). One iteration is what a fit does per
+iteration through the driver (`kmeans_xp.lloyd`): the backend's `lloyd_iter` (assignment,
+per-cluster sums, inertia and changed labels), the driver's center update, the one small
+fetch of the statistics (and a relocation when a cluster is empty). It is timed as the
+difference of two `KMeans.fit` runs from the same centers with tol=0 (max_iter=2 and 2+m,
+device-resident X), so setup and the final pass cancel out; warm-up first, the device
+synchronised before every clock read, median of repeats. The labels of one assignment are
+compared with the numpy backend's on a subsample (cupy-kernels: identical).
 """
 from __future__ import annotations
 
@@ -31,13 +32,14 @@ TARGET_MS = {("cupy-chunked", "W3"): 150.0, ("cupy-chunked", "W5"): 45.0,
 
 
 def per_iteration(cp, backend, X, w, init, m, repeats):
-    from array_api_compat import array_namespace
-    xp = array_namespace(X)
+    from kmeans_xp import KMeans
+    C = cp.asnumpy(init)
 
     def run(iters):
         cp.cuda.Device().synchronize()
         t0 = time.perf_counter()
-        backend.kmeans_single(X, w, init.copy(), xp=xp, max_iter=iters, tol=0.0)
+        KMeans(C.shape[0], init=C, n_init=1, max_iter=iters, tol=0.0,
+               backend=backend.name).fit(X, sample_weight=w)
         cp.cuda.Device().synchronize()
         return time.perf_counter() - t0
 

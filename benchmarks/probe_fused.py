@@ -4,14 +4,14 @@
 
 W1 n=2M d=3 k=200, W2 n=2M d=3 k=500, W3 n=20M d=3 k=1000, W5 n=1M d=128 k=4096, each for a
 few backend options (fused or split passes; fp32, tf32 through cuBLAS, tf32 fused). One
-"iteration" is exactly what `kmeans_single` does per iteration: assignment (+ fused or
-separate sums), fixed-point finalize, the one device-to-host copy of the statistics, the
-center update. Warm-up first (NVRTC compile, pool growth), the device synchronised before
-each clock read, median of several repeats. Also times the assignment pass alone (CUDA
-events), the once-per-fit and per-relocation extras a whole fit adds (the relocation-key
-pass over X, the final direct inertia), and a whole `kmeans_single` (with how many
-assignment passes it ran and how many empty clusters it relocated), and checks the labels
-of a subsample against the numpy backend.
+"iteration" is what the driver (`kmeans_xp.lloyd`) does per iteration on this backend: its
+`lloyd_iter` (pack_centers, the assignment pass + fused or separate sums, finalize), the
+driver's center update and its one fetch of the statistics (relocation when a cluster is
+empty). Warm-up first (NVRTC compile, pool growth), the device synchronised before each clock
+read, median of several repeats. Also times one lloyd_iter and one assignment on the device
+(CUDA events) and a lloyd_iter's host time, the extras a fit adds (the farthest points, only
+when a cluster is empty, and the final direct inertia), and a whole `KMeans.fit` per
+iteration, and checks the labels of a subsample against the numpy backend.
 """
 from __future__ import annotations
 
@@ -52,51 +52,49 @@ def make_data(cp, n, d, k, seed=0):
 
 
 def time_iterations(cp, be, X, w, init, iters, repeats):
-    st, X, w = be._prepare(X, w, init.shape[0])
-    centers = be._pack(st, init).copy()
-    spare = cp.empty_like(centers)
-    st.scales()
-    state = {"c": centers, "s": spare}
+    """ms per iteration through the driver (`kmeans_xp.lloyd.kmeans_single_lloyd`: lloyd_iter,
+    the center update, the one fetch, relocation when a cluster is empty) as the difference of
+    runs of 2 and 2 + iters iterations (tol=0), so the final pass and inertia cancel out; and,
+    by CUDA events, one lloyd_iter and one assignment on the device, a lloyd_iter's host time,
+    and what a fit adds: the farthest points (only when a cluster is empty) and the final
+    inertia by direct differences."""
+    from array_api_compat import array_namespace
 
-    def iteration():
-        be._assign_pass(st, count_changed=True, accumulate=True)
-        be._finalize(st)
-        st.stats.get()  # the one transfer per iteration
-        be._update(st, state["c"], state["s"])
-        state["c"], state["s"] = state["s"], state["c"]
+    from kmeans_xp.lloyd import kmeans_single_lloyd
+    xp = array_namespace(X)
 
-    for _ in range(3):
-        iteration()
-    be.synchronize()
-    runs = []
-    for _ in range(repeats):
-        be.synchronize()
+    def run(m):
+        be.placement.synchronize()
         t0 = time.perf_counter()
-        for _ in range(iters):
-            iteration()
-        be.synchronize()
-        runs.append((time.perf_counter() - t0) * 1e3 / iters)
-    # assignment pass alone (no sums), device time by events
+        kmeans_single_lloyd(be, X, w, init, xp=xp, max_iter=m, tol=0.0)
+        be.placement.synchronize()
+        return time.perf_counter() - t0
+
+    run(2)  # warm-up: NVRTC, pool growth
+    runs = [(run(2 + iters) - run(2)) * 1e3 / iters for _ in range(repeats)]
     start, stop = cp.cuda.Event(), cp.cuda.Event()
-    start.record()
-    for _ in range(iters):
-        be._assign_pass(st)
-    stop.record()
-    stop.synchronize()
-    assign_ms = cp.cuda.get_elapsed_time(start, stop) / iters
-    # what a fit adds: one relocation-key pass over X per iteration that has empty clusters
-    # (m = 0: the keys only), and the final inertia by direct differences once per fit
-    extras = {}
-    for name, fn in (("relocation_keys_ms", lambda: be._relocate(st, state["c"], 0)),
-                     ("final_inertia_ms", lambda: be._direct_inertia(st, state["c"]))):
+
+    def device_ms(fn, count=5):
         fn()
         start.record()
-        for _ in range(3):
+        for _ in range(count):
             fn()
         stop.record()
         stop.synchronize()
-        extras[name] = cp.cuda.get_elapsed_time(start, stop) / 3
-    return float(np.median(runs)), runs, float(assign_ms), st.plan, extras
+        return cp.cuda.get_elapsed_time(start, stop) / count
+
+    it = be.lloyd_iter(X, w, init, None, xp=xp)
+    iter_ms = device_ms(lambda: be.lloyd_iter(X, w, init, it.labels, xp=xp))
+    assign_ms = device_ms(lambda: be.assign(X, init, xp=xp))
+    be.placement.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(20):
+        be.lloyd_iter(X, w, init, it.labels, xp=xp)
+    host_ms = (time.perf_counter() - t0) * 1e3 / 20
+    extras = {"farthest_ms": device_ms(lambda: be.farthest(X, w, init, it.labels, 8, xp=xp), 3),
+              "final_inertia_ms": device_ms(lambda: be.inertia(X, w, init, it.labels, xp=xp), 3),
+              "lloyd_iter_host_ms": host_ms}
+    return float(np.median(runs)), runs, float(iter_ms), float(assign_ms), be._ws.plan, extras
 
 
 def check_labels(cp, be, X, init, rows):
@@ -110,7 +108,9 @@ def check_labels(cp, be, X, init, rows):
 
 def main(argv):
     import cupy as cp
-    from kmeans_xp_backends.cupy_fused import CupyFusedBackend
+    from kmeans_xp_backends.cupy.fused import CupyFusedBackend
+
+    from kmeans_xp import KMeans
 
     out_path = argv[1] if len(argv) > 1 else "probe_fused.json"
     quick = "--quick" in argv
@@ -129,41 +129,39 @@ def main(argv):
         if quick:
             n = n // 10
         X, init = make_data(cp, n, d, k)
-        w = cp.ones(n, dtype=cp.float32)
+        w = None  # unit weights: no array at all
         iters = 20 if n * k * d < 5e10 else 5
         for opts in VARIANTS[wl]:
             be = CupyFusedBackend(**opts)
-            ms, runs, assign_ms, plan, extras = time_iterations(cp, be, X, w, init, iters,
-                                                                repeats=5)
-            t0 = time.perf_counter()
-            res = be.kmeans_single(X, w, init, max_iter=10, tol=-1.0)
-            be.synchronize()
-            fit_ms = (time.perf_counter() - t0) * 1e3 / res.n_iter
-            loop = dict(getattr(be, "last_loop", {}))
+            ms, runs, iter_ms, assign_ms, plan, extras = time_iterations(
+                cp, be, X, w, init, iters, repeats=5)
+            km = KMeans(k, init=init.get(), n_init=1, max_iter=10, tol=0.0,
+                        backend=be.name, backend_options=opts).fit(X)
+            be.placement.synchronize()
+            fit_ms = km.timings_["lloyd"] * 1e3 / km.n_iter_
             agree = check_labels(cp, be, X, init, 100_000 if d <= 16 else 10_000)
             name = wl + ("-tf32" if opts.get("precision") == "tf32" else "")
             row = {
                 "workload": wl, "n": n, "d": d, "k": k, "options": opts,
                 "path": plan.path, "fused": plan.fuse, "sums": plan.acc_mode,
                 "points_per_thread": plan.P, "assign_grid": plan.assign_grid,
-                "ms_per_iteration": ms, "runs_ms": runs, "assign_only_ms": assign_ms,
-                "update_share_ms": ms - assign_ms,
+                "ms_per_iteration": ms, "runs_ms": runs, "lloyd_iter_device_ms": iter_ms,
+                "assign_only_ms": assign_ms, "driver_share_ms": ms - iter_ms,
                 "pairs_per_s": n * k / (ms * 1e-3),
-                "fit_ms_per_iteration": fit_ms, "fit_n_iter": res.n_iter,
-                "fit_assignment_passes": loop.get("assignment_passes"),
-                "fit_relocated_clusters": loop.get("relocated_clusters"),
+                "fit_ms_per_iteration": fit_ms, "fit_n_iter": km.n_iter_,
                 **extras,
                 "label_agreement_with_numpy": agree,
                 "target_ms": None if quick else TARGET_MS.get(name),
             }
             results.append(row)
             print(f"{name:8s} {str(opts):28s} {plan.path:5s} fused={plan.fuse!s:5s} "
-                  f"sums={plan.acc_mode:6s} {ms:8.3f} ms/iter (assign {assign_ms:7.3f}) "
+                  f"sums={plan.acc_mode:6s} {ms:8.3f} ms/iter (lloyd_iter {iter_ms:7.3f}, "
+                  f"assign {assign_ms:7.3f}) "
                   f"{row['pairs_per_s']:.3g} pairs/s  fit {fit_ms:7.3f} ms/iter  "
                   f"agree {agree:.5f}  target {row['target_ms']}")
-            print(f"{'':8s} fit: {res.n_iter} iterations, {loop.get('assignment_passes')} "
-                  f"passes, {loop.get('relocated_clusters')} clusters relocated; "
-                  f"relocation keys {extras['relocation_keys_ms']:.3f} ms, final inertia "
+            print(f"{'':8s} fit: {km.n_iter_} iterations, lloyd_iter host "
+                  f"{extras['lloyd_iter_host_ms']:.3f} ms; farthest {extras['farthest_ms']:.3f} ms "
+                  f"(only when a cluster is empty), final inertia "
                   f"{extras['final_inertia_ms']:.3f} ms")
         del X, init, w
         cp.get_default_memory_pool().free_all_blocks()

@@ -14,7 +14,7 @@ Measured, each after a warm-up, the device synchronised before every clock read,
   `lloyd_iter` plus the device loop's per-iteration reductions (inertia, changed labels);
 - staging: the host's copy rate from X's pageable pages into a pinned buffer, by number of
   copying threads (the staged mode's own limit);
-- streamed: one streamed iteration, exactly the pass `stream_lloyd` makes per iteration
+- streamed: one streamed iteration, exactly the pass the driver's `lloyd_iter` makes
   (assignment, float64 sums, inertia, label-store update), for X page-locked in place
   (pin_input=True, the default for in-memory X), staged through pinned buffers
   (pin_input=False, what a memmap larger than half the host's available memory gets), and
@@ -142,8 +142,6 @@ def write_memmap(X, directory):
 
 def in_memory_iteration(cp, name, X, mean, init, iters):
     """Seconds per in-memory iteration (median) and that iteration's sums."""
-    from kmeans_xp_backends._cupy_kmeans_kernels import DeviceReductions as red
-
     from kmeans_xp import get_backend
 
     b = get_backend(name)()
@@ -156,11 +154,8 @@ def in_memory_iteration(cp, name, X, mean, init, iters):
     for i in range(iters + 1):  # the first is the warm-up
         _sync(cp)
         t0 = time.perf_counter()
-        it = b.lloyd_iter(Xd, w, C)
-        scalars = [red.weighted_sum(it.min_sq_dist, w)]
-        if old is not None:
-            scalars.append(red.count_changed(it.labels, old))
-        red.fetch(scalars)
+        it = b.lloyd_iter(Xd, w, C, old)  # sums, inertia and changed labels on the device
+        b.placement.fetch(cp.stack([it.inertia, it.n_changed]))()  # the driver's one read
         _sync(cp)
         if i:
             times.append(time.perf_counter() - t0)
@@ -180,25 +175,30 @@ def streamed_iteration(cp, name, X, mean, init, iters, pin_input):
     w = np.ones(X.shape[0], dtype=np.float32)
     centers = (init - mean).astype(np.float32)
     t0 = time.perf_counter()
-    engine = b._stream_engine(X, init.shape[0], w)
+    from kmeans_xp_backends.cupy.streaming import HostRows
+    rows = HostRows(X, mean)
+    engine = b.stream_engine(X, init.shape[0], w)
     setup_s = time.perf_counter() - t0
-    times, r = [], None
-    for i in range(iters + 1):
+    C = cp.asarray(centers)
+    times, r, old = [], None, None
+    for i in range(iters + 1):  # exactly the pass the driver's lloyd_iter makes
         _sync(cp)
         t0 = time.perf_counter()
-        r = engine.run(centers, mean=mean, accumulate=True, store="update",
-                       distance_inertia=True)
+        r = b.lloyd_iter(rows, w, C, old)
+        b.placement.fetch(cp.stack([r.inertia, r.n_changed]))()
+        _sync(cp)
         if i:
             times.append(time.perf_counter() - t0)
+        old = r.labels
     plan = engine.plan
     info = {"rows_per_chunk": plan.rows, "slots": plan.slots,
-            "label_store": f"{plan.store_dtype} on {'device' if plan.store_on_device else 'host'}",
+            "labels": f"{plan.store_dtype} on the device",
             "page_locked_input": bool(engine._direct), "pinned_bytes": engine.pinned_bytes,
             "device_bytes_planned": plan.device_bytes, "setup_s": setup_s}
     b.finish()
     cp.get_default_memory_pool().free_all_blocks()
     cp.get_default_pinned_memory_pool().free_all_blocks()
-    return statistics.median(times), times, r.sums, info
+    return statistics.median(times), times, cp.asnumpy(r.weighted_sums), info
 
 
 def machine(cp):
@@ -243,7 +243,7 @@ def main(argv=None):
     print(f"H2D: pinned {pinned_bw / 1e9:.1f} GB/s (X in {transfer_s * 1e3:.0f} ms), pageable "
           f"{pageable_bw / 1e9:.1f} GB/s, page-locked X "
           f"{(registered_bw or 0) / 1e9:.1f} GB/s (locking took {register_s or 0:.2f}s)")
-    from kmeans_xp_backends import _cupy_streaming
+    from kmeans_xp_backends.cupy import staging as _cupy_streaming
     rates = staging_rates(cp, X)
     cp.get_default_pinned_memory_pool().free_all_blocks()
     print("staging copy pageable -> pinned, by threads: " + ", ".join(

@@ -91,7 +91,11 @@ static inline void emu_wait(emu_barrier& b) {
     if (++b.arrived == b.count) { b.arrived = 0; ++b.gen; return; }
     while (b.gen == g) emu_yield();
 }
-static std::vector<unsigned long long> emu_slots;  // 32 per warp
+// Warp exchanges: each lane writes its value, one warp barrier, each lane reads. Two slot
+// buffers alternate (every lane of a warp makes the same sequence of exchanges), so a lane
+// cannot overwrite a value another lane has yet to read: one barrier per exchange.
+static std::vector<unsigned long long> emu_slots;  // 2 x 32 per warp
+static std::vector<unsigned> emu_xcount;           // exchanges made, per thread
 
 inline void __syncthreads() { emu_wait(emu_block_bar); }
 inline void __threadfence() {}
@@ -99,12 +103,12 @@ inline void __threadfence() {}
 template <class T>
 inline T emu_exchange(T v, int src) {
     const int me = threadIdx.x, warp = me >> 5;
+    const size_t half = (emu_xcount[me]++ & 1) ? emu_slots.size() / 2 : 0;
     unsigned long long bits = 0;
     std::memcpy(&bits, &v, sizeof(T));
-    emu_slots[me] = bits;
+    emu_slots[half + me] = bits;
     emu_wait(emu_warp_bar[warp]);
-    const unsigned long long got = emu_slots[warp * 32 + (src & 31)];
-    emu_wait(emu_warp_bar[warp]);
+    const unsigned long long got = emu_slots[half + warp * 32 + (src & 31)];
     T r;
     std::memcpy(&r, &got, sizeof(T));
     return r;
@@ -119,11 +123,11 @@ template <class T> inline T __shfl_down_sync(unsigned, T v, int o) {
 }
 inline bool __all_sync(unsigned, bool p) {
     const int me = threadIdx.x, warp = me >> 5;
-    emu_slots[me] = p;
+    const size_t half = (emu_xcount[me]++ & 1) ? emu_slots.size() / 2 : 0;
+    emu_slots[half + me] = p;
     emu_wait(emu_warp_bar[warp]);
     bool all = true;
-    for (int i = 0; i < 32; ++i) all = all && emu_slots[warp * 32 + i];
-    emu_wait(emu_warp_bar[warp]);
+    for (int i = 0; i < 32; ++i) all = all && emu_slots[half + warp * 32 + i];
     return all;
 }
 
@@ -166,7 +170,8 @@ void emu_launch(int grid, int block, size_t smem, F body) {
     emu_jmp.resize(block);
     emu_done.assign(block, 0);
     emu_started.assign(block, 0);
-    emu_slots.assign(block, 0);
+    emu_slots.assign(2 * (size_t)((block + 31) / 32 * 32), 0);
+    emu_xcount.assign(block, 0);
     for (int b = 0; b < grid; ++b) {
         blockIdx.x = b;
         emu_block_bar = emu_barrier{block, 0, 0};

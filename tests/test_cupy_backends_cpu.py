@@ -1,11 +1,12 @@
 """CPU checks of the CuPy backends: registry entries, the error without CuPy or a GPU, the chunk
-plan, and cupy-chunked's chunk/tile/OOM-halving loop driven through a NumPy stand-in for CuPy
-(kernels and GEMM emulated), so the orchestration is tested where no GPU is."""
+plan, cupy-chunked's chunk/tile/OOM-halving loop, and whole fits and the contract suite,
+driven through a NumPy stand-in for CuPy whose kernels are the real CUDA ones run on the CPU
+(tests/_fake_cupy.py, tests/_cuda_emulator.py; GEMM is NumPy's), where no GPU is."""
 import numpy as np
 import pytest
-from kmeans_xp_backends import _cupy_kmeans_kernels as kernels
-from kmeans_xp_backends._cupy_common import MIN_CHUNK_ROWS, fit_state_bytes, kmeanspp_bytes
-from kmeans_xp_backends.cupy_chunked import (
+from kmeans_xp_backends.cupy import nearest as kernels
+from kmeans_xp_backends.cupy.common import MIN_CHUNK_ROWS, kmeanspp_bytes
+from kmeans_xp_backends.cupy.chunked import (
     MAX_BLOCK_BYTES,
     TILE_MIN_ROWS,
     CupyChunkedBackend,
@@ -24,15 +25,16 @@ from tests import _fake_cupy
 from tests.conftest import gpu_available
 
 CUPY_BACKENDS = ("cupy-kernels", "cupy-chunked")
+ALL_CUPY = CUPY_BACKENDS + ("cupy-fused",)
 
 
 # -- registry ---------------------------------------------------------------------------------
 def test_cupy_backends_are_listed():
     infos = list_backends()
-    for name in CUPY_BACKENDS:
+    for name in ALL_CUPY:
         assert name in infos
         assert infos[name].gpu
-        assert infos[name].target.startswith("kmeans_xp_backends.cupy_")
+        assert infos[name].target.startswith("kmeans_xp_backends.cupy.")
 
 
 @pytest.mark.skipif(gpu_available(), reason="CuPy and a GPU are present")
@@ -50,8 +52,12 @@ def test_without_cupy_or_gpu_get_backend_says_why(name):
 
 def test_backend_modules_import_without_touching_cupy():
     import importlib
-    for mod in ("kmeans_xp_backends.cupy_kernels", "kmeans_xp_backends.cupy_chunked"):
-        importlib.import_module(mod)  # CuPy is imported only when a backend is instantiated
+    import sys
+    for mod in ("kernels", "chunked", "fused", "streaming", "placement", "budget"):
+        importlib.import_module(f"kmeans_xp_backends.cupy.{mod}")
+    # CuPy is imported only when a backend is instantiated
+    assert "cupy" not in sys.modules or gpu_available() or isinstance(
+        sys.modules["cupy"], _fake_cupy.FakeCupy)
 
 
 # -- chunk plan -----------------------------------------------------------------------------
@@ -83,26 +89,24 @@ def test_plan_refuses_a_budget_below_the_floor():
         plan_chunks(10**6, 3, 100, 4, 1000)
 
 
-def test_state_and_init_bytes_grow_with_n():
-    a, b = fit_state_bytes(1000, 3, 10, 4), fit_state_bytes(2000, 3, 10, 4)
-    assert a["data"] == 1000 * 3 * 4 and b["data"] == 2 * a["data"]
+def test_init_bytes_grow_with_n_and_estimates_count_x_on_the_device(fake_cupy):
     per_sample, chunk = kmeanspp_bytes(1000, 3, 10, 4, 256)
-    assert per_sample > a["labels_and_distances"] / 2 and chunk > 0
-
-
-def test_full_reduce_splits_into_parts_and_tail():
-    def kernel(v, w, axis=None):
-        return np.sum(v.astype(np.float64) * w, axis=axis)
-    rng = np.random.default_rng(0)
-    for n in (10, kernels.REDUCE_PARTS * kernels.REDUCE_MIN_PART + 12345):
-        v, w = rng.random(n).astype(np.float32), rng.random(n).astype(np.float32)
-        assert float(kernels.full_reduce(kernel, v, w)) == pytest.approx(
-            float(kernel(v, w)), rel=1e-12)
+    assert per_sample > 1000 * 4 and chunk > 0
+    assert kmeanspp_bytes(2000, 3, 10, 4, 256)[0] == 2 * per_sample
+    for name in ALL_CUPY:
+        from kmeans_xp import get_backend as gb
+        est = gb(name).estimate_memory(1000, 3, 10, itemsize=4)
+        assert est.parts["data"] == 1000 * 3 * 4, name
+        assert "labels" not in est.parts and "centered_copy" not in est.parts  # the core's
 
 
 # -- the backends' Python paths on a NumPy stand-in for CuPy ---------------------------------
 @pytest.fixture
 def fake_chunked(monkeypatch):
+    from tests._cuda_emulator import EmulatedKernels
+    if not EmulatedKernels.available():
+        pytest.skip("needs g++ to run the CUDA kernels on the CPU")
+
     def make(max_memory, max_alloc=1 << 40):
         fake = _fake_cupy.install(monkeypatch, max_alloc)
         b = CupyChunkedBackend(max_memory=max_memory)
@@ -130,7 +134,7 @@ def test_chunked_assign_loop_gives_the_argmin(fake_chunked, n, d, k, max_memory)
     np.testing.assert_array_equal(labels, ref)
     np.testing.assert_allclose(min_sq, dist[np.arange(n), ref], rtol=1e-12)
     plan = b._plan[1]
-    assert plan.buffer_bytes(8) + k * 8 <= b.budget(reserve=n * 16)
+    assert plan.buffer_bytes(8) + k * 8 <= b.memory.bytes(reserve=n * 12)
     blocks = b._blocks
     b.assign(X, C)
     assert b._blocks[3] is blocks[3], "the distance block is reused across iterations"
@@ -141,14 +145,15 @@ def test_chunked_assign_halves_the_chunk_on_oom(fake_chunked):
     b, fake = fake_chunked("64MB", max_alloc=2048 * k * 8)  # blocks of <= 2048 rows fit
     X = asymmetric_data(n, d, k, dtype=np.float64, seed=1)
     C = X[:k] + 0.5
-    planned = plan_chunks(n, d, k, 8, b.budget(reserve=n * 16)).rows
+    planned = plan_chunks(n, d, k, 8, b.memory.bytes(reserve=n * 12)).rows
     labels, _ = b.assign(X, C)
     np.testing.assert_array_equal(labels, _reference(X, C)[0])
     rows = b._plan[1].rows
     assert rows < planned and rows * k * 8 <= fake.max_alloc
     n_allocs = len(fake.allocations)
     b.assign(X, C)  # starts from the chunk that fitted: no new blocks, no new failures
-    assert len(fake.allocations) == n_allocs + 2  # only this call's labels and distances
+    # only this call's labels, distances and center norms
+    assert len(fake.allocations) == n_allocs + 3
 
 
 def test_chunked_assign_below_the_floor_raises_memory_error(fake_chunked):
@@ -159,7 +164,7 @@ def test_chunked_assign_below_the_floor_raises_memory_error(fake_chunked):
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-@pytest.mark.parametrize("name", CUPY_BACKENDS)
+@pytest.mark.parametrize("name", ALL_CUPY)
 def test_fit_with_the_real_kernels_is_the_numpy_backends(emulated_cupy, name, dtype):
     """The backends' launch code and the CUDA kernels themselves (run on the CPU): the numpy
     backend's fit (float32 too: numpy's arithmetic, sums with float64 products as numpy's
@@ -167,7 +172,8 @@ def test_fit_with_the_real_kernels_is_the_numpy_backends(emulated_cupy, name, dt
     X = asymmetric_data(1201, 3, 6, dtype=dtype, seed=21)
     init = X[:6] + dtype(0.1)
     ref = KMeans(6, init=init, backend="numpy", max_iter=6, tol=0).fit(X)
-    got = KMeans(6, init=init, backend=name, max_iter=6, tol=0, max_memory="40KB").fit(X)
+    budget = "40KB" if name != "cupy-fused" else "auto"  # fused: working memory is O(k d)
+    got = KMeans(6, init=init, backend=name, max_iter=6, tol=0, max_memory=budget).fit(X)
     agree = np.mean(got.labels_ == ref.labels_)
     assert agree == 1.0, f"{name} {np.dtype(dtype)}: {1 - agree:.4%} labels differ"
     assert got.n_iter_ == ref.n_iter_
@@ -187,11 +193,11 @@ def test_fit_through_the_estimator_matches_numpy(fake_cupy, name):
     assert got.n_iter_ == ref.n_iter_
     assert got.inertia_ == pytest.approx(ref.inertia_, rel=1e-12)
     assert {"init", "assign", "update"} <= set(got.memory_report_)
-    assert got.memory_report_["assign"] >= 3001 * 16  # its labels and distances, at least
+    assert got.memory_report_["assign"] >= 3001 * 12  # its labels and distances, at least
     np.testing.assert_array_equal(got.predict(X), got.labels_)
 
 
-@pytest.mark.parametrize("name", CUPY_BACKENDS)
+@pytest.mark.parametrize("name", ALL_CUPY)
 def test_free_memory_frees_the_pool_when_fit_ends(fake_cupy, name):
     X = asymmetric_data(501, 2, 3, dtype=np.float32, seed=12)
     KMeans(3, backend=name, random_state=0).fit(X)
@@ -207,9 +213,11 @@ def test_backend_options_are_checked(fake_cupy):
         with pytest.raises(TypeError, match=next(iter(bad))):
             CupyChunkedBackend(**bad)
     for name in CUPY_BACKENDS:
-        with pytest.raises(TypeError, match=r"knows: \['free_memory', 'stream', "
-                                            r"'stream_rows', 'pin_input'\]"):
+        with pytest.raises(TypeError, match=r"knows: \['free_memory', 'pin_input', "
+                                            r"'stream', 'stream_rows'\]"):
             get_backend(name)(chunk=3)
+    with pytest.raises(TypeError, match="knows: .*'precision'"):
+        get_backend("cupy-fused")(stream=True)  # the fused backend does not stream
 
 
 def test_nested_stages_report_their_own_peaks(fake_cupy):
@@ -232,15 +240,16 @@ def test_nearest_kernel_by_width_and_dtype():
     assert name(3, np.float64) == "nearest_small<double, 3, 2>"
     assert name(64, np.float64) == "nearest_tiled<double, 64>"
     assert name(65, np.float64) == "nearest_mem<double>"
-    names = kernels.all_raw_kernel_names()
+    names = [n for _, n in kernels.kernel_instances()]
     assert all(name(d, dt) in names for d in range(1, 300) for dt in (np.float32, np.float64))
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("d", [1, 2, 3, 5, 17])
-def test_center_operands_are_numpys(dtype, d):
-    """-2 c exactly and ||c||^2 from np.einsum (numpy's call, so its SIMD order), padded to
-    16 bytes: the kernels' GEMM expansion is then numpy's, operand for operand."""
+def test_center_operands_are_numpys(fake_cupy, dtype, d):
+    """-2 c exactly and ||c||^2 in np.einsum's order (pack_centers on the device, numpy's
+    SIMD order), padded to 16 bytes: the kernels' GEMM expansion is then numpy's, operand for
+    operand."""
     rng = np.random.default_rng(d)
     C = (rng.normal(size=(37, d)) * rng.uniform(0.1, 100, size=(37, d))).astype(dtype)
     ops = kernels.center_operands(C, dtype)
@@ -251,6 +260,16 @@ def test_center_operands_are_numpys(dtype, d):
     np.testing.assert_array_equal(ops[:, d], np.einsum("ij,ij->i", C, C))
     assert not ops[:, d + 1:].any()
     np.testing.assert_array_equal(kernels.center_norms(C, dtype), ops[:, d])
+
+
+@pytest.mark.parametrize("name", ALL_CUPY)
+def test_contract_suite_on_the_emulated_device(fake_cupy, name):
+    """kmeans_xp.testing.check_backend with the real kernels run on the CPU (the GPU tests run
+    it on the device too): primitives, iterations, inertia, farthest, memory bound and the
+    driver's case matrix against the numpy backend."""
+    from kmeans_xp.testing import check_backend
+    dtypes = (np.float64,) if name == "cupy-chunked" else (np.float32, np.float64)
+    assert check_backend(get_backend(name), dtypes=dtypes) > 0
 
 
 def test_label_store_dtype_holds_k():

@@ -6,13 +6,13 @@ import types
 
 import numpy as np
 import pytest
-from kmeans_xp_backends import cupy_fused
+from kmeans_xp_backends.cupy import einsum_order, fused_plan
 
 
 def test_einsum_order_is_detected():
     """Every numpy build we support (x86-64, aarch64) sums einsum in an order the kernels
     know; None would make them fall back to a sequential sum."""
-    assert cupy_fused._einsum_order() is not None
+    assert einsum_order.einsum_order() is not None
 
 
 @pytest.mark.parametrize("d", [1, 2, 3, 4, 5, 7, 8, 15, 16, 17, 31, 33, 63, 64, 65, 127, 128,
@@ -20,12 +20,12 @@ def test_einsum_order_is_detected():
 def test_einsum_emulation_matches_numpy(d):
     """The order the kernels use (emulated row-parallel on the host, same loop) gives the bits
     of np.einsum for every d, including the vector tails and the 4-vector groups."""
-    order = cupy_fused._einsum_order()
+    order = einsum_order.einsum_order()
     if order is None:
         pytest.skip("einsum order not reproduced on this numpy build")
     rng = np.random.default_rng(d)
     C = (rng.standard_normal((257, d)) * rng.uniform(0.01, 100.0, d)).astype(np.float32)
-    got = cupy_fused._emulate_einsum_sq_norm(C, *order)
+    got = einsum_order.emulate_einsum_sq_norm(C, *order)
     assert np.array_equal(got, np.einsum("ij,ij->i", C, C))
 
 
@@ -41,34 +41,34 @@ def test_sequential_sum_is_not_einsum_beyond_d3():
 
 
 def test_norm_modes():
-    order = cupy_fused._einsum_order()
+    order = einsum_order.einsum_order()
     if order is None:
-        assert cupy_fused._einsum_norm_mode("float32") == 0
+        assert einsum_order.norm_mode("float32") == 0
         return
     vec_bytes, fused, hmode = order
     for dt, size in (("float32", 4), ("float64", 8)):
-        mode = cupy_fused._einsum_norm_mode(dt)
+        mode = einsum_order.norm_mode(dt)
         assert mode & 0xFF == vec_bytes // size
         assert (mode >> 8) & 1 == int(fused) and (mode >> 9) & 3 == hmode
 
 
-def test_every_common_kernel_name_the_backend_uses_is_unique():
-    source = cupy_fused.KERNEL_SOURCE.with_name("cupy_fused.py").read_text()
-    used = set(re.findall(r'_common\([a-z_.]+, "([a-z_]+)"\)', source))
-    assert "relocation_keys" in used and "argmin_rows" in used
+def test_every_kernel_the_backend_launches_has_a_file_and_an_instance():
+    source = (fused_plan.__file__.replace("fused_plan.py", "fused.py"))
+    text = open(source).read()
+    used = set(re.findall(r'fp\.kernel\(f?"([a-z_]+)[<"]', text))
+    assert {"pack_centers", "finalize_sums", "accumulate_shared", "column_absmax"} <= used
+    names = fused_plan.all_kernel_names()
+    for name in used | {"assign_small", "assign_gemm", "assign_tf32"}:
+        assert name in fused_plan.KERNEL_FILES, name
+        assert any(n.split("<")[0] == name for n in names), name
     for dt in ("float32", "float64"):
-        for name in used - ({"argmin_rows"} if dt == "float64" else set()):
-            full = cupy_fused.common_instance(dt, name)
-            assert full in cupy_fused.common_kernel_names(dt)
-        with pytest.raises(KeyError):
-            cupy_fused.common_instance(dt, "assign_gemm")  # two instances: by full name only
         for vec in (True, False):
-            assert cupy_fused.gemm_kernel_name(dt, vec) in cupy_fused.common_kernel_names(dt)
+            assert fused_plan.gemm_kernel_name(dt, vec) in fused_plan.common_kernel_names(dt)
 
 
 def test_tf32_api_exists_in_installed_cupy():
     cp = pytest.importorskip("cupy")
-    get, set_, tf32 = cupy_fused._tf32_api(cp)
+    get, set_, tf32 = fused_plan.tf32_api(cp)
     assert callable(get) and callable(set_) and isinstance(tf32, int)
 
 
@@ -78,4 +78,4 @@ def test_tf32_api_missing_is_a_clear_error(monkeypatch):
     monkeypatch.setattr(cupy._core, "_routines_linalg", types.ModuleType("stub"),
                         raising=False)
     with pytest.raises(RuntimeError, match="COMPUTE_TYPE_TF32.*precision='fp32'"):
-        cupy_fused._tf32_api(cp)
+        fused_plan.tf32_api(cp)

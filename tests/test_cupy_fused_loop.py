@@ -1,116 +1,75 @@
-"""CPU check of `cupy-fused`'s device-side Lloyd loop: its control flow (one transfer per
-iteration, the shift test read one iteration late, strict convergence, max_iter, relocation)
-must reproduce `kmeans_xp.lloyd.kmeans_single_lloyd` exactly. The kernels are replaced by
-numpy stand-ins with the same data flow, so this runs without CuPy or a GPU."""
-import types
+"""cupy-fused through the driver (kmeans_xp.lloyd) equals the numpy backend through the driver,
+with the real kernels run on the CPU (tests/_fake_cupy.py): every case of the driver's matrix
+(relocation guard, weights with zeros and None, empty clusters forcing relocation,
+duplicates, tol 0 and > 0, max_iter 1, k = 1), float32 and float64, the fused small-d pass,
+the split one and the GEMM-like kernel. And what one iteration costs: three launches (four
+when the sums are a separate pass), nothing read back."""
+import warnings
 
 import numpy as np
 import pytest
-from kmeans_xp_backends.cupy_fused import CupyFusedBackend
-from kmeans_xp_backends.numpy_ import NumpyBackend
 
-from kmeans_xp.namespaces import array_namespace
-from kmeans_xp.lloyd import inertia, kmeans_single_lloyd, new_centers, relocate_empty, tolerance
-from kmeans_xp.testing import asymmetric_data
-
-ROWS = 4096
+from kmeans_xp import KMeans
+from kmeans_xp.testing import asymmetric_data, lloyd_cases
 
 
-class _Host(np.ndarray):
-    """A NumPy array with CuPy's .get()."""
-
-    def get(self):
-        return np.array(self)
-
-
-class _EmulatedBackend(CupyFusedBackend):
-    """The real `_lloyd_loop`; every kernel launch replaced by the numpy computation it does."""
-
-    def __init__(self):  # no CuPy
-        self._cp = types.SimpleNamespace(int64=np.int64)
-        self.reference = NumpyBackend(n_threads=1)
-
-    def _assign_pass(self, st, *, min_sq=None, count_changed=False, accumulate=False):
-        it = self.reference.lloyd_iter(st.X, st.w, st.packed)
-        labels = it.labels.astype(np.int32)
-        if count_changed:
-            st.stats.view(np.uint64)[0] += np.count_nonzero(labels != st.labels)
-        st.labels[:] = labels
-        st.pass_inertia = float(np.sum(it.min_sq_dist.astype(np.float64) * st.w.astype(np.float64)))
-        st.sums, st.weights = it.weighted_sums, it.weight_in_clusters
-        st.passes += 1
-
-    def _finalize(self, st, *, inertia=True):
-        st.stats.view(np.uint64)[1] += np.count_nonzero(st.weights == 0)
-        st.stats[2] = st.pass_inertia
-
-    def _relocate(self, st, centers, m):
-        assert m == np.count_nonzero(st.weights == 0)
-        xp = array_namespace(st.X)
-        st.sums, st.weights = relocate_empty(st.X, st.w, centers, st.labels.astype(np.int64),
-                                             st.sums, st.weights, xp, ROWS)
-        st.relocations += 1
-
-    def _update(self, st, c_old, c_new):
-        xp = array_namespace(st.X)
-        c_new[...] = new_centers(st.sums, st.weights, c_old, xp)
-        st.stats[3] = float(np.sum((c_new - c_old) ** 2))
-        st.stats.view(np.uint64)[:2] = 0
-        st.packed = c_new
-
-    def _direct_inertia(self, st, centers):
-        xp = array_namespace(st.X)
-        return inertia(st.X, st.w, centers, st.labels.astype(np.int64), xp, ROWS)
+def _same_fit(got, ref, dtype, where):
+    assert np.array_equal(np.asarray(got.labels_), ref.labels_), \
+        f"{where}: {np.mean(np.asarray(got.labels_) != ref.labels_):.3%} labels differ"
+    assert got.n_iter_ == ref.n_iter_, f"{where}: n_iter {got.n_iter_} != {ref.n_iter_}"
+    rtol = 1e-5 if dtype == np.float32 else 1e-11
+    assert got.inertia_ == pytest.approx(ref.inertia_, rel=rtol, abs=1e-12), where
+    np.testing.assert_allclose(np.asarray(got.cluster_centers_), ref.cluster_centers_,
+                               rtol=rtol * 10, atol=rtol, err_msg=where)
+    np.testing.assert_allclose(got.history_["inertia"], ref.history_["inertia"], rtol=rtol,
+                               atol=1e-12, err_msg=where)
 
 
-def _run_both(X, w, init, max_iter, tol):
-    xp = array_namespace(X)
-    ref = kmeans_single_lloyd(NumpyBackend(n_threads=1), X, w, init.copy(), xp=xp,
-                              max_iter=max_iter, tol=tol, rows=ROWS)
-    emu = _EmulatedBackend()
-    st = types.SimpleNamespace(X=X, w=w, packed=init.copy(), labels=np.full(len(X), -1, np.int32),
-                               stats=np.zeros(8).view(_Host), passes=0, relocations=0)
-    got = emu._lloyd_loop(st, init.copy(), np.empty_like(init), max_iter, tol, 0)
-    return ref, got, st
-
-
-def _data(n, d, k, seed, dtype=np.float64):
-    X = asymmetric_data(n, d, k, dtype=dtype, seed=seed)
-    return X - X.mean(axis=0)
-
-
-@pytest.mark.parametrize("tol_factor", [0.0, 1e-4, 1e-2])
-@pytest.mark.parametrize("max_iter", [1, 2, 3, 300])
-@pytest.mark.parametrize("seed", [0, 1])
-def test_loop_reproduces_the_driver(tol_factor, max_iter, seed):
-    X = _data(1500, 3, 8, seed)
-    w = np.random.default_rng(seed).uniform(0.5, 2, len(X))
-    init = X[np.random.default_rng(seed + 10).choice(len(X), 8, replace=False)].copy()
-    tol = tolerance(X, tol_factor, array_namespace(X))
-    ref, got, st = _run_both(X, w, init, max_iter, tol)
-    assert got.n_iter == ref.n_iter
-    assert np.array_equal(got.labels, ref.labels)
-    assert np.array_equal(got.centers, ref.centers)
-    assert got.inertia == ref.inertia
-    assert got.history == ref.history
-    # one pass per iteration plus the final assignment, which strict convergence skips
-    strict = len(ref.history["inertia"]) == ref.n_iter and ref.n_iter < max_iter and \
-        st.passes == ref.n_iter
-    assert st.passes in (ref.n_iter, ref.n_iter + 1)
-    assert strict or st.passes == ref.n_iter + 1
+@pytest.mark.parametrize("fuse", ["auto", False])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_driver_matrix_equals_numpy(fake_cupy, dtype, fuse):
+    for case, kwargs, X, fit_kw in lloyd_cases(dtype):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            ref = KMeans(backend="numpy", **kwargs).fit(X, **fit_kw)
+            got = KMeans(backend="cupy-fused", backend_options={"fuse": fuse},
+                         **kwargs).fit(X, **fit_kw)
+        _same_fit(got, ref, dtype, f"{case} {np.dtype(dtype)} fuse={fuse}")
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_loop_relocates_empty_clusters_like_the_driver(dtype):
-    X = _data(2001, 2, 6, 3, dtype)
+def test_gemm_path_with_empty_clusters_equals_numpy(fake_cupy, dtype):
+    """d > 16 (the GEMM-like kernel, sums in a second pass), weights, far centers."""
+    X = asymmetric_data(1031, 17, 6, dtype=dtype, seed=3)
     w = np.random.default_rng(3).uniform(0.5, 2, len(X)).astype(dtype)
-    w[:40] = 0  # zero-weight points are never taken
-    init = X[np.random.default_rng(4).choice(len(X), 6, replace=False)].copy()
-    init[1] = X.max(axis=0) * 50   # far from everything: empty at the first pass
-    init[4] = X.min(axis=0) * 50
-    ref, got, st = _run_both(X, w, init, 100, 0.0)
-    assert st.relocations >= 1
-    assert got.n_iter == ref.n_iter
-    assert np.array_equal(got.labels, ref.labels)
-    assert np.array_equal(got.centers, ref.centers)
-    assert got.history == ref.history
+    w[::9] = 0
+    init = X[np.random.default_rng(4).choice(len(X), 9, replace=False)].copy()
+    init[[2, 5]] += 1e3  # empty at the first pass: relocated
+    kw = dict(init=init, max_iter=30, tol=0)
+    ref = KMeans(9, backend="numpy", **kw).fit(X, sample_weight=w)
+    got = KMeans(9, backend="cupy-fused", **kw).fit(X, sample_weight=w)
+    _same_fit(got, ref, dtype, f"gemm {np.dtype(dtype)}")
+
+
+@pytest.mark.parametrize("fuse,launches", [("auto", 3), (False, 4)])
+def test_one_iteration_is_three_launches_and_reads_nothing_back(fake_cupy, monkeypatch, fuse,
+                                                                launches):
+    import array_api_compat.numpy as xp
+    from kmeans_xp_backends.cupy import common
+    from kmeans_xp_backends.cupy.fused import CupyFusedBackend
+
+    X = asymmetric_data(3001, 3, 8, dtype=np.float32, seed=1)
+    X -= X.mean(axis=0)
+    C = X[:8].copy()
+    be = CupyFusedBackend(fuse=fuse)
+    it = be.lloyd_iter(X, None, C, None, xp=xp)  # first call: workspace, scales
+    calls = []
+    real = common.launch
+    monkeypatch.setattr("kmeans_xp_backends.cupy.fused.launch",
+                        lambda fn, *a, **k: (calls.append(fn.name), real(fn, *a, **k)))
+    monkeypatch.setattr(fake_cupy, "asnumpy", lambda *a, **k: pytest.fail("read back"))
+    it2 = be.lloyd_iter(X, None, C, it.labels, xp=xp)
+    assert len(calls) == launches, calls
+    assert calls[0].startswith("pack_centers") and calls[-1] == "finalize_sums"
+    assert it2.labels is not it.labels and float(it2.n_changed) == 0
+    assert it2.labels.dtype == np.int32

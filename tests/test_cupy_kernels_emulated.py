@@ -1,12 +1,14 @@
-"""The CuPy backends' raw kernels run on the CPU (tests/_cuda_emulator.py: the CUDA source
+"""The CuPy backends' kernels run on the CPU (tests/_cuda_emulator.py: the CUDA source
 compiled as C++ with one thread per CUDA thread), checked against NumPy: labels bit for bit
 against the numpy backend's arithmetic (the exactness cupy-kernels promises), shared-memory
 center tiles (resident and streamed), grid-stride loops with short last groups, the warp
-reductions of the sums, the row argmin's tie rules and the label store. Skipped without g++.
+reductions of the sums, the row argmin's tie rules, the streamed label store, the
+deterministic reductions and the direct distances. Skipped without g++.
 """
 import numpy as np
 import pytest
-from kmeans_xp_backends import _cupy_kmeans_kernels as K
+from kmeans_xp_backends.cupy import nearest as K
+from kmeans_xp_backends.cupy.common import BLOCK, CTYPE, NULL
 
 from kmeans_xp.testing import asymmetric_data
 from tests._cuda_emulator import EmulatedKernels
@@ -16,12 +18,28 @@ pytestmark = pytest.mark.skipif(not EmulatedKernels.available(), reason="needs g
 F32, F64 = np.dtype(np.float32), np.dtype(np.float64)
 
 
+class _Launcher:
+    def __init__(self):
+        self.emu = EmulatedKernels()
+
+    def launch(self, name, grid, args, smem=0, block=BLOCK):
+        base = name.split("<")[0]
+        file = {"nearest_small": "nearest.cu", "nearest_tiled": "nearest.cu",
+                "nearest_mem": "nearest.cu", "cluster_sums_shared": "sums.cu",
+                "cluster_sums_global": "sums.cu", "row_argmin_shifted": "row_argmin.cu",
+                "store_labels": "stats.cu", "weighted_total": "stats.cu",
+                "count_changed": "stats.cu", "direct_inertia": "direct.cu",
+                "labelled_sq_dist": "direct.cu"}[base]
+        self.emu.launch(file, name, grid, args, smem=smem, block=block)
+
+
 @pytest.fixture(scope="module")
 def emu():
-    try:
-        return EmulatedKernels(K.all_raw_kernel_names())
-    except Exception as exc:  # noqa: BLE001 - an old compiler without <barrier>
-        pytest.skip(f"the kernels do not build for the CPU here: {exc}")
+    return _Launcher()
+
+
+def _host_operands(C, dtype):
+    return K._host_operands(C, np.dtype(dtype), K.ops_stride(C.shape[1], np.dtype(dtype).itemsize))
 
 
 def _numpy_assign(X, C):
@@ -36,8 +54,8 @@ def _numpy_assign(X, C):
 def _nearest(emu, X, C, grid):
     n, d = X.shape
     k = C.shape[0]
-    ops = K.center_operands(C, X.dtype)
-    labels = np.full(n, -1, dtype=np.int64)
+    ops = _host_operands(C, X.dtype)
+    labels = np.full(n, -1, dtype=np.int32)
     min_sq = np.full(n, np.nan, dtype=X.dtype)
     name = K.nearest_kernel_name(d, X.dtype)
     if name.startswith("nearest_small"):
@@ -65,7 +83,7 @@ def test_nearest_small_is_numpys_assignment_bit_for_bit(emu, dtype, d, k):
     in shared memory once (k <= tile) or streamed through it in tiles (k > tile)."""
     P = K.points_per_thread(d, dtype.itemsize)
     # several groups of BLOCK * P points and a short one; grid 2: the grid-stride loop
-    n = max(3 * K.BLOCK * P, 2 * k) + 77
+    n = max(3 * BLOCK * P, 2 * k) + 77
     X, C = _problem(n, d, k, dtype, seed=d * 31 + k, ties=k > 8)
     labels, min_sq = _nearest(emu, X, C, grid=2)
     ref, best = _numpy_assign(X, C)
@@ -85,7 +103,7 @@ def test_nearest_small_is_numpys_assignment_bit_for_bit(emu, dtype, d, k):
 def test_wider_nearest_kernels_are_numpys_assignment(emu, dtype, d, k):
     """nearest_tiled (centers in shared-memory tiles, the point in registers) and
     nearest_mem: numpy's labels (its GEMM is the same fused multiply-add chain here)."""
-    n = 2 * K.BLOCK + 45
+    n = 2 * BLOCK + 45
     X, C = _problem(n, d, k, dtype, seed=d + k, ties=k > 8)
     labels, min_sq = _nearest(emu, X, C, grid=1)
     ref, best = _numpy_assign(X, C)
@@ -101,17 +119,17 @@ def test_wider_nearest_kernels_are_numpys_assignment(emu, dtype, d, k):
 def test_cluster_sums_shared(emu, dtype, order):
     """Privatised float64 sums: random labels (per-lane shared atomics) and sorted labels
     (whole warps of one label reduced by shuffles), zero weights skipped."""
-    n, d, k = 5 * K.BLOCK + 19, 3, 37
+    n, d, k = 5 * BLOCK + 19, 3, 37
     X, _ = _problem(n, d, k, dtype, seed=5)
     rng = np.random.default_rng(6)
-    labels = rng.integers(0, k, n).astype(np.int64)
+    labels = rng.integers(0, k, n).astype(np.int32)
     if order == "sorted":
         labels.sort()
     w = rng.uniform(0.5, 2, n).astype(dtype)
     w[rng.random(n) < 0.1] = 0
     sums = np.zeros((k, d))
     weights = np.zeros(k)
-    emu.launch(f"cluster_sums_shared<{K._CTYPE[dtype]}>", 3,
+    emu.launch(f"cluster_sums_shared<{CTYPE[dtype]}>", 3,
                (X, labels, w, np.int64(n), np.int32(d), np.int32(k), sums, weights),
                smem=k * (d + 1) * 8)
     ref = np.zeros((k, d))
@@ -133,29 +151,82 @@ def test_row_argmin_shifted_over_tiles(emu, dtype):
     dist[9, 12] = -50
     dist[9, 52] = -50 + c_norm[12] - c_norm[52]  # a tie across tiles (when exact)
     run_min = np.zeros(rows, dtype=dtype)
-    labels = np.full(rows, -1, dtype=np.int64)
+    labels = np.full(rows, -1, dtype=np.int32)
     for j0 in range(0, k, tile):
         j1 = min(j0 + tile, k)
         block = np.ascontiguousarray(dist[:, j0:j1])
-        emu.launch(f"row_argmin_shifted<{K._CTYPE[dtype]}>", 2,
+        emu.launch(f"row_argmin_shifted<{CTYPE[dtype]}>", 2,
                    (block, np.ascontiguousarray(c_norm[j0:j1]), np.int64(rows),
-                    np.int32(j1 - j0), np.int64(j0), np.int32(j0 == 0), run_min, labels))
+                    np.int32(j1 - j0), np.int32(j0), np.int32(j0 == 0), run_min, labels))
     full = dist + c_norm
     np.testing.assert_array_equal(labels, full.argmin(axis=1))
     np.testing.assert_array_equal(run_min, full.min(axis=1))
 
 
 @pytest.mark.parametrize("store_dtype", ["unsigned char", "unsigned short", "int"])
-def test_update_label_store_counts_and_writes(emu, store_dtype):
+def test_store_labels_counts_and_writes(emu, store_dtype):
+    """Host streaming's label store: a chunk's int32 labels into the compact type, counting
+    those that differ from the previous iteration's (none counted without old labels)."""
     np_dtype = {"unsigned char": np.uint8, "unsigned short": np.uint16, "int": np.int32}
     rng = np.random.default_rng(8)
-    m = 3 * K.BLOCK + 5
-    store = rng.integers(0, 200, m).astype(np_dtype[store_dtype])
-    labels = store.astype(np.int64)
+    m = 3 * BLOCK + 5
+    old = rng.integers(0, 200, m).astype(np_dtype[store_dtype])
+    labels = old.astype(np.int32)
     flip = rng.random(m) < 0.3
     labels[flip] = (labels[flip] + 1) % 200
+    out = np.zeros(m, dtype=np_dtype[store_dtype])
     changed = np.zeros(1, dtype=np.uint64)
-    emu.launch(f"update_label_store<{store_dtype}>", 2,
-               (labels, store, np.int64(m), changed))
+    emu.launch(f"store_labels<{store_dtype}>", 2, (labels, old, out, np.int64(m), changed))
     assert int(changed[0]) == int(flip.sum())
-    np.testing.assert_array_equal(store.astype(np.int64), labels)
+    np.testing.assert_array_equal(out.astype(np.int32), labels)
+    emu.launch(f"store_labels<{store_dtype}>", 2, (labels, NULL, out, np.int64(m), changed))
+    assert int(changed[0]) == int(flip.sum())
+
+
+def _reduce(emu, name, args, grid):
+    partials = np.zeros(grid)
+    out = np.full(1, np.nan)
+    done = np.zeros(1, dtype=np.uint32)
+    emu.launch(name, grid, (*args, partials, out, done))
+    assert done[0] == 0, "the last block resets the counter for the next launch"
+    return float(out[0])
+
+
+@pytest.mark.parametrize("dtype", [F32, F64])
+def test_reductions_are_fixed_order_sums(emu, dtype):
+    """weighted_total (with weights and unit ones) and count_changed (with old labels and
+    without): one launch, partials per block, the last block sums them."""
+    rng = np.random.default_rng(9)
+    n = 5 * BLOCK * 8 + 77
+    v = rng.uniform(0, 3, n).astype(dtype)
+    w = rng.uniform(0, 2, n).astype(dtype)
+    t = CTYPE[dtype]
+    got = _reduce(emu, f"weighted_total<{t}>", (v, w, np.int64(n)), 3)
+    assert got == pytest.approx(float(np.sum(v.astype(np.float64) * w)), rel=1e-12)
+    got = _reduce(emu, f"weighted_total<{t}>", (v, NULL, np.int64(n)), 3)
+    assert got == pytest.approx(float(np.sum(v.astype(np.float64))), rel=1e-12)
+    a = rng.integers(0, 5, n).astype(np.int32)
+    b = a.copy()
+    b[::7] += 1
+    assert _reduce(emu, "count_changed", (a, b, np.int64(n)), 3) == np.count_nonzero(a != b)
+    assert _reduce(emu, "count_changed", (a, NULL, np.int64(n)), 3) == n
+
+
+@pytest.mark.parametrize("dtype", [F32, F64])
+@pytest.mark.parametrize("d", [1, 3, 15, 16, 17, 130])
+def test_direct_distances_are_numpys_differences(emu, dtype, d):
+    """||x - c_label||^2 by differences with numpy's pairwise summation (one thread per row
+    below d = 16, eight lanes per row from 16 on): the bits of np.sum((x - c) ** 2, axis=1);
+    and the weighted inertia of those distances."""
+    n, k = 2 * BLOCK + 37, 9
+    X, C = _problem(n, d, k, dtype, seed=d)
+    labels = np.random.default_rng(d).integers(0, k, n).astype(np.int32)
+    out = np.zeros(n, dtype=dtype)
+    emu.launch(f"labelled_sq_dist<{CTYPE[dtype]}>", 3, (X, labels, C, np.int64(n), np.int32(d),
+                                                       out))
+    ref = np.sum((X - C[labels]) ** 2, axis=1)
+    np.testing.assert_array_equal(out, ref)
+    w = np.random.default_rng(1).uniform(0, 2, n).astype(dtype)
+    got = _reduce(emu, f"direct_inertia<{CTYPE[dtype]}>",
+                  (X, w, labels, C, np.int64(n), np.int32(d)), 3)
+    assert got == pytest.approx(float(np.sum(ref.astype(np.float64) * w)), rel=1e-12)

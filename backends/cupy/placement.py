@@ -68,11 +68,11 @@ class CupyPlacement(Placement):
         cp = self._cp
         if arr is None:
             return arr
-        if getattr(arr, "dtype", None) is not None and arr.dtype.kind == "u":
-            arr = arr.astype(np.int32)  # streamed labels live in compact unsigned types
         if isinstance(arr, cp.ndarray) and not isinstance(like, cp.ndarray) \
                 and hasattr(arr, "get"):
-            return arr.get()
+            arr = arr.get()
+        if getattr(arr, "dtype", None) is not None and arr.dtype.kind == "u":
+            arr = arr.astype(np.int32)  # streamed labels live in compact unsigned types
         return arr
 
     def namespace(self, X):

@@ -244,8 +244,8 @@ class StreamEngine:
         self.compute.wait_event(start)
         with self.compute:
             state = b.chunk_centers(centers, self.dtype) if assign else None
-            C = self.cp.ascontiguousarray(centers, dtype=self.dtype) if centers is not None \
-                else None
+            C = None if centers is None else cp.ascontiguousarray(cp.asarray(centers),
+                                                                  dtype=self.dtype)
             mean_dev = None if column_stats is not None else self._mean_on_device(mean)
             sums = cp.zeros((self.k, d), dtype=cp.float64) if accumulate else None
             weights = cp.zeros(self.k, dtype=cp.float64) if accumulate else None
