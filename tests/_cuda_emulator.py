@@ -265,9 +265,9 @@ class EmulatedKernels:
             with open(src, "w") as f:
                 f.write(code)
             tmp = lib + f".{os.getpid()}"
-            proc = subprocess.run(["g++", "-std=c++20", "-O1", "-ffp-contract=off", "-fPIC",
-                                   "-U_FORTIFY_SOURCE", "-shared", "-w", "-o", tmp, src], capture_output=True,
-                                  text=True)
+            cmd = ["g++", "-std=c++20", "-O1", "-ffp-contract=off", "-fPIC",
+                   "-U_FORTIFY_SOURCE", "-shared", "-w", "-o", tmp, src]
+            proc = subprocess.run(cmd, capture_output=True, text=True)
             if proc.returncode:
                 raise RuntimeError(f"{name} ({file}) does not build for the CPU:\n"
                                    f"{proc.stderr[-4000:]}")

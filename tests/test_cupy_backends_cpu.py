@@ -5,13 +5,13 @@ driven through a NumPy stand-in for CuPy whose kernels are the real CUDA ones ru
 import numpy as np
 import pytest
 from kmeans_xp_backends.cupy import nearest as kernels
-from kmeans_xp_backends.cupy.common import MIN_CHUNK_ROWS, kmeanspp_bytes
 from kmeans_xp_backends.cupy.chunked import (
     MAX_BLOCK_BYTES,
     TILE_MIN_ROWS,
     CupyChunkedBackend,
     plan_chunks,
 )
+from kmeans_xp_backends.cupy.common import MIN_CHUNK_ROWS, kmeanspp_bytes
 
 from kmeans_xp import (
     BackendNotAvailableError,

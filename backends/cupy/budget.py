@@ -19,8 +19,7 @@ from kmeans_xp.memory import (
     parse_memory,
 )
 
-from .common import DEVICE_AUTO_FRACTION, DEVICE_HINT, cupy, device_memory_state, \
-    free_device_memory
+from .common import DEVICE_AUTO_FRACTION, DEVICE_HINT, cupy, device_memory_state, free_device_memory
 
 
 @functools.lru_cache(maxsize=1)
