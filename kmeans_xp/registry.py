@@ -37,7 +37,7 @@ BUILTIN_BACKENDS = {
                                 CUDA_EXTRA, True),
     "cupy-fused": BuiltinSpec("cupy", "kmeans_xp_backends.cupy_fused:CupyFusedBackend",
                               CUDA_EXTRA, True),
-    "dask": BuiltinSpec("dask.array", "kmeans_xp_backends.dask_:DaskBackend", "dask", False),
+    "dask": BuiltinSpec("dask.array", "kmeans_xp_backends.dask.backend:DaskBackend", "dask", False),
 }
 
 #: what "auto" tries, in order, for each input namespace
