@@ -7,9 +7,9 @@ The standard has no scatter-add, so per-cluster sums are a one-hot product per r
 """
 from __future__ import annotations
 
-from kmeans_xp.namespaces import array_namespace, device, namespace_name
 from kmeans_xp.backend import AssignResult, KMeansBackend, ReduceResult
 from kmeans_xp.memory import MemoryEstimate, chunk_rows, host_available_memory, resolve_budget
+from kmeans_xp.namespaces import array_namespace, device, namespace_name
 
 _CAP = 1 << 28  # chunks past a few hundred MB buy nothing on any device
 
@@ -32,7 +32,9 @@ class ArrayAPIBackend(KMeansBackend):
 
     @staticmethod
     def _row_bytes(k, d, itemsize):
-        return 2 * k * itemsize + (d + 3) * itemsize + 16
+        # assign: the GEMM, its scaled copy and the distances (3 k values); reduce: the
+        # boolean and float64 one-hot rows (9 k bytes) and x * w in float64
+        return 3 * k * itemsize + 9 * k + (2 * d + 3) * 8 + 16
 
     @classmethod
     def _rows(cls, n, d, k, itemsize, max_memory):
@@ -46,7 +48,8 @@ class ArrayAPIBackend(KMeansBackend):
         rows = cls._rows(n_samples, n_features, n_clusters, itemsize, max_memory)
         parts = {"chunk_buffers": rows * cls._row_bytes(n_clusters, n_features, itemsize),
                  "sums": 2 * n_clusters * (n_features + 1) * 8,
-                 "outputs": n_samples * (8 + itemsize)}
+                 # labels and distances per chunk, then concatenated
+                 "assign_outputs": 2 * n_samples * (8 + itemsize)}
         return MemoryEstimate(parts, sum(parts.values()), rows)
 
     def _chunks(self, X, k):
@@ -77,7 +80,8 @@ class ArrayAPIBackend(KMeansBackend):
         weights = xp.zeros(n_clusters, dtype=xp.float64, device=dev)
         for sl in self._chunks(X, n_clusters):
             onehot = xp.astype(labels[sl][None, :] == ids[:, None], xp.float64)
-            w = xp.astype(sample_weight[sl], xp.float64)
+            w = (xp.ones(onehot.shape[1], dtype=xp.float64, device=dev)
+                 if sample_weight is None else xp.astype(sample_weight[sl], xp.float64))
             sums = sums + onehot @ (xp.astype(X[sl, ...], xp.float64) * w[:, None])
             weights = weights + onehot @ w
         return ReduceResult(sums, weights)

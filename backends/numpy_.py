@@ -17,15 +17,24 @@ its outputs (labels, min_sq_dist) and a few k-sized vectors.
 """
 from __future__ import annotations
 
-import itertools
+import contextlib
+import numbers
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from kmeans_xp.backend import AssignResult, IterResult, KMeansBackend, ReduceResult
+from kmeans_xp.backend import (
+    AssignResult,
+    IterStats,
+    KMeansBackend,
+    Option,
+    Placement,
+    ReduceResult,
+)
 from kmeans_xp.memory import MemoryEstimate, chunk_rows, host_available_memory, resolve_budget
+from kmeans_xp.validation import Interval
 
 #: GEMM result per sub-chunk kept below this (it must stay in L2 while argmin reads it)
 TARGET_BLOCK_BYTES = 512 << 10
@@ -65,6 +74,10 @@ def _blas_single_thread():
 
 
 _CONTROLLER = None
+
+
+def _nothing():
+    return contextlib.nullcontext()
 
 
 class _Plan:
@@ -107,22 +120,57 @@ class _Plan:
         return self.shared + self.threads * self.per_thread
 
 
+class _Acc:
+    """One thread's float64 accumulators of a pass: sums, weights, inertia, changed labels."""
+
+    __slots__ = ("sums", "weights", "inertia", "changed")
+
+    def __init__(self, k, d):
+        self.sums = np.zeros((k, d), dtype=np.float64)
+        self.weights = np.zeros(k, dtype=np.float64)
+        self.inertia = 0.0
+        self.changed = 0
+
+    def add_stats(self, min_sq, labels, labels_old, s0, e0, bufs, w):
+        m64 = bufs["m64"][:e0 - s0]
+        np.copyto(m64, min_sq, casting="unsafe")
+        if w is None:
+            self.inertia += float(m64.sum())
+        else:
+            w64 = bufs["w64"][:e0 - s0]   # this block's weights, copied by _reduce_block
+            self.inertia += float(np.dot(m64, w64))
+        if labels_old is not None:
+            self.changed += int(np.count_nonzero(labels != labels_old[s0:e0]))
+
+    def merge(self, other):
+        self.sums += other.sums
+        self.weights += other.weights
+        self.inertia += other.inertia
+        self.changed += other.changed
+        return self
+
+
+class NumpyPlacement(Placement):
+    def converts_from(self, namespace):
+        return namespace == "list"
+
+
 class NumpyBackend(KMeansBackend):
     name = "numpy"
     namespaces = frozenset({"numpy"})
     device = "cpu"
+    options = {"n_threads": Option(None, None, Interval(numbers.Integral, 1),
+                                   doc="threads over row blocks (default: usable cores)")}
+    placement_class = NumpyPlacement
 
-    def __init__(self, max_memory="auto", n_threads=None):
-        super().__init__(max_memory)
-        self.n_threads = _n_threads(n_threads)
+    def __init__(self, max_memory="auto", **options):
+        super().__init__(max_memory, **options)
+        self.threads = _n_threads(self.n_threads)
         self._pool = None
         self._pool_threads = 0
         self._local = threading.local()
-        if self.n_threads > 1:
+        if self.threads > 1:
             _blas_controller()  # once, before any fit is measured
-
-    def converts_from(self, namespace):
-        return namespace == "list"
 
     # -- memory -----------------------------------------------------------------------------
     @staticmethod
@@ -133,9 +181,9 @@ class NumpyBackend(KMeansBackend):
 
     @staticmethod
     def _block_row_bytes(d, itemsize):
-        # augmented copy [x, 1], ||x||^2, and two float64 columns for bincount's weights
-        # (w, and x_j * w)
-        return (d + 1) * itemsize + itemsize + 16
+        # augmented copy [x, 1], ||x||^2, and three float64 columns (w and x_j * w for
+        # bincount's weights, the distances in float64 for the inertia)
+        return (d + 1) * itemsize + itemsize + 24
 
     @staticmethod
     def _thread_fixed_bytes(k, d):
@@ -152,22 +200,22 @@ class NumpyBackend(KMeansBackend):
         threads = _n_threads(n_threads)
         plan = cls._plan(n_samples, n_features, n_clusters, itemsize, max_memory, threads)
         parts = {"chunk_buffers": plan.threads * plan.per_thread, "shared": plan.shared,
-                 "outputs": n_samples * (8 + itemsize)}
+                 "min_sq_dist": n_samples * itemsize}
         # chunk_rows: the rows one thread holds at a time (its task); the GEMM runs on
         # cache-sized sub-chunks of min(chunk_rows, plan.sub) rows within it
         return MemoryEstimate(parts, sum(parts.values()), plan.block)
 
     # -- threads and buffers ----------------------------------------------------------------
     def _spawn(self, job, threads):
-        """Run `job` once on each of `threads` pool threads; their results in a list."""
+        """[job(0), ..., job(threads - 1)], run on `threads` pool threads."""
         if threads == 1:
-            return [job()]
+            return [job(0)]
         if self._pool is None or self._pool_threads != threads:
             if self._pool is not None:
                 self._pool.shutdown(wait=True)
             self._pool = ThreadPoolExecutor(threads, thread_name_prefix="kmeans_xp")
             self._pool_threads = threads
-        futures = [self._pool.submit(job) for _ in range(threads)]
+        futures = [self._pool.submit(job, t) for t in range(threads)]
         return [f.result() for f in futures]
 
     def _buffers(self, plan, dtype):
@@ -184,9 +232,7 @@ class NumpyBackend(KMeansBackend):
                     "xnorm": np.empty(plan.block, dtype=dtype),
                     "w64": np.empty(plan.block, dtype=np.float64),
                     "xw64": np.empty(plan.block, dtype=np.float64),
-                    "sums": np.zeros((plan.k, plan.d), dtype=np.float64),
-                    "weights": np.zeros(plan.k, dtype=np.float64),
-                    "epoch": None}
+                    "m64": np.empty(plan.block, dtype=np.float64)}
             self._local.bufs = bufs
         return bufs
 
@@ -224,27 +270,36 @@ class NumpyBackend(KMeansBackend):
         np.maximum(m, 0, out=m)
 
     @staticmethod
-    def _reduce_block(X, s0, e0, labels, sample_weight, bufs, k):
-        """Add the block's weighted sums and weights into this thread's accumulators.
-        Weights go to bincount as contiguous float64 (it would copy anything else); the
-        casts are plain copies, so no ufunc cast buffers are needed."""
+    def _reduce_block(X, s0, e0, labels, sample_weight, bufs, k, acc):
+        """Add the block's weighted sums and weights into `acc`. Weights go to bincount as
+        contiguous float64 (it would copy anything else); the casts are plain copies, so no
+        ufunc cast buffers are needed. Unit weights (None): counts."""
         r0 = e0 - s0
         lab = labels[s0:e0]
-        w64, xw = bufs["w64"][:r0], bufs["xw64"][:r0]
-        np.copyto(w64, sample_weight[s0:e0], casting="unsafe")
-        bufs["weights"] += np.bincount(lab, weights=w64, minlength=k)
-        sums = bufs["sums"]
+        xw = bufs["xw64"][:r0]
+        if sample_weight is None:
+            w64 = None
+            acc.weights += np.bincount(lab, minlength=k)
+        else:
+            w64 = bufs["w64"][:r0]
+            np.copyto(w64, sample_weight[s0:e0], casting="unsafe")
+            acc.weights += np.bincount(lab, weights=w64, minlength=k)
         for j in range(X.shape[1]):
             np.copyto(xw, X[s0:e0, j], casting="unsafe")
-            xw *= w64
-            sums[:, j] += np.bincount(lab, weights=xw, minlength=k)
+            if w64 is not None:
+                xw *= w64
+            acc.sums[:, j] += np.bincount(lab, weights=xw, minlength=k)
 
     # -- the contract -----------------------------------------------------------------------
-    def _run(self, X, sample_weight, centers, labels_in=None, assign=True, reduce=True):
+    def _run(self, X, sample_weight, centers, *, labels_in=None, labels_old=None, assign=True,
+             reduce=True):
+        """One pass over X in blocks. Thread t takes a fixed, contiguous run of blocks and
+        adds them in order into its own accumulators, which are then added in thread order:
+        the float64 sums do not depend on which thread ran when (deterministic)."""
         X = np.asarray(X)
         n, d = X.shape
         k = centers.shape[0]
-        plan = self._plan(n, d, k, X.dtype.itemsize, self.max_memory, self.n_threads)
+        plan = self._plan(n, d, k, X.dtype.itemsize, self.max_memory, self.threads)
         if assign:
             aug = self._operands(centers, X.dtype)
             offs = np.arange(plan.sub, dtype=np.intp) * k
@@ -252,62 +307,47 @@ class NumpyBackend(KMeansBackend):
             min_sq = np.empty(n, dtype=X.dtype)
         else:
             labels, min_sq = np.asarray(labels_in, dtype=np.intp), None
-        if reduce:
-            sample_weight = np.asarray(sample_weight)
-        epoch = object()
+        w = None if sample_weight is None else np.asarray(sample_weight)
         n_tasks = -(-n // plan.block)
-        counter, lock = itertools.count(), threading.Lock()
+        threads = max(1, min(plan.threads, n_tasks))
 
-        def next_task():  # a shared work queue (the lock also holds without a GIL)
-            with lock:
-                return next(counter)
-
-        def worker():
-            # one job per thread pulls blocks until none is left (balances a noisy machine,
-            # and costs no Python object per block)
+        def job(t):
             bufs = self._buffers(plan, X.dtype)
-            if reduce and bufs["epoch"] is not epoch:
-                bufs["sums"].fill(0)
-                bufs["weights"].fill(0)
-                bufs["epoch"] = epoch
-            while (i := next_task()) < n_tasks:
+            acc = _Acc(k, d) if reduce else None
+            for i in range(t * n_tasks // threads, (t + 1) * n_tasks // threads):
                 s0, e0 = i * plan.block, min((i + 1) * plan.block, n)
                 if assign:
                     self._assign_block(X, s0, e0, aug, offs, labels, min_sq, bufs, plan.sub)
                 if reduce:
-                    self._reduce_block(X, s0, e0, labels, sample_weight, bufs, k)
-            return bufs
+                    self._reduce_block(X, s0, e0, labels, w, bufs, k, acc)
+                    if assign:
+                        acc.add_stats(min_sq[s0:e0], labels[s0:e0], labels_old, s0, e0,
+                                      bufs, w)
+            return acc
 
-        threads = min(plan.threads, n_tasks)
         limit = _blas_single_thread() if assign and threads > 1 else None
-        if limit is None:
-            accs = self._spawn(worker, threads)
-        else:
-            with limit:
-                accs = self._spawn(worker, threads)
-        if not reduce:
-            return labels, min_sq, None, None
-        accs = list({id(a): a for a in accs}.values())  # two jobs may have shared a thread
-        sums, weights = accs[0]["sums"].copy(), accs[0]["weights"].copy()
-        for a in accs[1:]:
-            sums += a["sums"]
-            weights += a["weights"]
-        return labels, min_sq, sums, weights
+        with limit if limit is not None else _nothing():
+            accs = self._spawn(job, threads)
+        total = None
+        for a in accs:  # thread order
+            total = a if total is None else total.merge(a)
+        return labels, min_sq, total
 
     def assign(self, X, centers, *, xp=None):
-        labels, min_sq, _, _ = self._run(X, None, centers, reduce=False)
+        labels, min_sq, _ = self._run(X, None, centers, reduce=False)
         return AssignResult(labels.astype(np.int64, copy=False), min_sq)
 
     def reduce(self, X, labels, sample_weight, n_clusters, *, xp=None):
-        centers_shape = np.empty((n_clusters, 0))
-        _, _, sums, weights = self._run(X, sample_weight, centers_shape, labels_in=labels,
-                                        assign=False)
-        return ReduceResult(sums, weights)
+        shape = np.empty((n_clusters, 0))
+        _, _, acc = self._run(X, sample_weight, shape, labels_in=labels, assign=False)
+        return ReduceResult(acc.sums, acc.weights)
 
-    def lloyd_iter(self, X, sample_weight, centers, *, xp=None, update_centers=True):
-        labels, min_sq, sums, weights = self._run(X, sample_weight, centers,
-                                                  reduce=update_centers)
-        return IterResult(labels.astype(np.int64, copy=False), min_sq, sums, weights)
+    def lloyd_iter(self, X, sample_weight, centers, labels_old, *, xp=None):
+        old = None if labels_old is None else np.asarray(labels_old)
+        labels, _, acc = self._run(X, sample_weight, centers, labels_old=old)
+        changed = float(len(labels)) if old is None else float(acc.changed)
+        return IterStats(labels.astype(np.int64, copy=False), acc.sums, acc.weights,
+                         np.float64(acc.inertia), np.float64(changed))
 
     def finish(self):
         """End of a fit: drop every thread's buffers and stop the pool (a later call on this

@@ -53,7 +53,7 @@ def _workload_params():
 
 def _entry(spec, w):
     if spec == bench.SEED_ROW:
-        return bench.SeedEntry("gpu" if bench._cupy_gpu() else "cpu", w)
+        return bench.SeedEntry("gpu" if bench.cupy_gpu() else "cpu", w)
     if spec == bench.TORCH_ROW:
         return bench.TorchEntry(w)
     return bench.BackendEntry(spec, w)
@@ -81,7 +81,7 @@ def _reference(name):
 @pytest.fixture
 def release_memory():
     yield
-    bench._release_device_memory()
+    bench.release_device_memory()
 
 
 @pytest.mark.parametrize("row", _row_params())

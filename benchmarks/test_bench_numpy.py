@@ -165,23 +165,23 @@ def memory(workload):
     n = X.shape[0]
     est = estimate_memory(n, D, K, dtype=DTYPE, backend="numpy", max_memory=MAX_MEMORY)
     Xc = X - X.mean(axis=0)
-    w = np.ones(n, dtype=DTYPE)
     backend = NumpyBackend(max_memory=MAX_MEMORY)
     tracemalloc.start()
     base = tracemalloc.get_traced_memory()[0]
-    it = backend.lloyd_iter(Xc, w, init)
+    it = backend.lloyd_iter(Xc, None, init, None, xp=np)
     peak = tracemalloc.get_traced_memory()[1] - base
     tracemalloc.stop()
-    outputs = it.labels.nbytes + it.min_sq_dist.nbytes
+    outputs = it.labels.nbytes + n * Xc.itemsize  # labels, and the distances inside
     budget = resolve_budget(MAX_MEMORY, host_available_memory(), cap=1 << 30)
-    working_est = est.total - est.parts["outputs"]
+    working_est = sum(v for p, v in est.parts.items()
+                      if not p.startswith("driver_") and p != "min_sq_dist")
     assert peak <= est.total, f"measured {peak} B > estimate {est.total} B"
     assert working_est <= budget
     return {"max_memory": MAX_MEMORY, "max_memory_bytes": budget,
             "working_memory_estimate_bytes": working_est,
             "working_memory_measured_bytes": peak - outputs,
             "outputs_bytes": outputs, "estimate_parts": dict(est.parts),
-            "chunk_rows": est.chunk_rows, "threads": backend.n_threads}
+            "chunk_rows": est.chunk_rows, "threads": backend.threads}
 
 
 # -- the benchmark ----------------------------------------------------------------------------

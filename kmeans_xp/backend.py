@@ -34,6 +34,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, NamedTuple
 
+from .chunks import count_changed, feature_mean, labelled_sq_dist, tolerance, weighted_total
 from .memory import Budget, MemoryEstimate
 from .namespaces import array_namespace, device, namespace_name, to_numpy
 
@@ -65,6 +66,11 @@ class Farthest(NamedTuple):
     weight: Any    # (m,) float64
     label: Any     # (m,) their labels
     sq_dist: Any   # (m,) float64 their squared distances
+
+
+class InvalidOptionError(ValueError, TypeError):
+    """A backend_options entry the backend does not know, or a value it does not take
+    (a TypeError too, as Python's own error for an unexpected keyword is)."""
 
 
 class Option:
@@ -137,9 +143,7 @@ class Placement:
         return lambda: host
 
     def feature_stats(self, X, tol, *, xp):
-        """(per-feature mean, absolute tol) of X: the driver's definitions
-        (`lloyd.feature_mean`, `lloyd.tolerance`) on chunks of X."""
-        from .lloyd import feature_mean, tolerance
+        """(per-feature mean, absolute tol) of X (`chunks.feature_mean`, `chunks.tolerance`)."""
         mean = feature_mean(X, xp, self.backend.driver_rows(X))
         return mean, tolerance(X, mean, tol, xp, self.backend.driver_rows(X))
 
@@ -169,14 +173,15 @@ class KMeansBackend:
     def __init__(self, max_memory="auto", **options):
         unknown = sorted(set(options) - set(self.options))
         if unknown:
-            raise ValueError(
+            raise InvalidOptionError(
                 f"backend {self.name!r} takes no option(s) {unknown}; backend_options it "
                 f"knows: {sorted(self.options) or 'none'}")
         for key, opt in self.options.items():
             value = options.get(key, opt.default)
             if not opt.accepts(value):
-                raise ValueError(f"backend {self.name!r}: backend_options[{key!r}] must be "
-                                 f"{opt.describe()}, got {value!r}")
+                raise InvalidOptionError(
+                    f"backend {self.name!r}: backend_options[{key!r}] must be "
+                    f"{opt.describe()}, got {value!r}")
             setattr(self, key, value)
         self.memory = self.budget_class(max_memory, backend=self)
         self.placement = self.placement_class(self)
@@ -252,31 +257,3 @@ class KMeansBackend:
 
     def __repr__(self):
         return f"<{type(self).__name__} {self.name!r}>"
-
-
-# -- small xp helpers for backends' defaults ----------------------------------------------------
-def row_chunks(n, rows):
-    for start in range(0, n, rows):
-        yield slice(start, min(start + rows, n))
-
-
-def labelled_sq_dist(X, centers, labels, xp, rows):
-    """Yield (rows slice, ||x - c_label||^2) chunk by chunk, by differences."""
-    for sl in row_chunks(X.shape[0], rows):
-        diff = X[sl, ...] - xp.take(centers, labels[sl], axis=0)
-        yield sl, xp.sum(diff * diff, axis=1)
-
-
-def weighted_total(values, weights, xp):
-    """0-d float64 sum of values * weights (weights None: unit)."""
-    v = xp.astype(values, xp.float64)
-    if weights is None:
-        return xp.sum(v)
-    return xp.sum(v * xp.astype(weights, xp.float64))
-
-
-def count_changed(labels, labels_old, xp):
-    """0-d float64 number of positions where labels differ (all n when there is no old)."""
-    if labels_old is None:
-        return xp.asarray(float(labels.shape[0]), dtype=xp.float64, device=device(labels))
-    return xp.astype(xp.sum(xp.astype(labels != labels_old, xp.int64)), xp.float64)

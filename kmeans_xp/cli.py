@@ -132,8 +132,8 @@ def _add_protocol_args(p):
 
 
 def _workload(args):
-    from .bench import WORKLOADS, Workload, _cupy_gpu
-    defaults = GPU_DEFAULTS if _cupy_gpu() else CPU_DEFAULTS
+    from .bench import WORKLOADS, Workload, cupy_gpu
+    defaults = GPU_DEFAULTS if cupy_gpu() else CPU_DEFAULTS
     named = WORKLOADS.get(args.workload, {})
     size = {key: getattr(args, key) or named.get(key) or defaults[key] for key in ("n", "d", "k")}
     if args.data not in ("seed", "blobs") and not (args.n or named):
@@ -260,8 +260,8 @@ def _add_plot_clusters(sub):
 
 def _fresh_fit(args):
     from . import KMeans
-    from .namespaces import to_numpy
     from .bench import Workload, make_data
+    from .namespaces import to_numpy
     X = make_data(Workload(n=args.n, d=args.d, k=args.k, data=args.data, seed=args.seed))
     km = KMeans(args.k, n_init=1, max_iter=args.iters, random_state=args.seed,
                 backend=args.backend).fit(X)

@@ -14,9 +14,9 @@ import warnings
 import numpy as np
 
 from . import init as _init
-from .namespaces import array_namespace, device, label_counts, namespace_name, to_numpy
 from .lloyd import kmeans_single_lloyd
 from .memory import format_bytes
+from .namespaces import array_namespace, device, label_counts, namespace_name, to_numpy
 from .registry import get_backend, select_backend
 from .validation import (
     check_array,
@@ -222,7 +222,7 @@ class KMeans:
         iterations = 0  # over all runs: runs stop after different numbers of iterations
         for run in range(n_init):
             t0 = time.perf_counter()
-            with backend.stage("init"):
+            with backend.memory.stage("init"):
                 centers = self._initial_centers(Xc, X_mean, sw, rs, xp,
                                                 None if given is None else given[run],
                                                 backend)

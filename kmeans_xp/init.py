@@ -9,12 +9,8 @@ import math
 
 import numpy as np
 
+from .chunks import row_chunks
 from .namespaces import to_numpy
-
-
-def row_chunks(n, rows):
-    for start in range(0, n, rows):
-        yield slice(start, min(start + rows, n))
 
 
 def sq_dist_to_points(X, P, xp, rows):

@@ -18,7 +18,6 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from .backend import row_chunks
 from .namespaces import device, to_numpy
 
 #: positions in the array the driver reads each iteration
@@ -31,33 +30,6 @@ class LloydResult(NamedTuple):
     centers: Any
     n_iter: int
     history: dict     # {"inertia": [...], "center_shift": [...]} per iteration
-
-
-def feature_mean(X, xp, rows):
-    """Per-feature mean accumulated in float64 over row chunks, then cast to X's dtype: every
-    library rounds it the same way, so every backend centers X identically."""
-    total = None
-    for sl in row_chunks(X.shape[0], rows):
-        part = xp.sum(xp.astype(X[sl, ...], xp.float64), axis=0)
-        total = part if total is None else total + part
-    return xp.astype(total / X.shape[0], X.dtype)
-
-
-def tolerance(X, mean, tol, xp, rows) -> float:
-    """scikit-learn's tol: absolute, tol times the mean per-feature variance of X. The
-    variance is of X - mean in float64 (two-pass), so an offset in float32 X cannot inflate
-    it (np.var of float32 X at a 1e6 offset is 68x too large)."""
-    if tol == 0:
-        return 0.0
-    mean64 = xp.astype(mean, xp.float64)
-    sq = shift = None
-    for sl in row_chunks(X.shape[0], rows):
-        c = xp.astype(X[sl, ...], xp.float64) - mean64
-        a, b = xp.sum(c * c, axis=0), xp.sum(c, axis=0)
-        sq, shift = (a, b) if sq is None else (sq + a, shift + b)
-    n = X.shape[0]
-    var = sq / n - (shift / n) ** 2   # the mean's rounding, removed
-    return float(xp.mean(var)) * tol
 
 
 def new_centers(sums, weights, centers_old, xp):

@@ -140,14 +140,20 @@ def accepted_options(fn, options):
 
 def driver_bytes(n_samples, n_features, n_clusters, itemsize, *, weighted=True) -> dict:
     """What the driver keeps besides a backend's buffers, part by part: the centered copy of X
-    the fit computes on, the labels of three iterations (the last, the one before, and the next
-    one issued ahead on an asynchronous device), the sample weights, centers and sums."""
-    return {
-        "centered_copy": n_samples * n_features * itemsize,
-        "labels": 3 * n_samples * 8,
-        "sample_weight": n_samples * itemsize if weighted else 0,
+    the fit computes on; its O(n) arrays (the labels of three iterations during Lloyd: the
+    last, the one before and the next one issued ahead on an asynchronous device; or, larger,
+    k-means++'s weights, running distances and their cumulative sums during init); the sample
+    weights when given; centers and sums."""
+    n = n_samples
+    parts = {
+        "centered_copy": n * n_features * itemsize,
+        "labels_or_init": max(3 * n * 8, 5 * n * 8 + 3 * n * itemsize),
+        "sample_weight": n * itemsize,
         "centers_and_sums": 6 * n_clusters * (n_features + 1) * 8,
     }
+    if not weighted:
+        del parts["sample_weight"]
+    return parts
 
 
 class Budget:

@@ -14,8 +14,8 @@ import contextlib
 
 import numpy as np
 
-from .namespaces import array_namespace, to_numpy
 from .backend import KMeansBackend
+from .namespaces import to_numpy
 
 
 def asymmetric_data(n, d, k, *, dtype=np.float64, seed=0, offset=0.0):
@@ -59,14 +59,12 @@ def check_backend(cls, *, make_array=None, dtypes=(np.float32, np.float64),
     """Run the contract suite on backend class `cls`.
 
     make_array: converts a NumPy array into the backend's input namespace (default: NumPy if
-    the backend takes NumPy, else its `to_backend`). max_memory is small on purpose, so that
-    chunking is exercised. Returns the number of checks passed.
+    the backend takes NumPy, else its placement's `to_backend`). max_memory is small on
+    purpose, so that chunking is exercised; on NumPy input the peak memory of a `lloyd_iter`
+    is measured (tracemalloc) against the backend's `estimate_memory`. Returns the number of
+    checks passed.
     """
-    assert isinstance(cls, type) and issubclass(cls, KMeansBackend), \
-        f"{cls!r} must subclass kmeans_xp.KMeansBackend"
-    assert isinstance(cls.name, str) and cls.name, "backend needs a non-empty `name`"
-    assert isinstance(cls.namespaces, frozenset) and cls.namespaces, \
-        "backend needs `namespaces`, a non-empty frozenset of namespace names"
+    _check_class(cls)
     backend = cls(max_memory=max_memory)
     to_arr = make_array or _default_maker(backend)
     passed = 0
@@ -82,22 +80,36 @@ def check_backend(cls, *, make_array=None, dtypes=(np.float32, np.float64),
             w_np[rng.random(n) < 0.1] = 0
             X = to_arr(X_np)
             assert backend.accepts(X, n_clusters=k), f"{cls.name} refuses its own input"
-            Xb = backend.to_backend(X)
-            xp = array_namespace(Xb)
+            Xb = backend.placement.to_backend(X)
+            xp = backend.placement.namespace(Xb)
             C = xp.asarray(C_np, device=_dev(Xb))
             w = xp.asarray(w_np, device=_dev(Xb))
-            passed += _check_primitives(backend, Xb, C, w, X_np, C_np, w_np, xp, rtol,
-                                        f"{cls.name} n={n} d={d} k={k} {np.dtype(dtype)}")
-        passed += _check_lloyd(backend, to_arr, dtype)
+            where = f"{cls.name} n={n} d={d} k={k} {np.dtype(dtype)}"
+            ref = Reference(X_np, C_np, w_np, rtol)
+            passed += check_primitives(backend, Xb, C, w, ref, xp, where)
+            passed += check_iteration(backend, Xb, C, w, ref, xp, where)
+            passed += check_extras(backend, Xb, C, w, ref, xp, where)
+        passed += check_memory_bound(backend, to_arr, dtype)
+        passed += check_lloyd(backend, to_arr, dtype)
     return passed
 
 
+def _check_class(cls):
+    from .backend import Option
+    assert isinstance(cls, type) and issubclass(cls, KMeansBackend), \
+        f"{cls!r} must subclass kmeans_xp.KMeansBackend"
+    assert isinstance(cls.name, str) and cls.name, "backend needs a non-empty `name`"
+    assert isinstance(cls.namespaces, frozenset) and cls.namespaces, \
+        "backend needs `namespaces`, a non-empty frozenset of namespace names"
+    assert all(isinstance(o, Option) for o in cls.options.values()), \
+        "`options` maps option names to kmeans_xp.backend.Option"
+
+
 def _default_maker(backend):
-    """NumPy input when the backend takes it, else the backend's own `to_backend` (as the
-    docstring of `check_backend` promises)."""
+    """NumPy input when the backend takes it, else its placement's `to_backend`."""
     if backend.accepts(np.zeros((2, 2)), n_clusters=1):
         return lambda a: a
-    return backend.to_backend
+    return backend.placement.to_backend
 
 
 def _dev(x):
@@ -105,49 +117,106 @@ def _dev(x):
     return device(x)
 
 
-def _check_primitives(backend, X, C, w, X_np, C_np, w_np, xp, rtol, where):
-    ref = _brute(X_np, C_np)
+def _host(a):
+    return to_numpy(a).astype(np.float64)
+
+
+class Reference:
+    """Brute-force float64 answers for one case."""
+
+    def __init__(self, X, C, w, rtol):
+        self.X, self.C, self.w, self.rtol = X, C, w, rtol
+        b = _brute(X, C)
+        self.labels, self.dist = b["labels"], b["dist"]
+        self.n, self.k = X.shape[0], C.shape[0]
+        self.scale = np.abs(X).max() ** 2 + 1
+        self.clear = _tie_free(self.dist, self.labels, rtol * 100)
+
+    def sums(self, labels, w):
+        return _brute(self.X, self.C, labels, w)
+
+    def sum_atol(self):
+        return self.rtol * self.scale ** 0.5 * self.n ** 0.5
+
+
+def check_primitives(backend, X, C, w, ref, xp, where):
+    """assign against the brute-force argmin; reduce against np.add.at, weighted and not."""
     labels, min_sq = backend.assign(X, C, xp=xp)
     lab = to_numpy(labels).astype(np.int64)
-    mins = to_numpy(min_sq).astype(np.float64)
-    n, k = X_np.shape[0], C_np.shape[0]
+    mins = _host(min_sq)
+    n, k, rtol = ref.n, ref.k, ref.rtol
     assert lab.shape == (n,) and mins.shape == (n,), f"{where}: assign shapes {lab.shape}"
     assert lab.min() >= 0 and lab.max() < k, f"{where}: labels outside [0, {k})"
-    clear = _tie_free(ref["dist"], ref["labels"], rtol * 100)
-    bad = np.flatnonzero((lab != ref["labels"]) & clear)
+    bad = np.flatnonzero((lab != ref.labels) & ref.clear)
     assert bad.size == 0, f"{where}: {bad.size} labels are not the argmin (first at {bad[:5]})"
-    scale = np.abs(X_np).max() ** 2 + 1
     assert np.all(mins >= 0), f"{where}: negative min_sq_dist"
-    assert np.allclose(mins, ref["dist"][np.arange(n), lab], rtol=rtol * 100,
-                       atol=rtol * 10 * scale), f"{where}: min_sq_dist differs from ||x - c||^2"
-    red = _brute(X_np, C_np, lab, w_np.astype(np.float64))
-    sums, weights = backend.reduce(X, labels, w, k, xp=xp)
-    sums, weights = to_numpy(sums).astype(np.float64), to_numpy(weights).astype(np.float64)
-    assert sums.shape == (k, X_np.shape[1]) and weights.shape == (k,), f"{where}: reduce shapes"
-    assert np.allclose(weights, red["weights"], rtol=rtol * 10, atol=rtol), \
-        f"{where}: weight_in_clusters wrong"
-    assert np.allclose(sums, red["sums"], rtol=rtol * 10, atol=rtol * scale ** 0.5 * n ** 0.5), \
-        f"{where}: weighted_sums wrong"
-    it = backend.lloyd_iter(X, w, C, xp=xp)
-    assert np.array_equal(to_numpy(it.labels), lab), f"{where}: lloyd_iter labels != assign"
-    assert np.allclose(to_numpy(it.weighted_sums), sums, rtol=rtol * 10,
-                       atol=rtol * scale ** 0.5 * n ** 0.5), f"{where}: lloyd_iter sums"
-    it2 = backend.lloyd_iter(X, w, C, xp=xp, update_centers=False)
-    assert np.array_equal(to_numpy(it2.labels), lab), f"{where}: update_centers=False labels"
-    _check_fresh_results(backend, X, w, C, it, xp, where)
-    return 5
+    assert np.allclose(mins, ref.dist[np.arange(n), lab], rtol=rtol * 100,
+                       atol=rtol * 10 * ref.scale), f"{where}: min_sq_dist differs from ||x-c||^2"
+    for weights, w_np in ((w, ref.w.astype(np.float64)), (None, np.ones(n))):
+        red = ref.sums(lab, w_np)
+        sums, wsum = backend.reduce(X, labels, weights, k, xp=xp)
+        sums, wsum = _host(sums), _host(wsum)
+        what = "unit weights (None)" if weights is None else "weights"
+        assert sums.shape == (k, ref.X.shape[1]) and wsum.shape == (k,), \
+            f"{where}: reduce shapes"
+        assert np.allclose(wsum, red["weights"], rtol=rtol * 10, atol=rtol), \
+            f"{where}: weight_in_clusters wrong with {what}"
+        assert np.allclose(sums, red["sums"], rtol=rtol * 10, atol=ref.sum_atol()), \
+            f"{where}: weighted_sums wrong with {what}"
+    return 3
 
 
-def _check_fresh_results(backend, X, w, C, it, xp, where):
-    """Results are new arrays: the driver keeps last iteration's labels to detect strict
-    convergence, which a backend that reuses its output buffers would silently overwrite."""
-    before = to_numpy(it.labels).copy(), to_numpy(it.min_sq_dist).copy()
-    other = xp.flip(C, axis=0) * 2 + 1  # other centers: other labels and distances
-    backend.lloyd_iter(X, w, other, xp=xp)
-    backend.assign(X, other, xp=xp)
-    assert np.array_equal(to_numpy(it.labels), before[0]) and np.array_equal(
-        to_numpy(it.min_sq_dist), before[1]), \
-        f"{where}: a later call overwrote earlier results (reused output buffers)"
+def check_iteration(backend, X, C, w, ref, xp, where):
+    """lloyd_iter: the assignment's labels, the sums, inertia and changed-label count, and
+    new arrays each call (the driver keeps the last labels and may issue the next call before
+    it reads them)."""
+    lab = to_numpy(backend.assign(X, C, xp=xp).labels).astype(np.int64)
+    it = backend.lloyd_iter(X, w, C, None, xp=xp)
+    got = to_numpy(it.labels).astype(np.int64)
+    assert np.array_equal(got, lab), f"{where}: lloyd_iter labels != assign"
+    red = ref.sums(lab, ref.w.astype(np.float64))
+    assert np.allclose(_host(it.weighted_sums), red["sums"], rtol=ref.rtol * 10,
+                       atol=ref.sum_atol()), f"{where}: lloyd_iter sums"
+    assert np.allclose(_host(it.weight_in_clusters), red["weights"], rtol=ref.rtol * 10,
+                       atol=ref.rtol), f"{where}: lloyd_iter weights"
+    inertia = float(np.sum(ref.dist[np.arange(ref.n), lab] * ref.w))
+    assert np.isclose(float(_host(it.inertia)), inertia, rtol=ref.rtol * 100,
+                      atol=ref.rtol * 10 * ref.scale * ref.n), f"{where}: lloyd_iter inertia"
+    assert float(_host(it.n_changed)) == ref.n, f"{where}: n_changed without labels_old != n"
+    before = got.copy()
+    other = xp.flip(C, axis=0) * 2 + 1  # other centers: other labels
+    it2 = backend.lloyd_iter(X, None, other, it.labels, xp=xp)
+    lab2 = to_numpy(it2.labels).astype(np.int64)
+    assert np.array_equal(to_numpy(it.labels).astype(np.int64), before), \
+        f"{where}: a later call overwrote earlier labels (reused output buffers)"
+    assert float(_host(it2.n_changed)) == np.count_nonzero(lab2 != before), \
+        f"{where}: n_changed != number of labels that changed"
+    assert np.allclose(_host(it2.weight_in_clusters), np.bincount(lab2, minlength=ref.k)), \
+        f"{where}: lloyd_iter weights with unit weights (None)"
+    return 2
+
+
+def check_extras(backend, X, C, w, ref, xp, where):
+    """inertia (direct differences) and farthest (relocation candidates)."""
+    lab = ref.labels
+    labels = xp.asarray(lab, device=_dev(X))
+    direct = ref.dist[np.arange(ref.n), lab]
+    got = float(_host(backend.inertia(X, w, C, labels, xp=xp)))
+    assert np.isclose(got, float(np.sum(direct * ref.w)), rtol=ref.rtol * 10,
+                      atol=ref.rtol * ref.scale), f"{where}: inertia"
+    m = min(3, int(np.count_nonzero(ref.w > 0)))
+    far = backend.farthest(X, w, C, labels, m, xp=xp)
+    key = np.where(ref.w > 0, direct, -1.0)
+    top = np.sort(key)[::-1][:m]
+    idx = to_numpy(far.index).astype(np.int64)
+    assert idx.shape == (m,), f"{where}: farthest returned {idx.shape} points, not {m}"
+    assert np.allclose(_host(far.sq_dist), top, rtol=ref.rtol * 100, atol=ref.rtol * ref.scale), \
+        f"{where}: farthest distances are not the largest"
+    assert np.all(ref.w[idx] > 0), f"{where}: farthest picked a zero-weight point"
+    assert np.allclose(_host(far.x), ref.X[idx]) and np.array_equal(
+        to_numpy(far.label).astype(np.int64), lab[idx]), f"{where}: farthest rows or labels"
+    assert np.allclose(_host(far.weight), ref.w[idx]), f"{where}: farthest weights"
+    return 2
 
 
 @contextlib.contextmanager
@@ -170,23 +239,90 @@ def _registered(cls):
         registry.list_backends.cache_clear()
 
 
-def _check_lloyd(backend, to_arr, dtype):
-    """A whole fit from the same init gives the numpy backend's partition."""
-    from .estimator import KMeans
+def check_memory_bound(backend, to_arr, dtype, n=20011, d=3, k=300):
+    """On NumPy input: the peak of one lloyd_iter stays within the backend's own estimate
+    plus its outputs (labels), under a budget small enough to force chunking."""
+    import tracemalloc
 
+    X_np = asymmetric_data(n, d, 20, dtype=dtype, seed=3)
+    X = to_arr(X_np)
+    if not isinstance(X, np.ndarray):
+        return 0
+    itemsize = np.dtype(dtype).itemsize
+    try:
+        est = type(backend).estimate_memory(n, d, k, itemsize=itemsize,
+                                            max_memory=backend.max_memory)
+    except NotImplementedError:
+        raise AssertionError(f"{backend.name}: estimate_memory is not implemented") from None
+    C = X_np[:k].copy()
+    xp = backend.placement.namespace(X)
+    backend.lloyd_iter(X, None, C, None, xp=xp)  # warm: buffers a backend keeps are counted
+    tracemalloc.start()
+    try:
+        tracemalloc.reset_peak()
+        base = tracemalloc.get_traced_memory()[0]
+        it = backend.lloyd_iter(X, None, C, None, xp=xp)
+        peak = tracemalloc.get_traced_memory()[1] - base
+    finally:
+        tracemalloc.stop()
+    allowed = est.total + n * 8 + (256 << 10)  # the labels, and Python's own objects
+    assert peak <= allowed, (
+        f"{backend.name}: one lloyd_iter at n={n}, k={k}, max_memory={backend.max_memory!r} "
+        f"took {peak} bytes, more than its estimate {est.total} + labels")
+    del it
+    return 1
+
+
+#: the driver's test matrix: (name, KMeans kwargs, data maker, fit kwargs)
+def lloyd_cases(dtype):
     X = asymmetric_data(2049, 3, 12, dtype=dtype, seed=7)
     init = X[np.random.default_rng(1).choice(len(X), 12, replace=False)]
-    ref = KMeans(12, init=init, backend="numpy", max_iter=50).fit(X)
+    w = np.random.default_rng(2).uniform(0.5, 2.0, len(X)).astype(dtype)
+    w[::7] = 0
+    far = init.copy()
+    far[:3] += 1e3      # three centers nobody is near: empty clusters, relocation
+    dup = np.repeat(X[:5], 40, axis=0)
+    guard = np.array([[0.0]] * 4 + [[1.0]] * 6, dtype=dtype)  # every point on a center
+    return [
+        ("relocation guard", dict(n_clusters=5, init=np.zeros((5, 1), dtype)), guard, {}),
+        ("plain", dict(n_clusters=12, init=init, max_iter=50), X, {}),
+        ("weights", dict(n_clusters=12, init=init, max_iter=50), X, {"sample_weight": w}),
+        ("empty clusters", dict(n_clusters=12, init=far, max_iter=50), X, {}),
+        ("duplicates", dict(n_clusters=8, init=dup[:8], max_iter=50), dup, {}),
+        ("tol", dict(n_clusters=12, init=init, max_iter=50, tol=1e-2), X, {}),
+        ("max_iter 1", dict(n_clusters=12, init=init, max_iter=1), X, {}),
+        ("k 1", dict(n_clusters=1, init=init[:1], max_iter=10), X, {}),
+    ]
+
+
+def check_lloyd(backend, to_arr, dtype):
+    """Whole fits from the same init give the numpy backend's partition, iterations and
+    inertia on every case of the driver's matrix."""
+    import warnings
+
+    from .estimator import KMeans
+
     name = backend.name
-    with _registered(type(backend)):
-        got = KMeans(12, init=init, backend=name, max_iter=50,
-                     max_memory=backend.max_memory).fit(to_arr(X))
-    assert got.backend_ == name, f"the fit ran on {got.backend_!r}, not {name!r}"
-    labels = to_numpy(got.labels_)
-    assert np.array_equal(labels, ref.labels_), \
-        f"{name} {np.dtype(dtype)}: partition differs from numpy backend " \
-        f"({np.mean(labels != ref.labels_):.4%} of labels)"
-    assert got.n_iter_ == ref.n_iter_, f"{name}: n_iter {got.n_iter_} != {ref.n_iter_}"
-    rtol = 1e-4 if dtype == np.float32 else 1e-9
-    assert abs(got.inertia_ - ref.inertia_) <= rtol * ref.inertia_, f"{name}: inertia"
-    return 1
+    checked = 0
+    for case, kwargs, X, fit_kw in lloyd_cases(dtype):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            ref = KMeans(backend="numpy", **kwargs).fit(X, **fit_kw)
+            with _registered(type(backend)):
+                sw = fit_kw.get("sample_weight")
+                got = KMeans(backend=name, max_memory=backend.max_memory, **kwargs).fit(
+                    to_arr(X), **({} if sw is None else {"sample_weight": to_arr(sw)}))
+        where = f"{name} {np.dtype(dtype)} case {case!r}"
+        assert got.backend_ == name, f"the fit ran on {got.backend_!r}, not {name!r}"
+        labels = to_numpy(got.labels_)
+        assert np.array_equal(labels, ref.labels_), \
+            f"{where}: partition differs from numpy backend " \
+            f"({np.mean(labels != ref.labels_):.4%} of labels)"
+        assert got.n_iter_ == ref.n_iter_, f"{where}: n_iter {got.n_iter_} != {ref.n_iter_}"
+        rtol = 1e-4 if dtype == np.float32 else 1e-9
+        assert abs(got.inertia_ - ref.inertia_) <= rtol * ref.inertia_ + 1e-12, \
+            f"{where}: inertia {got.inertia_} != {ref.inertia_}"
+        assert np.allclose(to_numpy(got.cluster_centers_), ref.cluster_centers_,
+                           rtol=rtol * 10, atol=rtol), f"{where}: centers"
+        checked += 1
+    return checked

@@ -11,8 +11,8 @@ import sys
 
 import numpy as np
 
-from .namespaces import array_namespace, is_array_api_obj, namespace_name, to_numpy
 from .memory import parse_memory
+from .namespaces import array_namespace, is_array_api_obj, namespace_name, to_numpy
 
 
 class NotFittedError(ValueError, AttributeError):

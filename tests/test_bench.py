@@ -1,14 +1,18 @@
 """kmeans_xp.bench: the protocol (one init, fixed iterations, computed agreement, speed-ups) and
 failures as rows. Tiny sizes: CPU only, well under a second each."""
+import importlib
 import importlib.util
 import json
+import re
+from pathlib import Path
 
 import numpy as np
 import pytest
 from kmeans_xp_backends.numpy_ import NumpyBackend
 
 from kmeans_xp import bench
-from kmeans_xp.backend import IterResult
+from kmeans_xp.backend import KMeansBackend
+from kmeans_xp.bench import comparison
 from kmeans_xp.memory import KMeansMemoryError
 from kmeans_xp.registry import list_backends, register_backend
 
@@ -23,12 +27,8 @@ class SwappedFeatures(NumpyBackend):
         return super().assign(np.ascontiguousarray(X[:, :2]),
                               np.ascontiguousarray(centers[:, [1, 0]]))
 
-    def lloyd_iter(self, X, sample_weight, centers, *, xp=None, update_centers=True):
-        labels, min_sq = self.assign(X, centers)
-        if not update_centers:
-            return IterResult(labels, min_sq, None, None)
-        return IterResult(labels, min_sq, *self.reduce(X, labels, sample_weight,
-                                                       centers.shape[0]))
+    def lloyd_iter(self, X, sample_weight, centers, labels_old, *, xp=None):
+        return KMeansBackend.lloyd_iter(self, X, sample_weight, centers, labels_old, xp=xp)
 
 
 class Exploding(NumpyBackend):
@@ -79,7 +79,9 @@ def test_compare_measures_every_row_with_the_protocol():
 def test_every_row_gets_the_same_single_init(monkeypatch):
     seen, calls = [], []
     real_init, real_fit = bench.shared_init, bench.BackendEntry.fit
-    monkeypatch.setattr(bench, "shared_init", lambda X, w: calls.append(1) or real_init(X, w))
+    # compare() looks the init up where it is defined, kmeans_xp.bench.comparison
+    monkeypatch.setattr(comparison, "shared_init",
+                        lambda X, w: calls.append(1) or real_init(X, w))
     monkeypatch.setattr(bench.BackendEntry, "fit",
                         lambda self, Xb, C, iters: seen.append(bench.fingerprint(C))
                         or real_fit(self, Xb, C, iters))
@@ -150,7 +152,7 @@ def test_seed_reference_oom_under_a_memory_cap_is_a_row():
 
 
 def test_seed_fit_uses_every_feature():
-    from benchmarks import seed_reference
+    from kmeans_xp.bench import seed as seed_reference
     from kmeans_xp.testing import asymmetric_data
     X = asymmetric_data(500, 3, 5, seed=3)
     C = X[:5].copy()
@@ -161,7 +163,7 @@ def test_seed_fit_uses_every_feature():
 
 
 def test_seed_peak_formula_matches_the_measured_h200_numbers():
-    from benchmarks.seed_reference import peak_bytes
+    from kmeans_xp.bench.seed import peak_bytes
     assert peak_bytes(2_000_000, 200, 3) / 2**30 == pytest.approx(20.9, rel=0.01)
     assert peak_bytes(2_000_000, 500, 3) / 2**30 == pytest.approx(52.2, rel=0.01)
 
@@ -221,3 +223,51 @@ def test_resolve_backends():
     assert set(list_backends()) <= set(bench.resolve_backends("all"))
     with pytest.raises(ValueError):
         bench.resolve_backends(" , ")
+
+
+# --------------------------------------------------------------------------------------------
+# the reference rows ship in the package: an installed wheel runs them
+
+
+BENCH_DIR = Path(bench.__file__).resolve().parent
+
+
+@pytest.mark.parametrize("module, names", [
+    ("kmeans_xp.bench.seed", ["SeedEntry", "SEED_ROW", "fit_xp", "peak_bytes"]),
+    ("kmeans_xp.bench.torch_rows", ["TorchEntry", "TORCH_ROW", "fit_torch", "memory_estimate"]),
+])
+def test_reference_rows_are_modules_of_the_package(module, names):
+    mod = importlib.import_module(module)
+    assert Path(mod.__file__).resolve().parent == BENCH_DIR
+    assert all(hasattr(mod, name) for name in names)
+
+
+def test_no_bench_module_reaches_into_the_benchmarks_directory():
+    # a wheel holds kmeans_xp/ only: code that loads benchmarks/*.py works from a checkout alone
+    offenders = [f"{path.name}:{i}" for path in sorted(BENCH_DIR.rglob("*.py"))
+                 for i, line in enumerate(path.read_text().splitlines(), 1)
+                 if re.search(r"\bbenchmarks\b", line)]
+    assert offenders == []
+
+
+def test_every_package_under_kmeans_xp_is_listed_for_the_wheel():
+    tomllib = pytest.importorskip("tomllib")
+    root = BENCH_DIR.parents[1]
+    listed = set(tomllib.loads((root / "pyproject.toml").read_text())
+                 ["tool"]["setuptools"]["packages"])
+    found = {".".join(p.parent.relative_to(root).parts)
+             for p in (root / "kmeans_xp").rglob("__init__.py")}
+    assert found <= listed
+
+
+def test_seed_row_runs_end_to_end_on_numpy():
+    from kmeans_xp.bench import protocol, seed
+    w = bench.Workload(**{**TINY, "repeats": 1})
+    X = bench.make_data(w)
+    C = bench.shared_init(X, w)
+    row = protocol.measure(seed.SeedEntry("cpu", w), X, C, w)
+    assert row.ok, row.message
+    assert (row.name, row.device, row.dtype) == ("seed-reference[numpy]", "cpu", "float64")
+    centers, labels, n_iter = seed.fit_xp(X.astype(np.float64), C.astype(np.float64), w.iters)
+    assert row.n_iter == n_iter and np.array_equal(row.labels, labels)
+    assert row.inertia == pytest.approx(protocol.host_inertia(X, centers, labels))

@@ -36,7 +36,7 @@ def test_compare_writes_json_and_plots(tmp_path, capsys):
     rows = rows_by_name(result)
     assert rows["numpy"]["status"] == "ok" and rows["numpy"]["agreement"] == 1.0
     assert rows["array-api"]["agreement"] == pytest.approx(1.0)
-    if not bench._cupy_gpu():
+    if not bench.cupy_gpu():
         assert rows["cupy-fused"]["status"] == "unavailable"
         assert "UNAVAILABLE" in out
     read_png(tmp_path / "compare-time.png")
@@ -105,7 +105,7 @@ def test_distinct_colors_for_many_clusters():
 
 
 def test_no_arguments_runs_compare_with_machine_defaults(monkeypatch, capsys):
-    monkeypatch.setattr(bench, "_cupy_gpu", lambda: False)
+    monkeypatch.setattr(bench, "cupy_gpu", lambda: False)
     monkeypatch.setattr(cli, "CPU_DEFAULTS", dict(n=1500, d=3, k=4, backends="numpy"))
     monkeypatch.setattr(sys, "argv", ["kmeans-xp"])
     assert cli.main() == 0

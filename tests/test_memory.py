@@ -7,8 +7,8 @@ from kmeans_xp_backends.numpy_ import NumpyBackend
 
 import kmeans_xp.init as init_mod
 from kmeans_xp import KMeans, KMeansMemoryError, MemoryEstimate, estimate_memory
-from kmeans_xp.namespaces import array_namespace
 from kmeans_xp.memory import chunk_rows, format_bytes, parse_memory, resolve_budget
+from kmeans_xp.namespaces import array_namespace
 from kmeans_xp.testing import asymmetric_data
 
 
@@ -59,8 +59,11 @@ def test_estimate_memory_parts_and_total(backend):
     assert est.parts and all(isinstance(v, int) and v > 0 for v in est.parts.values())
     assert est.total == sum(est.parts.values())
     assert 1 <= est.chunk_rows <= 100_003
-    assert est.parts["outputs"] >= 100_003 * (8 + 4)  # labels and distances at least
-    assert est.total - est.parts["outputs"] <= 64 * 10**6  # working memory within the bound
+    assert est.parts["driver_labels_or_init"] >= 3 * 100_003 * 8  # the driver's labels
+    assert est.parts["driver_centered_copy"] == 100_003 * 3 * 4
+    working = sum(v for p, v in est.parts.items() if not p.startswith("driver_")
+                  and p not in ("min_sq_dist", "assign_outputs"))
+    assert working <= 64 * 10**6  # working memory within the bound
     assert "MiB" in str(est) and "chunk of" in str(est)
     # more clusters need more; float64 needs at least as much as float32
     more = estimate_memory(100_003, 3, 2000, dtype="float32", backend=backend,
@@ -135,13 +138,16 @@ def test_small_max_memory_fit_gives_the_same_answer():
 def _peak_lloyd_iters(backend, X, w, C, iters=3):
     """Peak bytes traced while `iters` Lloyd iterations run; X, w, C exist before tracing."""
     xp = array_namespace(X)
-    backend.lloyd_iter(X, w, C, xp=xp)  # warm-up: thread pool and BLAS buffers exist
+    backend.lloyd_iter(X, w, C, None, xp=xp)  # warm-up: thread pool and BLAS buffers exist
     tracemalloc.start()
     try:
+        labels = None
         for _ in range(iters):
-            it = backend.lloyd_iter(X, w, C, xp=xp)
+            it = backend.lloyd_iter(X, w, C, labels, xp=xp)
+            labels = it.labels
             C = (it.weighted_sums / np.maximum(it.weight_in_clusters, 1)[:, None]).astype(X.dtype)
             del it
+        del labels
         return tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
@@ -161,8 +167,35 @@ def test_numpy_backend_peak_under_estimate(n, d, k, dtype, max_memory):
     C = X[rng.choice(n, k, replace=False)].copy()
     est = estimate_memory(n, d, k, dtype=dtype, backend="numpy", max_memory=max_memory)
     peak = _peak_lloyd_iters(NumpyBackend(max_memory=max_memory), X, w, C)
-    assert peak > est.parts["outputs"]  # the measurement sees the backend's allocations
+    assert peak > est.parts["min_sq_dist"]  # the measurement sees the backend's allocations
     assert peak <= est.total, f"measured {format_bytes(peak)} > estimate {est}"
+
+
+@pytest.mark.parametrize("n,d,k,dtype,max_memory,weighted,init", [
+    (2_000_000, 3, 500, np.float64, "8MB", False, "array"),  # was 195 MiB against 38
+    (100_003, 3, 50, np.float32, "2MB", True, "k-means++"),
+    (50_021, 16, 64, np.float64, "1MB", False, "k-means++"),
+])
+def test_whole_fit_peak_under_estimate(n, d, k, dtype, max_memory, weighted, init):
+    """A whole fit (validation, centering, init, Lloyd, final pass) on the numpy backend stays
+    within estimate_memory, the driver's own O(n) arrays included (X itself not counted)."""
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(n, d)).astype(dtype)
+    init = X[rng.choice(n, k, replace=False)].copy() if init == "array" else init
+    w = rng.uniform(0.5, 2, n).astype(dtype) if weighted else None
+    est = estimate_memory(n, d, k, dtype=dtype, backend="numpy", max_memory=max_memory,
+                          weighted=weighted)
+    km = KMeans(k, init=init, max_iter=3, max_memory=max_memory, backend="numpy",
+                random_state=0)
+    km.fit(X[:1000], sample_weight=None if w is None else w[:1000])  # pool, BLAS, imports
+    tracemalloc.start()
+    try:
+        km.fit(X, sample_weight=w)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    labels_out = n * 8  # labels_ is kept by the estimator
+    assert peak <= est.total + labels_out, f"measured {format_bytes(peak)} > estimate {est}"
 
 
 def test_early_memory_check_plans_with_the_backend_options():

@@ -2,7 +2,6 @@
 import pathlib
 import re
 
-import numpy as np
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -20,9 +19,9 @@ def test_ci_runs_the_readme_test_command():
 
 def test_readme_plugin_example_passes_the_contract_suite():
     text = (ROOT / "README.md").read_text()
-    code = re.search(r"```python\n(import numpy as np\nfrom kmeans_xp import KMeansBackend.+?)```",
-                     text, re.S).group(1)
+    code = re.search(r"```python\n(import numpy as np\nfrom kmeans_xp import [^\n]*KMeansBackend"
+                     r".+?)```", text, re.S).group(1)
     ns = {}
     exec(code, ns)
     from kmeans_xp.testing import check_backend
-    assert check_backend(ns["MyBackend"], dtypes=(np.float64,)) > 0
+    assert check_backend(ns["MyBackend"]) > 0

@@ -14,13 +14,23 @@ Changes from the seed, each so that the comparison is of the same work:
 The loop still stops when no label changes, as the seed's did and as the driver does.
 
 Written against NumPy/CuPy (the seed used `cupy.get_array_module`), so one function runs on both.
+`SeedEntry` at the end is its row in the comparison: on CuPy ("gpu") or NumPy ("cpu").
 """
 from __future__ import annotations
 
 import contextlib
+import importlib
 import sys
+import time
 
 import numpy as np
+
+from ..memory import format_bytes, host_available_memory, parse_memory
+from .machine import cupy_gpu
+from .protocol import CupyPeak, Entry, Fitted, NoPeak, Unavailable, chain
+
+#: the row's name in a comparison ("seed-reference[cupy]", "seed-reference[numpy]")
+SEED_ROW = "seed-reference"
 
 #: bytes per float64 element, the seed's dtype
 F64 = 8
@@ -56,7 +66,7 @@ def _update(X, pred, centers, n_clusters, xp):
     return xp.where(counts > 0, sums / xp.maximum(counts, 1), centers)
 
 
-def fit_xp(X, init, max_iter):
+def fit_xp(X, init, iterations):
     """The seed's `fit_xp` from given initial centers: returns (centers, labels, n_iter).
 
     X: (n, d) float64 NumPy or CuPy array; init: (k, d) array of the same module. The loop
@@ -67,7 +77,7 @@ def fit_xp(X, init, max_iter):
     pred = xp.zeros(len(X))
     centers = init
     n_iter = 0
-    for _ in range(max_iter):
+    for _ in range(iterations):
         distances = xp.linalg.norm(X[:, None, :] - centers[None, :, :], axis=2)
         new_pred = xp.argmin(distances, axis=1)
         if xp.all(new_pred == pred):
@@ -89,7 +99,6 @@ def check_host_cap(n_samples, n_clusters, n_features, cap):
     """Refuse, as a card with `cap` bytes would, when the seed's working memory exceeds it."""
     need = peak_bytes(n_samples, n_clusters, n_features)
     if need > cap:
-        from kmeans_xp.memory import format_bytes
         first = diff_bytes(n_samples, n_clusters, n_features)
         raise EmulatedOutOfMemory(
             f"Out of memory allocating {format_bytes(first)} for the (n, k, d) float64 "
@@ -111,3 +120,60 @@ def cupy_pool_limit(cap):
     finally:
         pool.set_limit(size=old)
         pool.free_all_blocks()
+
+
+# --------------------------------------------------------------------------------------------
+# the seed's row in the comparison
+
+
+class SeedEntry(Entry):
+    """The seed's broadcasting KMeans (float64), on CuPy ("gpu") or NumPy ("cpu")."""
+
+    dtype = "float64"            # the seed's data were float64, whatever the workload's
+    memory_measured = "measured: peak of the CuPy pool (includes X in float64)"
+
+    def __init__(self, device, w):
+        self.device = device
+        self.name = f"{SEED_ROW}[{'cupy' if device == 'gpu' else 'numpy'}]"
+        self.w = w
+
+    def check(self):
+        if self.device == "gpu":
+            if not cupy_gpu():
+                raise Unavailable("needs CuPy and a CUDA GPU")
+            self.xp = importlib.import_module("cupy")
+        else:
+            self.xp = np
+        cap = parse_memory(self.w.max_memory)
+        self.cap = None if cap == "auto" else cap
+        if self.device == "cpu" and self.cap is None:
+            # never let the host swap or meet the OOM killer: refuse as a card of that size would
+            self.cap = int(host_available_memory() * 0.8)
+
+    def sync(self):
+        if self.device == "gpu":
+            self.xp.cuda.get_current_stream().synchronize()
+
+    def memory_scope(self):
+        if self.device == "gpu":  # the cap acts as a smaller card; the peak is measured
+            return chain(cupy_pool_limit(self.cap), CupyPeak())
+        return NoPeak()
+
+    def to_input(self, X):
+        return self.xp.asarray(X.astype(np.float64))  # the seed's data were float64
+
+    def fit(self, Xb, C, iters) -> Fitted:
+        n, d = Xb.shape
+        if self.device == "cpu":
+            check_host_cap(n, len(C), d, self.cap)
+        Cd = self.xp.asarray(C.astype(np.float64))
+        t0 = time.perf_counter()
+        centers, labels, n_iter = fit_xp(Xb, Cd, iters)
+        self.sync()
+        return Fitted(labels, centers, None, n_iter, time.perf_counter() - t0, {})
+
+    def estimate(self):
+        return int(peak_bytes(self.w.n, self.w.k, self.w.d))
+
+    def data_bytes(self, w):
+        return w.n * w.d * 8

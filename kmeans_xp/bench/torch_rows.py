@@ -9,11 +9,22 @@ its center, and a final assignment so the labels belong to the returned centers.
 at full precision (no TF32), as the other rows do.
 
 Runs on CUDA when torch sees a GPU, else on the CPU. torch is imported only when called.
+`TorchEntry` at the end is its row in the comparison.
 """
 from __future__ import annotations
 
 import contextlib
 import importlib
+import importlib.util
+import time
+
+import numpy as np
+
+from ..memory import parse_memory
+from .protocol import Entry, Fitted, NoPeak, TorchPeak, Unavailable
+
+#: the row's name in a comparison ("torch-gemm[cuda]", "torch-gemm[cpu]")
+TORCH_ROW = "torch-gemm"
 
 #: working-memory bound when none is given: a (rows, k) float32 block this large is plenty
 DEFAULT_BUDGET = 1 << 30
@@ -90,7 +101,7 @@ def _inertia(Xc, centers, labels, rows) -> float:
     return total
 
 
-def fit(X, init, max_iter, *, budget=None):
+def fit_torch(X, init, iterations, *, budget=None):
     """Lloyd from `init` on torch tensor X (any device): (centers, labels, inertia, n_iter).
 
     X: (n, d) float32/float64 tensor; init: (k, d) tensor on X's device and dtype."""
@@ -104,7 +115,7 @@ def fit(X, init, max_iter, *, budget=None):
         centers = init - mean
         labels_old = None
         n_iter = 0
-        for n_iter in range(1, max_iter + 1):  # noqa: B007 (n_iter is read after the loop)
+        for n_iter in range(1, iterations + 1):  # noqa: B007 (n_iter is read after the loop)
             labels = _assign(Xc, centers, rows)
             centers = _update(Xc, labels, centers, rows)
             if labels_old is not None and t.equal(labels, labels_old):
@@ -113,3 +124,46 @@ def fit(X, init, max_iter, *, budget=None):
         labels = _assign(Xc, centers, rows)
         inertia = _inertia(Xc, centers, labels, rows)
     return centers + mean, labels, inertia, n_iter
+
+
+# --------------------------------------------------------------------------------------------
+# the torch row in the comparison
+
+
+class TorchEntry(Entry):
+    """Chunked GEMM + argmin Lloyd in torch (CUDA when available, else CPU)."""
+
+    name = TORCH_ROW
+    memory_measured = "measured: torch.cuda.max_memory_allocated (includes X)"
+
+    def __init__(self, w):
+        self.w = w
+
+    def check(self):
+        if importlib.util.find_spec("torch") is None:
+            raise Unavailable("torch is not installed (pip install torch)")
+        self.dev = default_device()
+        self.device = "gpu" if self.dev == "cuda" else "cpu"
+        self.name = f"{TORCH_ROW}[{self.dev}]"
+        cap = parse_memory(self.w.max_memory)
+        self.budget = None if cap == "auto" else cap
+
+    def sync(self):
+        synchronize(self.dev)
+
+    def memory_scope(self):
+        return TorchPeak(torch()) if self.dev == "cuda" else NoPeak()
+
+    def to_input(self, X):
+        return torch().from_numpy(X).to(self.dev)
+
+    def fit(self, Xb, C, iters) -> Fitted:
+        Ct = torch().from_numpy(C).to(self.dev)
+        t0 = time.perf_counter()
+        centers, labels, inertia, n_iter = fit_torch(Xb, Ct, iters, budget=self.budget)
+        self.sync()
+        return Fitted(labels, centers, inertia, n_iter, time.perf_counter() - t0, {})
+
+    def estimate(self):
+        itemsize = np.dtype(self.w.dtype).itemsize
+        return int(memory_estimate(self.w.n, self.w.k, self.w.d, itemsize, self.budget))

@@ -1,0 +1,55 @@
+"""A fair CPU/GPU comparison, as a library: `compare(...)` and `sweep(...)`.
+
+One data set, ONE shared init handed to every row, a fixed iteration budget (tol=0), a warm-up
+fit first, the device synchronised before every clock read, the copy timed apart from the fit,
+the median of `repeats`; a row that cannot run is a row that says why (see `comparison`).
+
+Modules, each importing only those above it:
+- `machine`: where it ran (CPU, BLAS, GPUs, versions, commit);
+- `workload`: `Workload`, `WORKLOADS`, the host data and the shared init;
+- `protocol`: `Entry` (the clocking), `measure` (one row), synchronising and peaks;
+- `seed`, `torch_rows`: the reference rows, the seed's algorithm and a torch baseline, shipped
+  in the package so an installed wheel runs them;
+- `entries`: kmeans_xp backends as rows, `make_entries`, `resolve_backends`;
+- `report`: rows as JSON and as a table;
+- `comparison`: `compare` and `sweep`.
+"""
+from .comparison import compare, sweep
+from .entries import BackendEntry, make_entries, resolve_backends
+from .machine import (
+    blas_info,
+    cpu_model,
+    cupy_gpu,
+    device_name,
+    gpu_info,
+    library_versions,
+    machine_info,
+    torch_cuda,
+)
+from .protocol import (
+    Entry,
+    Fitted,
+    Measurement,
+    Row,
+    Unavailable,
+    host_inertia,
+    is_out_of_memory,
+    measure,
+    release_device_memory,
+)
+from .report import SCHEMA, describe, format_table, row_dict
+from .seed import SEED_ROW, SeedEntry
+from .torch_rows import TORCH_ROW, TorchEntry
+from .workload import WORKLOADS, Workload, fingerprint, make_data, shared_init
+
+__all__ = [
+    "SCHEMA", "WORKLOADS", "SEED_ROW", "TORCH_ROW",
+    "compare", "sweep",
+    "Workload", "make_data", "shared_init", "fingerprint",
+    "Entry", "BackendEntry", "SeedEntry", "TorchEntry", "make_entries", "resolve_backends",
+    "Fitted", "Measurement", "Row", "Unavailable", "measure", "host_inertia",
+    "is_out_of_memory", "release_device_memory",
+    "format_table", "describe", "row_dict",
+    "machine_info", "cpu_model", "blas_info", "gpu_info", "library_versions", "cupy_gpu",
+    "torch_cuda", "device_name",
+]

@@ -1,0 +1,61 @@
+"""Row chunks, and the small xp reductions over them that the driver, init and the backends'
+defaults share (so O(n) work never builds more than one chunk's temporaries): the column
+statistics the fit centers X with and stops on (scikit-learn's tol), the labelled distances
+of inertia and relocation, weighted totals and changed-label counts."""
+from __future__ import annotations
+
+from .namespaces import device
+
+
+def row_chunks(n, rows):
+    for start in range(0, n, rows):
+        yield slice(start, min(start + rows, n))
+
+
+def labelled_sq_dist(X, centers, labels, xp, rows):
+    """Yield (rows slice, ||x - c_label||^2) chunk by chunk, by differences."""
+    for sl in row_chunks(X.shape[0], rows):
+        diff = X[sl, ...] - xp.take(centers, labels[sl], axis=0)
+        yield sl, xp.sum(diff * diff, axis=1)
+
+
+def weighted_total(values, weights, xp):
+    """0-d float64 sum of values * weights (weights None: unit)."""
+    v = xp.astype(values, xp.float64)
+    if weights is None:
+        return xp.sum(v)
+    return xp.sum(v * xp.astype(weights, xp.float64))
+
+
+def count_changed(labels, labels_old, xp):
+    """0-d float64 number of positions where labels differ (all n when there is no old)."""
+    if labels_old is None:
+        return xp.asarray(float(labels.shape[0]), dtype=xp.float64, device=device(labels))
+    return xp.astype(xp.sum(xp.astype(labels != labels_old, xp.int64)), xp.float64)
+
+
+def feature_mean(X, xp, rows):
+    """Per-feature mean accumulated in float64 over row chunks, then cast to X's dtype: every
+    library rounds it the same way, so every backend centers X identically."""
+    total = None
+    for sl in row_chunks(X.shape[0], rows):
+        part = xp.sum(xp.astype(X[sl, ...], xp.float64), axis=0)
+        total = part if total is None else total + part
+    return xp.astype(total / X.shape[0], X.dtype)
+
+
+def tolerance(X, mean, tol, xp, rows) -> float:
+    """scikit-learn's tol: absolute, tol times the mean per-feature variance of X. The
+    variance is of X - mean in float64 (two-pass), so an offset in float32 X cannot inflate
+    it (np.var of float32 X at a 1e6 offset is 68x too large)."""
+    if tol == 0:
+        return 0.0
+    mean64 = xp.astype(mean, xp.float64)
+    sq = shift = None
+    for sl in row_chunks(X.shape[0], rows):
+        c = xp.astype(X[sl, ...], xp.float64) - mean64
+        a, b = xp.sum(c * c, axis=0), xp.sum(c, axis=0)
+        sq, shift = (a, b) if sq is None else (sq + a, shift + b)
+    n = X.shape[0]
+    var = sq / n - (shift / n) ** 2   # the mean's rounding, removed
+    return float(xp.mean(var)) * tol
