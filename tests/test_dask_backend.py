@@ -158,7 +158,7 @@ def test_tree_reduction_and_empty_clusters(local_scheduler):
 
 def test_contract_suite(local_scheduler):
     passed = check_backend(DaskBackend, make_array=lambda a: da.from_array(
-        a, chunks=(max(1, a.shape[0] // 3 + 1), -1)))
+        a, chunks=(max(1, a.shape[0] // 3 + 1),) + (-1,) * (a.ndim - 1)))
     assert passed > 0
 
 
@@ -521,3 +521,21 @@ def test_actors_engine_options(local_scheduler, monkeypatch):
     with pytest.raises(RuntimeError, match="distributed"):
         KMeans(8, init=init, backend="dask", backend_options={"engine": "actors"}).fit(
             da.from_array(X, chunks=(50, 3)))
+
+
+@pytest.mark.parametrize("chunks", [(1000, 3), (333, 3), (7, 3)])
+def test_mean_is_the_numpy_backends_whatever_the_chunks(local_scheduler, chunks):
+    """X's mean is its float64 sum in row order, as NumPy sums X in one piece: bit for bit
+    whatever the chunks (the near ties of a fit follow its last bit), and the tolerance
+    matches the driver's definition."""
+    import array_api_compat.numpy as anp
+
+    from kmeans_xp.chunks import feature_mean, tolerance
+    X = asymmetric_data(1000, 3, 5, dtype=np.float64, seed=4) + 1e6  # a large offset
+    backend = DaskBackend()
+    Xd = backend.placement.to_backend(da.from_array(X, chunks=chunks))
+    mean, tol = backend.placement.feature_stats(Xd, 1e-4, xp=backend.placement.namespace(Xd))
+    want = feature_mean(X, anp, X.shape[0])
+    assert isinstance(mean, np.ndarray) and mean.dtype == X.dtype
+    np.testing.assert_array_equal(mean, want)
+    assert tol == pytest.approx(tolerance(X, want, 1e-4, anp, X.shape[0]), rel=1e-9)

@@ -226,6 +226,25 @@ def add_vectors(parts):
     return total
 
 
+def running_sum_block(xb, running):
+    """`running` plus the block's rows in float64, added one after the other in row order
+    (NumPy reduces a C-ordered axis 0 row by row): chained block after block, the sum of X
+    in row order whatever its chunks, as NumPy sums X in one piece."""
+    xp = block_xp(xb)
+    kind = "cupy" if type(xb).__module__.startswith("cupy") else "numpy"
+    first = xp.reshape(like_block(np.asarray(running, dtype=np.float64), kind), (1, -1))
+    return np.asarray(to_numpy(xp.sum(xp.concat([first, xp.astype(xb, xp.float64)]), axis=0)))
+
+
+def moments_block(xb, mean):
+    """[sum (x - mean)^2, sum (x - mean)] per feature, float64 (the tolerance's variance)."""
+    xp = block_xp(xb)
+    kind = "cupy" if type(xb).__module__.startswith("cupy") else "numpy"
+    c = xp.astype(xb, xp.float64) - like_block(np.asarray(mean, dtype=np.float64), kind)
+    return np.concatenate([np.asarray(to_numpy(xp.sum(c * c, axis=0))),
+                           np.asarray(to_numpy(xp.sum(c, axis=0)))])
+
+
 def take(result, index):
     """One item of a block task's result (a task of its own, on the block's worker)."""
     return result[index]

@@ -127,6 +127,17 @@ class GraphEngine:
         says ("add": the sum of float64 vectors of `size` values, in block order; "list": the
         list; None: not fetched). `timing`: the index of a per-block timing dict, fetched
         with the small result when the client adds."""
+        X, xf = self._where(X)
+        name = _name(task)
+        call = _Call(X, task, args, columns, weights, labels, outputs, small, combine, size,
+                     per_block, timing, name)
+        if xf is not None:
+            return self._on_cluster(call, xf)
+        return self._local(call)
+
+    def _where(self, X):
+        """(X of whole rows, the futures of its blocks, or None for dask's local scheduler):
+        on a cluster dask computes on, a lazy X is persisted there first (once)."""
         X = whole_rows(X)
         cluster = self.cluster
         xf = None
@@ -135,12 +146,28 @@ class GraphEngine:
             if xf is None and cluster.in_use():
                 X = cluster.rows_on_cluster(X)
                 xf = cluster.block_futures(X)
-        name = f"kmeans-{task.__name__.replace('_', '-')}-{next(_ids)}-{uuid.uuid4().hex[:16]}"
-        call = _Call(X, task, args, columns, weights, labels, outputs, small, combine, size,
-                     per_block, timing, name)
+        return X, xf
+
+    def chain(self, X, task, start):
+        """`task(x_block, running)` block after block in row order, from `running=start`;
+        the last block's result (one graph; a pass over X, once per fit)."""
+        import dask
+        from dask.delayed import Delayed
+        from dask.highlevelgraph import HighLevelGraph
+
+        X, xf = self._where(X)
+        name = _name(task)
+        blocks = xf if xf is not None else row_keys(X)
+        dsk, last = {}, start
+        for i, xb in enumerate(blocks):
+            dsk[(name, i)] = (task, xb, last)
+            last = (name, i)
         if xf is not None:
-            return self._on_cluster(call, xf)
-        return self._local(call)
+            return self.cluster.client().get(dsk, last, sync=True)
+        graph = HighLevelGraph.merge(HighLevelGraph({name: dsk}, {name: set(
+            X.__dask_layers__())}), X.__dask_graph__())
+        (out,) = dask.compute(Delayed(last, graph, layer=name), optimize_graph=False)
+        return out
 
     def _task(self, call, i, x, cols):
         extra = call.per_block(i) if call.per_block else ()
@@ -295,6 +322,12 @@ class _Call(NamedTuple):
     per_block: object
     timing: object
     name: str
+
+
+def _name(task):
+    """New keys every call: a call whose arguments repeat reuses none the scheduler is
+    releasing."""
+    return f"kmeans-{task.__name__.replace('_', '-')}-{next(_ids)}-{uuid.uuid4().hex[:16]}"
 
 
 def _combine(parts, combine):

@@ -7,7 +7,15 @@ import numpy as np
 from kmeans_xp.backend import Placement
 from kmeans_xp.namespaces import array_namespace, namespace_name, to_numpy
 
-from .blocks import block_kind, center_block, check_finite_block, finite_flag, like_block
+from .blocks import (
+    block_kind,
+    center_block,
+    check_finite_block,
+    finite_flag,
+    like_block,
+    moments_block,
+    running_sum_block,
+)
 from .cluster import is_materialized
 from .namespace import DaskNamespace
 
@@ -93,6 +101,25 @@ class DaskPlacement(Placement):
         if X is None or x.ndim == 0 or x.shape[0] != X.shape[0]:
             return x.compute()
         return self.cluster.persist_like(x, X)
+
+    def feature_stats(self, X, tol, *, xp):
+        """(mean, absolute tol), computed where X's blocks are: the mean is X's float64 sum in
+        row order (`blocks.running_sum_block`, chained block after block), so X is centered
+        bit for bit as the numpy backend centers it whatever the chunks (the driver's near
+        ties follow the mean's last bit); tol's variance from the blocks' moments."""
+        if not _is_dask(X):
+            return super().feature_stats(X, tol, xp=xp)
+        graph = self.backend.graph
+        n, d = X.shape
+        total = graph.chain(X, running_sum_block, np.zeros(d))
+        mean = (total / n).astype(X.dtype)
+        abs_tol = 0.0
+        if tol != 0:
+            _, moments = graph.run(X, moments_block, (mean,), columns=False, combine="add",
+                                   size=2 * d)
+            var = moments[:d] / n - (moments[d:] / n) ** 2   # the mean's rounding, removed
+            abs_tol = float(np.mean(var)) * tol
+        return like_block(mean, block_kind(X)), abs_tol
 
     def center(self, X, mean, *, xp, in_place=False):
         """X - mean block by block (in X's dtype, in the blocks' library), persisted once next
