@@ -254,6 +254,9 @@ def test_cluster_iteration_futures_path(client, reduce):
         assert last is None or it.labels.name != last.name
         last = it.labels
     assert float(it.n_changed) == 0
+    with dask.config.set(scheduler="threads"):  # X on the cluster, dask computing locally:
+        local = backend.lloyd_iter(Xd, w, init, None, xp=xp)  # the weights go there too
+    _same_stats(local, ref)
     t = backend.last_iter_timings
     assert t["reduce"] == reduce and t["blocks"] == Xd.numblocks[0]
     if reduce == "client":

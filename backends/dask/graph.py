@@ -218,15 +218,19 @@ class GraphEngine:
         the column persisted now next to X's blocks (the weights: cached for the fit)."""
         if col is None:
             return None
+        cluster = self.cluster
         if weights:
-            return self.cluster.block_futures(self.cluster.weights_like(col, X))
-        own = self._own_blocks(col, X)
-        if own is not None:
-            return own
-        col = self._like_rows(col, X)
-        got = self.cluster.block_futures(col)
-        return got if got is not None else self.cluster.block_futures(
-            self.cluster.persist_like(col, X))
+            got = cluster.block_futures(cluster.weights_like(col, X, on_cluster=True))
+        else:
+            got = self._own_blocks(col, X)
+            if got is None:
+                col = self._like_rows(col, X)
+                got = cluster.block_futures(col)
+            if got is None:
+                got = cluster.block_futures(cluster.persist_like(col, X, on_cluster=True))
+        if got is None:
+            raise RuntimeError("could not persist a per-sample column on the cluster")
+        return got
 
     def _own_blocks(self, col, X):
         """The block-result futures behind labels made by `_on_cluster`, or None."""
