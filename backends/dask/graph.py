@@ -79,6 +79,10 @@ class GraphEngine:
     def __init__(self, cluster, settings):
         self.cluster, self.settings = cluster, settings
         self.last_timings = None
+        self._inflight = None   # the last call's futures on the cluster
+
+    def reset(self):
+        self._inflight = None
 
     # -- the primitives ---------------------------------------------------------------------
     def lloyd_iter(self, X, sample_weight, centers, labels_old):
@@ -169,12 +173,15 @@ class GraphEngine:
         (out,) = dask.compute(Delayed(last, graph, layer=name), optimize_graph=False)
         return out
 
-    def _task(self, call, i, x, cols):
+    @staticmethod
+    def _task(call, i, x, cols):
+        """Block i's task: x (X's block, a key or a future), then the i-th block of each
+        column (None for a column that is None), the call's arguments, the block's own."""
         extra = call.per_block(i) if call.per_block else ()
         if not call.columns:
             return (call.task, x, *call.args, *extra)
-        return (call.task, x, cols[0] and cols[0][i], cols[1] and cols[1][i], *call.args,
-                *extra)
+        blocks = [None if c is None else c[i] for c in cols]
+        return (call.task, x, *blocks, *call.args, *extra)
 
     def _local(self, call):
         import dask
@@ -278,6 +285,9 @@ class GraphEngine:
         submitted_at = time.time()
         futures = client.get(dsk, want, sync=False)
         t2 = time.perf_counter()
+        # the last call's futures are released only now: a release sent just before the
+        # graph would hold the graph in the client's batched stream (10 ms interval)
+        self._inflight = futures
         blocks = futures[:nb]
         kind = settings.spec(X)[0]
         arrays = []
@@ -302,7 +312,7 @@ class GraphEngine:
             infos, got = [g[1] for g in got], [g[0] for g in got]
         value = _combine(got, call.combine) if on_client else got[0]
         t5 = time.perf_counter()
-        if settings.timings:
+        if settings.timings and call.timing is not None:
             self.last_timings = {
                 "engine": "graph", "blocks": nb, "reduce": "client" if on_client else "tree",
                 "build_s": t1 - t0, "submit_s": t2 - t1, "wait_s": t3 - t2,

@@ -135,4 +135,5 @@ class DaskPlacement(Placement):
         workers can free them (labels_ stays, as the user holds it)."""
         self.X = None
         self.cluster.reset()
+        self.backend.graph.reset()
         self.backend.actors.reset()
