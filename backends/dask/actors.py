@@ -31,6 +31,7 @@ from kmeans_xp.backend import AssignResult, Farthest, IterStats
 
 from .blocks import (
     add_vectors,
+    as_int64,
     assign_block,
     block_meta,
     cupy,
@@ -126,8 +127,9 @@ class BlockActor:
                                f"of them)") from None
 
     def output(self, generation, j, which):
-        """Block j's labels (which=0) or distances (1) of call `generation`."""
-        return self._call(generation)[j][which]
+        """Block j's labels (which=0, as int64) or distances (1) of call `generation`."""
+        out = self._call(generation)[j][which]
+        return as_int64(out) if which == 0 else out
 
 
 def actor_output(actor_key, address, generation, j, which):

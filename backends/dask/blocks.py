@@ -143,7 +143,7 @@ def stats_vector(it, kind):
 
 
 def iterate_step(xb, wb, centers, labels_old, spec, timed=False):
-    """(labels int64, stats on the block's device, timing or None) of one Lloyd iteration
+    """(labels, stats on the block's device, timing or None) of one Lloyd iteration
     on one block: the local backend's `lloyd_iter`, the changed labels counted against the
     block's last labels (all of them without)."""
     kind = spec[0]
@@ -151,7 +151,7 @@ def iterate_step(xb, wb, centers, labels_old, spec, timed=False):
     def run():
         w, c, old = _operands(xb, wb, centers, labels_old, kind)
         it = local_backend(spec).lloyd_iter(xb, w, c, old, xp=block_xp(xb))
-        return as_int64(it.labels), stats_vector(it, kind)
+        return it.labels, stats_vector(it, kind)
 
     (labels, stats), info = _timed(spec, timed, run)
     if info is not None:
@@ -161,17 +161,18 @@ def iterate_step(xb, wb, centers, labels_old, spec, timed=False):
 
 def iterate_block(xb, wb, labels_old, centers, spec, timed=False):
     """A graph task: (labels, stats as float64 NumPy, timing or None); the labels stay where
-    the block is, the k x d stats travel."""
+    the block is (in the local backend's integer type, as the next iteration takes them;
+    `labels_out` hands them out as int64), the k x d stats travel."""
     labels, stats, info = iterate_step(xb, wb, centers, labels_old, spec, timed)
     return labels, to_numpy(stats), info
 
 
 def assign_block(xb, centers, spec, timed=False):
-    """A graph task: (labels int64, min_sq_dist in X's dtype, timing or None)."""
+    """A graph task: (labels, min_sq_dist in X's dtype, timing or None)."""
     def run():
         _, c, _ = _operands(xb, None, centers, None, spec[0])
         labels, min_sq = local_backend(spec).assign(xb, c, xp=block_xp(xb))
-        return as_int64(labels), (min_sq if min_sq.dtype == xb.dtype else
+        return labels, (min_sq if min_sq.dtype == xb.dtype else
                                   min_sq.astype(xb.dtype))
 
     (labels, min_sq), info = _timed(spec, timed, run)
@@ -243,6 +244,11 @@ def moments_block(xb, mean):
     c = xp.astype(xb, xp.float64) - like_block(np.asarray(mean, dtype=np.float64), kind)
     return np.concatenate([np.asarray(to_numpy(xp.sum(c * c, axis=0))),
                            np.asarray(to_numpy(xp.sum(c, axis=0)))])
+
+
+def labels_out(result):
+    """The labels of a block task's result as int64 (the labels arrays' blocks)."""
+    return as_int64(result[0])
 
 
 def take(result, index):

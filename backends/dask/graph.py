@@ -32,6 +32,7 @@ from .blocks import (
     farthest_block,
     inertia_block,
     iterate_block,
+    labels_out,
     merge_farthest,
     reduce_block,
     take,
@@ -206,7 +207,8 @@ class GraphEngine:
         arrays = []
         for j, (index, dtype) in enumerate(call.outputs):
             out = f"{name}-out{j}"
-            blocks = {(out, i): r[index] for i, r in enumerate(results)}
+            blocks = {(out, i): labels_out(r) if index == 0 else r[index]
+                      for i, r in enumerate(results)}
             arrays.append(da.Array(HighLevelGraph({out: blocks}, {out: set()}), out,
                                    chunks=(X.chunks[0],), dtype=dtype, meta=block_meta(kind,
                                                                                       dtype)))
@@ -295,7 +297,8 @@ class GraphEngine:
             out = f"{name}-out{j}"
             graph = HighLevelGraph(
                 {name: dict(zip(block_keys, blocks)),
-                 out: {(out, i): (take, bk, index) for i, bk in enumerate(block_keys)}},
+                 out: {(out, i): (labels_out, bk) if index == 0 else (take, bk, index)
+                       for i, bk in enumerate(block_keys)}},
                 {name: set(), out: {name}})
             arrays.append(da.Array(graph, out, chunks=(X.chunks[0],), dtype=dtype,
                                    meta=block_meta(kind, dtype)))
