@@ -131,6 +131,8 @@ def _float_dtype_for(xp, dtype):
     if xp.isdtype(dtype, "complex floating"):
         raise ValueError("Complex data not supported; give real-valued X (e.g. X.real or "
                          "np.abs(X)).")
+    if isinstance(dtype, np.dtype) and not dtype.isnative:
+        dtype = dtype.newbyteorder("=")  # big-endian '>f4' computes as float32, not float64
     if dtype == xp.float64 or dtype == xp.float32:
         return dtype
     if xp.isdtype(dtype, "real floating"):
@@ -231,7 +233,12 @@ def check_sample_weight(sample_weight, n_samples, dtype):
 
 def check_init_array(init, n_clusters, n_features, *, xp_target=None):
     """The user's init centers as a NumPy float64 array, checked."""
-    centers = to_numpy(init) if is_array_api_obj(init) else np.asarray(init)
+    try:
+        centers = to_numpy(init) if is_array_api_obj(init) else np.asarray(init)
+    except ValueError as exc:  # ragged nested lists
+        raise ValueError(f"init could not be made into an array of shape ({n_clusters}, "
+                         f"{n_features}): {str(exc).rstrip('.')}. Give one row of {n_features} values per "
+                         f"cluster.") from exc
     if centers.dtype.kind not in "biuf":
         raise ValueError(f"init array has dtype {centers.dtype}; give real numbers.")
     if centers.shape != (n_clusters, n_features):
