@@ -78,3 +78,71 @@ def test_two_fits_in_two_threads_restore_blas_threads():
     after = [i["num_threads"] for i in threadpoolctl.threadpool_info()
              if i["user_api"] == "blas"]
     assert after == before
+
+
+def _blobs(seed=0):
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(3000, 3)) * [1, 2, 3]
+    c = rng.normal(size=(5, 3)) * 3
+    X = np.concatenate([X + ci * 10 for ci in c])
+    return X, X[rng.choice(len(X), 5, replace=False)]
+
+
+@pytest.mark.parametrize("scale,dtype", [(1e19, np.float32), (1e-22, np.float32),
+                                         (1e154, np.float64), (1e-160, np.float64)])
+def test_extreme_scales_give_the_unit_scale_partition(scale, dtype):
+    """Finite X whose squared distances overflow (or underflow) its dtype is rescaled by a
+    power of two: the partition of X / scale, never a silent wrong answer."""
+    X, init = _blobs()
+    ref = KMeans(5, init=init.astype(dtype), backend="numpy").fit(X.astype(dtype))
+    big = (X * scale).astype(dtype)
+    km = KMeans(5, init=(init * scale).astype(dtype), backend="numpy").fit(big)
+    np.testing.assert_array_equal(km.labels_, ref.labels_)
+    assert km.n_iter_ == ref.n_iter_
+    np.testing.assert_allclose(km.cluster_centers_ / scale, ref.cluster_centers_, rtol=1e-5)
+    np.testing.assert_array_equal(km.predict(big), km.labels_)
+    expect = ref.inertia_ * scale * scale   # inf where X's own units cannot hold it
+    assert km.inertia_ == pytest.approx(expect, rel=1e-4) or (
+        expect == np.inf and km.inertia_ == np.inf)
+
+
+def test_scaling_all_weights_changes_nothing():
+    X, _ = _blobs(1)
+    base = KMeans(5, random_state=0, backend="numpy").fit(X)
+    for c in (1e-300, 3.0, 1e308):
+        km = KMeans(5, random_state=0, backend="numpy").fit(X, sample_weight=np.full(len(X), c))
+        assert np.all(np.isfinite(km.cluster_centers_))
+        np.testing.assert_array_equal(km.labels_, base.labels_)
+        np.testing.assert_allclose(km.cluster_centers_, base.cluster_centers_, rtol=1e-10)
+
+
+def test_copy_x_false_leaves_x_bit_for_bit():
+    X = (asymmetric_data(3000, 3, 10, seed=5, offset=1e3)).astype(np.float32)
+    before = X.copy()
+    KMeans(10, random_state=0, copy_x=False, backend="numpy").fit(X)
+    assert np.array_equal(X.view(np.uint32), before.view(np.uint32))
+
+
+def test_copy_x_false_never_writes_a_memmap(tmp_path):
+    X = asymmetric_data(2000, 3, 5, seed=6, offset=50.0)
+    path = tmp_path / "X.npy"
+    np.save(path, X)
+    raw = path.read_bytes()
+    mm = np.load(path, mmap_mode="r+")
+    KMeans(5, random_state=0, copy_x=False, backend="numpy").fit(mm)
+    del mm
+    assert path.read_bytes() == raw
+
+
+def test_copy_x_false_leaves_x_when_the_fit_fails(monkeypatch):
+    from kmeans_xp_backends.numpy_ import NumpyBackend
+    X = asymmetric_data(2000, 3, 5, seed=7, offset=10.0)
+    before = X.copy()
+
+    def boom(*a, **k):
+        raise RuntimeError("interrupted")
+
+    monkeypatch.setattr(NumpyBackend, "lloyd_iter", boom)
+    with pytest.raises(RuntimeError, match="interrupted"):
+        KMeans(5, random_state=0, copy_x=False, backend="numpy").fit(X)
+    assert np.array_equal(X, before)
