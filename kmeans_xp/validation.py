@@ -244,8 +244,9 @@ def check_init_array(init, n_clusters, n_features, *, xp_target=None):
     try:
         centers = to_numpy(init) if is_array_api_obj(init) else np.asarray(init)
     except ValueError as exc:  # ragged nested lists
+        why = str(exc).rstrip(".")
         raise ValueError(f"init could not be made into an array of shape ({n_clusters}, "
-                         f"{n_features}): {str(exc).rstrip('.')}. Give one row of {n_features} values per "
+                         f"{n_features}): {why}. Give one row of {n_features} values per "
                          f"cluster.") from exc
     if centers.dtype.kind not in "biuf":
         raise ValueError(f"init array has dtype {centers.dtype}; give real numbers.")
