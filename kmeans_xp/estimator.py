@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import math
 import sys
 import time
 import warnings
@@ -14,6 +15,7 @@ import warnings
 import numpy as np
 
 from . import init as _init
+from .chunks import row_chunks, tolerance
 from .lloyd import kmeans_single_lloyd
 from .memory import format_bytes
 from .namespaces import array_namespace, device, label_counts, namespace_name, to_numpy
@@ -98,8 +100,9 @@ class KMeans:
             same = value is default or (type(value) is type(default) and not hasattr(
                 value, "shape") and value == default)
             if not same:
-                changed.append(f"{name}={value!r}" if not hasattr(value, "shape")
-                               else f"{name}=array(shape={tuple(value.shape)})")
+                array = getattr(value, "ndim", 0) > 0  # NumPy scalars print as numbers
+                changed.append(f"{name}=array(shape={tuple(value.shape)})" if array
+                               else f"{name}={_scalar(value)!r}")
         return f"{type(self).__name__}({', '.join(changed)})"
 
     def __sklearn_tags__(self):
@@ -131,7 +134,7 @@ class KMeans:
 
     def _check_inputs(self, X, sample_weight):
         validate_params(self.get_params(), type(self).__name__)
-        X = check_array(X, owner=type(self).__name__)
+        X, absmax = check_array(X, owner=type(self).__name__, absmax=True)
         n, d = X.shape
         if n < self.n_clusters:
             raise ValueError(f"n_samples={n} should be >= n_clusters={self.n_clusters}: ask "
@@ -146,7 +149,7 @@ class KMeans:
         init_array = None
         if not isinstance(self.init, str) and not callable(self.init):
             init_array = check_init_array(self.init, self.n_clusters, d)
-        return X, sw, init_array
+        return X, sw, init_array, absmax
 
     def _given_inits(self, X, init_array, n_init, rs):
         """Host center arrays for each run when the user gives them (array or callable), else
@@ -159,12 +162,12 @@ class KMeans:
         k, d = self.n_clusters, X.shape[1]
         return [check_init_array(self.init(X, k, random_state=rs), k, d) for _ in range(n_init)]
 
-    def _initial_centers(self, Xb, X_mean, sw, rs, xp, given, backend):
+    def _initial_centers(self, Xb, X_mean, sw, rs, xp, given, backend, scale):
         k = self.n_clusters
         rows = backend.driver_rows(Xb)
         if given is not None:
             c = xp.asarray(given.astype(_host_dtype(Xb)), device=device(Xb))
-            return c - X_mean
+            return (c - X_mean) * scale
         if self.init == "random":
             return _init.random_init(Xb, k, sample_weight=sw, random_state=rs, xp=xp)[0]
         persist = backend.placement.persist
@@ -179,7 +182,11 @@ class KMeans:
         namespace (NumPy, CuPy, torch, dask, lists)."""
         t_start = time.perf_counter()
         X_user = X
-        X, sw_host, init_array = self._check_inputs(X, sample_weight)
+        X, sw_host, init_array, absmax = self._check_inputs(X, sample_weight)
+        scale = _pow2_scale(absmax, X.dtype, X.shape[1])
+        w_scale = _pow2_scale_weights(sw_host)
+        if w_scale != 1:
+            sw_host *= w_scale  # our own copy; a power of two: exact
         n_init = self._resolved_n_init()
         rs = check_random_state(self.random_state)
         backend, why = select_backend(self.backend, X, n_clusters=self.n_clusters,
@@ -196,18 +203,22 @@ class KMeans:
         sw = None if sw_host is None else place.persist(xp.asarray(sw_host, device=device(Xb)))
         place.synchronize()
         timings["transfer"] = time.perf_counter() - t0
-        X_mean, tol = place.feature_stats(Xb, self.tol, xp=xp)
+        # on data to be rescaled, the variance of tol is taken after (it could overflow)
+        X_mean, tol = place.feature_stats(Xb, self.tol if scale == 1 else 0, xp=xp)
+        if not self.copy_x and scale == 1:
+            # X is never written (a memmap neither): the fit computes on X as given
+            X_mean = xp.zeros_like(X_mean)
+            Xc = place.center(Xb, X_mean, xp=xp)
+        else:
+            Xc = place.center(Xb, place.persist(X_mean), xp=xp)
+        if scale != 1:
+            Xc = _rescaled(Xc, scale, xp)
+            tol = tolerance(Xc, xp.zeros_like(X_mean), self.tol, xp, backend.driver_rows(Xc))
         X_mean = place.persist(X_mean)
-        in_place = (not self.copy_x and Xb is X_user and isinstance(Xb, np.ndarray)
-                    and Xb.flags.writeable)
-        Xc = None
-        try:
-            Xc = place.center(Xb, X_mean, xp=xp, in_place=in_place)
-            best, timings_runs = self._run(backend, Xc, X_mean, sw, rs, xp, n_init, tol,
-                                           given)
-        finally:
-            if in_place and Xc is Xb:
-                Xb += X_mean  # the user's data comes back even when the fit fails
+        best, timings_runs = self._run(backend, Xc, X_mean, sw, rs, xp, n_init, tol,
+                                       given, scale)
+        best = _unscaled(best, scale, w_scale)
+        self._scale = scale
         timings.update(timings_runs)
         timings["total"] = time.perf_counter() - t_start
         self._store(best, backend, why, X_mean, X_user, Xb, timings)
@@ -215,7 +226,7 @@ class KMeans:
         place.finish()
         return self
 
-    def _run(self, backend, Xc, X_mean, sw, rs, xp, n_init, tol, given):
+    def _run(self, backend, Xc, X_mean, sw, rs, xp, n_init, tol, given, scale):
         place = backend.placement
         best = None
         t_init = t_lloyd = 0.0
@@ -225,7 +236,7 @@ class KMeans:
             with backend.memory.stage("init"):
                 centers = self._initial_centers(Xc, X_mean, sw, rs, xp,
                                                 None if given is None else given[run],
-                                                backend)
+                                                backend, scale)
                 centers = xp.astype(centers, Xc.dtype)
             place.synchronize()
             t1 = time.perf_counter()
@@ -298,8 +309,9 @@ class KMeans:
         return select_backend("auto" if auto else name, X, n_clusters=k,
                               backend_options=options, max_memory=max_memory)[0]
 
-    def _prepare(self, X):
-        """(backend, X centered in the backend's namespace, xp, validated X) for predict etc."""
+    def _prepare(self, X, center=True):
+        """(backend, X centered in the backend's namespace, xp, validated X, centers) for
+        predict etc.; with center=False, X uncentered and the mean in place of the centers."""
         self._check_fitted()
         X = check_array(X, owner=type(self).__name__)
         if X.shape[1] != self.n_features_in_:
@@ -312,11 +324,16 @@ class KMeans:
         mean = xp.asarray(self._X_mean, device=device(Xb)) if namespace_name(
             self._X_mean) == namespace_name(Xb) else xp.asarray(to_numpy(self._X_mean),
                                                                   device=device(Xb))
+        if not center:
+            return backend, Xb, xp, X, mean
         centers = xp.asarray(self._centers_fit, device=device(Xb)) if namespace_name(
             self._centers_fit) == namespace_name(Xb) else xp.asarray(
                 to_numpy(self._centers_fit), device=device(Xb))
         Xc = place.center(xp.astype(Xb, centers.dtype, copy=False),
                           xp.astype(mean, centers.dtype), xp=xp)
+        scale = getattr(self, "_scale", 1.0)
+        if scale != 1:
+            Xc, centers = _rescaled(Xc, scale, xp), centers * scale
         return backend, Xc, xp, X, centers
 
     def predict(self, X):
@@ -330,12 +347,11 @@ class KMeans:
 
     def transform(self, X):
         """Euclidean distance of each sample to each center, shape (n_samples, n_clusters)."""
-        backend, Xc, xp, X, centers = self._prepare(X)
-        Xc = xp.asarray(Xc)  # an array even where the backend centers rows on the fly
-        d2 = (xp.sum(Xc * Xc, axis=1)[:, None] - 2 * (Xc @ centers.T)
-              + xp.sum(centers * centers, axis=1)[None, :])
-        d2 = xp.where(d2 < 0, xp.zeros_like(d2), d2)
-        return backend.placement.from_backend(xp.sqrt(d2), like=X)
+        backend, Xb, xp, X, mean = self._prepare(X, center=False)
+        Xb = xp.asarray(Xb)  # an array even where the backend streams rows
+        centers = xp.asarray(to_numpy(self.cluster_centers_), device=device(Xb))
+        return backend.placement.from_backend(
+            _distances(Xb, centers, mean, xp, backend.driver_rows(Xb)), like=X)
 
     def fit_transform(self, X, y=None, sample_weight=None):
         return self.fit(X, sample_weight=sample_weight).transform(X)
@@ -347,7 +363,89 @@ class KMeans:
             check_sample_weight(sample_weight, Xc.shape[0], _host_dtype(Xc)), device=device(Xc))
         labels = backend.assign(Xc, centers, xp=xp).labels
         centers = backend.placement.small(centers)
-        return -float(to_numpy(backend.inertia(Xc, sw, centers, labels, xp=xp)))
+        total = float(to_numpy(backend.inertia(Xc, sw, centers, labels, xp=xp)))
+        return -_ldexp_or_inf(total, -2 * (math.frexp(getattr(self, "_scale", 1.0))[1] - 1))
+
+
+def _distances(X, centers, mean, xp, rows):
+    """(n, k) Euclidean distances in X's dtype: X and the fitted centers are centered and
+    expanded in float64, chunk by chunk, so a point on its center gets ~0 (the expansion in
+    float32 of centered copies gave 2.8e-3 there)."""
+    m64 = xp.astype(mean, xp.float64)
+    c64 = xp.astype(centers, xp.float64) - m64
+    c_sq = xp.sum(c64 * c64, axis=1)[None, :]
+    parts = []
+    for sl in row_chunks(X.shape[0], max(1, rows // max(1, centers.shape[0] // 64))):
+        x64 = xp.astype(X[sl, ...], xp.float64) - m64
+        d2 = xp.sum(x64 * x64, axis=1)[:, None] - 2 * (x64 @ c64.T) + c_sq
+        parts.append(xp.astype(xp.sqrt(xp.where(d2 < 0, xp.zeros_like(d2), d2)), X.dtype))
+    return parts[0] if len(parts) == 1 else xp.concat(parts)
+
+
+def _pow2_scale(absmax, dtype, d):
+    """A power of two that brings X into the range where squared distances neither overflow
+    nor underflow in its dtype (1.0 when it is there already, or absmax is unknown)."""
+    if not absmax:
+        return 1.0
+    info = np.finfo(_host_dtype_of(dtype))
+    span = 2 * absmax   # |x - c| for centered x and centers inside the data's range
+    too_big = span * span * d * 4 >= float(info.max)
+    too_small = span * span <= float(info.tiny) * 2.0 ** (info.nmant + 2)
+    if not (too_big or too_small):
+        return 1.0
+    return math.ldexp(1.0, -math.frexp(absmax)[1])   # absmax * scale in [0.5, 1)
+
+
+def _pow2_scale_weights(sw):
+    """A power of two for weights so large that w * x would overflow (all weights 1e308)."""
+    if sw is None or sw.size == 0:
+        return 1.0
+    top = float(sw.max())
+    if top == 0 or top < float(np.finfo(sw.dtype).max) ** 0.5:
+        return 1.0
+    return math.ldexp(1.0, -math.frexp(top)[1])
+
+
+def _rescaled(Xc, scale, xp):
+    """Xc * scale, in place when the fit owns Xc (exact: a power of two)."""
+    try:
+        Xc *= xp.asarray(scale, dtype=Xc.dtype)
+        return Xc
+    except (TypeError, ValueError, AttributeError):
+        return Xc * scale
+
+
+def _unscaled(best, scale, w_scale):
+    """A LloydResult computed on X * scale with weights * w_scale, in X's own units (powers
+    of two throughout, so nothing overflows on the way back)."""
+    if scale == 1 and w_scale == 1:
+        return best
+    e = math.frexp(scale)[1] - 1          # scale == 2**e
+    def dist(v):  # squared distances: back by 2**(-2e); inf when X's units cannot hold it
+        try:
+            return math.ldexp(v, -2 * e)
+        except OverflowError:
+            return math.inf
+    history = {"inertia": [dist(v) / w_scale for v in best.history["inertia"]],
+               "center_shift": [dist(v) for v in best.history["center_shift"]]}
+    return best._replace(centers=best.centers / scale, inertia=dist(best.inertia) / w_scale,
+                         history=history)
+
+
+def _ldexp_or_inf(v, e):
+    try:
+        return math.ldexp(v, e)
+    except OverflowError:
+        return math.inf
+
+
+def _host_dtype_of(dtype):
+    return np.float32 if "float32" in str(dtype) else np.float64
+
+
+def _scalar(value):
+    """np.int64(3) as 3 (its repr is np.int64(3) in NumPy 2)."""
+    return value.item() if isinstance(value, np.generic) else value
 
 
 def _host_dtype(X):

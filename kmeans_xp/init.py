@@ -36,7 +36,7 @@ def sq_dist_to_points(X, P, xp, rows):
 def _min_update(closest, X, P, xp, rows, sample_weight):
     """(candidate potentials (len(P),), closest distance if P were added) without an (n, len(P))
     array alive at once beyond one chunk."""
-    pots = xp.zeros(P.shape[0], dtype=xp.float64)
+    pots = xp.zeros(P.shape[0], dtype=xp.float64, device=_device(X))
     for sl, dist in sq_dist_to_points(X, P, xp, rows):
         dist = xp.minimum(dist, closest[sl][:, None])
         pots = pots + sample_weight[sl] @ xp.astype(dist, xp.float64)  # BLAS, not a reduce
