@@ -542,3 +542,17 @@ def test_mean_is_the_numpy_backends_whatever_the_chunks(local_scheduler, chunks)
     assert isinstance(mean, np.ndarray) and mean.dtype == X.dtype
     np.testing.assert_array_equal(mean, want)
     assert tol == pytest.approx(tolerance(X, want, 1e-4, anp, X.shape[0]), rel=1e-9)
+
+
+def test_copy_x_false_computes_on_x_as_persisted(local_scheduler):
+    """copy_x=False: no centered copy of X (the fit runs on X as given), the numpy
+    backend's answer with copy_x=False."""
+    X, init, w = _problem(np.float64, n=300)
+    ref = KMeans(8, init=init, backend="numpy", max_iter=20, copy_x=False).fit(X.copy(),
+                                                                              sample_weight=w)
+    backend = DaskBackend()
+    Xd = backend.placement.to_backend(da.from_array(X, chunks=(100, 3)))
+    assert backend.placement.center(Xd, np.zeros(3), xp=None) is Xd
+    got = KMeans(8, init=init, backend="dask", max_iter=20, copy_x=False).fit(
+        da.from_array(X, chunks=(100, 3)), sample_weight=w)
+    _same_fit(got, ref, np.float64)

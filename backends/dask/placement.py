@@ -127,6 +127,8 @@ class DaskPlacement(Placement):
         if not _is_dask(X):
             return super().center(X, mean, xp=xp, in_place=in_place)
         mean = np.asarray(to_numpy(mean))
+        if not np.any(mean):
+            return X  # copy_x=False: the fit computes on X as given (persisted by to_backend)
         Xc = X.map_blocks(center_block, mean=mean, dtype=X.dtype, meta=X._meta)
         return self.cluster.persist_like(Xc, X)
 
