@@ -449,7 +449,9 @@ def test_actors_engine_lloyd_iter(client):
         last = {"graph": ig.labels, "actors": ia.labels}
         centers = ig.weighted_sums / np.maximum(ig.weight_in_clusters, 1e-300)[:, None]
     state = actors.actors.state
-    assert len(state["actors"]) == len(client.scheduler_info()["workers"])
+    # one actor per worker that holds blocks (the scheduler may have put them all on one)
+    assert 1 <= len(state["actors"]) <= len(client.scheduler_info()["workers"])
+    assert len({a["address"] for a in state["actors"]}) == len(state["actors"])
     assert sorted(i for a in state["actors"] for i in a["indices"]) == list(range(5))
     t = actors.last_iter_timings
     assert t["engine"] == "actors" and len(t["block_times"]) == 5

@@ -76,7 +76,8 @@ class DaskBackend(KMeansBackend):
         "split_every": Option(8, Interval(numbers.Integral, 2, None),
                               doc="partial results added per reduction task"),
         "reduce": Option("auto", "auto", "client", "tree",
-                         doc="where the graph engine adds the blocks' statistics"),
+                         doc="where the graph engine adds the blocks' statistics",
+                         attr="reduce_mode"),
         "direct_gather": Option(True, bool, doc="fetch results straight from the workers"),
         "timings": Option(False, bool, doc="record per-iteration timings"),
         "engine": Option("auto", "auto", "graph", "actors", doc="how iterations run"),
@@ -85,8 +86,6 @@ class DaskBackend(KMeansBackend):
 
     def __init__(self, max_memory="auto", **options):
         super().__init__(max_memory, **options)
-        # the option named like the `reduce` primitive: kept as reduce_mode, not over it
-        self.reduce_mode = self.__dict__.pop("reduce")
         self.cluster = Cluster(self.scheduler)
         settings = Settings(self.block_backend, self.max_memory, self.split_every,
                             self.reduce_mode, self.direct_gather, self.timings)
