@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device session: install the carried wheels, then run the steps named on the command
 # line, each logging under $OUT. Steps: machine, old (time the code in .device/old),
-# tests (GPU tests), new (time this checkout), cpu (CPU rows vs scikit-learn).
+# tests (GPU tests), new (time this checkout), cpu (CPU rows vs scikit-learn, faiss).
 #   bash benchmarks/gpu_session.sh machine old tests new
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
@@ -41,5 +41,9 @@ sys.version.split()[0])"
       python3 benchmarks/regression_probe.py --label new --out "$OUT/regression_new.json" \
         > "$OUT/regression_new.log" 2>&1
       tail -n 3 "$OUT/regression_new.log" ;;
+    cpu)
+      install_new
+      python3 benchmarks/cpu_probe.py --out "$OUT/cpu_probe.json" > "$OUT/cpu_probe.log" 2>&1
+      tail -n 5 "$OUT/cpu_probe.log" ;;
   esac
 done
