@@ -18,6 +18,7 @@ from . import init as _init
 from .chunks import row_chunks, tolerance
 from .lloyd import kmeans_single_lloyd
 from .memory import format_bytes
+from .progress import bar, logger, verbose_logging
 from .namespaces import array_namespace, device, label_counts, namespace_name, to_numpy
 from .registry import get_backend, select_backend
 from .validation import (
@@ -59,8 +60,8 @@ class KMeans:
     _estimator_type = "clusterer"
 
     def __init__(self, n_clusters=8, *, init="k-means++", n_init="auto", max_iter=300,
-                 tol=1e-4, verbose=0, random_state=None, copy_x=True, backend="auto",
-                 backend_options=None, max_memory="auto"):
+                 tol=1e-4, verbose=0, random_state=None, copy_x=True, algorithm="lloyd",
+                 backend="auto", backend_options=None, max_memory="auto"):
         self.n_clusters = n_clusters
         self.init = init
         self.n_init = n_init
@@ -69,6 +70,7 @@ class KMeans:
         self.verbose = verbose
         self.random_state = random_state
         self.copy_x = copy_x
+        self.algorithm = algorithm
         self.backend = backend
         self.backend_options = backend_options
         self.max_memory = max_memory
@@ -134,6 +136,9 @@ class KMeans:
 
     def _check_inputs(self, X, sample_weight):
         validate_params(self.get_params(), type(self).__name__)
+        if self.algorithm == "elkan":
+            raise ValueError("algorithm='elkan' is not implemented in kmeans_xp: it runs "
+                             "Lloyd's algorithm on every backend. Use algorithm='lloyd'.")
         X, absmax = check_array(X, owner=type(self).__name__, absmax=True)
         n, d = X.shape
         if n < self.n_clusters:
@@ -174,12 +179,20 @@ class KMeans:
         if self.init == "k-means||":
             return _init.kmeans_parallel(Xb, k, sample_weight=sw, random_state=rs, xp=xp,
                                          rows=rows, backend=backend, persist=persist)[0]
-        return _init.kmeans_plusplus(Xb, k, sample_weight=sw, random_state=rs, xp=xp,
-                                     rows=rows, persist=persist)[0]
+        progress = bar(k, "k-means++", self.verbose)
+        try:
+            return _init.kmeans_plusplus(Xb, k, sample_weight=sw, random_state=rs, xp=xp,
+                                         rows=rows, persist=persist, progress=progress)[0]
+        finally:
+            progress.close()
 
     def fit(self, X, y=None, sample_weight=None):
         """Compute k-means clustering. X: (n_samples, n_features) array of any supported
         namespace (NumPy, CuPy, torch, dask, lists)."""
+        with verbose_logging(self.verbose):
+            return self._fit(X, sample_weight)
+
+    def _fit(self, X, sample_weight):
         t_start = time.perf_counter()
         X_user = X
         X, sw_host, init_array, absmax = self._check_inputs(X, sample_weight)
@@ -249,7 +262,7 @@ class KMeans:
             t_lloyd += time.perf_counter() - t1
             iterations += int(result.n_iter)
             if self.verbose:
-                print(f"Run {run}: inertia {result.inertia:.6g} after {result.n_iter} "
+                logger.info(f"Run {run}: inertia {result.inertia:.6g} after {result.n_iter} "
                       f"iterations.")
             if best is None or result.inertia < best.inertia:
                 best = result
@@ -284,10 +297,10 @@ class KMeans:
             self._print_report(xp)
 
     def _print_report(self, xp):
-        print(f"backend: {self.backend_} ({self.backend_reason_})")
-        print("timings: " + ", ".join(f"{k} {v:.4f}s" for k, v in self.timings_.items()))
+        logger.info(f"backend: {self.backend_} ({self.backend_reason_})")
+        logger.info("timings: " + ", ".join(f"{k} {v:.4f}s" for k, v in self.timings_.items()))
         if self.memory_report_:
-            print("memory (peak per stage): " + ", ".join(
+            logger.info("memory (peak per stage): " + ", ".join(
                 f"{k} {format_bytes(v)}" for k, v in self.memory_report_.items()))
 
     # -- using the fit ------------------------------------------------------------------------

@@ -84,11 +84,12 @@ def _device(x):
 
 
 def kmeans_plusplus(X, n_clusters, *, sample_weight, random_state, xp, rows,
-                    n_local_trials=None, persist=None):
+                    n_local_trials=None, persist=None, progress=None):
     """Greedy k-means++ (Arthur & Vassilvitskii; scikit-learn's variant): each new center is the
     best of 2 + int(ln k) candidates drawn with probability w * D(x)^2. Returns (centers, indices).
     `persist` (a backend's `persist`) makes the running distances concrete at each step, so a
-    lazy namespace (dask) does not recompute their whole history.
+    lazy namespace (dask) does not recompute their whole history; `progress` (a bar) is
+    advanced once per center.
     """
     persist = persist or (lambda a: a)
     n = X.shape[0]
@@ -115,6 +116,8 @@ def kmeans_plusplus(X, n_clusters, *, sample_weight, random_state, xp, rows,
         best = xp.reshape(xp.argmin(_min_update(closest, X, P, xp, rows, sw64)), (1,))
         chosen.append(xp.take(cand, best))
         closest = persist(_closest_with(closest, X, xp.take(P, best, axis=0)[0, :], xp, rows))
+        if progress is not None:
+            progress.update(1)
     idx = xp.concat(chosen)  # on the device until here: one transfer for all k
     return xp.take(X, idx, axis=0), to_numpy(idx).astype(np.int64)
 

@@ -101,6 +101,7 @@ PARAMETER_CONSTRAINTS = {
     "verbose": [Interval(numbers.Integral, 0), Check(lambda v: isinstance(v, bool), "a bool")],
     "random_state": [Check(_is_random_state, "None, an int or a numpy RandomState")],
     "copy_x": [Check(lambda v: isinstance(v, (bool, np.bool_)), "a bool")],
+    "algorithm": [Options("lloyd", "elkan")],
     "backend": [Check(lambda v: isinstance(v, str), "a backend name (str) or 'auto'")],
     "backend_options": [Check(lambda v: v is None or isinstance(v, dict), "None or a dict")],
     "max_memory": [Check(_is_memory, "'auto', a positive number of bytes or a string like "
