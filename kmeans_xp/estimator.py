@@ -18,8 +18,8 @@ from . import init as _init
 from .chunks import row_chunks, tolerance
 from .lloyd import kmeans_single_lloyd
 from .memory import format_bytes
-from .progress import bar, logger, verbose_logging
 from .namespaces import array_namespace, device, label_counts, namespace_name, to_numpy
+from .progress import bar, logger, verbose_logging
 from .registry import get_backend, select_backend
 from .validation import (
     check_array,

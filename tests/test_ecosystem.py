@@ -1,7 +1,6 @@
 """A good citizen: scikit-learn's parameters, logging instead of print, progress bars."""
 import logging
 
-import numpy as np
 import pytest
 
 from kmeans_xp import KMeans
