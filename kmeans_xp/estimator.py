@@ -16,11 +16,13 @@ import numpy as np
 
 from . import init as _init
 from .chunks import row_chunks, tolerance
+from .interop import SklearnInterop
 from .lloyd import kmeans_single_lloyd
 from .memory import format_bytes
 from .namespaces import array_namespace, device, label_counts, namespace_name, to_numpy
 from .progress import bar, logger, verbose_logging
-from .registry import get_backend, select_backend
+from .registry import get_backend, get_backend_info, select_backend
+from .scaling import ldexp_or_inf, pow2_scale, pow2_scale_weights, rescaled, unscaled
 from .validation import (
     check_array,
     check_init_array,
@@ -48,7 +50,7 @@ def _convergence_warning():
     return ConvergenceWarning if sk is None else _with_sklearn_warning(sk.ConvergenceWarning)
 
 
-class KMeans:
+class KMeans(SklearnInterop):
     """K-Means clustering (Lloyd) on pluggable array backends.
 
     Parameters follow `sklearn.cluster.KMeans`; in addition `backend` names the backend
@@ -196,8 +198,8 @@ class KMeans:
         t_start = time.perf_counter()
         X_user = X
         X, sw_host, init_array, absmax = self._check_inputs(X, sample_weight)
-        scale = _pow2_scale(absmax, X.dtype, X.shape[1])
-        w_scale = _pow2_scale_weights(sw_host)
+        scale = pow2_scale(absmax, X.dtype, X.shape[1])
+        w_scale = pow2_scale_weights(sw_host)
         if w_scale != 1:
             sw_host *= w_scale  # our own copy; a power of two: exact
         n_init = self._resolved_n_init()
@@ -225,12 +227,12 @@ class KMeans:
         else:
             Xc = place.center(Xb, place.persist(X_mean), xp=xp)
         if scale != 1:
-            Xc = _rescaled(Xc, scale, xp)
+            Xc = rescaled(Xc, scale, xp)
             tol = tolerance(Xc, xp.zeros_like(X_mean), self.tol, xp, backend.driver_rows(Xc))
         X_mean = place.persist(X_mean)
         best, timings_runs = self._run(backend, Xc, X_mean, sw, rs, xp, n_init, tol,
                                        given, scale)
-        best = _unscaled(best, scale, w_scale)
+        best = unscaled(best, scale, w_scale)
         self._scale = scale
         timings.update(timings_runs)
         timings["total"] = time.perf_counter() - t_start
@@ -276,6 +278,8 @@ class KMeans:
         self._backend_key = (backend.name, dict(self.backend_options or {}), self.max_memory,
                              self.backend == "auto")
         place = backend.placement
+        self._record_feature_names(X_user)
+        self.__dict__.pop("_moved_to_host", None)
         centers = best.centers + place.small(X_mean)
         self.cluster_centers_ = place.from_backend(centers, like=X_user)
         self.labels_ = place.from_backend(best.labels, like=X_user)
@@ -316,6 +320,11 @@ class KMeans:
         X (as fit does): never a silent fallback."""
         name, options, max_memory, auto = self._backend_key
         k = self._centers_fit.shape[0]
+        if getattr(self, "_moved_to_host", False):
+            # unpickled with host copies: the fit's backend may not exist here
+            auto = True
+            if not (get_backend_info(name) or (False,))[0]:
+                return select_backend("auto", X, n_clusters=k, max_memory=max_memory)[0]
         backend = get_backend(name)(max_memory=max_memory, **options)
         if backend.accepts(X, n_clusters=k):
             return backend
@@ -326,6 +335,7 @@ class KMeans:
         """(backend, X centered in the backend's namespace, xp, validated X, centers) for
         predict etc.; with center=False, X uncentered and the mean in place of the centers."""
         self._check_fitted()
+        self._check_feature_names(X)
         X = check_array(X, owner=type(self).__name__)
         if X.shape[1] != self.n_features_in_:
             raise ValueError(f"X has {X.shape[1]} features, but {type(self).__name__} is "
@@ -346,7 +356,7 @@ class KMeans:
                           xp.astype(mean, centers.dtype), xp=xp)
         scale = getattr(self, "_scale", 1.0)
         if scale != 1:
-            Xc, centers = _rescaled(Xc, scale, xp), centers * scale
+            Xc, centers = rescaled(Xc, scale, xp), centers * scale
         return backend, Xc, xp, X, centers
 
     def predict(self, X):
@@ -360,11 +370,13 @@ class KMeans:
 
     def transform(self, X):
         """Euclidean distance of each sample to each center, shape (n_samples, n_clusters)."""
+        X_user = X
         backend, Xb, xp, X, mean = self._prepare(X, center=False)
         Xb = xp.asarray(Xb)  # an array even where the backend streams rows
         centers = xp.asarray(to_numpy(self.cluster_centers_), device=device(Xb))
-        return backend.placement.from_backend(
+        out = backend.placement.from_backend(
             _distances(Xb, centers, mean, xp, backend.driver_rows(Xb)), like=X)
+        return self._wrap_output(out, X_user)
 
     def fit_transform(self, X, y=None, sample_weight=None):
         return self.fit(X, sample_weight=sample_weight).transform(X)
@@ -377,7 +389,7 @@ class KMeans:
         labels = backend.assign(Xc, centers, xp=xp).labels
         centers = backend.placement.small(centers)
         total = float(to_numpy(backend.inertia(Xc, sw, centers, labels, xp=xp)))
-        return -_ldexp_or_inf(total, -2 * (math.frexp(getattr(self, "_scale", 1.0))[1] - 1))
+        return -ldexp_or_inf(total, -2 * (math.frexp(getattr(self, "_scale", 1.0))[1] - 1))
 
 
 def _distances(X, centers, mean, xp, rows):
@@ -393,67 +405,6 @@ def _distances(X, centers, mean, xp, rows):
         d2 = xp.sum(x64 * x64, axis=1)[:, None] - 2 * (x64 @ c64.T) + c_sq
         parts.append(xp.astype(xp.sqrt(xp.where(d2 < 0, xp.zeros_like(d2), d2)), X.dtype))
     return parts[0] if len(parts) == 1 else xp.concat(parts)
-
-
-def _pow2_scale(absmax, dtype, d):
-    """A power of two that brings X into the range where squared distances neither overflow
-    nor underflow in its dtype (1.0 when it is there already, or absmax is unknown)."""
-    if not absmax:
-        return 1.0
-    info = np.finfo(_host_dtype_of(dtype))
-    span = 2 * absmax   # |x - c| for centered x and centers inside the data's range
-    too_big = span * span * d * 4 >= float(info.max)
-    too_small = span * span <= float(info.tiny) * 2.0 ** (info.nmant + 2)
-    if not (too_big or too_small):
-        return 1.0
-    return math.ldexp(1.0, -math.frexp(absmax)[1])   # absmax * scale in [0.5, 1)
-
-
-def _pow2_scale_weights(sw):
-    """A power of two for weights so large that w * x would overflow (all weights 1e308)."""
-    if sw is None or sw.size == 0:
-        return 1.0
-    top = float(sw.max())
-    if top == 0 or top < float(np.finfo(sw.dtype).max) ** 0.5:
-        return 1.0
-    return math.ldexp(1.0, -math.frexp(top)[1])
-
-
-def _rescaled(Xc, scale, xp):
-    """Xc * scale, in place when the fit owns Xc (exact: a power of two)."""
-    try:
-        Xc *= xp.asarray(scale, dtype=Xc.dtype)
-        return Xc
-    except (TypeError, ValueError, AttributeError):
-        return Xc * scale
-
-
-def _unscaled(best, scale, w_scale):
-    """A LloydResult computed on X * scale with weights * w_scale, in X's own units (powers
-    of two throughout, so nothing overflows on the way back)."""
-    if scale == 1 and w_scale == 1:
-        return best
-    e = math.frexp(scale)[1] - 1          # scale == 2**e
-    def dist(v):  # squared distances: back by 2**(-2e); inf when X's units cannot hold it
-        try:
-            return math.ldexp(v, -2 * e)
-        except OverflowError:
-            return math.inf
-    history = {"inertia": [dist(v) / w_scale for v in best.history["inertia"]],
-               "center_shift": [dist(v) for v in best.history["center_shift"]]}
-    return best._replace(centers=best.centers / scale, inertia=dist(best.inertia) / w_scale,
-                         history=history)
-
-
-def _ldexp_or_inf(v, e):
-    try:
-        return math.ldexp(v, e)
-    except OverflowError:
-        return math.inf
-
-
-def _host_dtype_of(dtype):
-    return np.float32 if "float32" in str(dtype) else np.float64
 
 
 def _scalar(value):

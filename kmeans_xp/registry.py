@@ -158,6 +158,12 @@ def _load(target: str):
     return getattr(importlib.import_module(module), attr)
 
 
+def get_backend_info(name):
+    """(available, BackendInfo) of a backend name, or None when the name is unknown."""
+    info = _info(name) if isinstance(name, str) else None
+    return None if info is None else (info.available, info)
+
+
 def available_backends() -> list:
     return [name for name, info in list_backends().items() if info.available]
 

@@ -53,3 +53,69 @@ def test_verbose_shows_init_progress(capsys):
     pytest.importorskip("tqdm")
     KMeans(5, random_state=0, max_iter=2, verbose=1, backend="numpy").fit(X)
     assert "k-means++" in capsys.readouterr().err
+
+
+def _frame():
+    pd = pytest.importorskip("pandas")
+    import numpy as np
+    return pd, pd.DataFrame(np.asarray(X), columns=["x", "y", "z"])
+
+
+def test_feature_names_in_and_out():
+    pd, df = _frame()
+    km = KMeans(5, random_state=0, backend="numpy").fit(df)
+    assert list(km.feature_names_in_) == ["x", "y", "z"]
+    assert list(km.get_feature_names_out()) == [f"kmeans{i}" for i in range(5)]
+    with pytest.raises(ValueError, match="same order"):
+        km.predict(df[["y", "x", "z"]])
+    with pytest.raises(ValueError, match="unseen at fit time"):
+        km.predict(df.rename(columns={"z": "w"}))
+    with pytest.warns(UserWarning, match="does not have valid feature names"):
+        km.predict(X)
+    plain = KMeans(5, random_state=0, backend="numpy").fit(X)
+    assert not hasattr(plain, "feature_names_in_")
+    with pytest.warns(UserWarning, match="fitted without feature names"):
+        plain.predict(df)
+
+
+def test_pipeline_set_output_pandas():
+    pd, df = _frame()
+    pipeline = pytest.importorskip("sklearn.pipeline")
+    pre = pytest.importorskip("sklearn.preprocessing")
+    pipe = pipeline.make_pipeline(pre.StandardScaler(), KMeans(5, random_state=0))
+    out = pipe.set_output(transform="pandas").fit_transform(df)
+    assert isinstance(out, pd.DataFrame)
+    assert list(out.columns) == [f"kmeans{i}" for i in range(5)]
+    assert out.index.equals(df.index)
+
+
+def test_to_sklearn_predicts_the_same_and_exports_to_onnx():
+    import numpy as np
+    km = KMeans(5, random_state=0, backend="numpy").fit(X.astype(np.float32))
+    sk = km.to_sklearn()
+    np.testing.assert_array_equal(sk.predict(X.astype(np.float32)), km.labels_)
+    skl2onnx = pytest.importorskip("skl2onnx")
+    ort = pytest.importorskip("onnxruntime")
+    from skl2onnx.common.data_types import FloatTensorType
+    model = skl2onnx.convert_sklearn(sk, initial_types=[("X", FloatTensorType([None, 3]))])
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    labels = sess.run(None, {"X": X.astype(np.float32)})[0]
+    np.testing.assert_array_equal(labels, km.labels_)
+
+
+def test_pickle_holds_host_copies_and_predicts_without_the_fit_backend(monkeypatch):
+    """A model fitted on a device (here: a fake device namespace, array-api-strict) pickles
+    NumPy copies; unpickled where the fit's backend is missing, predict picks one."""
+    import pickle
+
+    import array_api_strict as xps
+    import numpy as np
+
+    from kmeans_xp import registry
+    km = KMeans(5, random_state=0, backend="array-api").fit(xps.asarray(X))
+    km2 = pickle.loads(pickle.dumps(km))
+    assert type(km2.cluster_centers_) is np.ndarray and type(km2.labels_) is np.ndarray
+    real = registry.get_backend_info
+    monkeypatch.setattr("kmeans_xp.estimator.get_backend_info",
+                        lambda name: (False, None) if name == "array-api" else real(name))
+    np.testing.assert_array_equal(km2.predict(X), np.from_dlpack(km.labels_))
