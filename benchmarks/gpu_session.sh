@@ -29,7 +29,7 @@ sys.version.split()[0])"
       python3 -m pip install -q --no-deps --no-build-isolation --target /tmp/old .device/old \
         > "$OUT/old_install.log" 2>&1
       (cd /tmp && PYTHONPATH=/tmp/old:/tmp/site python3 "$ROOT/benchmarks/regression_probe.py" \
-        --label old --out "$OUT/regression_old.json") > "$OUT/regression_old.log" 2>&1
+        --label old --init --out "$OUT/regression_old.json") > "$OUT/regression_old.log" 2>&1
       tail -n 3 "$OUT/regression_old.log" ;;
     tests)
       install_new
@@ -38,7 +38,7 @@ sys.version.split()[0])"
       tail -n 15 "$OUT/gpu_tests.log" ;;
     new)
       install_new
-      python3 benchmarks/regression_probe.py --label new --out "$OUT/regression_new.json" \
+      python3 benchmarks/regression_probe.py --label new --init --out "$OUT/regression_new.json" \
         > "$OUT/regression_new.log" 2>&1
       tail -n 3 "$OUT/regression_new.log" ;;
     cpu)
