@@ -10,8 +10,9 @@ Work is split in two levels, both sized from `max_memory`:
   it is hot. The augmented row folds the ``+ ||c||^2`` pass into the GEMM.
 
 NumPy releases the GIL in matmul, argmin, take, copies and bincount's loop, so blocks run on
-all cores; BLAS is held to one thread inside the pool when threadpoolctl is importable (it is
-not a dependency), since a GEMM with K = d + 1 gains nothing from BLAS threads. All buffers
+all cores; BLAS is held to one thread inside the pool (threadpoolctl, a dependency; without
+it BLAS threads would run inside each pool thread), since a GEMM with K = d + 1 gains nothing
+from BLAS threads. All buffers
 are allocated once per thread and reused across iterations, so an iteration allocates only
 its outputs (labels, min_sq_dist) and a few k-sized vectors.
 """
@@ -55,7 +56,7 @@ def _n_threads(requested):
 
 
 def _blas_controller():
-    """threadpoolctl's controller when importable (it is not a dependency), else False.
+    """threadpoolctl's controller, else False (a library it cannot introspect).
     Made once per process: it imports and inspects the loaded BLAS libraries."""
     global _CONTROLLER
     if _CONTROLLER is None:
@@ -67,10 +68,51 @@ def _blas_controller():
     return _CONTROLLER
 
 
+class _BlasOneThread:
+    """BLAS held to one thread while any pass of any fit needs it, restored when the last one
+    ends. threadpoolctl's limits are process-wide, and since 3.8 only the thread that set a
+    limit may change it again (others silently do nothing): so one thread of ours sets and
+    restores it, counting the passes in between. Two fits in two threads, each entering and
+    leaving its own limit, left BLAS at one thread for good."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._users = 0
+        self._limit = None
+        self._thread = None
+
+    def _on_own_thread(self, fn):
+        if self._thread is None:
+            self._thread = ThreadPoolExecutor(1, thread_name_prefix="kmeans_xp-blas")
+        return self._thread.submit(fn).result()
+
+    def __enter__(self):
+        with self._lock:
+            if self._users == 0:
+                controller = _blas_controller()
+                if controller:
+                    def limit():
+                        lim = controller.limit(limits=1, user_api="blas")
+                        lim.__enter__()   # owns the limit until __exit__ (threadpoolctl 3.8)
+                        return lim
+                    self._limit = self._on_own_thread(limit)
+            self._users += 1
+        return self
+
+    def __exit__(self, *exc):
+        with self._lock:
+            self._users -= 1
+            if self._users == 0 and self._limit is not None:
+                lim, self._limit = self._limit, None
+                self._on_own_thread(lambda: lim.__exit__(None, None, None))
+
+
+_BLAS_ONE_THREAD = _BlasOneThread()
+
+
 def _blas_single_thread():
-    """A context holding BLAS to one thread, or None without threadpoolctl."""
-    controller = _blas_controller()
-    return controller.limit(limits=1, user_api="blas") if controller else None
+    """The context that holds BLAS to one thread (shared by every fit of the process)."""
+    return _BLAS_ONE_THREAD
 
 
 _CONTROLLER = None

@@ -1,6 +1,7 @@
 """Where the actors engine's per-iteration overhead goes on dask-cuda: the same Lloyd loop
-(lloyd_iter + new_centers in NumPy on the client) on 2 GPUs at n=200M, d=3, k=1000 float32,
-under variants of how the actor calls run on the workers.
+(lloyd_iter, one round trip with its statistics, + new_centers in NumPy on the client) on 2
+GPUs at n=200M, d=3, k=1000 float32, under variants of how the actor calls run on the
+workers.
 
     python benchmarks/actor_latency_probe.py OUT.json [--n 200000000] [--iters 10]
 
@@ -34,13 +35,13 @@ from dask_multi_gpu import (  # noqa: E402
 
 def measure(client, X, sw, init, iters, separate_thread, timings=True):
     import array_api_compat.numpy as host
-    from kmeans_xp_backends.dask_ import DaskBackend
+    from kmeans_xp_backends.dask.backend import DaskBackend
     backend = DaskBackend(engine="actors", timings=timings)
-    backend._actors.separate_thread = separate_thread
+    backend.actors.separate_thread = separate_thread
     details = []
     per_iter, _, times = lloyd_loop(backend, X, sw, init.copy(), host, iters, 2,
                                     lambda: None, details)
-    backend.finish()
+    backend.placement.finish()
     return {"per_iteration_s": per_iter, "iterations_s": times,
             "median_split_s": summarize_breakdown(details)["median_s"] if details else {}}
 
@@ -65,7 +66,7 @@ def run_cluster(args, profile, out):
     import dask.array as da
     from dask_cuda import LocalCUDACluster
     from distributed import Client
-    from kmeans_xp_backends.dask_ import DaskBackend
+    from kmeans_xp_backends.dask.backend import DaskBackend
 
     with dask.config.set({"distributed.worker.profile.enabled": profile}):
         cluster = LocalCUDACluster(CUDA_VISIBLE_DEVICES="0,1", n_workers=2,
@@ -77,23 +78,22 @@ def run_cluster(args, profile, out):
                           meta=cp.empty((0, 0), dtype=np.float32), d=3, n_blocks=2, seed=0,
                           out_dtype="float32")
         maker = DaskBackend()
-        X = maker.to_backend(X)
-        xp = maker.array_namespace(X)
-        sw = maker.persist(xp.asarray(np.ones(args.n, dtype=np.float32)))
+        X = maker.placement.to_backend(X)
+        sw = None  # unit weights
         init = initial_centers(args.k, 3, 0, np.float32)
         tag = "profiler on" if profile else "profiler off"
         probe = DaskBackend(engine="actors")
-        state = probe._actors.actors(client, X, None)
+        _, state = probe.actors.prepare(X, None)
         # an iteration's payload: the centers out, sums and weights back
         sized = (init.astype(np.float64), np.zeros((args.k, 3)), np.zeros(args.k))
         for sep in (True, False):
             for what, payload in (("empty call", ()), ("call with an iteration's arrays",
                                                        sized)):
-                rtt = ping_round_trip(client, probe._actors, state, sep, payload)
+                rtt = ping_round_trip(client, probe.actors, state, sep, payload)
                 where = "actor thread" if sep else "event loop"
                 out[f"{tag}, {what}, {where}"] = {"round_trip_s": rtt}
                 log(f"{tag}: {what} to both actors, {where}: {rtt * 1e3:.2f} ms")
-        probe.finish()
+        probe.placement.finish()
         for switch in ((None, 2e-4) if profile else (None,)):
             if switch:
                 client.run(sys.setswitchinterval, switch)
@@ -116,7 +116,7 @@ def run_cluster(args, profile, out):
                 r = measure(client, X, sw, init, args.iters, sep, timings=False)
                 out[name] = r
                 log(f"{name}: {r['per_iteration_s'] * 1e3:.1f} ms/iteration")
-        maker.finish()
+        maker.placement.finish()
     finally:
         client.close()
         cluster.close()

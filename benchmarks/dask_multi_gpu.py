@@ -13,12 +13,14 @@ Needs CuPy, dask, distributed and dask-cuda, and a machine with as many GPUs as 
 2. dask: `LocalCUDACluster` with 1, then 2 workers (one per GPU); X's CuPy blocks are made on
    the workers by `map_blocks` (nothing is shipped from the client), persisted once.
 
-Each case runs the same loop from the same initial centers: `backend.lloyd_iter` (labels,
-distances, per-cluster sums) then the driver's `new_centers` (on the GPU for the single-GPU
-case, in NumPy on the client for dask, where the partial sums arrive), `--warmup`
-iterations first, then `--iters` timed iterations with the device synchronised. The final
-centers of every case are compared with the single-GPU ones (same work, same answer).
-With --fit, a whole `KMeans(...).fit` (tol=0, max_iter=--iters) is also timed per case.
+Each case runs the same loop from the same initial centers, with unit weights
+(sample_weight=None): `backend.lloyd_iter` (labels, per-cluster sums, inertia and changed
+labels against the last iteration's labels, in one round trip) then the driver's
+`new_centers` (on the GPU for the single-GPU case, in NumPy on the client for dask, where
+the statistics arrive), `--warmup` iterations first, then `--iters` timed iterations with
+the device synchronised. The final centers of every case are compared with the single-GPU
+ones (same work, same answer). With --fit, a whole `KMeans(...).fit` (tol=0,
+max_iter=--iters) is also timed per case: the driver's loop, one round trip per iteration.
 
 --engine picks the dask backend's engines measured on the same persisted X, one after the
 other, same protocol: "graph" (a task graph per iteration through the scheduler; results under
@@ -100,14 +102,16 @@ def lloyd_loop(backend, X, sw, centers, xp, iters, warmup, sync, details=None):
     iteration, final centers as NumPy, per-iteration seconds). With `details` (a list), each
     timed iteration's backend.last_iter_timings is appended, with the iteration's start and
     end (this host's clock)."""
-    from kmeans_xp.namespaces import to_numpy
     from kmeans_xp.lloyd import new_centers
+    from kmeans_xp.namespaces import to_numpy
 
     per_iter = []
+    labels = None
     for i in range(warmup + iters):
         started = time.time()
         t0 = time.perf_counter()
-        it = backend.lloyd_iter(X, sw, centers, xp=xp)
+        it = backend.lloyd_iter(X, sw, centers, labels, xp=xp)
+        labels = it.labels
         centers = new_centers(it.weighted_sums, it.weight_in_clusters, centers, xp)
         sync()
         dt = time.perf_counter() - t0
@@ -201,7 +205,7 @@ def run_single_gpu(args, n, init, result):
         X = cp.concatenate(blocks)
         del blocks
         cp.cuda.Device(0).synchronize()
-        sw = cp.ones(n, dtype=X.dtype)
+        sw = None  # unit weights
         backend = get_backend(name)()
         centers = cp.asarray(init)
         per_iter, final, times = lloyd_loop(
@@ -263,7 +267,7 @@ def run_dask_case(args, n, init, client, key, case, reference, common):
     import cupy as cp
     import dask.array as da
     from distributed import futures_of, wait
-    from kmeans_xp_backends.dask_ import DaskBackend
+    from kmeans_xp_backends.dask.backend import DaskBackend
 
     # the same rows as the single-GPU X: the same blocks in the same order
     n_blocks = args.blocks
@@ -273,11 +277,12 @@ def run_dask_case(args, n, init, client, key, case, reference, common):
                       meta=cp.empty((0, 0), dtype=args.dtype), d=args.d,
                       n_blocks=n_blocks, seed=args.seed, out_dtype=args.dtype)
     maker = DaskBackend()
+    place = maker.placement
     t0 = time.perf_counter()
-    X = maker.to_backend(X)  # NaN/inf check + persist, once
+    X = place.to_backend(X)  # NaN/inf check + persist, once
     setup = dict(common, make_and_persist_s=time.perf_counter() - t0)
-    xp = maker.array_namespace(X)
-    sw = maker.persist(xp.asarray(np.ones(n, dtype=args.dtype)))  # made on the workers
+    xp = place.namespace(X)
+    sw = None  # unit weights: nothing per sample besides X
     counts = _blocks_per_worker(client, X)
     if len(counts) < min(len(client.scheduler_info()["workers"]), n_blocks) or (
             max(counts.values()) - min(counts.values()) > 1):
@@ -285,10 +290,9 @@ def run_dask_case(args, n, init, client, key, case, reference, common):
         client.rebalance(futures_of(X))
         counts = _blocks_per_worker(client, X)
     setup["blocks_per_worker"] = counts
-    wait(futures_of(sw))
-    setup["weight_blocks_per_worker"] = _blocks_per_worker(client, sw)
+    wait(futures_of(X))
     log(f"{key}: X persisted in {setup['make_and_persist_s']:.1f} s; blocks per worker "
-        f"{counts}; weight blocks {setup['weight_blocks_per_worker']}")
+        f"{counts}")
     for engine in args.engine:
         ekey = engine_key(key, engine)
         try:
@@ -298,13 +302,13 @@ def run_dask_case(args, n, init, client, key, case, reference, common):
         except Exception as exc:
             case["errors"][ekey] = traceback.format_exc()
             log(f"{ekey} n={n:,} failed: {type(exc).__name__}: {exc}")
-    maker.finish()
-    del X, sw
+    place.finish()
+    del X
 
 
 def run_dask_engine(args, engine, key, n, init, X, sw, xp, out, reference):
     import array_api_compat.numpy as host
-    from kmeans_xp_backends.dask_ import DaskBackend
+    from kmeans_xp_backends.dask.backend import DaskBackend
 
     backend = DaskBackend(timings=not args.no_timings, engine=engine)
     log(f"{key}: engine {engine}")
@@ -322,7 +326,7 @@ def run_dask_engine(args, engine, key, n, init, X, sw, xp, out, reference):
             f"{breakdown_line(out['breakdown']['median_s'])}")
     else:
         log(f"{key}: n={n:,}: {per_iter * 1e3:.1f} ms per iteration")
-    backend.finish()
+    backend.placement.finish()
     if args.fit:
         log(f"{key}: whole KMeans.fit")
         out["fit"] = time_fit(X, init, args.iters, "dask", {"engine": engine})

@@ -39,7 +39,8 @@ def time_fit(KMeans, cp, X, init, backend, iters):
     cp.cuda.Device().synchronize()
     wall = time.perf_counter() - t0
     labels = km.labels_.get() if hasattr(km.labels_, "get") else np.asarray(km.labels_)
-    return wall, km.timings_["lloyd"] / km.n_iter_, km.n_iter_, km.inertia_, labels
+    return (wall, km.timings_["lloyd"] / km.n_iter_, km.n_iter_, km.inertia_, labels,
+            {k: float(v) for k, v in km.timings_.items()})
 
 
 def run(args):
@@ -62,11 +63,30 @@ def run(args):
                 row["n_iter"], row["inertia"] = runs[-1][2], float(runs[-1][3])
                 row["labels_sha1"] = hashlib.sha1(
                     runs[-1][4].astype(np.int64).tobytes()).hexdigest()[:12]
+                row[f"{where}_timings"] = runs[-1][5]
             out["rows"].append(row)
             print(json.dumps(row), flush=True)
             cp.get_default_memory_pool().free_all_blocks()
+    if args.init:
+        out["init"] = init_times(KMeans, cp, args.repeats)
+        print(json.dumps(out["init"]), flush=True)
     with open(args.out, "w") as f:
         json.dump(out, f, indent=1)
+
+
+def init_times(KMeans, cp, repeats, n=500_000, k=500):
+    """Seconds of init (timings_["init"]) for k-means++ and k-means|| on device X."""
+    X, _ = data(n, 3, k, seed=1)
+    Xg = cp.asarray(X)
+    rows = {}
+    for backend in ("cupy-fused", "cupy-kernels"):
+        for method in ("k-means++", "k-means||"):
+            def fit():
+                return KMeans(k, init=method, n_init=1, max_iter=1, random_state=0,
+                              backend=backend).fit(Xg).timings_["init"]
+            fit()
+            rows[f"{backend} {method}"] = statistics.median(fit() for _ in range(repeats))
+    return rows
 
 
 def main():
@@ -77,6 +97,7 @@ def main():
     ap.add_argument("--backends", nargs="+", default=list(BACKENDS))
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--init", action="store_true", help="also time k-means++ / k-means||")
     run(ap.parse_args())
 
 

@@ -77,8 +77,9 @@ class Option:
     """One backend option: its default and the values it takes (values, types, or
     `validation` constraints such as `Interval`)."""
 
-    def __init__(self, default, *allowed, doc=""):
-        self.default, self.allowed, self.doc = default, allowed, doc
+    def __init__(self, default, *allowed, doc="", attr=None):
+        # attr: the attribute the value is kept in, when the option's name is a member's
+        self.default, self.allowed, self.doc, self.attr = default, allowed, doc, attr
 
     def accepts(self, value) -> bool:
         for a in self.allowed:
@@ -95,7 +96,7 @@ class Option:
     def describe(self) -> str:
         parts = [a.__name__ if isinstance(a, type) else repr(a) if not callable(a) else str(a)
                  for a in self.allowed]
-        return " or ".join(parts)
+        return " or ".join(parts) + (f" ({self.doc})" if self.doc else "")
 
 
 class Placement:
@@ -170,6 +171,15 @@ class KMeansBackend:
     placement_class: ClassVar[type] = Placement
     budget_class: ClassVar[type] = Budget
 
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        # options become attributes: one named like a member would hide it
+        clash = sorted(k for k, o in cls.options.items()
+                       if callable(getattr(cls, o.attr or k, None)))
+        if clash:
+            raise TypeError(f"{cls.__name__}: options {clash} are named like members of "
+                            f"the backend; rename them")
+
     def __init__(self, max_memory="auto", **options):
         unknown = sorted(set(options) - set(self.options))
         if unknown:
@@ -182,7 +192,7 @@ class KMeansBackend:
                 raise InvalidOptionError(
                     f"backend {self.name!r}: backend_options[{key!r}] must be "
                     f"{opt.describe()}, got {value!r}")
-            setattr(self, key, value)
+            setattr(self, opt.attr or key, value)
         self.memory = self.budget_class(max_memory, backend=self)
         self.placement = self.placement_class(self)
 

@@ -4,12 +4,46 @@ statistics the fit centers X with and stops on (scikit-learn's tol), the labelle
 of inertia and relocation, weighted totals and changed-label counts."""
 from __future__ import annotations
 
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+from array_api_compat import is_numpy_namespace
+
 from .namespaces import device
+
+#: fewest rows a thread of `map_rows` gets (below that, threads cost more than they give)
+MIN_THREAD_ROWS = 8192
+_pool = None
+_pool_lock = threading.Lock()
 
 
 def row_chunks(n, rows):
     for start in range(0, n, rows):
         yield slice(start, min(start + rows, n))
+
+
+def _threads():
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def map_rows(fn, n, rows, xp):
+    """[fn(slice) for each chunk of rows], in row order. On NumPy the chunks run on all cores
+    (its ufuncs release the GIL on large arrays), each thread holding at most rows / threads
+    rows, so the memory bound of `rows` still holds; other namespaces run them in turn (a GPU
+    queues them; dask builds one graph)."""
+    global _pool
+    threads = _threads() if is_numpy_namespace(xp) else 1
+    if threads == 1 or n < 2 * MIN_THREAD_ROWS:
+        return [fn(sl) for sl in row_chunks(n, rows)]
+    step = max(MIN_THREAD_ROWS, min(rows // threads, -(-n // (4 * threads))))
+    with _pool_lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(threads, thread_name_prefix="kmeans_xp-rows")
+    return list(_pool.map(fn, row_chunks(n, step)))
 
 
 def labelled_sq_dist(X, centers, labels, xp, rows):
@@ -34,13 +68,12 @@ def count_changed(labels, labels_old, xp):
     return xp.astype(xp.sum(xp.astype(labels != labels_old, xp.int64)), xp.float64)
 
 
-def feature_mean(X, xp, rows):
-    """Per-feature mean accumulated in float64 over row chunks, then cast to X's dtype: every
-    library rounds it the same way, so every backend centers X identically."""
-    total = None
-    for sl in row_chunks(X.shape[0], rows):
-        part = xp.sum(xp.astype(X[sl, ...], xp.float64), axis=0)
-        total = part if total is None else total + part
+def feature_mean(X, xp, rows=None):
+    """Per-feature mean: X's float64 sum over rows in one reduction (NumPy adds the rows in
+    order and casts on the fly, no copy of X; CuPy casts inside its kernel), divided by n,
+    then cast to X's dtype, so every backend centers X the same way. `rows` is unused: a
+    chunked sum would round differently with the chunk size."""
+    total = xp.sum(X, axis=0, dtype=xp.float64)
     return xp.astype(total / X.shape[0], X.dtype)
 
 

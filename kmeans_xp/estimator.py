@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import math
 import sys
 import time
 import warnings
@@ -14,10 +15,14 @@ import warnings
 import numpy as np
 
 from . import init as _init
+from .chunks import row_chunks, tolerance
+from .interop import SklearnInterop
 from .lloyd import kmeans_single_lloyd
 from .memory import format_bytes
 from .namespaces import array_namespace, device, label_counts, namespace_name, to_numpy
-from .registry import get_backend, select_backend
+from .progress import bar, logger, verbose_logging
+from .registry import get_backend, get_backend_info, select_backend
+from .scaling import ldexp_or_inf, pow2_scale, pow2_scale_weights, rescaled, unscaled
 from .validation import (
     check_array,
     check_init_array,
@@ -45,7 +50,7 @@ def _convergence_warning():
     return ConvergenceWarning if sk is None else _with_sklearn_warning(sk.ConvergenceWarning)
 
 
-class KMeans:
+class KMeans(SklearnInterop):
     """K-Means clustering (Lloyd) on pluggable array backends.
 
     Parameters follow `sklearn.cluster.KMeans`; in addition `backend` names the backend
@@ -57,8 +62,8 @@ class KMeans:
     _estimator_type = "clusterer"
 
     def __init__(self, n_clusters=8, *, init="k-means++", n_init="auto", max_iter=300,
-                 tol=1e-4, verbose=0, random_state=None, copy_x=True, backend="auto",
-                 backend_options=None, max_memory="auto"):
+                 tol=1e-4, verbose=0, random_state=None, copy_x=True, algorithm="lloyd",
+                 backend="auto", backend_options=None, max_memory="auto"):
         self.n_clusters = n_clusters
         self.init = init
         self.n_init = n_init
@@ -67,6 +72,7 @@ class KMeans:
         self.verbose = verbose
         self.random_state = random_state
         self.copy_x = copy_x
+        self.algorithm = algorithm
         self.backend = backend
         self.backend_options = backend_options
         self.max_memory = max_memory
@@ -98,8 +104,9 @@ class KMeans:
             same = value is default or (type(value) is type(default) and not hasattr(
                 value, "shape") and value == default)
             if not same:
-                changed.append(f"{name}={value!r}" if not hasattr(value, "shape")
-                               else f"{name}=array(shape={tuple(value.shape)})")
+                array = getattr(value, "ndim", 0) > 0  # NumPy scalars print as numbers
+                changed.append(f"{name}=array(shape={tuple(value.shape)})" if array
+                               else f"{name}={_scalar(value)!r}")
         return f"{type(self).__name__}({', '.join(changed)})"
 
     def __sklearn_tags__(self):
@@ -131,7 +138,10 @@ class KMeans:
 
     def _check_inputs(self, X, sample_weight):
         validate_params(self.get_params(), type(self).__name__)
-        X = check_array(X, owner=type(self).__name__)
+        if self.algorithm == "elkan":
+            raise ValueError("algorithm='elkan' is not implemented in kmeans_xp: it runs "
+                             "Lloyd's algorithm on every backend. Use algorithm='lloyd'.")
+        X, absmax = check_array(X, owner=type(self).__name__, absmax=True)
         n, d = X.shape
         if n < self.n_clusters:
             raise ValueError(f"n_samples={n} should be >= n_clusters={self.n_clusters}: ask "
@@ -146,7 +156,7 @@ class KMeans:
         init_array = None
         if not isinstance(self.init, str) and not callable(self.init):
             init_array = check_init_array(self.init, self.n_clusters, d)
-        return X, sw, init_array
+        return X, sw, init_array, absmax
 
     def _given_inits(self, X, init_array, n_init, rs):
         """Host center arrays for each run when the user gives them (array or callable), else
@@ -159,27 +169,39 @@ class KMeans:
         k, d = self.n_clusters, X.shape[1]
         return [check_init_array(self.init(X, k, random_state=rs), k, d) for _ in range(n_init)]
 
-    def _initial_centers(self, Xb, X_mean, sw, rs, xp, given, backend):
+    def _initial_centers(self, Xb, X_mean, sw, rs, xp, given, backend, scale):
         k = self.n_clusters
         rows = backend.driver_rows(Xb)
         if given is not None:
             c = xp.asarray(given.astype(_host_dtype(Xb)), device=device(Xb))
-            return c - X_mean
+            return (c - X_mean) * scale
         if self.init == "random":
             return _init.random_init(Xb, k, sample_weight=sw, random_state=rs, xp=xp)[0]
         persist = backend.placement.persist
         if self.init == "k-means||":
             return _init.kmeans_parallel(Xb, k, sample_weight=sw, random_state=rs, xp=xp,
                                          rows=rows, backend=backend, persist=persist)[0]
-        return _init.kmeans_plusplus(Xb, k, sample_weight=sw, random_state=rs, xp=xp,
-                                     rows=rows, persist=persist)[0]
+        progress = bar(k, "k-means++", self.verbose)
+        try:
+            return _init.kmeans_plusplus(Xb, k, sample_weight=sw, random_state=rs, xp=xp,
+                                         rows=rows, persist=persist, progress=progress)[0]
+        finally:
+            progress.close()
 
     def fit(self, X, y=None, sample_weight=None):
         """Compute k-means clustering. X: (n_samples, n_features) array of any supported
         namespace (NumPy, CuPy, torch, dask, lists)."""
+        with verbose_logging(self.verbose):
+            return self._fit(X, sample_weight)
+
+    def _fit(self, X, sample_weight):
         t_start = time.perf_counter()
         X_user = X
-        X, sw_host, init_array = self._check_inputs(X, sample_weight)
+        X, sw_host, init_array, absmax = self._check_inputs(X, sample_weight)
+        scale = pow2_scale(absmax, X.dtype, X.shape[1])
+        w_scale = pow2_scale_weights(sw_host)
+        if w_scale != 1:
+            sw_host *= w_scale  # our own copy; a power of two: exact
         n_init = self._resolved_n_init()
         rs = check_random_state(self.random_state)
         backend, why = select_backend(self.backend, X, n_clusters=self.n_clusters,
@@ -196,18 +218,22 @@ class KMeans:
         sw = None if sw_host is None else place.persist(xp.asarray(sw_host, device=device(Xb)))
         place.synchronize()
         timings["transfer"] = time.perf_counter() - t0
-        X_mean, tol = place.feature_stats(Xb, self.tol, xp=xp)
+        # on data to be rescaled, the variance of tol is taken after (it could overflow)
+        X_mean, tol = place.feature_stats(Xb, self.tol if scale == 1 else 0, xp=xp)
+        if not self.copy_x and scale == 1:
+            # X is never written (a memmap neither): the fit computes on X as given
+            X_mean = xp.zeros_like(X_mean)
+            Xc = place.center(Xb, X_mean, xp=xp)
+        else:
+            Xc = place.center(Xb, place.persist(X_mean), xp=xp)
+        if scale != 1:
+            Xc = rescaled(Xc, scale, xp)
+            tol = tolerance(Xc, xp.zeros_like(X_mean), self.tol, xp, backend.driver_rows(Xc))
         X_mean = place.persist(X_mean)
-        in_place = (not self.copy_x and Xb is X_user and isinstance(Xb, np.ndarray)
-                    and Xb.flags.writeable)
-        Xc = None
-        try:
-            Xc = place.center(Xb, X_mean, xp=xp, in_place=in_place)
-            best, timings_runs = self._run(backend, Xc, X_mean, sw, rs, xp, n_init, tol,
-                                           given)
-        finally:
-            if in_place and Xc is Xb:
-                Xb += X_mean  # the user's data comes back even when the fit fails
+        best, timings_runs = self._run(backend, Xc, X_mean, sw, rs, xp, n_init, tol,
+                                       given, scale)
+        best = unscaled(best, scale, w_scale)
+        self._scale = scale
         timings.update(timings_runs)
         timings["total"] = time.perf_counter() - t_start
         self._store(best, backend, why, X_mean, X_user, Xb, timings)
@@ -215,7 +241,7 @@ class KMeans:
         place.finish()
         return self
 
-    def _run(self, backend, Xc, X_mean, sw, rs, xp, n_init, tol, given):
+    def _run(self, backend, Xc, X_mean, sw, rs, xp, n_init, tol, given, scale):
         place = backend.placement
         best = None
         t_init = t_lloyd = 0.0
@@ -225,7 +251,7 @@ class KMeans:
             with backend.memory.stage("init"):
                 centers = self._initial_centers(Xc, X_mean, sw, rs, xp,
                                                 None if given is None else given[run],
-                                                backend)
+                                                backend, scale)
                 centers = xp.astype(centers, Xc.dtype)
             place.synchronize()
             t1 = time.perf_counter()
@@ -238,7 +264,7 @@ class KMeans:
             t_lloyd += time.perf_counter() - t1
             iterations += int(result.n_iter)
             if self.verbose:
-                print(f"Run {run}: inertia {result.inertia:.6g} after {result.n_iter} "
+                logger.info(f"Run {run}: inertia {result.inertia:.6g} after {result.n_iter} "
                       f"iterations.")
             if best is None or result.inertia < best.inertia:
                 best = result
@@ -252,6 +278,8 @@ class KMeans:
         self._backend_key = (backend.name, dict(self.backend_options or {}), self.max_memory,
                              self.backend == "auto")
         place = backend.placement
+        self._record_feature_names(X_user)
+        self.__dict__.pop("_moved_to_host", None)
         centers = best.centers + place.small(X_mean)
         self.cluster_centers_ = place.from_backend(centers, like=X_user)
         self.labels_ = place.from_backend(best.labels, like=X_user)
@@ -273,10 +301,10 @@ class KMeans:
             self._print_report(xp)
 
     def _print_report(self, xp):
-        print(f"backend: {self.backend_} ({self.backend_reason_})")
-        print("timings: " + ", ".join(f"{k} {v:.4f}s" for k, v in self.timings_.items()))
+        logger.info(f"backend: {self.backend_} ({self.backend_reason_})")
+        logger.info("timings: " + ", ".join(f"{k} {v:.4f}s" for k, v in self.timings_.items()))
         if self.memory_report_:
-            print("memory (peak per stage): " + ", ".join(
+            logger.info("memory (peak per stage): " + ", ".join(
                 f"{k} {format_bytes(v)}" for k, v in self.memory_report_.items()))
 
     # -- using the fit ------------------------------------------------------------------------
@@ -292,15 +320,22 @@ class KMeans:
         X (as fit does): never a silent fallback."""
         name, options, max_memory, auto = self._backend_key
         k = self._centers_fit.shape[0]
+        if getattr(self, "_moved_to_host", False):
+            # unpickled with host copies: the fit's backend may not exist here
+            auto = True
+            if not (get_backend_info(name) or (False,))[0]:
+                return select_backend("auto", X, n_clusters=k, max_memory=max_memory)[0]
         backend = get_backend(name)(max_memory=max_memory, **options)
         if backend.accepts(X, n_clusters=k):
             return backend
         return select_backend("auto" if auto else name, X, n_clusters=k,
                               backend_options=options, max_memory=max_memory)[0]
 
-    def _prepare(self, X):
-        """(backend, X centered in the backend's namespace, xp, validated X) for predict etc."""
+    def _prepare(self, X, center=True):
+        """(backend, X centered in the backend's namespace, xp, validated X, centers) for
+        predict etc.; with center=False, X uncentered and the mean in place of the centers."""
         self._check_fitted()
+        self._check_feature_names(X)
         X = check_array(X, owner=type(self).__name__)
         if X.shape[1] != self.n_features_in_:
             raise ValueError(f"X has {X.shape[1]} features, but {type(self).__name__} is "
@@ -312,11 +347,16 @@ class KMeans:
         mean = xp.asarray(self._X_mean, device=device(Xb)) if namespace_name(
             self._X_mean) == namespace_name(Xb) else xp.asarray(to_numpy(self._X_mean),
                                                                   device=device(Xb))
+        if not center:
+            return backend, Xb, xp, X, mean
         centers = xp.asarray(self._centers_fit, device=device(Xb)) if namespace_name(
             self._centers_fit) == namespace_name(Xb) else xp.asarray(
                 to_numpy(self._centers_fit), device=device(Xb))
         Xc = place.center(xp.astype(Xb, centers.dtype, copy=False),
                           xp.astype(mean, centers.dtype), xp=xp)
+        scale = getattr(self, "_scale", 1.0)
+        if scale != 1:
+            Xc, centers = rescaled(Xc, scale, xp), centers * scale
         return backend, Xc, xp, X, centers
 
     def predict(self, X):
@@ -330,12 +370,13 @@ class KMeans:
 
     def transform(self, X):
         """Euclidean distance of each sample to each center, shape (n_samples, n_clusters)."""
-        backend, Xc, xp, X, centers = self._prepare(X)
-        Xc = xp.asarray(Xc)  # an array even where the backend centers rows on the fly
-        d2 = (xp.sum(Xc * Xc, axis=1)[:, None] - 2 * (Xc @ centers.T)
-              + xp.sum(centers * centers, axis=1)[None, :])
-        d2 = xp.where(d2 < 0, xp.zeros_like(d2), d2)
-        return backend.placement.from_backend(xp.sqrt(d2), like=X)
+        X_user = X
+        backend, Xb, xp, X, mean = self._prepare(X, center=False)
+        Xb = xp.asarray(Xb)  # an array even where the backend streams rows
+        centers = xp.asarray(to_numpy(self.cluster_centers_), device=device(Xb))
+        out = backend.placement.from_backend(
+            _distances(Xb, centers, mean, xp, backend.driver_rows(Xb)), like=X)
+        return self._wrap_output(out, X_user)
 
     def fit_transform(self, X, y=None, sample_weight=None):
         return self.fit(X, sample_weight=sample_weight).transform(X)
@@ -347,7 +388,28 @@ class KMeans:
             check_sample_weight(sample_weight, Xc.shape[0], _host_dtype(Xc)), device=device(Xc))
         labels = backend.assign(Xc, centers, xp=xp).labels
         centers = backend.placement.small(centers)
-        return -float(to_numpy(backend.inertia(Xc, sw, centers, labels, xp=xp)))
+        total = float(to_numpy(backend.inertia(Xc, sw, centers, labels, xp=xp)))
+        return -ldexp_or_inf(total, -2 * (math.frexp(getattr(self, "_scale", 1.0))[1] - 1))
+
+
+def _distances(X, centers, mean, xp, rows):
+    """(n, k) Euclidean distances in X's dtype: X and the fitted centers are centered and
+    expanded in float64, chunk by chunk, so a point on its center gets ~0 (the expansion in
+    float32 of centered copies gave 2.8e-3 there)."""
+    m64 = xp.astype(mean, xp.float64)
+    c64 = xp.astype(centers, xp.float64) - m64
+    c_sq = xp.sum(c64 * c64, axis=1)[None, :]
+    parts = []
+    for sl in row_chunks(X.shape[0], max(1, rows // max(1, centers.shape[0] // 64))):
+        x64 = xp.astype(X[sl, ...], xp.float64) - m64
+        d2 = xp.sum(x64 * x64, axis=1)[:, None] - 2 * (x64 @ c64.T) + c_sq
+        parts.append(xp.astype(xp.sqrt(xp.where(d2 < 0, xp.zeros_like(d2), d2)), X.dtype))
+    return parts[0] if len(parts) == 1 else xp.concat(parts)
+
+
+def _scalar(value):
+    """np.int64(3) as 3 (its repr is np.int64(3) in NumPy 2)."""
+    return value.item() if isinstance(value, np.generic) else value
 
 
 def _host_dtype(X):

@@ -9,51 +9,65 @@ import math
 
 import numpy as np
 
-from .chunks import row_chunks
+from .chunks import map_rows, row_chunks
 from .namespaces import to_numpy
 
 
+def sq_dist(Xc, P, xp):
+    """(rows, len(P)) squared distances: direct differences for d <= 4 (exact), the norm
+    expansion otherwise."""
+    d = Xc.shape[1]
+    if d <= 4:
+        # feature by feature: a reduction over a length-d last axis is slow in NumPy
+        acc = None
+        for j in range(d):
+            diff = Xc[:, j][:, None] - P[:, j][None, :]
+            acc = diff * diff if acc is None else acc + diff * diff
+        return acc
+    dist = xp.sum(Xc * Xc, axis=1)[:, None] - 2 * (Xc @ P.T) + xp.sum(P * P, axis=1)[None, :]
+    return xp.where(dist < 0, xp.zeros_like(dist), dist)
+
+
 def sq_dist_to_points(X, P, xp, rows):
-    """Yield (rows slice, (rows, len(P)) squared distances) chunk by chunk; direct differences
-    for d <= 4 (exact), the norm expansion otherwise."""
-    n, d = X.shape
-    p_norm = xp.sum(P * P, axis=1)
-    for sl in row_chunks(n, rows):
-        Xc = X[sl, ...]
-        if d <= 4:
-            # feature by feature: a reduction over a length-d last axis is slow in NumPy
-            acc = None
-            for j in range(d):
-                diff = Xc[:, j][:, None] - P[:, j][None, :]
-                acc = diff * diff if acc is None else acc + diff * diff
-            yield sl, acc
-        else:
-            dist = xp.sum(Xc * Xc, axis=1)[:, None] - 2 * (Xc @ P.T) + p_norm[None, :]
-            yield sl, xp.clip(dist, 0, None) if hasattr(xp, "clip") else xp.where(
-                dist < 0, xp.zeros_like(dist), dist)
+    """Yield (rows slice, (rows, len(P)) squared distances) chunk by chunk."""
+    for sl in row_chunks(X.shape[0], rows):
+        yield sl, sq_dist(X[sl, ...], P, xp)
 
 
 def _min_update(closest, X, P, xp, rows, sample_weight):
-    """(candidate potentials (len(P),), closest distance if P were added) without an (n, len(P))
-    array alive at once beyond one chunk."""
-    pots = xp.zeros(P.shape[0], dtype=xp.float64)
-    for sl, dist in sq_dist_to_points(X, P, xp, rows):
-        dist = xp.minimum(dist, closest[sl][:, None])
-        pots = pots + sample_weight[sl] @ xp.astype(dist, xp.float64)  # BLAS, not a reduce
+    """Candidate potentials (len(P),): sum of w * min(closest, d(x, p)) for each candidate,
+    without an (n, len(P)) array alive beyond one chunk per thread."""
+    def part(sl, dist):
+        dist = xp.astype(xp.minimum(dist, closest[sl][:, None]), xp.float64)
+        if sample_weight is None:
+            return xp.sum(dist, axis=0)
+        return sample_weight[sl] @ dist  # BLAS, not a reduce
+    parts = map_rows(lambda sl: part(sl, sq_dist(X[sl, ...], P, xp)), X.shape[0], rows, xp)
+    pots = parts[0]
+    for p in parts[1:]:  # in row order: the same sum however the chunks ran
+        pots = pots + p
     return pots
 
 
 def _closest_with(closest, X, p, xp, rows):
-    parts = [xp.minimum(closest[sl], dist[:, 0]) for sl, dist in
-             sq_dist_to_points(X, p[None, :], xp, rows)]
+    parts = map_rows(lambda sl: xp.minimum(closest[sl], sq_dist(X[sl, ...], p[None, :], xp)[:, 0]),
+                     X.shape[0], rows, xp)
     return parts[0] if len(parts) == 1 else xp.concat(parts)
 
 
-def _draw(weights_cum, total, u, xp, n):
-    """Index i with cum[i-1] < u * total <= cum[i]; never a zero-weight point."""
-    vals = xp.asarray(np.asarray(u, dtype=np.float64) * total, dtype=xp.float64,
-                      device=_device(weights_cum))
-    idx = xp.searchsorted(weights_cum, vals, side="right")
+def _draw(cum, u, xp, n):
+    """Indices i with cum[i-1] < u * cum[-1] <= cum[i], on the device (no host round trip);
+    never a zero-weight point. The total must be cum[-1] itself: a sum rounds differently,
+    and a draw past cum[-1] would be clipped onto the last row, which may have zero weight."""
+    idx = xp.searchsorted(cum, u * cum[-1], side="right")
+    return xp.clip(idx, 0, n - 1) if hasattr(xp, "clip") else xp.minimum(idx, n - 1)
+
+
+def _draw_by_weight(cum_w, u, xp, n):
+    """_draw on the weights alone; unit weights (cum_w None): floor(u * n), the same index."""
+    if cum_w is not None:
+        return _draw(cum_w, u, xp, n)
+    idx = xp.astype(xp.floor(u * n), xp.int64)
     return xp.clip(idx, 0, n - 1) if hasattr(xp, "clip") else xp.minimum(idx, n - 1)
 
 
@@ -70,38 +84,42 @@ def _device(x):
 
 
 def kmeans_plusplus(X, n_clusters, *, sample_weight, random_state, xp, rows,
-                    n_local_trials=None, persist=None):
+                    n_local_trials=None, persist=None, progress=None):
     """Greedy k-means++ (Arthur & Vassilvitskii; scikit-learn's variant): each new center is the
     best of 2 + int(ln k) candidates drawn with probability w * D(x)^2. Returns (centers, indices).
     `persist` (a backend's `persist`) makes the running distances concrete at each step, so a
-    lazy namespace (dask) does not recompute their whole history.
+    lazy namespace (dask) does not recompute their whole history; `progress` (a bar) is
+    advanced once per center.
     """
     persist = persist or (lambda a: a)
     n = X.shape[0]
+    dev = _device(X)
     if n_local_trials is None:
         n_local_trials = 2 + int(math.log(n_clusters))
-    sw64 = _weights64(sample_weight, X, xp)
-    cum = xp.cumulative_sum(sw64)
-    first = int(_draw(cum, float(cum[-1]), [random_state.uniform()], xp, n)[0])
-    indices = [first]
-    closest = persist(_closest_with(xp.full(n, math.inf, dtype=X.dtype, device=_device(X)), X,
-                                    X[first, :], xp, rows))
+    sw64 = None if sample_weight is None else persist(xp.astype(sample_weight, xp.float64))
+    cum_w = None if sw64 is None else persist(xp.cumulative_sum(sw64))
+
+    def uniform(size=None):
+        u = random_state.uniform(size=size)
+        return xp.asarray(np.reshape(u, (-1,)), dtype=xp.float64, device=dev)
+
+    chosen = [_draw_by_weight(cum_w, uniform(), xp, n)]
+    closest = persist(_closest_with(xp.full(n, math.inf, dtype=X.dtype, device=dev), X,
+                                    xp.take(X, chosen[0], axis=0)[0, :], xp, rows))
     for _ in range(1, n_clusters):
-        cum = persist(xp.cumulative_sum(xp.astype(closest, xp.float64) * sw64))
-        pot = float(cum[-1])
-        if pot <= 0:  # every positive-weight point is already a center (duplicates)
-            # the total must be cum[-1] itself: xp.sum rounds differently, and a draw past
-            # cum[-1] would be clipped onto the last row, which may have zero weight
-            cum = xp.cumulative_sum(sw64)
-            pot = float(cum[-1])
-        cand = _draw(cum, pot, random_state.uniform(size=n_local_trials), xp, n)
+        pot = xp.astype(closest, xp.float64)
+        cum = persist(xp.cumulative_sum(pot if sw64 is None else pot * sw64))
+        u = uniform(n_local_trials)
+        # no potential left (every positive-weight point is a center): draw by weight
+        cand = xp.where(cum[-1] > 0, _draw(cum, u, xp, n), _draw_by_weight(cum_w, u, xp, n))
         P = xp.take(X, cand, axis=0)
-        pots = _min_update(closest, X, P, xp, rows, sw64)
-        best = int(xp.argmin(pots))
-        indices.append(int(cand[best]))
-        closest = persist(_closest_with(closest, X, P[best, :], xp, rows))
-    idx = xp.asarray(indices, dtype=xp.int64, device=_device(X))
-    return xp.take(X, idx, axis=0), np.asarray(indices)
+        best = xp.reshape(xp.argmin(_min_update(closest, X, P, xp, rows, sw64)), (1,))
+        chosen.append(xp.take(cand, best))
+        closest = persist(_closest_with(closest, X, xp.take(P, best, axis=0)[0, :], xp, rows))
+        if progress is not None:
+            progress.update(1)
+    idx = xp.concat(chosen)  # on the device until here: one transfer for all k
+    return xp.take(X, idx, axis=0), to_numpy(idx).astype(np.int64)
 
 
 def random_init(X, n_clusters, *, sample_weight, random_state, xp):
@@ -183,7 +201,9 @@ def kmeans_parallel(X, n_clusters, *, sample_weight, random_state, xp, rows,
     n_draws = max(1, math.ceil(oversampling_factor * k))
     sw64 = persist(_weights64(sample_weight, X, xp))
     cum = xp.cumulative_sum(sw64)
-    first = int(_draw(cum, float(cum[-1]), [random_state.uniform()], xp, n)[0])
+    dev = _device(X)
+    first = int(_draw(cum, xp.asarray([random_state.uniform()], dtype=xp.float64, device=dev),
+                      xp, n)[0])
     chosen = [first]
     seen = {first}
     closest = persist(_min_sq_dist_to(X, X[first:first + 1, :], xp, rows, backend))
@@ -193,7 +213,8 @@ def kmeans_parallel(X, n_clusters, *, sample_weight, random_state, xp, rows,
         phi = float(cum[-1])
         if not phi > 0:  # every positive-weight point sits on a candidate
             return None
-        drawn = to_numpy(_draw(cum, phi, random_state.uniform(size=n_draws), xp, n))
+        u = xp.asarray(random_state.uniform(size=n_draws), dtype=xp.float64, device=dev)
+        drawn = to_numpy(_draw(cum, u, xp, n))
         new = [int(i) for i in dict.fromkeys(drawn.tolist()) if int(i) not in seen]
         seen.update(new)
         chosen.extend(new)

@@ -19,6 +19,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from .namespaces import device, to_numpy
+from .progress import bar, logger
 
 #: positions in the array the driver reads each iteration
 SHIFT, INERTIA, CHANGED, EMPTY = range(4)
@@ -93,7 +94,7 @@ def xp_count_empty(weights, xp):
 
 def _log(verbose, text):
     if verbose:
-        print(text)
+        logger.info(text)
 
 
 def kmeans_single_lloyd(backend, X, sample_weight, centers, *, xp, max_iter, tol,
@@ -107,7 +108,9 @@ def kmeans_single_lloyd(backend, X, sample_weight, centers, *, xp, max_iter, tol
     labels_old = None
     ahead = None  # the next iteration, issued before this one's statistics are read
     it = backend.lloyd_iter(X, sample_weight, centers, None, xp=xp)
+    progress = bar(max_iter, "Lloyd", verbose)
     for i in range(max_iter):
+        progress.update(1)
         c_new, small = _update(backend, X, sample_weight, centers, it, xp=xp, cxp=cxp,
                                relocate=False)
         pending = place.fetch(small)
@@ -139,6 +142,7 @@ def kmeans_single_lloyd(backend, X, sample_weight, centers, *, xp, max_iter, tol
         it = ahead if ahead is not None else backend.lloyd_iter(
             X, sample_weight, centers, labels_old, xp=xp)
         ahead = None
+    progress.close()
     labels = it.labels
     if not strict:  # a final assignment, so that labels_ == predict(X)
         labels = ahead.labels if ahead is not None else backend.assign(X, centers,

@@ -37,7 +37,7 @@ BUILTIN_BACKENDS = {
                                 CUDA_EXTRA, True),
     "cupy-fused": BuiltinSpec("cupy", "kmeans_xp_backends.cupy.fused:CupyFusedBackend",
                               CUDA_EXTRA, True),
-    "dask": BuiltinSpec("dask.array", "kmeans_xp_backends.dask_:DaskBackend", "dask", False),
+    "dask": BuiltinSpec("dask.array", "kmeans_xp_backends.dask.backend:DaskBackend", "dask", False),
 }
 
 #: what "auto" tries, in order, for each input namespace
@@ -156,6 +156,12 @@ def list_backends() -> dict:
 def _load(target: str):
     module, _, attr = target.partition(":")
     return getattr(importlib.import_module(module), attr)
+
+
+def get_backend_info(name):
+    """(available, BackendInfo) of a backend name, or None when the name is unknown."""
+    info = _info(name) if isinstance(name, str) else None
+    return None if info is None else (info.available, info)
 
 
 def available_backends() -> list:

@@ -6,6 +6,7 @@ name the parameter, what is allowed and what was given.
 from __future__ import annotations
 
 import functools
+import math
 import numbers
 import sys
 
@@ -100,6 +101,7 @@ PARAMETER_CONSTRAINTS = {
     "verbose": [Interval(numbers.Integral, 0), Check(lambda v: isinstance(v, bool), "a bool")],
     "random_state": [Check(_is_random_state, "None, an int or a numpy RandomState")],
     "copy_x": [Check(lambda v: isinstance(v, (bool, np.bool_)), "a bool")],
+    "algorithm": [Options("lloyd", "elkan")],
     "backend": [Check(lambda v: isinstance(v, str), "a backend name (str) or 'auto'")],
     "backend_options": [Check(lambda v: v is None or isinstance(v, dict), "None or a dict")],
     "max_memory": [Check(_is_memory, "'auto', a positive number of bytes or a string like "
@@ -131,6 +133,8 @@ def _float_dtype_for(xp, dtype):
     if xp.isdtype(dtype, "complex floating"):
         raise ValueError("Complex data not supported; give real-valued X (e.g. X.real or "
                          "np.abs(X)).")
+    if isinstance(dtype, np.dtype) and not dtype.isnative:
+        dtype = dtype.newbyteorder("=")  # big-endian '>f4' computes as float32, not float64
     if dtype == xp.float64 or dtype == xp.float32:
         return dtype
     if xp.isdtype(dtype, "real floating"):
@@ -159,8 +163,9 @@ def _numeric_from_python(X, name):
                         f"give float32 or float64 data.") from exc
 
 
-def check_array(X, *, name="X", owner="KMeans"):
-    """X as a 2-D float32/float64 array in its own namespace (lists become NumPy)."""
+def check_array(X, *, name="X", owner="KMeans", absmax=False):
+    """X as a 2-D float32/float64 array in its own namespace (lists become NumPy); with
+    absmax=True, (X, max |X|) (None where X is checked lazily: dask)."""
     if isinstance(X, np.matrix):  # its * is a matrix product: the xp code would be wrong
         raise TypeError(f"np.matrix is not supported for {name}; convert it with "
                         f"np.asarray({name}).")
@@ -189,18 +194,24 @@ def check_array(X, *, name="X", owner="KMeans"):
     dtype = _float_dtype_for(xp, X.dtype)
     if dtype != X.dtype:
         X = xp.astype(X, dtype)
+    top = None
     if ns != "dask.array":  # dask checks lazily while it persists X
-        check_finite(X, xp, name)
-    return X
+        top = check_finite(X, xp, name)
+    return (X, top) if absmax else X
 
 
 def check_finite(X, xp, name="X"):
-    if not bool(xp.all(xp.isfinite(X))):
+    """Raise on NaN or infinity; return max |X| (float), from the same reductions (max and
+    min: no temporary of X's size; NaN propagates through both). The fit rescales X by a power
+    of two when squared distances would overflow or underflow."""
+    hi, lo = float(xp.max(X)), float(xp.min(X))
+    if not (math.isfinite(hi) and math.isfinite(lo)):
         if bool(xp.any(xp.isnan(X))):
             raise ValueError(f"Input {name} contains NaN. Remove or impute missing values "
                              f"before clustering.")
         raise ValueError(f"Input {name} contains infinity or a value too large for "
                          f"dtype('{X.dtype}').")
+    return max(hi, -lo)
 
 
 def check_sample_weight(sample_weight, n_samples, dtype):
@@ -231,7 +242,13 @@ def check_sample_weight(sample_weight, n_samples, dtype):
 
 def check_init_array(init, n_clusters, n_features, *, xp_target=None):
     """The user's init centers as a NumPy float64 array, checked."""
-    centers = to_numpy(init) if is_array_api_obj(init) else np.asarray(init)
+    try:
+        centers = to_numpy(init) if is_array_api_obj(init) else np.asarray(init)
+    except ValueError as exc:  # ragged nested lists
+        why = str(exc).rstrip(".")
+        raise ValueError(f"init could not be made into an array of shape ({n_clusters}, "
+                         f"{n_features}): {why}. Give one row of {n_features} values per "
+                         f"cluster.") from exc
     if centers.dtype.kind not in "biuf":
         raise ValueError(f"init array has dtype {centers.dtype}; give real numbers.")
     if centers.shape != (n_clusters, n_features):

@@ -47,25 +47,49 @@ def test_cupy_blocks_give_the_numpy_partition(cp, client, engine, dtype, k):
                                ref.cluster_centers_, rtol=rtol * 10, atol=rtol * 10)
 
 
+@pytest.mark.parametrize("engine", ["graph", "actors"])
+def test_cupy_blocks_unit_weights_and_empty_clusters(cp, client, engine):
+    """Unit weights (sample_weight=None: none made on the client) and a far init center (a
+    cluster empty, relocated to the farthest point found block by block on the device)."""
+    X, init, _ = _problem(60_007, 16, np.float32, seed=3)
+    init[5] += 1e3
+    ref = KMeans(16, init=init, backend="numpy", max_iter=15, tol=0).fit(X)
+    got = KMeans(16, init=init, backend="dask", max_iter=15, tol=0,
+                 backend_options={"engine": engine}).fit(
+        da.from_array(cp.asarray(X), chunks=(20_000, 3), asarray=False))
+    np.testing.assert_array_equal(cp.asnumpy(got.labels_.compute()), ref.labels_)
+    assert got.n_iter_ == ref.n_iter_
+    assert got.inertia_ == pytest.approx(ref.inertia_, rel=1e-5)
+
+
 def test_actors_statistics_on_the_device(cp, client):
-    """The actors' changed-label counts and weighted inertia (computed on the device, fetched
-    with the sums in one transfer) are the host's numbers."""
-    from kmeans_xp_backends.dask_ import DaskBackend
+    """The statistics computed on the device (sums, weights, weighted inertia, labels changed
+    since the last call), fetched in one transfer per worker by the actors, are the graph
+    engine's bit for bit, and the host's numbers."""
+    from kmeans_xp_backends.dask.backend import DaskBackend
     X, init, w = _problem(50_003, 20, np.float32, seed=5)
-    backend = DaskBackend(engine="actors")
-    Xd = backend.to_backend(da.from_array(cp.asarray(X), chunks=(20_000, 3), asarray=False))
-    xp = backend.array_namespace(Xd)
-    wd = backend.persist(xp.asarray(cp.asarray(w)))
-    eng = backend._actors
+    graph, actors = DaskBackend(engine="graph"), DaskBackend(engine="actors")
+    place = graph.placement
+    Xd = place.to_backend(da.from_array(cp.asarray(X), chunks=(20_000, 3), asarray=False))
+    xp = place.namespace(Xd)
+    wd = place.persist(xp.asarray(cp.asarray(w)))
     centers = init.copy()
+    last = {"graph": None, "actors": None}
     previous = None
     for _ in range(3):
-        state, gen, sums, weights, changed, inertia = eng.step(Xd, wd, centers, True,
-                                                               stats=True)
-        labels, mins = (cp.asnumpy(a.compute()) for a in eng.arrays(state, gen))
-        want = float(np.dot(mins.astype(np.float64), w.astype(np.float64)))
-        assert inertia == pytest.approx(want, rel=1e-12)
-        assert changed == (-1 if previous is None else int(np.sum(labels != previous)))
+        ig = graph.lloyd_iter(Xd, wd, centers, last["graph"], xp=xp)
+        ia = actors.lloyd_iter(Xd, wd, centers, last["actors"], xp=xp)
+        for field in ("weighted_sums", "weight_in_clusters", "inertia", "n_changed"):
+            np.testing.assert_array_equal(getattr(ia, field), getattr(ig, field))
+        labels = cp.asnumpy(ia.labels.compute())
+        np.testing.assert_array_equal(labels, cp.asnumpy(ig.labels.compute()))
+        diff = X.astype(np.float64) - centers.astype(np.float64)[labels]
+        want = float(np.dot((diff * diff).sum(axis=1), w.astype(np.float64)))
+        assert float(ia.inertia) == pytest.approx(want, rel=1e-4)
+        assert float(ia.n_changed) == (len(X) if previous is None else
+                                       int(np.sum(labels != previous)))
         previous = labels
-        centers = (sums / np.maximum(weights, 1e-300)[:, None]).astype(np.float32)
-    backend.finish()
+        last = {"graph": ig.labels, "actors": ia.labels}
+        centers = (ia.weighted_sums / np.maximum(ia.weight_in_clusters, 1e-300)[:, None]
+                   ).astype(np.float32)
+    actors.placement.finish()

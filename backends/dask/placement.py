@@ -1,0 +1,141 @@
+"""Where a dask fit's arrays live: X persisted on the workers (checked for NaN/inf once), per-
+sample arrays laid out like X's rows, small ones (centers, sums) in NumPy on the client."""
+from __future__ import annotations
+
+import numpy as np
+
+from kmeans_xp.backend import Placement
+from kmeans_xp.namespaces import array_namespace, namespace_name, to_numpy
+
+from .blocks import (
+    block_kind,
+    center_block,
+    check_finite_block,
+    finite_flag,
+    like_block,
+    moments_block,
+    running_sum_block,
+)
+from .cluster import is_materialized
+from .namespace import DaskNamespace
+
+
+def _is_dask(x) -> bool:
+    return namespace_name(x) == "dask.array"
+
+
+class DaskPlacement(Placement):
+    """X as a dask array of whole rows on the workers; the driver's k x d center math in
+    NumPy on the client (the stats arrive there as NumPy); per-sample arrays (weights, labels)
+    as dask arrays chunked like X's rows, persisted next to X's blocks."""
+
+    def __init__(self, backend):
+        super().__init__(backend)
+        self.X = None   # the fit's X (to_backend), which per-sample arrays are laid out like
+
+    @property
+    def cluster(self):
+        return self.backend.cluster
+
+    def converts_from(self, namespace):
+        return namespace in ("numpy", "list")
+
+    def to_backend(self, X):
+        """X as a dask array with whole rows per block, checked for NaN/inf block by block
+        while it is persisted (once) on the workers."""
+        import dask.array as da
+        if not isinstance(X, da.Array):
+            X = np.asarray(X) if namespace_name(X) == "list" else X
+            X = da.from_array(X, chunks=("auto", -1))
+        if X.numblocks[1] > 1:
+            X = X.rechunk({1: -1})
+        cluster = self.cluster
+        if is_materialized(X) and cluster.in_place(X):
+            # already in memory (persisted by the user): check it in place, no second copy
+            X.map_blocks(finite_flag, dtype=bool, chunks=((1,) * X.numblocks[0], (1,)),
+                         meta=np.empty((0, 0), dtype=bool)).compute()
+        else:
+            X = X.map_blocks(check_finite_block, dtype=X.dtype, meta=X._meta)
+            (X,) = cluster.persist(X)
+            cluster.wait(X)
+        self.X = X
+        return X
+
+    def from_backend(self, arr, like):
+        """Per-sample results (labels_, transform) stay dask arrays laid out like X (labels
+        held by the actors are copied out of them first: labels_ outlives the fit); small
+        ones (cluster_centers_) are NumPy, or CuPy for CuPy input. With non-dask input,
+        everything is computed."""
+        import dask.array as da
+        cupy_in = (isinstance(like, da.Array) and block_kind(like) == "cupy") or \
+            namespace_name(like) == "cupy"
+        if not isinstance(arr, da.Array):
+            return like_block(arr, "cupy") if cupy_in else arr
+        if (isinstance(like, da.Array) and arr.ndim >= 1 and like.ndim >= 1
+                and arr.shape[0] == like.shape[0] and arr.chunks[0] == like.chunks[0]):
+            if self.backend.actors.call_of(arr) is not None:
+                (arr,) = self.cluster.persist(arr, optimize=False, on_cluster=True)
+                self.cluster.wait(arr)
+            return arr
+        out = arr.compute()
+        return out if isinstance(like, da.Array) or cupy_in else to_numpy(out)
+
+    def namespace(self, X):
+        """DaskNamespace for dask arrays (the driver's O(n) passes: init, defaults), the
+        array's own otherwise (NumPy for the small arrays `small` makes)."""
+        if _is_dask(X):
+            return DaskNamespace.for_array(X)
+        return array_namespace(X)
+
+    def small(self, x):
+        """Centers and the mean as NumPy on the client (computed if lazy)."""
+        return np.asarray(to_numpy(x))
+
+    def persist(self, x):
+        """Per-sample dask arrays: persisted on the workers, chunked like X's rows, next to
+        X's blocks. Small ones (the mean, k-means++ candidates): computed to a NumPy (CuPy
+        for CuPy blocks) array on the client."""
+        if not _is_dask(x):
+            return x
+        X = self.X
+        if X is None or x.ndim == 0 or x.shape[0] != X.shape[0]:
+            return x.compute()
+        return self.cluster.persist_like(x, X)
+
+    def feature_stats(self, X, tol, *, xp):
+        """(mean, absolute tol), computed where X's blocks are: the mean is X's float64 sum in
+        row order (`blocks.running_sum_block`, chained block after block), so X is centered
+        bit for bit as the numpy backend centers it whatever the chunks (the driver's near
+        ties follow the mean's last bit); tol's variance from the blocks' moments."""
+        if not _is_dask(X):
+            return super().feature_stats(X, tol, xp=xp)
+        graph = self.backend.graph
+        n, d = X.shape
+        total = graph.chain(X, running_sum_block, np.zeros(d))
+        mean = (total / n).astype(X.dtype)
+        abs_tol = 0.0
+        if tol != 0:
+            _, moments = graph.run(X, moments_block, (mean,), columns=False, combine="add",
+                                   size=2 * d)
+            var = moments[:d] / n - (moments[d:] / n) ** 2   # the mean's rounding, removed
+            abs_tol = float(np.mean(var)) * tol
+        return like_block(mean, block_kind(X)), abs_tol
+
+    def center(self, X, mean, *, xp, in_place=False):
+        """X - mean block by block (in X's dtype, in the blocks' library), persisted once next
+        to X's blocks: the iterations (and init's passes) read it, never recompute it."""
+        if not _is_dask(X):
+            return super().center(X, mean, xp=xp, in_place=in_place)
+        mean = np.asarray(to_numpy(mean))
+        if not np.any(mean):
+            return X  # copy_x=False: the fit computes on X as given (persisted by to_backend)
+        Xc = X.map_blocks(center_block, mean=mean, dtype=X.dtype, meta=X._meta)
+        return self.cluster.persist_like(Xc, X)
+
+    def finish(self):
+        """After a fit: drop the handles on the persisted X, weights and actors, so the
+        workers can free them (labels_ stays, as the user holds it)."""
+        self.X = None
+        self.cluster.reset()
+        self.backend.graph.reset()
+        self.backend.actors.reset()

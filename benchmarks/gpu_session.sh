@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# One device session: install the carried wheels, then run the steps named on the command
+# line, each logging under $OUT. Steps: machine, old (time the code in .device/old),
+# tests (GPU tests), new (time this checkout), cpu (CPU rows vs scikit-learn, faiss).
+#   bash benchmarks/gpu_session.sh machine old tests new
+set -uo pipefail
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+python3 -m pip install -q --no-index --no-deps --target /tmp/site .device/*.whl
+export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
+ROOT=$(pwd)
+installed=0
+install_new() {
+  if [ $installed = 0 ]; then
+    python3 -m pip install -q --no-deps --no-build-isolation -e . && installed=1
+  fi
+}
+for step in "$@"; do
+  echo "=== $step $(date +%T)"
+  case $step in
+    machine)
+      { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
+        python3 -c "import cupy, numpy, sys; print('cupy', cupy.__version__, 'numpy',
+numpy.__version__, 'cuda runtime', cupy.cuda.runtime.runtimeGetVersion(), 'python',
+sys.version.split()[0])"
+        nproc; date -u; git -C "$ROOT" log --oneline -1 2>/dev/null; } > "$OUT/machine.txt" 2>&1
+      cat "$OUT/machine.txt" ;;
+    old)
+      python3 -m pip install -q --no-deps --no-build-isolation --target /tmp/old .device/old \
+        > "$OUT/old_install.log" 2>&1
+      (cd /tmp && PYTHONPATH=/tmp/old:/tmp/site python3 "$ROOT/benchmarks/regression_probe.py" \
+        --label old --init --out "$OUT/regression_old.json") > "$OUT/regression_old.log" 2>&1
+      tail -n 3 "$OUT/regression_old.log" ;;
+    tests)
+      install_new
+      timeout 420 python3 -m pytest -m gpu -q -x -p no:cacheprovider tests \
+        > "$OUT/gpu_tests.log" 2>&1
+      tail -n 15 "$OUT/gpu_tests.log" ;;
+    new)
+      install_new
+      python3 benchmarks/regression_probe.py --label new --init --out "$OUT/regression_new.json" \
+        > "$OUT/regression_new.log" 2>&1
+      tail -n 3 "$OUT/regression_new.log" ;;
+    cpu)
+      install_new
+      python3 benchmarks/cpu_probe.py --out "$OUT/cpu_probe.json" > "$OUT/cpu_probe.log" 2>&1
+      tail -n 5 "$OUT/cpu_probe.log" ;;
+  esac
+done

@@ -1,0 +1,124 @@
+"""KMeans among other libraries: scikit-learn's feature names and `set_output`, a fitted
+`sklearn.cluster.KMeans` on request, and pickles that hold host copies.
+
+scikit-learn is imported only by `to_sklearn` (the user asked for it); pandas and polars only
+to build the output a user asked for with `set_output`.
+"""
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+
+from .namespaces import namespace_name, to_numpy
+
+#: fitted attributes that may live on a device; a pickle holds them as NumPy
+_ARRAYS = ("cluster_centers_", "labels_", "_X_mean", "_centers_fit")
+
+
+def feature_names(X):
+    """X's column names as an object array when X is a table whose names are all strings
+    (scikit-learn's rule), else None."""
+    columns = getattr(X, "columns", None)
+    if columns is None:
+        return None
+    names = [str(c) if isinstance(c, str) else c for c in list(columns)]
+    if not names or not all(isinstance(c, str) for c in names):
+        return None
+    return np.asarray(names, dtype=object)
+
+
+class SklearnInterop:
+    """Mixed into KMeans: what scikit-learn's meta-estimators and exporters expect."""
+
+    # -- feature names ------------------------------------------------------------------------
+    def _record_feature_names(self, X):
+        names = feature_names(X)
+        if names is None:
+            self.__dict__.pop("feature_names_in_", None)
+        else:
+            self.feature_names_in_ = names
+
+    def _check_feature_names(self, X):
+        """scikit-learn's checks at predict time: the same names in the same order."""
+        fitted = getattr(self, "feature_names_in_", None)
+        given = feature_names(X)
+        owner = type(self).__name__
+        if fitted is None and given is not None:
+            warnings.warn(f"X has feature names, but {owner} was fitted without feature "
+                          f"names", UserWarning, stacklevel=3)
+        elif fitted is not None and given is None:
+            warnings.warn(f"X does not have valid feature names, but {owner} was fitted with "
+                          f"feature names", UserWarning, stacklevel=3)
+        elif fitted is not None and not np.array_equal(fitted, given):
+            unseen = sorted(set(given) - set(fitted))
+            missing = sorted(set(fitted) - set(given))
+            detail = (f"unseen at fit time: {unseen}; seen at fit time, now missing: "
+                      f"{missing}" if unseen or missing else
+                      "they must be in the same order as they were in fit")
+            raise ValueError(f"The feature names should match those that were passed during "
+                             f"fit: {detail}.")
+
+    def get_feature_names_out(self, input_features=None):
+        """Output names of transform: kmeans0, kmeans1, ... (scikit-learn's names)."""
+        self._check_fitted()
+        prefix = type(self).__name__.lower()
+        return np.asarray([f"{prefix}{i}" for i in range(self.cluster_centers_.shape[0])],
+                          dtype=object)
+
+    # -- set_output -----------------------------------------------------------------------------
+    def set_output(self, *, transform=None):
+        """transform's output: "default" (the input's namespace), "pandas" or "polars"
+        (a DataFrame with get_feature_names_out() as columns); None leaves it as it is."""
+        if transform is None:
+            return self
+        if transform not in ("default", "pandas", "polars"):
+            raise ValueError(f"set_output(transform={transform!r}): give 'default', 'pandas' "
+                             f"or 'polars'.")
+        self._output = transform
+        return self
+
+    def _wrap_output(self, out, X):
+        kind = getattr(self, "_output", "default")
+        if kind == "default":
+            return out
+        values = to_numpy(out)
+        columns = list(self.get_feature_names_out())
+        if kind == "pandas":
+            import pandas as pd
+            index = X.index if hasattr(X, "iloc") else None  # a DataFrame keeps its index
+            return pd.DataFrame(values, columns=columns, index=index)
+        import polars as pl
+        return pl.DataFrame(values, schema=columns)
+
+    # -- scikit-learn's own estimator ------------------------------------------------------------
+    def to_sklearn(self):
+        """A fitted `sklearn.cluster.KMeans` with these centers (float64 or float32 as
+        fitted), labels, inertia and iterations: it predicts as this model does, and
+        exporters such as skl2onnx take it."""
+        from sklearn.cluster import KMeans as SklearnKMeans
+        self._check_fitted()
+        params = {k: v for k, v in self.get_params().items()
+                  if k in SklearnKMeans().get_params() and k != "init"}
+        sk = SklearnKMeans(**params)
+        sk.cluster_centers_ = np.ascontiguousarray(to_numpy(self.cluster_centers_))
+        sk.labels_ = to_numpy(self.labels_).astype(np.int32)
+        sk.inertia_ = float(self.inertia_)
+        sk.n_iter_ = int(self.n_iter_)
+        sk.n_features_in_ = int(self.n_features_in_)
+        sk._n_features_out = sk.cluster_centers_.shape[0]
+        sk._n_threads = 1
+        if hasattr(self, "feature_names_in_"):
+            sk.feature_names_in_ = self.feature_names_in_
+        return sk
+
+    # -- pickling -------------------------------------------------------------------------------
+    def __getstate__(self):
+        """Device arrays as NumPy: a model fitted on a GPU loads and predicts on a machine
+        without one (predict then picks a backend for the input it gets)."""
+        state = dict(self.__dict__)
+        for name in _ARRAYS:
+            if name in state and namespace_name(state[name]) not in ("numpy", "list"):
+                state[name] = np.asarray(to_numpy(state[name]))
+                state["_moved_to_host"] = True
+        return state

@@ -1,0 +1,148 @@
+"""Inputs and environments that used to end badly: each test failed before its fix."""
+import threading
+
+import array_api_strict as xps
+import numpy as np
+import pytest
+
+from kmeans_xp import KMeans
+from kmeans_xp.testing import asymmetric_data
+
+
+def test_repr_of_numpy_scalars_is_the_number():
+    assert repr(KMeans(np.int64(3))) == "KMeans(n_clusters=3)"
+    assert repr(KMeans(3, tol=np.float32(0.5))) == "KMeans(n_clusters=3, tol=0.5)"
+
+
+def test_big_endian_float32_is_fitted_in_float32():
+    X = asymmetric_data(1001, 3, 4, seed=0, dtype=np.float32)
+    init = X[:4].copy()
+    big = KMeans(4, init=init, backend="numpy").fit(X.astype(">f4"))
+    native = KMeans(4, init=init, backend="numpy").fit(X)
+    assert big.cluster_centers_.dtype == np.float32
+    np.testing.assert_array_equal(big.labels_, native.labels_)
+    np.testing.assert_array_equal(big.cluster_centers_, native.cluster_centers_)
+
+
+def test_ragged_init_names_init():
+    with pytest.raises(ValueError, match=r"init could not be made into an array of shape "
+                                         r"\(2, 2\)"):
+        KMeans(2, init=[[1.0, 2.0], [3.0]]).fit(np.zeros((10, 2)))
+
+
+def test_transform_float32_point_on_its_center():
+    """sklearn gives 6.5e-7 at most there; the float32 expansion of centered copies gave
+    2.8e-3."""
+    X = (np.random.default_rng(0).normal(size=(3000, 3)) * 100 + 1000).astype(np.float32)
+    km = KMeans(5, random_state=0, backend="numpy").fit(X)
+    d = km.transform(km.cluster_centers_)
+    assert d.dtype == np.float32
+    assert np.max(np.diagonal(d)) < 1e-5
+    ref = np.sqrt(((X[:50, None, :].astype(np.float64)
+                    - km.cluster_centers_[None].astype(np.float64)) ** 2).sum(-1))
+    np.testing.assert_allclose(km.transform(X[:50]), ref, rtol=1e-6)
+
+
+def test_kmeans_plusplus_on_another_device():
+    """k-means++ builds its arrays on X's device (array-api-strict's second device)."""
+    X_np = asymmetric_data(701, 3, 5, seed=1)
+    X = xps.asarray(X_np, device=xps.Device("device1"))
+    km = KMeans(5, random_state=0, backend="array-api").fit(X)
+    assert km.cluster_centers_.device == X.device
+    ref = KMeans(5, random_state=0, backend="numpy").fit(X_np)
+    np.testing.assert_array_equal(np.from_dlpack(km.labels_), ref.labels_)
+
+
+def test_two_fits_in_two_threads_restore_blas_threads():
+    """threadpoolctl limits are process-wide: the last fit to end restores them."""
+    threadpoolctl = pytest.importorskip("threadpoolctl")
+    before = [i["num_threads"] for i in threadpoolctl.threadpool_info()
+              if i["user_api"] == "blas"]
+    X = asymmetric_data(200_003, 3, 20, seed=2)
+    errors = []
+
+    def fit(seed):
+        try:
+            for _ in range(3):
+                KMeans(20, init=X[seed:seed + 20].copy(), max_iter=5, backend="numpy",
+                       backend_options={"n_threads": 2}).fit(X)
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=fit, args=(s,)) for s in (0, 40)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    after = [i["num_threads"] for i in threadpoolctl.threadpool_info()
+             if i["user_api"] == "blas"]
+    assert after == before
+
+
+def _blobs(seed=0):
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(3000, 3)) * [1, 2, 3]
+    c = rng.normal(size=(5, 3)) * 3
+    X = np.concatenate([X + ci * 10 for ci in c])
+    return X, X[rng.choice(len(X), 5, replace=False)]
+
+
+@pytest.mark.parametrize("scale,dtype", [(1e19, np.float32), (1e-22, np.float32),
+                                         (1e154, np.float64), (1e-160, np.float64)])
+def test_extreme_scales_give_the_unit_scale_partition(scale, dtype):
+    """Finite X whose squared distances overflow (or underflow) its dtype is rescaled by a
+    power of two: the partition of X / scale, never a silent wrong answer."""
+    X, init = _blobs()
+    ref = KMeans(5, init=init.astype(dtype), backend="numpy").fit(X.astype(dtype))
+    big = (X * scale).astype(dtype)
+    km = KMeans(5, init=(init * scale).astype(dtype), backend="numpy").fit(big)
+    np.testing.assert_array_equal(km.labels_, ref.labels_)
+    assert km.n_iter_ == ref.n_iter_
+    np.testing.assert_allclose(km.cluster_centers_ / scale, ref.cluster_centers_, rtol=1e-5)
+    np.testing.assert_array_equal(km.predict(big), km.labels_)
+    expect = ref.inertia_ * scale * scale   # inf where X's own units cannot hold it
+    assert km.inertia_ == pytest.approx(expect, rel=1e-4) or (
+        expect == np.inf and km.inertia_ == np.inf)
+
+
+def test_scaling_all_weights_changes_nothing():
+    X, _ = _blobs(1)
+    base = KMeans(5, random_state=0, backend="numpy").fit(X)
+    for c in (1e-300, 3.0, 1e308):
+        km = KMeans(5, random_state=0, backend="numpy").fit(X, sample_weight=np.full(len(X), c))
+        assert np.all(np.isfinite(km.cluster_centers_))
+        np.testing.assert_array_equal(km.labels_, base.labels_)
+        np.testing.assert_allclose(km.cluster_centers_, base.cluster_centers_, rtol=1e-10)
+
+
+def test_copy_x_false_leaves_x_bit_for_bit():
+    X = (asymmetric_data(3000, 3, 10, seed=5, offset=1e3)).astype(np.float32)
+    before = X.copy()
+    KMeans(10, random_state=0, copy_x=False, backend="numpy").fit(X)
+    assert np.array_equal(X.view(np.uint32), before.view(np.uint32))
+
+
+def test_copy_x_false_never_writes_a_memmap(tmp_path):
+    X = asymmetric_data(2000, 3, 5, seed=6, offset=50.0)
+    path = tmp_path / "X.npy"
+    np.save(path, X)
+    raw = path.read_bytes()
+    mm = np.load(path, mmap_mode="r+")
+    KMeans(5, random_state=0, copy_x=False, backend="numpy").fit(mm)
+    del mm
+    assert path.read_bytes() == raw
+
+
+def test_copy_x_false_leaves_x_when_the_fit_fails(monkeypatch):
+    from kmeans_xp_backends.numpy_ import NumpyBackend
+    X = asymmetric_data(2000, 3, 5, seed=7, offset=10.0)
+    before = X.copy()
+
+    def boom(*a, **k):
+        raise RuntimeError("interrupted")
+
+    monkeypatch.setattr(NumpyBackend, "lloyd_iter", boom)
+    with pytest.raises(RuntimeError, match="interrupted"):
+        KMeans(5, random_state=0, copy_x=False, backend="numpy").fit(X)
+    assert np.array_equal(X, before)
