@@ -33,6 +33,8 @@ BIG = {name: dict(size, iters=10) for name, size in bench.WORKLOADS.items()}
 #: iterations such a difference moves a few more points; a wrong kernel agrees far less
 MIN_AGREEMENT = {"small": 0.99, "big": 0.95}
 INERTIA_RTOL = 1e-3
+#: CPU rows timed at the seed's sizes too: the fair baselines of a GPU row
+CPU_AT_BIG = ("numpy", bench.SKLEARN_ROW, bench.FAISS_ROW)
 
 
 def _row_params():
@@ -42,7 +44,7 @@ def _row_params():
         params.append(pytest.param(name, id=name, marks=[pytest.mark.gpu] if info.gpu else []))
     params.append(pytest.param("array-api@cupy", id="array-api@cupy", marks=[pytest.mark.gpu]))
     params.append(pytest.param(bench.SEED_ROW, id=bench.SEED_ROW))
-    params.append(pytest.param(bench.TORCH_ROW, id=bench.TORCH_ROW))
+    params += [pytest.param(ref, id=ref) for ref in bench.REFERENCES]  # sklearn, faiss, torch
     return params
 
 
@@ -54,8 +56,8 @@ def _workload_params():
 def _entry(spec, w):
     if spec == bench.SEED_ROW:
         return bench.SeedEntry("gpu" if bench.cupy_gpu() else "cpu", w)
-    if spec == bench.TORCH_ROW:
-        return bench.TorchEntry(w)
+    if spec in bench.REFERENCES:
+        return bench.REFERENCES[spec][0](w)
     return bench.BackendEntry(spec, w)
 
 
@@ -95,7 +97,7 @@ def test_fit(benchmark, workload, row, big, release_memory):
         entry.check()
     except bench.Unavailable as exc:
         pytest.skip(f"{row}: {exc}")
-    if workload in BIG and entry.device == "cpu" and row != "numpy":
+    if workload in BIG and entry.device == "cpu" and row not in CPU_AT_BIG:
         # minutes per fit, five fits per case: `kmeans-xp compare` times such rows once
         pytest.skip(f"{row} on the CPU at {workload}: use kmeans-xp compare --cpu-repeats 1")
     m, agreement = _checked_run(entry, X, C, w, workload)

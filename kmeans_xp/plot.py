@@ -45,10 +45,11 @@ _STATUS_TEXT = {"oom": "OOM", "unavailable": "not\ninstalled", "error": "error"}
 
 
 def _bar_colors(rows):
-    # GPU rows green, CPU rows blue; reference rows (seed, torch) lighter
+    # GPU rows green, CPU rows blue; reference rows (seed, torch, scikit-learn, faiss) lighter
     out = []
     for r in rows:
-        ref = r["name"].startswith(("seed-reference", "torch-gemm"))
+        ref = r.get("library", "kmeans_xp") != "kmeans_xp" or r["name"].startswith(
+            ("seed-reference", "torch-gemm"))  # results of schema 1 have no "library"
         base = "#2a9d4b" if r["device"] == "gpu" else "#3a6ea5"
         out.append(base + ("80" if ref else ""))
     return out
@@ -69,16 +70,31 @@ def plot_time(result, path):
     ax.set_ylim(low / 4, top * 6)
     for xi, r, h in zip(x, rows, heights):
         if h > 0:
-            speed = f"\n{r['speedup']:.1f}x" if r.get("speedup") else ""
+            speed = f"\n{_speedup(r['speedup'])}" if r.get("speedup") else ""
             ax.text(xi, h * 1.08, f"{_ms(h)}{speed}", ha="center", va="bottom", fontsize=8)
         else:
             ax.text(xi, low / 3, _STATUS_TEXT.get(r["status"], r["status"]), ha="center",
                     va="bottom", fontsize=8, color="#b00020")
     ax.set_xticks(x, [r["name"] for r in rows], rotation=30, ha="right", fontsize=8)
     ax.set_ylabel("time per Lloyd iteration (ms, log)")
-    ax.set_title(_title(result) + "\nspeed-up over the slowest CPU row", fontsize=8)
+    ax.set_title(_title(result) + "\n" + _speedup_caption(result), fontsize=8)
     ax.grid(axis="y", which="both", alpha=0.3)
     return _save(fig, path)
+
+
+def _speedup_caption(result):
+    """What the numbers on the bars are over: the fastest CPU row (schema 1: the slowest)."""
+    base = result.get("baseline")
+    if base:
+        return (f"speed-up: x vs {base['name']}, the fastest CPU row "
+                f"({_ms(1e3 * base['time_per_iter_s'])}/iteration)")
+    if str(result.get("schema", "")).endswith("/1"):
+        return "speed-up over the slowest CPU row (a result of schema 1)"
+    return "no CPU row ran: no speed-up"
+
+
+def _speedup(x):
+    return f"{x:.2f}x" if x < 10 else f"{x:.0f}x"
 
 
 def _ms(ms):
@@ -217,3 +233,56 @@ def _coords(A, fi, fj, rng):
         return A[:, fi], A[:, fj]
     y = rng.uniform(-0.5, 0.5, len(A)) if rng is not None else np.zeros(len(A))
     return A[:, 0], y
+
+
+def load_clusters(path):
+    """(X, labels, centers) from an .npz saved by `kmeans-xp plot-clusters --save`; OSError
+    when the file is missing, unreadable or lacks one of the arrays."""
+    import zipfile
+    try:
+        f = np.load(path)
+    except (OSError, ValueError, zipfile.BadZipFile) as exc:
+        raise OSError(f"{path}: not a readable .npz ({exc})") from None
+    if not hasattr(f, "files"):  # a .npy: one array
+        raise OSError(f"{path}: one array, not an .npz of X, labels and centers")
+    with f:
+        missing = {"X", "labels", "centers"} - set(f.files)
+        if missing:
+            raise OSError(f"{path}: missing arrays {sorted(missing)} (need X, labels, "
+                          f"centers)")
+        return f["X"], f["labels"], f["centers"]
+
+
+def parse_features(text, d):
+    """'0,1' -> (0, 1): the two features on the axes, each below d (d=1: (0, 0) is jittered)."""
+    try:
+        features = tuple(int(v) for v in str(text).split(","))
+    except ValueError:
+        features = ()
+    if len(features) != 2 or min(features) < 0 or (d > 1 and max(features) >= d):
+        raise ValueError(f"--features {text!r}: give two indices below d={d}, e.g. 0,1")
+    return features
+
+
+def charts_for(kind):
+    """The (suffix, draw(result, path)) charts of a "compare" or "sweep" result."""
+    return {"compare": [("time", plot_time), ("memory", plot_memory)],
+            "sweep": [("scaling", plot_sweep)]}.get(kind, [])
+
+
+def redraw(path, out=None) -> list:
+    """The charts of a saved compare/sweep JSON again, into `out` (default: beside it), named
+    <stem>-<suffix>.png; OSError when the file is not such a result."""
+    import json
+    from pathlib import Path
+    path = Path(path)
+    try:
+        result = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise OSError(f"{path}: not JSON ({exc})") from None
+    kind = result.get("kind") if isinstance(result, dict) else None
+    if not charts_for(kind):
+        raise OSError(f"{path}: not a kmeans-xp compare or sweep result (kind={kind!r})")
+    out = Path(out) if out is not None else path.parent
+    out.mkdir(parents=True, exist_ok=True)
+    return [draw(result, out / f"{path.stem}-{suffix}.png") for suffix, draw in charts_for(kind)]

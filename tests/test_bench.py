@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from kmeans_xp_backends.numpy_ import NumpyBackend
 
-from kmeans_xp import bench
+from kmeans_xp import bench, plot
 from kmeans_xp.backend import KMeansBackend
 from kmeans_xp.bench import comparison
 from kmeans_xp.memory import KMeansMemoryError
@@ -69,9 +69,13 @@ def test_compare_measures_every_row_with_the_protocol():
         assert r["end_to_end_s"] >= r["fit_s"] > 0
         assert r["memory_source"].startswith("estimate")
         assert r["agreement"] == pytest.approx(1.0)
-    slowest = max(r["time_per_iter_s"] for r in res["rows"])
-    assert min(r["speedup"] for r in res["rows"]) == pytest.approx(1.0)
-    assert rows["numpy"]["speedup"] == pytest.approx(slowest / rows["numpy"]["time_per_iter_s"])
+    fastest = min(res["rows"], key=lambda r: r["time_per_iter_s"])  # both are CPU rows
+    assert res["baseline"]["name"] == fastest["name"]
+    assert max(r["speedup"] for r in res["rows"]) == pytest.approx(1.0)
+    assert rows["numpy"]["speedup"] == pytest.approx(fastest["time_per_iter_s"]
+                                                     / rows["numpy"]["time_per_iter_s"])
+    assert {r["library"] for r in res["rows"]} == {"kmeans_xp"}
+    assert all(r["timed"] for r in res["rows"])
     assert rows["numpy"]["inertia"] == pytest.approx(rows["array-api"]["inertia"], rel=1e-5)
     json.dumps(res)  # everything in the result is JSON
 
@@ -199,8 +203,19 @@ def test_data_from_a_npy_file(tmp_path):
     w = bench.Workload(n=300, k=3, data=str(tmp_path / "x.npy"))
     got = bench.make_data(w)
     assert got.shape == (300, 4) and got.dtype == np.float32 and (w.n, w.d) == (300, 4)
-    with pytest.raises(ValueError, match=".npy"):
+    with pytest.raises(FileNotFoundError, match="no such file"):
         bench.make_data(bench.Workload(data=str(tmp_path / "missing.npy")))
+    with pytest.raises(ValueError, match=".npy"):
+        bench.make_data(bench.Workload(data=str(tmp_path / "x.csv")))
+    np.save(tmp_path / "flat.npy", np.arange(10.0))
+    with pytest.raises(ValueError, match=r"shape \(10,\)"):
+        bench.data_shape(bench.Workload(data=str(tmp_path / "flat.npy")))
+    assert bench.data_shape(bench.Workload(n=0, data=str(tmp_path / "x.npy"))) == (500, 4)
+
+
+def test_more_clusters_than_points_is_said_before_anything_runs():
+    with pytest.raises(ValueError, match="at least k points"):
+        bench.compare("numpy", **{**TINY, "n": 5, "k": 10})
 
 
 def test_kmeans_plusplus_shared_init_is_deterministic():
@@ -220,9 +235,72 @@ def test_machine_info_names_cpu_blas_versions_and_date():
 
 def test_resolve_backends():
     assert bench.resolve_backends("numpy, array-api") == ["numpy", "array-api"]
-    assert set(list_backends()) <= set(bench.resolve_backends("all"))
+    assert set(list_backends()) | set(bench.REFERENCES) <= set(bench.resolve_backends("all"))
+    assert bench.resolve_backends("sklearn,faiss,torch") == ["scikit-learn", "faiss-cpu",
+                                                             "torch-gemm"]
+    assert bench.unknown_specs(["numpy", "array-api@cupy", "scikit-learn", "nope",
+                                "numpy@nowhere"]) == ["nope", "numpy@nowhere"]
     with pytest.raises(ValueError):
         bench.resolve_backends(" , ")
+
+
+def test_the_default_set_leaves_generic_rows_out_and_says_how_to_add_them():
+    chosen = bench.select("default")
+    assert chosen.specs[0] == "numpy"
+    assert not set(bench.GENERIC) & set(chosen.specs)
+    skipped = {s["name"]: s for s in chosen.skipped}
+    assert "--backends default,array-api" in skipped["array-api"]["how"]
+    for name, info in list_backends().items():
+        if name not in bench.GENERIC:
+            assert (name in chosen.specs) == info.available
+            if not info.available:
+                assert skipped[name]["reason"] == info.reason
+                assert skipped[name]["gpu"] == info.gpu
+                if info.install:
+                    assert skipped[name]["how"] in (info.install,
+                                                    "run on a machine with a CUDA GPU")
+    for ref, (_, module, install) in bench.REFERENCES.items():
+        installed = importlib.util.find_spec(module) is not None
+        assert (ref in chosen.specs) == installed
+        assert installed or skipped[ref]["how"] == install
+    added = bench.select("default,array-api")
+    assert "array-api" in added.specs
+    assert "array-api" not in {s["name"] for s in added.skipped}
+
+
+def test_sklearn_row_does_the_same_work_and_agrees():
+    pytest.importorskip("sklearn")
+    res = bench.compare("numpy,scikit-learn", **TINY)
+    row = rows_by_name(res)["scikit-learn"]
+    assert row["status"] == "ok", row["message"]
+    assert (row["library"], row["device"], row["dtype"]) == ("scikit-learn", "cpu", "float32")
+    assert row["agreement"] == 1.0
+    assert row["inertia"] == pytest.approx(rows_by_name(res)["numpy"]["inertia"], rel=1e-5)
+    assert row["n_iter"] == rows_by_name(res)["numpy"]["n_iter"]
+    assert len(row["times_per_iter_s"]) == TINY["repeats"]
+    assert "scikit-learn" in bench.select("default").specs
+
+
+def test_faiss_row_does_the_same_work_and_agrees():
+    pytest.importorskip("faiss")
+    res = bench.compare("numpy,faiss", **TINY)
+    row = rows_by_name(res)["faiss-cpu"]
+    assert row["status"] == "ok", row["message"]
+    assert (row["library"], row["device"], row["dtype"]) == ("faiss", "cpu", "float32")
+    assert row["agreement"] == 1.0
+    assert row["inertia"] == pytest.approx(rows_by_name(res)["numpy"]["inertia"], rel=1e-5)
+    assert "faiss-cpu" in bench.select("default").specs
+
+
+@pytest.mark.parametrize("ref, module", [("scikit-learn", "sklearn"), ("faiss-cpu", "faiss")])
+def test_a_missing_reference_library_is_a_row_that_says_how_to_install_it(ref, module,
+                                                                           monkeypatch):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == module else real(name, *a))
+    row = rows_by_name(bench.compare(f"numpy,{ref}", **TINY))[ref]
+    assert row["status"] == "unavailable" and "pip install" in row["message"]
+    assert ref not in bench.select("default").specs
 
 
 # --------------------------------------------------------------------------------------------
@@ -271,3 +349,79 @@ def test_seed_row_runs_end_to_end_on_numpy():
     centers, labels, n_iter = seed.fit_xp(X.astype(np.float64), C.astype(np.float64), w.iters)
     assert row.n_iter == n_iter and np.array_equal(row.labels, labels)
     assert row.inertia == pytest.approx(protocol.host_inertia(X, centers, labels))
+
+
+# --------------------------------------------------------------------------------------------
+# the baseline and the headline: over the FASTEST CPU row, never the slowest
+
+
+def fake_result(*rows, skipped=()):
+    base = dict(status="ok", library="kmeans_xp", agreement=1.0, speedup=None,
+                speedup_vs_numpy=None)
+    result = {"rows": [{**base, "name": n, "device": dev, "time_per_iter_s": t,
+                        "end_to_end_s": 12 * t, **extra} for n, dev, t, extra in rows],
+              "skipped": list(skipped)}
+    result["baseline"] = bench.summary.add_speedups(result["rows"])
+    return result
+
+
+GPU_MACHINE = [("numpy", "cpu", 0.35, {}),
+               ("array-api", "cpu", 7.0, {}),
+               ("scikit-learn", "cpu", 0.20, {"library": "scikit-learn"}),
+               ("faiss-cpu", "cpu", 0.25, {"library": "faiss"}),
+               ("cupy-fused", "gpu", 0.002, {}),
+               ("torch-gemm[cuda]", "gpu", 0.001, {"library": "torch"})]
+
+
+def test_speedups_are_over_the_fastest_cpu_row():
+    res = fake_result(*GPU_MACHINE)
+    rows = rows_by_name(res)
+    assert res["baseline"]["name"] == "scikit-learn"
+    assert rows["cupy-fused"]["speedup"] == pytest.approx(100)      # not 3500 (array-api)
+    assert rows["numpy"]["speedup"] == pytest.approx(0.2 / 0.35)
+    assert rows["cupy-fused"]["speedup_vs_numpy"] == pytest.approx(175)
+    assert bench.summary.speedup_label(res) == "x vs scikit-learn"
+
+
+def test_headline_names_kmeans_xp_best_row_against_the_best_cpu_row():
+    text = bench.headline(fake_result(*GPU_MACHINE))
+    # kmeans_xp's best row, though torch's is faster: the headline is about this library
+    assert text.startswith("cupy-fused (gpu): 2 ms/iteration, 100x vs scikit-learn")
+    assert "the fastest CPU row, 200 ms/iteration" in text
+    assert "whole fit from host data" in text and "agree 1.0000" in text
+    assert "array-api" not in text
+    assert bench.no_gpu_note(fake_result(*GPU_MACHINE)) == ""
+
+
+def test_headline_and_note_on_a_cpu_only_machine():
+    skipped = [{"name": n, "reason": "cupy is not installed", "gpu": True,
+                "how": "pip install 'kmeans_xp[cuda12]'"} for n in ("cupy-fused", "cupy-chunked")]
+    res = fake_result(*GPU_MACHINE[:4], skipped=skipped)
+    text = bench.headline(res)
+    assert text.startswith("numpy (cpu): 350 ms/iteration, 0.57x vs scikit-learn")
+    note = bench.no_gpu_note(res)
+    assert note.startswith("No GPU row ran (cupy-fused, cupy-chunked: cupy is not installed; "
+                           "to add: pip install 'kmeans_xp[cuda12]')")
+    assert note.endswith("CPU against CPU, over scikit-learn, the fastest CPU row.")
+    assert "cupy-fused" not in bench.skipped_text(res)  # said once, in the note
+
+
+def test_headline_when_kmeans_xp_is_the_fastest_cpu_row():
+    res = fake_result(("numpy", "cpu", 0.1, {}), ("scikit-learn", "cpu", 0.2,
+                                                  {"library": "scikit-learn"}))
+    assert bench.headline(res) == ("numpy (cpu): 100 ms/iteration, the fastest CPU row: every "
+                                   "speed-up in the table is over it (next: scikit-learn, "
+                                   "2.00x slower).")
+
+
+def test_no_cpu_row_no_speedup_claimed():
+    res = fake_result(("cupy-fused", "gpu", 0.002, {}))
+    assert res["baseline"] is None and res["rows"][0]["speedup"] is None
+    assert "no speed-up is claimed" in bench.headline(res)
+    assert bench.summary.speedup_label(res) == "x vs -"
+
+
+def test_chart_title_says_what_the_speedups_are_over():
+    res = fake_result(*GPU_MACHINE)
+    assert plot._speedup_caption(res) == ("speed-up: x vs scikit-learn, the fastest CPU row "
+                                          "(200 ms/iteration)")

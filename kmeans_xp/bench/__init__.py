@@ -8,14 +8,16 @@ Modules, each importing only those above it:
 - `machine`: where it ran (CPU, BLAS, GPUs, versions, commit);
 - `workload`: `Workload`, `WORKLOADS`, the host data and the shared init;
 - `protocol`: `Entry` (the clocking), `measure` (one row), synchronising and peaks;
-- `seed`, `torch_rows`: the reference rows, the seed's algorithm and a torch baseline, shipped
-  in the package so an installed wheel runs them;
-- `entries`: kmeans_xp backends as rows, `make_entries`, `resolve_backends`;
+- `seed`, `torch_rows`, `references`: the reference rows (the seed's algorithm, a torch
+  baseline, scikit-learn and faiss-cpu), shipped in the package so an installed wheel runs them;
+- `entries`: kmeans_xp backends as rows;
+- `selection`: which rows run ("default", "all", names) and what the default leaves out;
+- `summary`: the baseline (the fastest CPU row), speed-ups, the headline;
 - `report`: rows as JSON and as a table;
 - `comparison`: `compare` and `sweep`.
 """
 from .comparison import compare, sweep
-from .entries import BackendEntry, make_entries, resolve_backends
+from .entries import BackendEntry
 from .machine import (
     blas_info,
     cpu_model,
@@ -37,16 +39,30 @@ from .protocol import (
     measure,
     release_device_memory,
 )
+from .references import FAISS_ROW, SKLEARN_ROW, FaissEntry, SklearnEntry
 from .report import SCHEMA, describe, format_table, row_dict
 from .seed import SEED_ROW, SeedEntry
+from .selection import (
+    GENERIC,
+    REFERENCES,
+    Selection,
+    check_specs,
+    make_entries,
+    resolve_backends,
+    select,
+    unknown_specs,
+)
+from .summary import choose_baseline, headline, no_gpu_note, skipped_text
 from .torch_rows import TORCH_ROW, TorchEntry
-from .workload import WORKLOADS, Workload, fingerprint, make_data, shared_init
+from .workload import WORKLOADS, Workload, data_shape, fingerprint, make_data, shared_init
 
 __all__ = [
-    "SCHEMA", "WORKLOADS", "SEED_ROW", "TORCH_ROW",
-    "compare", "sweep",
-    "Workload", "make_data", "shared_init", "fingerprint",
-    "Entry", "BackendEntry", "SeedEntry", "TorchEntry", "make_entries", "resolve_backends",
+    "SCHEMA", "WORKLOADS", "SEED_ROW", "TORCH_ROW", "SKLEARN_ROW", "FAISS_ROW", "GENERIC",
+    "REFERENCES", "compare", "sweep",
+    "Workload", "make_data", "data_shape", "shared_init", "fingerprint",
+    "Entry", "BackendEntry", "SeedEntry", "TorchEntry", "SklearnEntry", "FaissEntry",
+    "Selection", "select", "check_specs", "make_entries", "resolve_backends", "unknown_specs",
+    "choose_baseline", "headline", "no_gpu_note", "skipped_text",
     "Fitted", "Measurement", "Row", "Unavailable", "measure", "host_inertia",
     "is_out_of_memory", "release_device_memory",
     "format_table", "describe", "row_dict",

@@ -12,7 +12,8 @@ The protocol, the same for every row:
 - the median of `repeats` timed fits.
 A row that is not installed, runs out of memory, or fails is a row with a status and the
 message, never a crash of the whole comparison. Label agreement is computed against the numpy
-backend's labels from the same init; speed-ups against the slowest CPU row and numpy.
+backend's labels from the same init; speed-ups over the fastest CPU row (`summary`) and over
+numpy. `selection` says which rows run by default and which it leaves out.
 """
 from __future__ import annotations
 
@@ -21,36 +22,44 @@ import sys
 
 import numpy as np
 
-from .entries import make_entries, resolve_backends
 from .machine import machine_info
 from .protocol import measure
 from .report import SCHEMA, row_dict
+from .selection import make_entries, select
+from .summary import add_speedups
 from .workload import Workload, fingerprint, make_data, shared_init
 
 
-def compare(backends="auto", workload=None, *, include_seed=False, seed_device="auto",
+def compare(backends="default", workload=None, *, include_seed=False, seed_device="auto",
             include_torch=False, progress=False, X=None, **workload_args):
-    """Run the protocol on every backend (and reference) and return a result dict:
-    {"schema", "kind": "compare", "inputs", "machine", "rows": [...]}.
+    """Run the protocol on every row and return a result dict: {"schema", "kind": "compare",
+    "inputs", "machine", "baseline", "skipped", "rows": [...]} (README: the comparison JSON).
 
-    workload: a `Workload` (or its fields as keyword arguments); X: host data to use instead
-    of generating it. progress: show a tqdm bar (when tqdm is installed)."""
+    backends: a spec string (`selection`: "default", "all", names, "default,array-api") or a
+    list of row specs; workload: a `Workload` (or its fields as keyword arguments); X: host
+    data to use instead of generating it; progress: a tqdm bar on stderr (when installed)."""
     w = workload or Workload(**workload_args)
     X = make_data(w) if X is None else np.ascontiguousarray(X, dtype=w.dtype)
+    if X.ndim != 2 or len(X) < w.k:
+        raise ValueError(f"k={w.k} clusters need (n_samples, n_features) data with at least "
+                         f"k points; got shape {X.shape}")
     w.n, w.d = X.shape
     C = shared_init(X, w)
-    entries = _numpy_first(make_entries(resolve_backends(backends), w,
-                                        include_seed=include_seed, seed_device=seed_device,
-                                        include_torch=include_torch))
+    chosen = select(backends) if backends is None or isinstance(backends, str) else \
+        select(",".join(backends))
+    entries = _numpy_first(make_entries(chosen.specs, w, include_seed=include_seed,
+                                        seed_device=seed_device, include_torch=include_torch))
     bar = _progress_bar(sum(1 + w.repeats_for(e.device) for e in entries), progress)
     try:
-        rows = _measure_all(entries, X, C, w, bar)
+        rows = [row_dict(r) for r in _measure_all(entries, X, C, w, bar)]
     finally:
         if bar is not None:
             bar.close()
-    _speedups(rows)
+    baseline = add_speedups(rows)
     return {"schema": SCHEMA, "kind": "compare", "inputs": _inputs(w, C),
-            "machine": machine_info(), "rows": [row_dict(r) for r in rows]}
+            "machine": machine_info(), "baseline": baseline,
+            "skipped": [s for s in chosen.skipped if s["name"] not in
+                        {e.name for e in entries}], "rows": rows}
 
 
 def _numpy_first(entries):
@@ -86,17 +95,6 @@ def _reference_labels(X, C, w):
     return np.asarray(km.labels_)
 
 
-def _speedups(rows):
-    ok = [r for r in rows if r.ok and r.time_per_iter_s]
-    cpu = [r.time_per_iter_s for r in ok if r.device == "cpu"]
-    numpy_row = next((r for r in ok if r.name == "numpy"), None)
-    for r in ok:
-        if cpu:
-            r.speedup = max(cpu) / r.time_per_iter_s
-        if numpy_row is not None:
-            r.speedup_vs_numpy = numpy_row.time_per_iter_s / r.time_per_iter_s
-
-
 def _inputs(w, C):
     d = dataclasses.asdict(w)
     d["max_memory"] = str(w.max_memory)
@@ -108,7 +106,7 @@ def _inputs(w, C):
     return d
 
 
-def sweep(vary, values, backends="auto", workload=None, *, include_seed=False,
+def sweep(vary, values, backends="default", workload=None, *, include_seed=False,
           seed_device="auto", include_torch=False, progress=False, **workload_args):
     """The compare protocol for each value of `vary` ("n" or "k"): {"kind": "sweep", "vary",
     "values", "inputs", "machine", "rows": [... each with "value"], "runs": [compare results]}."""
@@ -125,15 +123,17 @@ def sweep(vary, values, backends="auto", workload=None, *, include_seed=False,
         runs.append(res)
     return {"schema": SCHEMA, "kind": "sweep", "vary": vary, "values": [int(v) for v in values],
             "inputs": runs[0]["inputs"] if runs else {}, "machine": machine_info(),
-            "rows": rows, "runs": [{"inputs": r["inputs"]} for r in runs]}
+            "skipped": runs[0]["skipped"] if runs else [], "rows": rows,
+            "runs": [{"inputs": r["inputs"], "baseline": r["baseline"]} for r in runs]}
 
 
 def _progress_bar(total, enabled):
-    """A tqdm bar on a terminal; None when disabled, not a terminal, or tqdm is missing."""
-    if not enabled or not sys.stdout.isatty():
+    """A tqdm bar on stderr at a terminal; None when disabled, not a terminal, or tqdm is
+    missing (stdout stays the table's, or the JSON's with --json)."""
+    if not enabled or not sys.stderr.isatty():
         return None
     try:
         from tqdm.auto import tqdm
     except ImportError:
         return None
-    return tqdm(total=total, unit="fit", leave=False)
+    return tqdm(total=total, unit="fit", leave=False, file=sys.stderr)

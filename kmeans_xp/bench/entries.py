@@ -1,20 +1,16 @@
-"""The rows of a comparison: kmeans_xp backends by name, and the optional reference rows.
+"""kmeans_xp backends as rows of a comparison.
 
 A backend entry is "name" or "name@namespace" (feed it arrays of another library, e.g.
-"array-api@cupy"); it fits through `KMeans`, the product path. The reference rows are the
-seed's original algorithm (`seed.SeedEntry`) and a torch chunked-GEMM baseline
-(`torch_rows.TorchEntry`).
+"array-api@cupy"); it fits through `KMeans`, the product path. The reference rows are in
+`references` (scikit-learn, faiss-cpu), `torch_rows` and `seed`; `selection` picks the rows.
 """
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import os
 
-from .machine import cupy_gpu, torch_cuda
+from .machine import torch_cuda
 from .protocol import CupyPeak, Entry, Fitted, NoPeak, TorchPeak, Unavailable, sync_namespace
-from .seed import SeedEntry
-from .torch_rows import TorchEntry
 from .workload import Workload
 
 
@@ -22,7 +18,10 @@ class BackendEntry(Entry):
     """A kmeans_xp backend, fitted through `KMeans` (the product path); the copy in is the
     backend's own `to_backend` (or, for "name@ns", a plain copy into that namespace)."""
 
+    library = "kmeans_xp"
+    timed = "KMeans.fit's Lloyd loop (timings_['lloyd']: iterations, final labels), / iterations"
     memory_measured = "measured: peak of the device pool over the fit's stages (includes X)"
+    memory_estimated = "estimate: kmeans_xp.estimate_memory (working memory) plus X"
 
     def __init__(self, spec, w: Workload):
         self.name = spec
@@ -107,37 +106,3 @@ def _converter(ns):
             return da.from_array(X, chunks=(max(1, len(X) // (os.cpu_count() or 1)), -1))
         return to_dask
     raise Unavailable(f"no converter from NumPy to {ns!r}")
-
-
-def make_entries(backends, w: Workload, *, include_seed=False, seed_device="auto",
-                 include_torch=False):
-    """Entries for backend specs plus the optional reference rows."""
-    entries = [BackendEntry(b, w) for b in backends]
-    if include_seed:
-        devices = {"auto": ["gpu" if cupy_gpu() else "cpu"], "both": ["gpu", "cpu"],
-                   "gpu": ["gpu"], "cpu": ["cpu"]}[seed_device]
-        entries += [SeedEntry(dev, w) for dev in devices]
-    if include_torch:
-        entries.append(TorchEntry(w))
-    return entries
-
-
-def resolve_backends(spec) -> list:
-    """'all', 'auto' or 'a,b,c' -> backend specs. 'all' lists every known backend (missing
-    ones become rows that say so) and the generic array-api path on CuPy when CuPy imports."""
-    from ..registry import list_backends
-    if spec in (None, "auto"):
-        infos = list_backends()
-        if any(i.available and i.gpu for i in infos.values()):
-            spec = "all"
-        else:
-            return [n for n in ("numpy", "array-api") if n in infos]
-    if spec == "all":
-        names = list(list_backends())
-        if importlib.util.find_spec("cupy") is not None:
-            names.insert(names.index("array-api") + 1, "array-api@cupy")
-        return names
-    names = [s.strip() for s in spec.split(",") if s.strip()]
-    if not names:
-        raise ValueError("--backends is empty; give names such as numpy,cupy-chunked or 'all'")
-    return names

@@ -43,10 +43,12 @@ class Row:
     name: str
     status: str = "ok"           # ok | unavailable | oom | error
     message: str = ""
+    library: str = ""            # kmeans_xp | scikit-learn | faiss | torch | seed
     device: str = "cpu"          # cpu | gpu
     device_name: str = ""
     dtype: str = ""
     n_iter: int | None = None
+    timed: str = ""              # what the Lloyd clock of the row covers
     time_per_iter_s: float | None = None
     pairs_per_s: float | None = None
     fit_s: float | None = None
@@ -58,7 +60,7 @@ class Row:
     memory_report: dict = dataclasses.field(default_factory=dict)
     inertia: float | None = None
     agreement: float | None = None
-    speedup: float | None = None           # over the slowest CPU row
+    speedup: float | None = None           # over the fastest CPU row (result["baseline"])
     speedup_vs_numpy: float | None = None
     times_per_iter_s: list = dataclasses.field(default_factory=list)  # every timed repeat
 
@@ -83,9 +85,12 @@ class Entry:
     `run` is the protocol's clocking, the same for all."""
 
     name = ""
+    library = ""                 # whose code the row runs
     device = "cpu"
     dtype = None                 # the dtype the entry computes in (None: the workload's)
+    timed = "the fit's Lloyd loop, / iterations"
     memory_measured = "measured"
+    memory_estimated = "estimate: the row's working memory plus X, before running"
 
     def check(self):
         """Raise Unavailable when the entry cannot run here; bind what `run` needs."""
@@ -159,11 +164,13 @@ def host_inertia(X, centers, labels, rows=1 << 20) -> float:
 
 def measure(entry, X, C, w, progress=None) -> Row:
     """One row: check, warm up, time `repeats` fits, take medians. Never raises."""
-    row = Row(entry.name, device=getattr(entry, "device", "cpu"), dtype=w.dtype)
+    row = Row(entry.name, library=entry.library, device=getattr(entry, "device", "cpu"),
+              dtype=w.dtype)
     try:
         _prepare(row, entry, w)
         _tick(progress, f"{entry.name}: warm-up")
-        entry.run(X, C, min(w.warmup_iters, w.iters))
+        if w.warmup_iters > 0:
+            entry.run(X, C, min(w.warmup_iters, w.iters))
         runs, repeats = [], w.repeats_for(entry.device)
         for r in range(repeats):
             _tick(progress, f"{entry.name}: run {r + 1}/{repeats}")
@@ -184,7 +191,8 @@ def measure(entry, X, C, w, progress=None) -> Row:
 def _prepare(row, entry, w):
     """Check the entry (raises Unavailable) and record its device, estimate and dtype."""
     entry.check()
-    row.device = entry.device
+    row.name, row.device = entry.name, entry.device  # check() may name the device
+    row.library, row.timed = entry.library, entry.timed
     est = entry.estimate()
     # peaks measured on a device include X, so estimates include it too: same quantity
     row.memory_estimate_bytes = None if est is None else est + entry.data_bytes(w)
@@ -209,7 +217,7 @@ def _summarise(row, runs, entry, w):
         row.peak_memory_bytes, row.memory_source = max(peaks), entry.memory_measured
     elif row.memory_estimate_bytes is not None:
         row.peak_memory_bytes = row.memory_estimate_bytes
-        row.memory_source = "estimate: the backend's working memory plus X, before running"
+        row.memory_source = entry.memory_estimated
 
 
 def _median(values):

@@ -9,8 +9,11 @@ import dataclasses
 
 from ..memory import format_bytes
 from .protocol import Row
+from .summary import fmt_speedup, speedup_label
 
-SCHEMA = "kmeans_xp.bench/1"
+#: /2: "speedup" is over the fastest CPU row (top-level "baseline"), no longer the slowest;
+#: rows carry "library" and "timed"; the result carries "skipped"
+SCHEMA = "kmeans_xp.bench/2"
 
 
 def row_dict(row: Row) -> dict:
@@ -20,7 +23,7 @@ def row_dict(row: Row) -> dict:
 
 
 _COLUMNS = ("backend", "device", "ms/iter", "pairs/s", "e2e s", "copy s", "peak memory",
-            "inertia", "agree", "speed-up")
+            "inertia", "agree")
 
 
 def _fmt_row(r: dict) -> list:
@@ -31,7 +34,7 @@ def _fmt_row(r: dict) -> list:
         mem = format_bytes(r["peak_memory_bytes"]) + (
             " (est)" if r["memory_source"].startswith("estimate") else "")
     agree = "-" if r["agreement"] is None else f"{r['agreement']:.4f}"
-    speed = "-" if r["speedup"] is None else f"{r['speedup']:.1f}x"
+    speed = "-" if r["speedup"] is None else fmt_speedup(r["speedup"])
     return [r["name"], r["device"], f"{1e3 * r['time_per_iter_s']:.3f}",
             f"{r['pairs_per_s']:.3g}", f"{r['end_to_end_s']:.3f}", f"{r['transfer_s']:.3f}",
             mem, f"{r['inertia']:.6g}", agree, speed]
@@ -46,7 +49,8 @@ def format_table(result: dict) -> str:
     """The rows as an aligned text table (failed rows: status and message)."""
     rows = result["rows"]
     sweep_col = result.get("kind") == "sweep"
-    header = ([result.get("vary", "value")] if sweep_col else []) + list(_COLUMNS)
+    header = ([result.get("vary", "value")] if sweep_col else []) + list(_COLUMNS) + [
+        speedup_label(result)]
     body = [([str(r["value"])] if sweep_col else []) + _fmt_row(r) for r in rows]
     ncol = len(header)
     # a failed row's message spans the columns after its device: it sets no width

@@ -129,7 +129,9 @@ def cupy_pool_limit(cap):
 class SeedEntry(Entry):
     """The seed's broadcasting KMeans (float64), on CuPy ("gpu") or NumPy ("cpu")."""
 
+    library = "seed"
     dtype = "float64"            # the seed's data were float64, whatever the workload's
+    timed = "fit_xp (the seed's loop + a final labelling pass), / iterations"
     memory_measured = "measured: peak of the CuPy pool (includes X in float64)"
 
     def __init__(self, device, w):

@@ -134,6 +134,8 @@ class TorchEntry(Entry):
     """Chunked GEMM + argmin Lloyd in torch (CUDA when available, else CPU)."""
 
     name = TORCH_ROW
+    library = "torch"
+    timed = "fit_torch (centering, iterations, final labelling and inertia), / iterations"
     memory_measured = "measured: torch.cuda.max_memory_allocated (includes X)"
 
     def __init__(self, w):

@@ -45,6 +45,31 @@ class Workload:
         return self.n * self.k * n_iter
 
 
+def _open(w: Workload):
+    """The .npy file of `w.data`, memory-mapped (only its header is read)."""
+    path = Path(w.data)
+    if path.suffix != ".npy":
+        raise ValueError(f"--data must be 'seed', 'blobs' or a .npy file; got {w.data!r}")
+    if not path.is_file():
+        raise FileNotFoundError(f"--data {w.data}: no such file")
+    try:
+        X = np.load(path, mmap_mode="r")
+    except (ValueError, OSError) as exc:
+        raise OSError(f"--data {w.data}: not a readable .npy array ({exc})") from None
+    if X.ndim != 2:
+        raise ValueError(f"--data {w.data} holds an array of shape {X.shape}; need 2-D "
+                         f"(n_samples, n_features)")
+    return X
+
+
+def data_shape(w: Workload) -> tuple:
+    """(n, d) the workload's data will have, without generating or reading them all."""
+    if w.data in ("seed", "blobs"):
+        return w.n, w.d
+    n, d = _open(w).shape
+    return (min(n, w.n) if w.n else n), d
+
+
 def make_data(w: Workload) -> np.ndarray:
     """The host data of the workload (updates w.n and w.d when read from a file)."""
     from ..data import blobs, seed_data
@@ -53,12 +78,7 @@ def make_data(w: Workload) -> np.ndarray:
         return seed_data(w.n, w.d, dtype=dtype, random_state=w.seed)
     if w.data == "blobs":
         return blobs(w.n, w.d, max(w.k, 1), dtype=dtype, random_state=w.seed)
-    path = Path(w.data)
-    if path.suffix != ".npy" or not path.exists():
-        raise ValueError(f"--data must be 'seed', 'blobs' or an existing .npy file; got {w.data!r}")
-    X = np.load(path, mmap_mode="r")
-    if X.ndim != 2:
-        raise ValueError(f"{path} holds an array of shape {X.shape}; need (n_samples, n_features)")
+    X = _open(w)
     X = np.ascontiguousarray(X[: w.n] if w.n and w.n < len(X) else X, dtype=dtype)
     w.n, w.d = X.shape
     return X
