@@ -29,16 +29,16 @@ sys.version.split()[0])"
       python3 -m pip install -q --no-deps --no-build-isolation --target /tmp/old .device/old \
         > "$OUT/old_install.log" 2>&1
       (cd /tmp && PYTHONPATH=/tmp/old:/tmp/site python3 "$ROOT/benchmarks/regression_probe.py" \
-        --label old --init --out "$OUT/regression_old.json") > "$OUT/regression_old.log" 2>&1
+        --label old --init --repeats 2 --out "$OUT/regression_old.json") > "$OUT/regression_old.log" 2>&1
       tail -n 3 "$OUT/regression_old.log" ;;
     tests)
       install_new
-      timeout 420 python3 -m pytest -m gpu -q -x -p no:cacheprovider tests \
+      timeout ${TEST_TIMEOUT:-420} python3 -m pytest -m gpu -q -p no:cacheprovider tests \
         > "$OUT/gpu_tests.log" 2>&1
       tail -n 15 "$OUT/gpu_tests.log" ;;
     new)
       install_new
-      python3 benchmarks/regression_probe.py --label new --init --out "$OUT/regression_new.json" \
+      python3 benchmarks/regression_probe.py --label new --init --repeats 2 --out "$OUT/regression_new.json" \
         > "$OUT/regression_new.log" 2>&1
       tail -n 3 "$OUT/regression_new.log" ;;
     cpu)

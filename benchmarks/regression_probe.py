@@ -79,7 +79,7 @@ def init_times(KMeans, cp, repeats, n=500_000, k=500):
     X, _ = data(n, 3, k, seed=1)
     Xg = cp.asarray(X)
     rows = {}
-    for backend in ("cupy-fused", "cupy-kernels"):
+    for backend in ("cupy-fused",):
         for method in ("k-means++", "k-means||"):
             def fit():
                 return KMeans(k, init=method, n_init=1, max_iter=1, random_state=0,
