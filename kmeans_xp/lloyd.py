@@ -33,6 +33,14 @@ class LloydResult(NamedTuple):
     history: dict     # {"inertia": [...], "center_shift": [...]} per iteration
 
 
+def _rounding(x, dtype):
+    """A squared distance that is rounding, not distance: a point on its center can sit a
+    few ulps away when the center is a mean the backend rounded (float64 sums in order) or
+    not (exact sums), and the guard must not depend on which."""
+    eps = float(np.finfo(np.float32 if "32" in str(dtype) else np.float64).eps)
+    return (8 * eps) ** 2 * float(np.max(np.sum(x * x, axis=1), initial=0.0))
+
+
 def new_centers(sums, weights, centers_old, xp):
     """Weighted means in centers_old's dtype. A cluster still empty after relocation takes
     the center of the heaviest cluster, as scikit-learn's `_average_centers` does."""
@@ -58,10 +66,10 @@ def relocate_empty(backend, X, sample_weight, centers_old, labels, sums, weights
     empty = np.flatnonzero(w == 0)
     far = backend.farthest(X, sample_weight, centers_old, labels, int(empty.size), xp=xp)
     dist = to_numpy(far.sq_dist).astype(np.float64)
-    if dist.size == 0 or not dist.max() > 0:
+    x = to_numpy(far.x).astype(np.float64)
+    if dist.size == 0 or not dist.max() > _rounding(x, far.x.dtype):
         return sums, weights
     s = to_numpy(sums).astype(np.float64)
-    x = to_numpy(far.x).astype(np.float64)
     fw = to_numpy(far.weight).astype(np.float64)
     old = to_numpy(far.label).astype(np.int64)
     for j, new_id in enumerate(empty[:len(fw)]):
