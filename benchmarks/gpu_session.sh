@@ -43,7 +43,7 @@ sys.version.split()[0])"
       tail -n 3 "$OUT/regression_new.log" ;;
     cpu)
       install_new
-      python3 benchmarks/cpu_probe.py --out "$OUT/cpu_probe.json" > "$OUT/cpu_probe.log" 2>&1
+      python3 benchmarks/cpu_probe.py ${CPU_ARGS:-} --out "$OUT/cpu_probe.json" > "$OUT/cpu_probe.log" 2>&1
       tail -n 5 "$OUT/cpu_probe.log" ;;
   esac
 done
