@@ -280,7 +280,8 @@ class KMeans(SklearnInterop):
         place = backend.placement
         self._record_feature_names(X_user)
         self.__dict__.pop("_moved_to_host", None)
-        centers = best.centers + place.small(X_mean)
+        cxp = array_namespace(best.centers)  # the small namespace the driver ran in
+        centers = best.centers + cxp.asarray(to_numpy(X_mean), device=device(best.centers))
         self.cluster_centers_ = place.from_backend(centers, like=X_user)
         self.labels_ = place.from_backend(best.labels, like=X_user)
         self.inertia_ = float(best.inertia)

@@ -115,6 +115,7 @@ def kmeans_single_lloyd(backend, X, sample_weight, centers, *, xp, max_iter, tol
     strict = False
     labels_old = None
     ahead = None  # the next iteration, issued before this one's statistics are read
+    relocated = False
     it = backend.lloyd_iter(X, sample_weight, centers, None, xp=xp)
     progress = bar(max_iter, "Lloyd", verbose)
     for i in range(max_iter):
@@ -122,10 +123,13 @@ def kmeans_single_lloyd(backend, X, sample_weight, centers, *, xp, max_iter, tol
         c_new, small = _update(backend, X, sample_weight, centers, it, xp=xp, cxp=cxp,
                                relocate=False)
         pending = place.fetch(small)
-        if place.asynchronous:
+        if place.asynchronous and not relocated:
+            # (after a relocation, empty clusters tend to come again: the pass issued ahead
+            # would be dropped, a whole assignment lost)
             ahead = backend.lloyd_iter(X, sample_weight, c_new, it.labels, xp=xp)
         values = pending()
-        if values[EMPTY] > 0:
+        relocated = values[EMPTY] > 0
+        if relocated:
             ahead = None  # relocation changes the centers the next iteration needs
             c_new, small = _update(backend, X, sample_weight, centers, it, xp=xp, cxp=cxp,
                                    relocate=True)

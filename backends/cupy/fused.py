@@ -352,7 +352,7 @@ class CupyFusedBackend(CupyBackendBase):
         self._finalize(ws, out, stats=True,
                        changed_if_none=float(ws.n) if labels_old is None else -1.0)
         kd = k * d
-        if centers.size <= self.placement.small_on_host:  # small centers live on the host
-            out = cp.asnumpy(out)
+        if isinstance(centers, np.ndarray) and not isinstance(centers, cp.ndarray):
+            out = cp.asnumpy(out)  # the driver keeps small centers on the host: one read
         return IterStats(labels, out[:kd].reshape(k, d), out[kd:kd + k], out[kd + k],
                          out[kd + k + 1])
