@@ -145,7 +145,7 @@ class Placement:
 
     def feature_stats(self, X, tol, *, xp):
         """(per-feature mean, absolute tol) of X (`chunks.feature_mean`, `chunks.tolerance`)."""
-        mean = feature_mean(X, xp, self.backend.driver_rows(X))
+        mean = feature_mean(X, xp)
         return mean, tolerance(X, mean, tol, xp, self.backend.driver_rows(X))
 
     def center(self, X, mean, *, xp, in_place=False):

@@ -68,11 +68,11 @@ def count_changed(labels, labels_old, xp):
     return xp.astype(xp.sum(xp.astype(labels != labels_old, xp.int64)), xp.float64)
 
 
-def feature_mean(X, xp, rows=None):
+def feature_mean(X, xp):
     """Per-feature mean: X's float64 sum over rows in one reduction (NumPy adds the rows in
     order and casts on the fly, no copy of X; CuPy casts inside its kernel), divided by n,
-    then cast to X's dtype, so every backend centers X the same way. `rows` is unused: a
-    chunked sum would round differently with the chunk size."""
+    then cast to X's dtype, so every backend centers X the same way (a chunked sum would
+    round differently with the chunk size)."""
     total = xp.sum(X, axis=0, dtype=xp.float64)
     return xp.astype(total / X.shape[0], X.dtype)
 

@@ -22,7 +22,7 @@ from .memory import format_bytes
 from .namespaces import array_namespace, device, label_counts, namespace_name, to_numpy
 from .progress import bar, logger, verbose_logging
 from .registry import get_backend, get_backend_info, select_backend
-from .scaling import ldexp_or_inf, pow2_scale, pow2_scale_weights, rescaled, unscaled
+from .scaling import host_dtype_of, ldexp_or_inf, pow2_scale, pow2_scale_weights, rescaled, unscaled
 from .validation import (
     check_array,
     check_init_array,
@@ -414,4 +414,4 @@ def _scalar(value):
 
 
 def _host_dtype(X):
-    return np.float32 if "float32" in str(X.dtype) else np.float64
+    return host_dtype_of(X.dtype)

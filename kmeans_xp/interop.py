@@ -22,7 +22,7 @@ def feature_names(X):
     columns = getattr(X, "columns", None)
     if columns is None:
         return None
-    names = [str(c) if isinstance(c, str) else c for c in list(columns)]
+    names = list(columns)
     if not names or not all(isinstance(c, str) for c in names):
         return None
     return np.asarray(names, dtype=object)
