@@ -8,12 +8,13 @@ predict(X)`; inertia from direct squared differences. X arrives mean-centered.
 
 The backend computes an iteration's statistics where the data lives (`lloyd_iter`); the
 driver updates the k centers in xp code and reads one small array per iteration (shift,
-inertia, changed labels, empty clusters). On an asynchronous device the next iteration is
+inertia, changed labels, filled clusters). On an asynchronous device the next iteration is
 issued before that array is read, so the device never waits for the host; it is dropped when
 the read says a cluster was empty (the centers change) or the run converged strictly.
 """
 from __future__ import annotations
 
+import time
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -22,7 +23,11 @@ from .namespaces import device, to_numpy
 from .progress import bar, logger
 
 #: positions in the array the driver reads each iteration
-SHIFT, INERTIA, CHANGED, EMPTY = range(4)
+SHIFT, INERTIA, CHANGED, FILLED = range(4)
+#: a pass issued ahead saves the host's turn-around (a fraction of a millisecond) and is lost
+#: whenever the iteration relocates; past this many seconds an iteration is worth far more
+#: than the turn-around, and the driver reads its statistics before issuing the next one
+AHEAD_MAX_ITERATION_S = 0.01
 
 
 class LloydResult(NamedTuple):
@@ -41,19 +46,23 @@ def _rounding(x, dtype):
     return (8 * eps) ** 2 * float(np.max(np.sum(x * x, axis=1), initial=0.0))
 
 
-def new_centers(sums, weights, centers_old, xp):
+def new_centers(sums, weights, centers_old, xp, *, fill_empty=True):
     """Weighted means in centers_old's dtype. A cluster still empty after relocation takes
-    the center of the heaviest cluster, as scikit-learn's `_average_centers` does."""
+    the center of the heaviest cluster, as scikit-learn's `_average_centers` does. Without
+    fill_empty an empty cluster's row is 0: the driver relocates before such centers are
+    used, and leaving the fill out saves a device program's worth of launches per iteration."""
     w = weights[:, None]
     filled = w > 0
-    means = sums / xp.where(filled, w, xp.ones_like(w))
-    heaviest = xp.take(means, xp.reshape(xp.argmax(weights), (1,)), axis=0)
-    return xp.astype(xp.where(filled, means, heaviest), centers_old.dtype)
+    means = sums / xp.where(filled, w, 1.0)
+    if fill_empty:
+        heaviest = xp.take(means, xp.reshape(xp.argmax(weights), (1,)), axis=0)
+        means = xp.where(filled, means, heaviest)
+    return xp.astype(means, centers_old.dtype, copy=False)
 
 
 def center_shift(a, b, xp):
     """0-d float64 squared Frobenius distance between two center arrays."""
-    diff = xp.astype(a, xp.float64) - xp.astype(b, xp.float64)
+    diff = xp.astype(a, xp.float64, copy=False) - xp.astype(b, xp.float64, copy=False)
     return xp.sum(diff * diff)
 
 
@@ -83,26 +92,32 @@ def relocate_empty(backend, X, sample_weight, centers_old, labels, sums, weights
             cxp.asarray(w, dtype=cxp.float64, device=cxp_dev))
 
 
-def _update(backend, X, sample_weight, centers, it, *, xp, cxp, relocate):
-    """(new centers, the small array to read) from one iteration's statistics."""
+def _update(backend, X, sample_weight, centers, centers64, it, *, xp, cxp, relocate):
+    """(new centers, the same in float64, the small array to read) from one iteration's
+    statistics. Each xp call here is a device launch on a GPU, where an iteration's pass can
+    be shorter than a dozen of them: hence no copies (the statistics are float64 by
+    contract), the previous centers kept in float64, and the count of filled clusters from
+    the mask the means already need."""
     sums, weights = it.weighted_sums, it.weight_in_clusters
     if relocate:
         sums, weights = relocate_empty(backend, X, sample_weight, centers, it.labels, sums,
                                        weights, xp)
-    c_new = new_centers(sums, weights, centers, cxp)
-    n_empty = xp_count_empty(weights, cxp)
-    small = cxp.stack([center_shift(c_new, centers, cxp), cxp.astype(it.inertia, cxp.float64),
-                       cxp.astype(it.n_changed, cxp.float64), n_empty])
-    return c_new, small
+    c_new = new_centers(sums, weights, centers, cxp, fill_empty=relocate)
+    c64 = cxp.astype(c_new, cxp.float64, copy=False)
+    diff = c64 - centers64
+    n_filled = cxp.sum(cxp.astype(weights > 0, cxp.float64))
+    small = cxp.stack([cxp.sum(diff * diff), _f64(it.inertia, cxp), _f64(it.n_changed, cxp),
+                       n_filled])
+    return c_new, c64, small
 
 
-def xp_count_empty(weights, xp):
-    return xp.astype(xp.sum(xp.astype(weights == 0, xp.int64)), xp.float64)
+def _f64(a, xp):
+    return a if a.dtype == xp.float64 else xp.astype(a, xp.float64)
 
 
-def _log(verbose, text):
-    if verbose:
-        logger.info(text)
+def _log(verbose, text, *args):
+    if verbose:  # (formatted only then: the loop runs every 0.2 ms on a GPU)
+        logger.info(text.format(*args))
 
 
 def kmeans_single_lloyd(backend, X, sample_weight, centers, *, xp, max_iter, tol,
@@ -111,42 +126,47 @@ def kmeans_single_lloyd(backend, X, sample_weight, centers, *, xp, max_iter, tol
     place = backend.placement
     centers = place.small(centers)
     cxp = place.namespace(centers)
+    centers64 = cxp.astype(centers, cxp.float64, copy=False)
+    k = centers.shape[0]
     history = {"inertia": [], "center_shift": []}
     strict = False
     labels_old = None
     ahead = None  # the next iteration, issued before this one's statistics are read
     relocated = False
+    iteration_s = 0.0  # wall time between two reads: the device's time per iteration
+    t_read = time.perf_counter()
     it = backend.lloyd_iter(X, sample_weight, centers, None, xp=xp)
     progress = bar(max_iter, "Lloyd", verbose)
     for i in range(max_iter):
         progress.update(1)
-        c_new, small = _update(backend, X, sample_weight, centers, it, xp=xp, cxp=cxp,
-                               relocate=False)
+        c_new, c64, small = _update(backend, X, sample_weight, centers, centers64, it, xp=xp,
+                                    cxp=cxp, relocate=False)
         pending = place.fetch(small)
-        if place.asynchronous and not relocated:
+        if place.asynchronous and not relocated and iteration_s < AHEAD_MAX_ITERATION_S:
             # (after a relocation, empty clusters tend to come again: the pass issued ahead
             # would be dropped, a whole assignment lost)
             ahead = backend.lloyd_iter(X, sample_weight, c_new, it.labels, xp=xp)
         values = pending()
-        relocated = values[EMPTY] > 0
+        iteration_s, t_read = time.perf_counter() - t_read, time.perf_counter()
+        relocated = values[FILLED] < k
         if relocated:
             ahead = None  # relocation changes the centers the next iteration needs
-            c_new, small = _update(backend, X, sample_weight, centers, it, xp=xp, cxp=cxp,
-                                   relocate=True)
+            c_new, c64, small = _update(backend, X, sample_weight, centers, centers64, it,
+                                        xp=xp, cxp=cxp, relocate=True)
             values = place.fetch(small)()
         shift = float(values[SHIFT])
         history["inertia"].append(float(values[INERTIA]))
         history["center_shift"].append(shift)
-        _log(verbose, f"Iteration {i}, inertia {values[INERTIA]:.6g}, center shift "
-                      f"{shift:.3g}")
-        centers = place.persist(c_new)
+        _log(verbose, "Iteration {}, inertia {:.6g}, center shift {:.3g}", i,
+             values[INERTIA], shift)
+        centers, centers64 = place.persist(c_new), place.persist(c64)
         if labels_old is not None and values[CHANGED] == 0:
-            _log(verbose, f"Converged at iteration {i}: strict convergence.")
+            _log(verbose, "Converged at iteration {}: strict convergence.", i)
             strict = True
             break
         if shift <= tol:
-            _log(verbose, f"Converged at iteration {i}: center shift {shift:.3g} within "
-                          f"tolerance {tol:.3g}.")
+            _log(verbose, "Converged at iteration {}: center shift {:.3g} within tolerance "
+                          "{:.3g}.", i, shift, tol)
             break
         if i + 1 == max_iter:
             break

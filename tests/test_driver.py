@@ -115,8 +115,15 @@ class AsyncNumpy(NumpyBackend):
         return super().lloyd_iter(*args, **kwargs)
 
 
+@pytest.fixture
+def always_ahead(monkeypatch):
+    """However long an iteration takes on this machine, the driver issues the next ahead."""
+    from kmeans_xp import lloyd
+    monkeypatch.setattr(lloyd, "AHEAD_MAX_ITERATION_S", float("inf"))
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_issuing_ahead_gives_the_drivers_answer(dtype):
+def test_issuing_ahead_gives_the_drivers_answer(dtype, always_ahead):
     """Issuing the next iteration ahead (dropped after a relocation or strict convergence,
     used as the final assignment otherwise) changes nothing in the result, on the whole
     case matrix the contract suite uses."""
@@ -124,7 +131,33 @@ def test_issuing_ahead_gives_the_drivers_answer(dtype):
     assert check_lloyd(AsyncNumpy(), lambda a: a, dtype) >= 7
 
 
-def test_issuing_ahead_costs_no_extra_pass_at_tol_or_max_iter():
+@pytest.mark.parametrize("limit", [float("inf"), 0.0])
+def test_long_iterations_are_read_before_the_next_is_issued(monkeypatch, limit):
+    """Past AHEAD_MAX_ITERATION_S the driver waits for an iteration's statistics before it
+    issues the next (a pass lost to a relocation would cost more than the wait saves), and
+    the final assignment is a separate `assign`; the answer is the same either way."""
+    from kmeans_xp import lloyd, registry
+    monkeypatch.setattr(lloyd, "AHEAD_MAX_ITERATION_S", limit)
+    X = asymmetric_data(5003, 3, 10, seed=2)
+    registry.register_backend(AsyncNumpy)
+    assigns = []
+    monkeypatch.setattr(AsyncNumpy, "assign", lambda self, *a, **kw: assigns.append(1) or
+                        NumpyBackend.assign(self, *a, **kw))
+    try:
+        AsyncNumpy.calls = 0
+        ref = KMeans(10, init=X[:10].copy(), max_iter=4, tol=0, backend="numpy").fit(X)
+        km = KMeans(10, init=X[:10].copy(), max_iter=4, tol=0, backend="numpy-async").fit(X)
+        np.testing.assert_array_equal(km.labels_, ref.labels_)
+        # ahead: 4 iterations + the final assignment as a 5th lloyd_iter; read first: 4
+        # iterations, and the final labels from one `assign`
+        expect_calls, expect_assigns = (4 + 1, 0) if limit else (4, 1)
+        assert (AsyncNumpy.calls, len(assigns)) == (expect_calls, expect_assigns)
+    finally:
+        registry._runtime.pop("numpy-async")
+        registry.list_backends.cache_clear()
+
+
+def test_issuing_ahead_costs_no_extra_pass_at_tol_or_max_iter(always_ahead):
     X = asymmetric_data(5003, 3, 10, seed=2)
     from kmeans_xp import registry
     registry.register_backend(AsyncNumpy)
