@@ -68,13 +68,37 @@ def count_changed(labels, labels_old, xp):
     return xp.astype(xp.sum(xp.astype(labels != labels_old, xp.int64)), xp.float64)
 
 
+#: row blocks of `column_sums`: a GPU reduction over one long axis with d outputs runs on d
+#: thread blocks (30 ms for 20M x 3 on an H200, where reading X takes 0.1 ms)
+COLUMN_BLOCKS = 1024
+
+
+def column_sums(A, xp):
+    """(d,) float64 sums over the rows of A: per block of rows, then over the blocks (each
+    a reduction with many outputs), cast inside the reduction (no float64 copy of A). The
+    blocks depend on n alone, so the sums round the same on every backend that uses them."""
+    n, d = A.shape
+    r = n // COLUMN_BLOCKS
+    if r < 2 or not _c_contiguous(A):  # (the blocks of a strided A would be a copy of it)
+        return xp.sum(A, axis=0, dtype=xp.float64)
+    m = COLUMN_BLOCKS * r
+    blocks = xp.sum(xp.reshape(A[:m, ...], (COLUMN_BLOCKS, r, d)), axis=1, dtype=xp.float64)
+    total = xp.sum(blocks, axis=0)
+    return total if m == n else total + xp.sum(A[m:, ...], axis=0, dtype=xp.float64)
+
+
+def _c_contiguous(A) -> bool:
+    flags = getattr(A, "flags", None)
+    if flags is not None and hasattr(flags, "c_contiguous"):
+        return bool(flags.c_contiguous)
+    is_contiguous = getattr(A, "is_contiguous", None)  # torch
+    return bool(is_contiguous()) if callable(is_contiguous) else True
+
+
 def feature_mean(X, xp):
-    """Per-feature mean: X's float64 sum over rows in one reduction (NumPy adds the rows in
-    order and casts on the fly, no copy of X; CuPy casts inside its kernel), divided by n,
-    then cast to X's dtype, so every backend centers X the same way (a chunked sum would
-    round differently with the chunk size)."""
-    total = xp.sum(X, axis=0, dtype=xp.float64)
-    return xp.astype(total / X.shape[0], X.dtype)
+    """Per-feature mean: X's float64 `column_sums` divided by n, then cast to X's dtype, so
+    every backend centers X the same way."""
+    return xp.astype(column_sums(X, xp) / X.shape[0], X.dtype)
 
 
 def tolerance(X, mean, tol, xp, rows) -> float:
@@ -87,7 +111,7 @@ def tolerance(X, mean, tol, xp, rows) -> float:
     sq = shift = None
     for sl in row_chunks(X.shape[0], rows):
         c = xp.astype(X[sl, ...], xp.float64) - mean64
-        a, b = xp.sum(c * c, axis=0), xp.sum(c, axis=0)
+        a, b = column_sums(c * c, xp), column_sums(c, xp)
         sq, shift = (a, b) if sq is None else (sq + a, shift + b)
     n = X.shape[0]
     var = sq / n - (shift / n) ** 2   # the mean's rounding, removed

@@ -12,6 +12,7 @@ import sys
 
 import numpy as np
 
+from .chunks import map_rows
 from .memory import parse_memory
 from .namespaces import array_namespace, is_array_api_obj, namespace_name, to_numpy
 
@@ -202,9 +203,13 @@ def check_array(X, *, name="X", owner="KMeans", absmax=False):
 
 def check_finite(X, xp, name="X"):
     """Raise on NaN or infinity; return max |X| (float), from the same reductions (max and
-    min: no temporary of X's size; NaN propagates through both). The fit rescales X by a power
-    of two when squared distances would overflow or underflow."""
-    hi, lo = float(xp.max(X)), float(xp.min(X))
+    min: no temporary of X's size; NaN propagates through both), read back together; on NumPy
+    over row chunks on all cores. The fit rescales X by a power of two when squared
+    distances would overflow or underflow."""
+    n = X.shape[0]
+    parts = map_rows(lambda sl: xp.stack([xp.max(X[sl, ...]), -xp.min(X[sl, ...])]), n, n, xp)
+    ext = np.stack([to_numpy(p) for p in parts]).astype(np.float64)
+    hi, lo = float(np.max(ext[:, 0])), -float(np.max(ext[:, 1]))
     if not (math.isfinite(hi) and math.isfinite(lo)):
         if bool(xp.any(xp.isnan(X))):
             raise ValueError(f"Input {name} contains NaN. Remove or impute missing values "
