@@ -156,8 +156,11 @@ class Placement:
             return X
         return X - mean
 
-    def finish(self):
-        """The fit has ended and dropped its arrays: release per-fit buffers."""
+    def finish(self, kept=None):
+        """The fit has ended and dropped its arrays: release per-fit buffers. `kept`, the
+        arrays the estimator keeps (a dict), comes back, moved where the placement wants
+        them (a GPU placement handing its memory back re-allocates them exactly)."""
+        return kept
 
 
 class KMeansBackend:

@@ -20,7 +20,7 @@ from .interop import SklearnInterop
 from .lloyd import kmeans_single_lloyd
 from .memory import format_bytes
 from .namespaces import array_namespace, device, label_counts, namespace_name, to_numpy
-from .progress import bar, logger, verbose_logging
+from .progress import Clock, bar, logger, verbose_logging
 from .registry import get_backend, get_backend_info, select_backend
 from .scaling import host_dtype_of, ldexp_or_inf, pow2_scale, pow2_scale_weights, rescaled, unscaled
 from .validation import (
@@ -195,7 +195,7 @@ class KMeans(SklearnInterop):
             return self._fit(X, sample_weight)
 
     def _fit(self, X, sample_weight):
-        t_start = time.perf_counter()
+        clock = Clock()
         X_user = X
         X, sw_host, init_array, absmax = self._check_inputs(X, sample_weight)
         scale = pow2_scale(absmax, X.dtype, X.shape[1])
@@ -211,13 +211,12 @@ class KMeans(SklearnInterop):
         place = backend.placement
         backend.memory.check(X, self.n_clusters, self.backend_options or {})
         given = self._given_inits(X, init_array, n_init, rs)
-        timings = {}
-        t0 = time.perf_counter()
+        clock.lap("validation")
         Xb = place.to_backend(X)
         xp = place.namespace(Xb)
         sw = None if sw_host is None else place.persist(xp.asarray(sw_host, device=device(Xb)))
         place.synchronize()
-        timings["transfer"] = time.perf_counter() - t0
+        clock.lap("transfer")
         # on data to be rescaled, the variance of tol is taken after (it could overflow)
         X_mean, tol = place.feature_stats(Xb, self.tol if scale == 1 else 0, xp=xp)
         if not self.copy_x and scale == 1:
@@ -230,16 +229,31 @@ class KMeans(SklearnInterop):
             Xc = rescaled(Xc, scale, xp)
             tol = tolerance(Xc, xp.zeros_like(X_mean), self.tol, xp, backend.driver_rows(Xc))
         X_mean = place.persist(X_mean)
+        place.synchronize()
+        clock.lap("stats")
         best, timings_runs = self._run(backend, Xc, X_mean, sw, rs, xp, n_init, tol,
                                        given, scale)
+        clock.lap("runs")  # init and lloyd, timed inside
+        del clock.laps["runs"]
         best = unscaled(best, scale, w_scale)
         self._scale = scale
-        timings.update(timings_runs)
-        timings["total"] = time.perf_counter() - t_start
-        self._store(best, backend, why, X_mean, X_user, Xb, timings)
-        del X, Xb, Xc, sw, best  # drop the fit's device arrays so finish() can release them
-        place.finish()
+        self._store(best, backend, why, X_mean, X_user, Xb)
+        # drop the fit's device arrays, so that finish() can hand their memory back
+        del X, Xb, Xc, sw, best, X_mean
+        self._finish(place)
+        clock.lap("copy_back")
+        self.timings_ = {**clock.laps, **timings_runs, "total": clock.total()}
+        if self.verbose:
+            self._print_report()
         return self
+
+    #: what a fit keeps on its backend's device: handed to `Placement.finish`, which may move it
+    _KEPT = ("labels_", "cluster_centers_", "_centers_fit", "_X_mean")
+
+    def _finish(self, place):
+        kept = {name: self.__dict__.pop(name) for name in self._KEPT}
+        kept = place.finish(kept)
+        self.__dict__.update(kept)
 
     def _run(self, backend, Xc, X_mean, sw, rs, xp, n_init, tol, given, scale):
         place = backend.placement
@@ -271,7 +285,7 @@ class KMeans(SklearnInterop):
         return best, {"init": t_init, "lloyd": t_lloyd,
                       "per_iteration": t_lloyd / max(iterations, 1)}
 
-    def _store(self, best, backend, why, X_mean, X_user, Xb, timings):
+    def _store(self, best, backend, why, X_mean, X_user, Xb):
         xp = array_namespace(Xb)
         self._X_mean = X_mean
         self._centers_fit = best.centers
@@ -290,7 +304,6 @@ class KMeans(SklearnInterop):
         self.backend_ = backend.name
         self.backend_reason_ = why
         self.history_ = best.history
-        self.timings_ = timings
         self.memory_report_ = dict(backend.memory.report)
         # O(n) where the labels are (np.unique would sort all n labels: minutes at n = 1e9)
         distinct = int(np.count_nonzero(label_counts(best.labels, self.n_clusters)))
@@ -298,10 +311,8 @@ class KMeans(SklearnInterop):
             warnings.warn(f"Number of distinct clusters ({distinct}) found smaller than "
                           f"n_clusters ({self.n_clusters}). Possibly due to duplicate points "
                           f"in X.", _convergence_warning(), stacklevel=3)
-        if self.verbose:
-            self._print_report(xp)
 
-    def _print_report(self, xp):
+    def _print_report(self):
         logger.info(f"backend: {self.backend_} ({self.backend_reason_})")
         logger.info("timings: " + ", ".join(f"{k} {v:.4f}s" for k, v in self.timings_.items()))
         if self.memory_report_:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import sys
+import time
 
 logger = logging.getLogger("kmeans_xp")
 
@@ -50,3 +51,19 @@ def bar(total, desc, enabled):
     except ImportError:
         return _NoBar()
     return tqdm(total=total, desc=desc, leave=False, file=sys.stderr)
+
+
+class Clock:
+    """Wall-clock laps of a fit, for timings_: the seconds of each stage and the total."""
+
+    def __init__(self):
+        self.start = self.last = time.perf_counter()
+        self.laps = {}
+
+    def lap(self, name):
+        now = time.perf_counter()
+        self.laps[name] = now - self.last
+        self.last = now
+
+    def total(self):
+        return time.perf_counter() - self.start

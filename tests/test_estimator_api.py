@@ -307,3 +307,20 @@ def test_fewer_distinct_clusters_than_asked_warns(backend):
         X = da.from_array(X, chunks=(7, 2))
     with pytest.warns(ConvergenceWarning, match=r"distinct clusters \(3\)"):
         KMeans(5, n_init=1, random_state=0, backend=backend).fit(X)
+
+
+def test_timings_account_for_the_whole_fit():
+    """timings_ names every stage of a fit (validation, transfer, stats, init, lloyd,
+    copy_back) and they add up to its total, which is the wall time of `fit`."""
+    import time
+
+    from kmeans_xp.testing import asymmetric_data
+    X = asymmetric_data(200_003, 3, 20, seed=3)
+    t0 = time.perf_counter()
+    km = KMeans(20, n_init=2, max_iter=20, random_state=0, backend="numpy").fit(X)
+    wall = time.perf_counter() - t0
+    stages = ("validation", "transfer", "stats", "init", "lloyd", "copy_back")
+    assert set(stages) <= set(km.timings_)
+    parts = sum(km.timings_[s] for s in stages)
+    assert abs(parts - km.timings_["total"]) <= 0.05 * km.timings_["total"]
+    assert abs(km.timings_["total"] - wall) <= 0.05 * wall

@@ -96,10 +96,11 @@ class CupyBackendBase(KMeansBackend):
 
     def release_buffers(self):
         """Drop per-fit buffers (backends that keep more extend this): the streaming engine
-        and its pinned and device buffers, X's page lock."""
+        and its pinned and device buffers, X's page lock, the reductions' scratch."""
         if self._engine is not None:
             self._engine.close()
             self._engine = None
+        self._scratch = None
 
     def drop_work_buffers(self):
         """Hook: free the per-chunk working buffers of the streamed primitive (re-planning)."""

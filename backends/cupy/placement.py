@@ -20,6 +20,7 @@ from kmeans_xp.namespaces import array_namespace
 
 from .budget import host_x_error
 from .common import cupy, out_of_memory_error
+from .staging import download, upload
 
 #: stream="auto" streams host X when X, the driver's arrays and this much working memory
 #: would not fit in the device memory usable now
@@ -56,7 +57,7 @@ class CupyPlacement(Placement):
             return X  # stays on the host: every pass streams it through the GPU
         with b.memory.stage("transfer"):
             try:
-                return cp.asarray(X)
+                return upload(cp, X)
             except cp.cuda.memory.OutOfMemoryError as exc:
                 raise host_x_error(X, b.supports_streaming) from exc
 
@@ -73,7 +74,7 @@ class CupyPlacement(Placement):
             return arr
         if isinstance(arr, cp.ndarray) and not isinstance(like, cp.ndarray) \
                 and hasattr(arr, "get"):
-            arr = arr.get()
+            arr = download(cp, arr)
         elif isinstance(like, cp.ndarray) and isinstance(arr, np.ndarray):
             arr = cp.asarray(arr)  # centers kept on the host go back as the caller's type
         if getattr(arr, "dtype", None) is not None and arr.dtype.kind == "u":
@@ -151,11 +152,21 @@ class CupyPlacement(Placement):
         self._stream_choice = (id(X), choice)
         return choice
 
-    def finish(self):
+    def finish(self, kept=None):
         """The fit is over: drop per-fit buffers and, with free_memory=True, hand the pool's
-        cached blocks back to the device (and CuPy's cached pinned host blocks)."""
+        cached blocks back to the device (and CuPy's cached pinned host blocks). The kept
+        arrays then go to the host and back: one left where it was would hold the rest of a
+        pool block it was cut from, which the pool cannot hand back."""
         self.backend.release_buffers()
         self._stream_choice = None
-        if getattr(self.backend, "free_memory", False):
-            self._cp.get_default_memory_pool().free_all_blocks()
-            self._cp.get_default_pinned_memory_pool().free_all_blocks()
+        if not getattr(self.backend, "free_memory", False):
+            return kept
+        cp = self._cp
+        on_device = {k for k, v in (kept or {}).items() if isinstance(v, cp.ndarray)}
+        if kept:
+            kept = {k: (cp.asnumpy(v) if k in on_device else v) for k, v in kept.items()}
+        cp.get_default_memory_pool().free_all_blocks()
+        cp.get_default_pinned_memory_pool().free_all_blocks()
+        if kept:
+            kept = {k: (cp.asarray(v) if k in on_device else v) for k, v in kept.items()}
+        return kept

@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 import mmap
 import os
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -132,3 +133,71 @@ def parallel_copy(dst, src, pool):
     list(pool().map(lambda i: np.copyto(dst[bounds[i]:bounds[i + 1]],
                                         src[bounds[i]:bounds[i + 1]], casting="unsafe"),
                     range(parts)))
+
+
+#: host X of at least this size goes to the device through pinned buffers (`upload`);
+#: smaller, one pageable copy costs less than setting the buffers up
+UPLOAD_STAGED_BYTES = 64 << 20
+#: bytes per pinned staging buffer of `upload` (two of them)
+UPLOAD_CHUNK_BYTES = 32 << 20
+
+
+@functools.lru_cache(maxsize=1)
+def _upload_pool():
+    return ThreadPoolExecutor(STAGING_THREADS, thread_name_prefix="kmeans_xp-upload")
+
+
+def upload(cp, X):
+    """Host X (C-contiguous) as a new device array. A pageable copy runs at a fraction of
+    the bus (9 GB/s on the H200 host, 55 GB/s pinned): large X goes through two pinned
+    buffers instead, host threads filling one while the copy engine empties the other."""
+    if X.nbytes < UPLOAD_STAGED_BYTES:
+        return cp.asarray(X)
+    n = X.shape[0]
+    rows = max(1, UPLOAD_CHUNK_BYTES // max(1, X.nbytes // n))
+    try:
+        bufs = [Pinned(cp, (min(rows, n),) + X.shape[1:], X.dtype) for _ in range(2)]
+    except cp.cuda.runtime.CUDARuntimeError:  # no page-locked memory to be had: pageable
+        return cp.asarray(X)
+    out = cp.empty(X.shape, dtype=X.dtype)
+    done = [None, None]
+    stream = cp.cuda.Stream(non_blocking=True)
+    for i, start in enumerate(range(0, n, rows)):
+        b, m = i % 2, min(rows, n - start)
+        if done[b] is not None:
+            done[b].synchronize()  # the copy engine has emptied this buffer
+        parallel_copy(bufs[b].array[:m], X[start:start + m], _upload_pool)
+        out[start:start + m].set(bufs[b].array[:m], stream=stream)
+        done[b] = stream.record()
+    stream.synchronize()
+    return out
+
+
+def download(cp, arr):
+    """A device array as a new host array, through two pinned buffers as `upload` (a fit's
+    labels from a NumPy X: 80 MB at W3)."""
+    if arr.nbytes < UPLOAD_STAGED_BYTES or not arr.flags.c_contiguous:
+        return cp.asnumpy(arr)
+    n = arr.shape[0]
+    rows = max(1, UPLOAD_CHUNK_BYTES // max(1, arr.nbytes // n))
+    try:
+        bufs = [Pinned(cp, (min(rows, n),) + arr.shape[1:], arr.dtype) for _ in range(2)]
+    except cp.cuda.runtime.CUDARuntimeError:
+        return cp.asnumpy(arr)
+    out = np.empty(arr.shape, dtype=arr.dtype)
+    stream = cp.cuda.Stream(non_blocking=True)
+    stream.wait_event(cp.cuda.get_current_stream().record())  # arr's producers first
+    chunks = [(s, min(rows, n - s)) for s in range(0, n, rows)]
+    ready = []
+    for i, (start, m) in enumerate(chunks):
+        if i >= 2:  # empty the buffer this chunk reuses
+            ready[i - 2].synchronize()
+            s0, m0 = chunks[i - 2]
+            parallel_copy(out[s0:s0 + m0], bufs[i % 2].array[:m0], _upload_pool)
+        arr[start:start + m].get(stream=stream, out=bufs[i % 2].array[:m], blocking=False)
+        ready.append(stream.record())
+    for i in range(max(0, len(chunks) - 2), len(chunks)):
+        ready[i].synchronize()
+        s0, m0 = chunks[i]
+        parallel_copy(out[s0:s0 + m0], bufs[i % 2].array[:m0], _upload_pool)
+    return out

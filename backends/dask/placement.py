@@ -132,10 +132,11 @@ class DaskPlacement(Placement):
         Xc = X.map_blocks(center_block, mean=mean, dtype=X.dtype, meta=X._meta)
         return self.cluster.persist_like(Xc, X)
 
-    def finish(self):
+    def finish(self, kept=None):
         """After a fit: drop the handles on the persisted X, weights and actors, so the
         workers can free them (labels_ stays, as the user holds it)."""
         self.X = None
         self.cluster.reset()
         self.backend.graph.reset()
         self.backend.actors.reset()
+        return kept
