@@ -249,3 +249,31 @@ def test_free_memory_hands_cached_blocks_back(cp, pool, name):
     # what stays cached is at most the unused tail of a block split for a result array
     assert pool.free_bytes() < min(cached / 2, X.nbytes)
     assert kept.labels_.shape == (X.shape[0],)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_staged_upload_copies_host_x_exactly(dtype):
+    """Large host X goes to the device through two pinned buffers (staging.upload): every
+    row arrives, including the last chunk's short tail, bit for bit."""
+    import cupy as cp
+
+    from kmeans_xp_backends.cupy import staging
+    n = (staging.UPLOAD_STAGED_BYTES // (3 * np.dtype(dtype).itemsize)) * 3 + 12345
+    X = np.random.default_rng(0).normal(size=(n, 3)).astype(dtype)
+    assert X.nbytes > 2 * staging.UPLOAD_CHUNK_BYTES
+    Xd = staging.upload(cp, X)
+    assert Xd.dtype == X.dtype and Xd.shape == X.shape
+    np.testing.assert_array_equal(Xd.get(), X)
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.float64])
+def test_staged_download_copies_device_arrays_exactly(dtype):
+    """Large results come back through two pinned buffers (staging.download): every chunk,
+    the short tail too, bit for bit, after the work that made them."""
+    import cupy as cp
+
+    from kmeans_xp_backends.cupy import staging
+    n = 5 * staging.UPLOAD_CHUNK_BYTES // np.dtype(dtype).itemsize + 4321
+    a = cp.arange(n, dtype=dtype) * 3  # queued just before the copy starts
+    got = staging.download(cp, a)
+    np.testing.assert_array_equal(got, np.arange(n, dtype=dtype) * 3)

@@ -38,6 +38,7 @@ from .base import BASE_OPTIONS, CupyBackendBase
 from .common import BLOCK, NULL, device_ptr, free_device_memory, launch, with_oom_retry
 from .einsum_order import norm_mode
 from .placement import CupyPlacement
+from .staging import Pinned
 
 _CTYPE = {"float32": "float", "float64": "double"}
 _i32 = np.int32
@@ -68,6 +69,8 @@ class _Workspace:
         self.counter = cp.zeros(1, dtype=cp.uint64)
         self.gbuf = None
         self.scales = None  # (scale, inv_scale) device arrays of d + 1 values
+        # host centers' way in and the statistics' way out (HostCenters, made on first use)
+        self.host = None
         self.two_l = fp.fixed_point_lo(n)
         t = _CTYPE[self.dtype_name]
         # what every call launches with, looked up once (an iteration's host time is small)
@@ -80,6 +83,50 @@ class _Workspace:
         if plan.path == "small":
             names = fp.small_kernel_names(self.dtype_name, d, plan.P)
             self.fn_fused, self.fn_assign = fp.kernel(names[0]), fp.kernel(names[1])
+
+
+class HostCenters:
+    """Pinned buffers for centers kept on the host: the centers in, the statistics out. A
+    pageable copy either way costs more than the short pass it serves (W1: 0.2 ms). For the
+    small-d layout the operands themselves are packed here, as pack_centers would (-2c, then
+    ||c||^2 by np.einsum, whose order that kernel reproduces): one launch less per pass."""
+
+    def __init__(self, cp, k, d, dtype, S=None):
+        self.centers_in = Pinned(cp, (k, d), dtype)
+        self.stats_out = Pinned(cp, (k * (d + 1) + 2,), np.float64)
+        self.centers_dev = cp.empty((k, d), dtype=dtype)
+        self.ops_in = None if S is None else Pinned(cp, (k, S), dtype)
+        if self.ops_in is not None:
+            self.ops_in.array[...] = 0  # the padding past ||c||^2 stays zero
+        self.copied = None  # the event after the last copy out of a pinned buffer
+
+    def _send(self, cp, dst, src):
+        dst.set(src, stream=cp.cuda.get_current_stream())
+        self.copied = cp.cuda.get_current_stream().record()
+
+    def _wait(self):
+        if self.copied is not None:
+            self.copied.synchronize()  # the last copy has left the buffer
+
+    def upload(self, cp, centers):
+        self._wait()
+        np.copyto(self.centers_in.array, centers, casting="same_kind")
+        self._send(cp, self.centers_dev, self.centers_in.array)
+        return self.centers_dev
+
+    def upload_operands(self, cp, centers, ops_dev):
+        """The small-d operands of `centers` into ops_dev (k * S values)."""
+        self._wait()
+        c = np.asarray(centers, dtype=self.ops_in.array.dtype)
+        ops, d = self.ops_in.array, c.shape[1]
+        np.multiply(c, -2, out=ops[:, :d])
+        np.einsum("ij,ij->i", c, c, out=ops[:, d])
+        self._send(cp, ops_dev, ops.reshape(-1))
+
+    def read(self, out):
+        """out (the statistics) on the host; waits for the device."""
+        out.get(out=self.stats_out.array)
+        return self.stats_out.array.copy()  # the caller keeps it past the next pass
 
 
 class FusedPlacement(CupyPlacement):
@@ -237,11 +284,24 @@ class CupyFusedBackend(CupyBackendBase):
         return ws.scales
 
     # -- kernels, one small method each ----------------------------------------------------------
+    def _host_centers(self, ws):
+        if ws.host is None:
+            host_pack = ws.plan.layout == 0 and ws.pack_args[5] != 0  # numpy's order known
+            ws.host = HostCenters(self._cp, ws.k, ws.d, ws.T, ws.plan.S if host_pack else None)
+        return ws.host
+
     def _pack(self, ws, centers):
         cp = self._cp
-        c = centers if (isinstance(centers, cp.ndarray) and centers.dtype == ws.T
-                        and centers.flags.c_contiguous) else \
-            cp.ascontiguousarray(cp.asarray(centers).astype(ws.T, copy=False))
+        if isinstance(centers, np.ndarray) and not isinstance(centers, cp.ndarray):
+            host = self._host_centers(ws)
+            if host.ops_in is not None:
+                host.upload_operands(cp, centers, ws.ops)
+                return
+            c = host.upload(cp, centers)
+        elif centers.dtype == ws.T and centers.flags.c_contiguous:
+            c = centers
+        else:
+            c = cp.ascontiguousarray(centers.astype(ws.T, copy=False))
         launch(ws.fn_pack, ws.pack_grid, (c, *ws.pack_args))
 
     def _assign_pass(self, ws, labels, *, labels_old=None, min_sq=None, accumulate=False):
@@ -372,6 +432,6 @@ class CupyFusedBackend(CupyBackendBase):
                        changed_if_none=float(ws.n) if labels_old is None else -1.0)
         kd = k * d
         if isinstance(centers, np.ndarray) and not isinstance(centers, cp.ndarray):
-            out = cp.asnumpy(out)  # the driver keeps small centers on the host: one read
+            out = self._host_centers(ws).read(out)  # small centers live on the host: one read
         return IterStats(labels, out[:kd].reshape(k, d), out[kd:kd + k], out[kd + k],
                          out[kd + k + 1])
