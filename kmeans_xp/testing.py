@@ -281,7 +281,10 @@ def lloyd_cases(dtype):
     w[::7] = 0
     far = init.copy()
     far[:3] += 1e3      # three centers nobody is near: empty clusters, relocation
-    dup = np.repeat(X[:5], 40, axis=0)
+    # five points, each repeated (identical centers, ties in every assignment); unequal
+    # counts, so that no two points sit at exactly the same distance from a mean (that tie
+    # would be decided by the last bit of the mean, which exact and rounded sums differ in)
+    dup = np.repeat(X[:5], [40, 41, 42, 43, 44], axis=0)
     guard = np.array([[0.0]] * 4 + [[1.0]] * 6, dtype=dtype)  # every point on a center
     return [
         ("relocation guard", dict(n_clusters=5, init=np.zeros((5, 1), dtype)), guard, {}),
