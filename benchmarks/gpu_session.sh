@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One device session: install the carried wheels, then run the steps named on the command
 # line, each logging under $OUT. Steps: machine, old (time the code in .device/old),
-# tests (GPU tests), new (time this checkout), cpu (CPU rows vs scikit-learn, faiss).
+# tests (GPU tests), new (time this checkout), profile (where a fit's time goes),
+# cpu (CPU rows vs scikit-learn, faiss).
 #   bash benchmarks/gpu_session.sh machine old tests new
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
@@ -41,6 +42,19 @@ sys.version.split()[0])"
       python3 benchmarks/regression_probe.py --label new --init --repeats 2 --out "$OUT/regression_new.json" \
         > "$OUT/regression_new.log" 2>&1
       tail -n 3 "$OUT/regression_new.log" ;;
+    profile)
+      install_new
+      timeout ${PROFILE_TIMEOUT:-240} python3 benchmarks/fit_profile.py --out "$OUT/fit_profile.txt" \
+        > "$OUT/fit_profile.log" 2>&1
+      tail -n 5 "$OUT/fit_profile.log" ;;
+    micro)
+      install_new
+      timeout 120 python3 benchmarks/micro_probe.py --out "$OUT/micro_probe.txt" > "$OUT/micro_probe.log" 2>&1
+      tail -n 8 "$OUT/micro_probe.log" ;;
+    debug)
+      install_new
+      timeout 120 python3 benchmarks/debug_duplicates.py > "$OUT/debug_duplicates.log" 2>&1
+      tail -n 4 "$OUT/debug_duplicates.log" ;;
     cpu)
       install_new
       python3 benchmarks/cpu_probe.py ${CPU_ARGS:-} --out "$OUT/cpu_probe.json" > "$OUT/cpu_probe.log" 2>&1

@@ -2,7 +2,6 @@
 import pathlib
 import re
 
-
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 

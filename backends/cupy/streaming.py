@@ -233,7 +233,8 @@ class StreamEngine:
         labels_old (into stats[1]); accumulate: float64 sums and weights; distance_inertia /
         direct_inertia: sum of w times the assignment's / the direct distances (stats[0]);
         min_out (host, n): the distances (copied chunk by chunk, synchronously);
-        top (reductions.TopKeys): relocation keys; column_stats (a dict): column sums and squares of the raw chunks."""
+        top (reductions.TopKeys): relocation keys; column_stats (a dict): column sums and
+        squares of the raw chunks."""
         cp, p, b = self.cp, self.plan, self.backend
         n, d, rows, S = self.n, self.d, p.rows, p.slots
         assign = centers is not None and labels_in is None

@@ -1,0 +1,105 @@
+"""Small device probes behind the fit profile: where the fixed costs of a short cupy-fused
+fit go (each backend call timed between two device synchronisations), and what one k-means++
+candidate step costs on the host and on the device (cupyx.profiler.benchmark).
+
+    python benchmarks/micro_probe.py --out micro.txt
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, __file__.rsplit("/", 1)[0])
+from regression_probe import WORKLOADS, data  # noqa: E402
+
+
+def fit_breakdown(cp, out):
+    from kmeans_xp import KMeans
+    from kmeans_xp_backends.cupy import fused
+    n, d, k = WORKLOADS["W1"]
+    X, init = data(n, d, k)
+    Xg = cp.asarray(X)
+    spent = collections.defaultdict(float)
+    calls = collections.Counter()
+    cls = fused.CupyFusedBackend
+    names = ("lloyd_iter", "assign", "inertia", "_plan_for", "_workspace", "_scales")
+    saved = {m: getattr(cls, m) for m in names}
+
+    def timed(name, fn):
+        def wrapper(*a, **kw):
+            cp.cuda.Device().synchronize()
+            t = time.perf_counter()
+            r = fn(*a, **kw)
+            cp.cuda.Device().synchronize()
+            spent[name] += time.perf_counter() - t
+            calls[name] += 1
+            return r
+        return wrapper
+    km = KMeans(k, init=init, n_init=1, max_iter=10, tol=0, backend="cupy-fused")
+    km.fit(Xg)
+    for m in names:
+        setattr(cls, m, timed(m, saved[m]))
+    try:
+        km.fit(Xg)
+    finally:
+        for m in names:
+            setattr(cls, m, saved[m])
+    out.write(f"W1 cupy-fused fit, backend calls between syncs: lloyd "
+              f"{km.timings_['lloyd'] * 1e3:.2f} ms; " + ", ".join(
+                  f"{m} {calls[m]}x {spent[m] * 1e3:.3f} ms" for m in names) + "\n")
+
+
+def candidate_step(cp, out):
+    from cupyx.profiler import benchmark
+
+    from kmeans_xp.init import sq_dist
+    X, _ = data(500_000, 3, 500, seed=1)
+    Xg = cp.asarray(X)
+    XT = cp.ascontiguousarray(Xg.T)
+    P = Xg[:8].copy()
+    closest = cp.full(len(X), 10.0, dtype=cp.float32)
+
+    def direct():
+        return sq_dist(Xg, P, cp)
+
+    def transposed():  # (L, n): contiguous rows of X's transpose
+        acc = None
+        for j in range(3):
+            diff = XT[j][None, :] - P[:, j][:, None]
+            acc = diff * diff if acc is None else acc + diff * diff
+        return acc
+
+    def step():
+        dist = cp.minimum(sq_dist(Xg, P, cp), closest[:, None])
+        return cp.sum(dist, axis=0, dtype=cp.float64)
+
+    def cumsum():
+        return cp.cumsum(closest, dtype=cp.float64)
+    for name, fn in (("sq_dist (n, 8) direct", direct), ("transposed (8, n)", transposed),
+                     ("min + potentials", step), ("cumsum f64", cumsum)):
+        r = benchmark(fn, n_repeat=50, n_warmup=5)
+        out.write(f"{name}: cpu {np.mean(r.cpu_times) * 1e6:.0f} us, gpu "
+                  f"{np.mean(r.gpu_times) * 1e6:.0f} us\n")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+    import cupy as cp
+    with open(args.out, "w") as out:
+        for probe in (fit_breakdown, candidate_step):
+            try:
+                probe(cp, out)
+            except Exception as exc:  # a probe's failure must not hide the others
+                out.write(f"{probe.__name__} failed: {exc!r}\n")
+            out.flush()
+    print(open(args.out).read())
+
+
+if __name__ == "__main__":
+    main()
