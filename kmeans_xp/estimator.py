@@ -28,7 +28,9 @@ from .validation import (
     check_init_array,
     check_random_state,
     check_sample_weight,
+    known_shape,
     not_fitted_error,
+    unknown_shape_error,
     validate_params,
 )
 
@@ -142,6 +144,7 @@ class KMeans(SklearnInterop):
             raise ValueError("algorithm='elkan' is not implemented in kmeans_xp: it runs "
                              "Lloyd's algorithm on every backend. Use algorithm='lloyd'.")
         X, absmax = check_array(X, owner=type(self).__name__, absmax=True)
+        _require_known_shape(X, self.backend, self.n_clusters)
         n, d = X.shape
         if n < self.n_clusters:
             raise ValueError(f"n_samples={n} should be >= n_clusters={self.n_clusters}: ask "
@@ -338,6 +341,8 @@ class KMeans(SklearnInterop):
         self._check_fitted()
         self._check_feature_names(X)
         X = check_array(X, owner=type(self).__name__)
+        _require_known_shape(X, "auto" if self._backend_key[3] else self._backend_key[0],
+                             self._centers_fit.shape[0])
         if X.shape[1] != self.n_features_in_:
             raise ValueError(f"X has {X.shape[1]} features, but {type(self).__name__} is "
                              f"expecting {self.n_features_in_} features as input.")
@@ -406,6 +411,14 @@ def _distances(X, centers, mean, xp, rows):
         d2 = xp.sum(x64 * x64, axis=1)[:, None] - 2 * (x64 @ c64.T) + c_sq
         parts.append(xp.astype(xp.sqrt(xp.where(d2 < 0, xp.zeros_like(d2), d2)), X.dtype))
     return parts[0] if len(parts) == 1 else xp.concat(parts)
+
+
+def _require_known_shape(X, backend, n_clusters):
+    """Before anything is computed: X whose row count is unknown (a dask array after a
+    boolean filter) gets the backend's own reason and what to do, else the generic one."""
+    if not known_shape(X):
+        select_backend(backend, X, n_clusters=n_clusters)  # raises the backend's reason
+        raise unknown_shape_error(X)
 
 
 def _scalar(value):

@@ -217,19 +217,31 @@ def select_backend(backend, X, *, n_clusters, sample_weight=None, backend_option
             why = f"NumPy input with n*k*d = {n * n_clusters * d:.2g} >= {AUTO_GPU_MIN_WORK:.0e}"
         else:
             candidates = ["numpy"]
+    reasons = []
     for name in candidates:  # only these are looked at: a NumPy fit never probes a GPU
-        info = _info(name)
-        if info is not None and info.available and _takes(name, X, n_clusters, sample_weight):
+        reason = _reject_reason(name, X, n_clusters, sample_weight)
+        if reason is None:
             return get_backend(name)(max_memory=max_memory, **options), (
                 f"auto: {why}; first of {candidates} installed that takes it")
-    raise ValueError(f"no installed backend takes {ns} input; installed: {available_backends()}")
+        reasons.append(f"{name}: {reason}")
+    raise ValueError(f"no installed backend takes this {ns} input ({'; '.join(reasons)}). "
+                     f"Installed: {available_backends()}.")
+
+
+def _reject_reason(name, X, n_clusters, sample_weight):
+    """None when backend `name` is installed and takes X, else why not (a sentence)."""
+    info = _info(name)
+    if info is None or not info.available:
+        return "not installed" if info is None else info.reason
+    try:
+        return get_backend(name)().reject_reason(X, n_clusters=n_clusters,
+                                                 sample_weight=sample_weight)
+    except Exception as exc:  # noqa: BLE001 - a backend that cannot even start does not take X
+        return f"it failed to start ({type(exc).__name__}: {exc})"
 
 
 def _takes(name, X, n_clusters, sample_weight) -> bool:
-    try:
-        return get_backend(name)().accepts(X, n_clusters=n_clusters, sample_weight=sample_weight)
-    except Exception:  # noqa: BLE001 - a backend that cannot even start does not take X
-        return False
+    return _reject_reason(name, X, n_clusters, sample_weight) is None
 
 
 def estimate_memory(n_samples, n_features, n_clusters, *, dtype="float32", backend="numpy",
