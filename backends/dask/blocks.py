@@ -256,6 +256,17 @@ def take(result, index):
     return result[index]
 
 
+def same(block):
+    """The block itself (an alias task: X's blocks under another array's keys)."""
+    return block
+
+
+def empty_rows(kind, dtype, rest):
+    """A 0-row block of the library `kind` (restores X's empty blocks in per-sample results)."""
+    return cupy().empty((0, *rest), dtype=dtype) if kind == "cupy" else np.empty(
+        (0, *rest), dtype=dtype)
+
+
 def second(xb, ab):
     """`ab`, computed where X's block `xb` lives (places a per-sample block next to X's)."""
     return ab

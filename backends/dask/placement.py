@@ -16,7 +16,7 @@ from .blocks import (
     moments_block,
     running_sum_block,
 )
-from .cluster import is_materialized
+from .cluster import is_materialized, nonempty_rows, restore_rows
 from .namespace import DaskNamespace
 
 
@@ -41,14 +41,16 @@ class DaskPlacement(Placement):
         return namespace in ("numpy", "list")
 
     def to_backend(self, X):
-        """X as a dask array with whole rows per block, checked for NaN/inf block by block
-        while it is persisted (once) on the workers."""
+        """X as a dask array with whole rows per block and no 0-row block (`from_backend` puts
+        them back in per-sample results), checked for NaN/inf block by block while it is
+        persisted (once) on the workers."""
         import dask.array as da
         if not isinstance(X, da.Array):
             X = np.asarray(X) if namespace_name(X) == "list" else X
             X = da.from_array(X, chunks=("auto", -1))
         if X.numblocks[1] > 1:
             X = X.rechunk({1: -1})
+        X = nonempty_rows(X)
         cluster = self.cluster
         if is_materialized(X) and cluster.in_place(X):
             # already in memory (persisted by the user): check it in place, no second copy
@@ -71,12 +73,13 @@ class DaskPlacement(Placement):
             namespace_name(like) == "cupy"
         if not isinstance(arr, da.Array):
             return like_block(arr, "cupy") if cupy_in else arr
-        if (isinstance(like, da.Array) and arr.ndim >= 1 and like.ndim >= 1
-                and arr.shape[0] == like.shape[0] and arr.chunks[0] == like.chunks[0]):
+        if isinstance(like, da.Array) and arr.ndim >= 1 and arr.shape[0] == like.shape[0]:
             if self.backend.actors.call_of(arr) is not None:
                 (arr,) = self.cluster.persist(arr, optimize=False, on_cluster=True)
                 self.cluster.wait(arr)
-            return arr
+            arr = restore_rows(arr, like.chunks[0])  # X's 0-row blocks, dropped by to_backend
+            if arr.chunks[0] == like.chunks[0]:
+                return arr
         out = arr.compute()
         return out if isinstance(like, da.Array) or cupy_in else to_numpy(out)
 
