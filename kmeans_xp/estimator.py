@@ -201,7 +201,6 @@ class KMeans(SklearnInterop):
         t_start = time.perf_counter()
         X_user = X
         X, sw_host, init_array, absmax = self._check_inputs(X, sample_weight)
-        scale = pow2_scale(absmax, X.dtype, X.shape[1])
         w_scale = pow2_scale_weights(sw_host)
         if w_scale != 1:
             sw_host *= w_scale  # our own copy; a power of two: exact
@@ -221,16 +220,18 @@ class KMeans(SklearnInterop):
         sw = None if sw_host is None else place.persist(xp.asarray(sw_host, device=device(Xb)))
         place.synchronize()
         timings["transfer"] = time.perf_counter() - t0
+        # lazy input (dask) has its max |X| measured by to_backend, with its NaN/inf check
+        scale = pow2_scale(place.absmax if absmax is None else absmax, X.dtype, X.shape[1])
         # on data to be rescaled, the variance of tol is taken after (it could overflow)
         X_mean, tol = place.feature_stats(Xb, self.tol if scale == 1 else 0, xp=xp)
         if not self.copy_x and scale == 1:
             # X is never written (a memmap neither): the fit computes on X as given
             X_mean = xp.zeros_like(X_mean)
             Xc = place.center(Xb, X_mean, xp=xp)
-        else:
+        elif scale == 1:
             Xc = place.center(Xb, place.persist(X_mean), xp=xp)
-        if scale != 1:
-            Xc = rescaled(Xc, scale, xp)
+        else:
+            Xc = place.center_scaled(Xb, place.persist(X_mean), scale, xp=xp)
             tol = tolerance(Xc, xp.zeros_like(X_mean), self.tol, xp, backend.driver_rows(Xc))
         X_mean = place.persist(X_mean)
         best, timings_runs = self._run(backend, Xc, X_mean, sw, rs, xp, n_init, tol,

@@ -94,3 +94,35 @@ def test_unknown_chunk_sizes_in_predict():
         km = KMeans(3, backend="dask", random_state=0).fit(da.from_array(X, chunks=50))
         with pytest.raises(ValueError, match=r"compute_chunk_sizes\(\)"):
             km.predict(_never_computed())
+
+
+def _blobs(seed=0):
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(3000, 3)) * [1, 2, 3]
+    c = rng.normal(size=(5, 3)) * 3
+    X = np.concatenate([X + ci * 10 for ci in c])
+    return X, X[rng.choice(len(X), 5, replace=False)]
+
+
+@pytest.mark.parametrize("scale, dtype", [(1e19, np.float32), (1e-22, np.float32),
+                                          (1e154, np.float64)])
+@pytest.mark.parametrize("persisted", [False, True])
+def test_extreme_scales_rescaled_on_dask(scale, dtype, persisted):
+    """Finite dask X whose squared distances overflow (or underflow) its dtype is rescaled
+    by a power of two, its max |X| measured with the NaN/inf check: X / scale's partition."""
+    X, init = _blobs()
+    ref = KMeans(5, init=init.astype(dtype), backend="numpy").fit(X.astype(dtype))
+    big = (X * scale).astype(dtype)
+    with dask.config.set(scheduler="threads"):
+        Xd = da.from_array(big, chunks=(4000, 3))
+        Xd = Xd.persist() if persisted else Xd
+        km = KMeans(5, init=(init * scale).astype(dtype), backend="dask").fit(Xd)
+        labels = km.labels_.compute()
+        np.testing.assert_array_equal(labels, ref.labels_)
+        assert km.n_iter_ == ref.n_iter_
+        np.testing.assert_allclose(km.cluster_centers_ / scale, ref.cluster_centers_,
+                                   rtol=1e-5)
+        np.testing.assert_array_equal(km.predict(Xd).compute(), labels)
+    expect = ref.inertia_ * scale * scale   # inf where X's own units cannot hold it
+    assert km.inertia_ == pytest.approx(expect, rel=1e-4) or (
+        expect == np.inf and km.inertia_ == np.inf)
