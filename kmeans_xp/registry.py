@@ -2,10 +2,12 @@
 
 First-party backends are data (name -> module they need, "import.path:Class", pip extra), so
 `import kmeans_xp` imports no CuPy or Dask. Third parties add backends through the entry-point
-group ``kmeans_xp.backends``; a plugin that fails to load warns and is skipped.
+group ``kmeans_xp.backends``, each imported only when it is named or listed; a plugin that
+fails to load warns and is skipped by `list_backends()`, and naming it says why it failed.
 """
 from __future__ import annotations
 
+import difflib
 import functools
 import importlib
 import importlib.util
@@ -118,39 +120,88 @@ def _runtime_info(name) -> BackendInfo:
 
 def _info(name):
     """BackendInfo of one backend, or None if unknown. A built-in is looked at alone, so that
-    using the numpy backend never probes for a GPU (which would import CuPy)."""
+    using the numpy backend never probes for a GPU (which would import CuPy); a plugin too,
+    so that using one plugin never imports the others."""
     if name in _runtime:
         return _runtime_info(name)
     if name in BUILTIN_BACKENDS:
         # not cached apart from list_backends: its cache_clear() must re-read built-ins too
         # (tests fake a GPU that way); the look-up is a couple of find_spec calls
         return _builtin_info(name, BUILTIN_BACKENDS[name])
-    return list_backends().get(name)  # plugins: the entry-point scan
+    for ep in entry_points(group=ENTRY_POINT_GROUP, name=name):
+        return _plugin(ep).info
+    return None
+
+
+class _Plugin(NamedTuple):
+    info: BackendInfo
+    cls: type | None          # None when it failed to load
+    error: BaseException | None
+
+
+_plugins = {}  # (name, "module:Class", provider) -> _Plugin: each plugin imported once
+
+
+def _plugin(ep) -> _Plugin:
+    """Load one entry point (once). Any failure short of KeyboardInterrupt, SystemExit from
+    a module's import included, is kept as the plugin's reason: a broken plugin must break
+    neither `list_backends()` nor a fit on another backend (xarray's plugins do the same)."""
+    provider = getattr(getattr(ep, "dist", None), "name", "?")
+    key = (ep.name, ep.value, provider)
+    got = _plugins.get(key)
+    if got is not None:
+        return got
+    try:
+        cls = ep.load()
+        if not (isinstance(cls, type) and issubclass(cls, KMeansBackend)):
+            raise TypeError(f"{ep.value} is not a KMeansBackend subclass")
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # noqa: BLE001 - SystemExit on import too (see above)
+        reason = (f"its plugin ({ep.value}, from {provider}) failed to load: "
+                  f"{type(exc).__name__}: {exc}")
+        got = _Plugin(BackendInfo(ep.name, False, reason, ep.value, provider,
+                                  f"fix or reinstall {provider}", False), None, exc)
+    else:
+        got = _Plugin(BackendInfo(ep.name, True, "", ep.value, provider, "",
+                                  getattr(cls, "device", "cpu") == "gpu"), cls, None)
+    _plugins[key] = got
+    return got
 
 
 @functools.lru_cache(maxsize=1)
-def list_backends() -> dict:
-    """name -> BackendInfo for built-in, plugin and runtime-registered backends."""
+def _all_backends() -> dict:
     infos = {name: _builtin_info(name, spec) for name, spec in BUILTIN_BACKENDS.items()}
     for ep in entry_points(group=ENTRY_POINT_GROUP):
         provider = getattr(getattr(ep, "dist", None), "name", "?")
         if ep.name in infos:
             warnings.warn(f"kmeans_xp: plugin backend {ep.name!r} from {provider} clashes with "
-                          f"a backend of the same name and is skipped", RuntimeWarning, 2)
+                          f"a backend of the same name and is skipped", RuntimeWarning, 3)
             continue
-        try:
-            cls = ep.load()
-            if not (isinstance(cls, type) and issubclass(cls, KMeansBackend)):
-                raise TypeError(f"{ep.value} is not a KMeansBackend subclass")
-        except Exception as exc:  # noqa: BLE001 - a broken plugin must not break the library
-            warnings.warn(f"kmeans_xp: plugin backend {ep.name!r} ({ep.value}) from {provider} "
-                          f"failed to load and is skipped: {type(exc).__name__}: {exc}",
-                          RuntimeWarning, 2)
+        info = _plugin(ep).info
+        if not info.available:
+            warnings.warn(f"kmeans_xp: plugin backend {ep.name!r} is skipped: {info.reason}",
+                          RuntimeWarning, 3)
             continue
-        infos[ep.name] = BackendInfo(ep.name, True, "", ep.value, provider, "", False)
+        infos[ep.name] = info
     for name in _runtime:
         infos[name] = _runtime_info(name)
     return infos
+
+
+def list_backends() -> dict:
+    """name -> BackendInfo for built-in, plugin and runtime-registered backends (cached;
+    `list_backends.cache_clear()` looks again). Every plugin is imported here; a broken one
+    warns and is skipped."""
+    return _all_backends()
+
+
+def _cache_clear():
+    _plugins.clear()
+    _all_backends.cache_clear()
+
+
+list_backends.cache_clear = _cache_clear
 
 
 def _load(target: str):
@@ -172,22 +223,44 @@ def get_backend(name: str):
     """The backend class registered as `name`; errors say what is installed and what to do."""
     info = _info(name) if isinstance(name, str) else None
     if info is None:
-        raise ValueError(
-            f"unknown backend {name!r}. Installed backends: {available_backends()}; all known: "
-            f"{sorted(list_backends())}. Third-party backends register under the entry-point "
-            f"group {ENTRY_POINT_GROUP!r}.")
+        raise ValueError(_unknown_message(name))
     if not info.available:
-        todo = f" Install it with: {info.install}." if info.install else ""
+        todo = f" Install it with: {info.install}." if info.install.startswith("pip") else (
+            f" To do: {info.install}." if info.install else "")
+        failed = _failed_plugin(name)
         raise BackendNotAvailableError(
             f"backend {name!r} is not available: {info.reason}.{todo} Installed backends: "
-            f"{available_backends()}.")
+            f"{available_backends()}.") from failed
     if name in _runtime:
         return _runtime[name]
     if info.provider == "kmeans_xp":
         return _load(info.target)
     for ep in entry_points(group=ENTRY_POINT_GROUP, name=name):
-        return ep.load()
+        return _plugin(ep).cls
     raise ValueError(f"backend {name!r} vanished from the entry points; reinstall its package")
+
+
+def _failed_plugin(name):
+    """The exception a plugin's import raised, or None (chained to the error naming it)."""
+    for ep in entry_points(group=ENTRY_POINT_GROUP, name=name):
+        return _plugin(ep).error
+    return None
+
+
+def _unknown_message(name) -> str:
+    """What an unknown name gets: the close names (case aside, from the names alone), what is
+    installed, and where plugins come from."""
+    known = sorted({*BUILTIN_BACKENDS, *_runtime,
+                    *(ep.name for ep in entry_points(group=ENTRY_POINT_GROUP))})
+    close = []
+    if isinstance(name, str):
+        lowered = {k.lower(): k for k in known}
+        close = [lowered[m] for m in difflib.get_close_matches(name.lower(), lowered, n=3,
+                                                                cutoff=0.6)]
+    hint = f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+    return (f"unknown backend {name!r}.{hint} Installed backends: {available_backends()}; all "
+            f"known: {known}. Third-party backends register under the entry-point group "
+            f"{ENTRY_POINT_GROUP!r}.")
 
 
 def select_backend(backend, X, *, n_clusters, sample_weight=None, backend_options=None,
