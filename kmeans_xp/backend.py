@@ -69,6 +69,11 @@ class Farthest(NamedTuple):
     sq_dist: Any   # (m,) float64 their squared distances
 
 
+class WorkerLostError(RuntimeError):
+    """A worker of a cluster, and the blocks of X it held, were lost during a computation
+    that cannot recompute them; the message says which and what to do."""
+
+
 class InvalidOptionError(ValueError, TypeError):
     """A backend_options entry the backend does not know, or a value it does not take
     (a TypeError too, as Python's own error for an unexpected keyword is)."""

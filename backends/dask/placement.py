@@ -97,6 +97,7 @@ class DaskPlacement(Placement):
             return like_block(arr, "cupy") if cupy_in else arr
         if isinstance(like, da.Array) and arr.ndim >= 1 and arr.shape[0] == like.shape[0]:
             if self.backend.actors.call_of(arr) is not None:
+                self.backend.actors.check_alive()  # else its tasks wait for a dead worker
                 (arr,) = self.cluster.persist(arr, optimize=False, on_cluster=True)
                 self.cluster.wait(arr)
             arr = restore_rows(arr, like.chunks[0])  # X's 0-row blocks, dropped by to_backend
