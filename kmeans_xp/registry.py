@@ -128,9 +128,18 @@ def _info(name):
         # not cached apart from list_backends: its cache_clear() must re-read built-ins too
         # (tests fake a GPU that way); the look-up is a couple of find_spec calls
         return _builtin_info(name, BUILTIN_BACKENDS[name])
-    for ep in entry_points(group=ENTRY_POINT_GROUP, name=name):
-        return _plugin(ep).info
-    return None
+    ep = _entry_point(name)
+    return None if ep is None else _plugin(ep).info
+
+
+_entry_points = {}  # name -> its entry point or None: a scan of every distribution is ~10 ms
+
+
+def _entry_point(name):
+    """The plugin entry point called `name` (the first one), or None; cached by name."""
+    if name not in _entry_points:
+        _entry_points[name] = next(iter(entry_points(group=ENTRY_POINT_GROUP, name=name)), None)
+    return _entry_points[name]
 
 
 class _Plugin(NamedTuple):
@@ -198,6 +207,7 @@ def list_backends() -> dict:
 
 def _cache_clear():
     _plugins.clear()
+    _entry_points.clear()
     _all_backends.cache_clear()
 
 
@@ -235,16 +245,16 @@ def get_backend(name: str):
         return _runtime[name]
     if info.provider == "kmeans_xp":
         return _load(info.target)
-    for ep in entry_points(group=ENTRY_POINT_GROUP, name=name):
+    ep = _entry_point(name)
+    if ep is not None:
         return _plugin(ep).cls
     raise ValueError(f"backend {name!r} vanished from the entry points; reinstall its package")
 
 
 def _failed_plugin(name):
     """The exception a plugin's import raised, or None (chained to the error naming it)."""
-    for ep in entry_points(group=ENTRY_POINT_GROUP, name=name):
-        return _plugin(ep).error
-    return None
+    ep = _entry_point(name)
+    return None if ep is None else _plugin(ep).error
 
 
 def _unknown_message(name) -> str:
