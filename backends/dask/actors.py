@@ -272,10 +272,10 @@ class ActorEngine:
                 calls = [getattr(a["actor"], method)(*args, **options) for a in actors]
                 return [c.result() for c in calls]
             return self._direct(client, actors, method, args, options)
-        except (OSError, RuntimeError) as exc:  # CommClosedError, a connect timeout, a
-            # dead actor: a lost worker when one of the actors' futures says so
-            if isinstance(exc, WorkerLostError):
-                raise
+        except WorkerLostError:
+            raise
+        except Exception as exc:  # CommClosedError, a connect timeout, an actor's error on
+            # a dying worker: a lost worker when one of the actors' futures says so
             self.check_alive(actors, wait=1.0, cause=exc)
             raise
 
