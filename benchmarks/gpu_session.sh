@@ -49,7 +49,7 @@ sys.version.split()[0])"
       tail -n 5 "$OUT/fit_profile.log" ;;
     micro)
       install_new
-      timeout 120 python3 benchmarks/micro_probe.py --out "$OUT/micro_probe.txt" > "$OUT/micro_probe.log" 2>&1
+      timeout 200 python3 benchmarks/micro_probe.py --out "$OUT/micro_probe.txt" > "$OUT/micro_probe.log" 2>&1
       tail -n 8 "$OUT/micro_probe.log" ;;
     debug)
       install_new

@@ -86,13 +86,34 @@ def candidate_step(cp, out):
                   f"{np.mean(r.gpu_times) * 1e6:.0f} us\n")
 
 
+def big_host_fit(cp, out, n=200_000_000, k=1000, iters=3):
+    """NumPy X of n x 3 float32 (2.4 GB) fitted on the device: the whole fit of `iters`
+    iterations and the transfer's effective rate."""
+    from kmeans_xp import KMeans
+    X = np.random.default_rng(0).standard_normal((n, 3), dtype=np.float32)
+    init = X[:k].copy()
+    for backend in ("cupy-fused", "cupy-kernels"):
+        KMeans(k, init=init, n_init=1, max_iter=1, tol=0, backend=backend).fit(X[:1_000_000])
+        t = time.perf_counter()
+        km = KMeans(k, init=init, n_init=1, max_iter=iters, tol=0, backend=backend).fit(X)
+        cp.cuda.Device().synchronize()
+        wall = time.perf_counter() - t
+        tm = km.timings_
+        out.write(f"n={n} from NumPy, {backend}, {iters} iterations: fit {wall:.3f} s, transfer "
+                  f"{X.nbytes / tm['transfer'] / 1e9:.1f} GB/s; " + ", ".join(
+                      f"{key} {v:.3f}" for key, v in tm.items()) + "\n")
+        out.flush()
+        del km
+        cp.get_default_memory_pool().free_all_blocks()
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     import cupy as cp
     with open(args.out, "w") as out:
-        for probe in (fit_breakdown, candidate_step):
+        for probe in (fit_breakdown, candidate_step, big_host_fit):
             try:
                 probe(cp, out)
             except Exception as exc:  # a probe's failure must not hide the others

@@ -13,6 +13,7 @@ from .backend import (
     Option,
     Placement,
     ReduceResult,
+    WorkerLostError,
 )
 from .estimator import ConvergenceWarning, KMeans
 from .lloyd import LloydResult
@@ -34,5 +35,6 @@ __all__ = [
     "Option", "Placement", "Budget", "LloydResult",
     "KMeansMemoryError", "MemoryEstimate", "estimate_memory", "list_backends", "get_backend",
     "available_backends", "register_backend", "BackendNotAvailableError", "NotFittedError",
+    "WorkerLostError",
     "ConvergenceWarning", "__version__",
 ]

@@ -37,6 +37,7 @@ from typing import Any, ClassVar, NamedTuple
 from .chunks import count_changed, feature_mean, labelled_sq_dist, tolerance, weighted_total
 from .memory import Budget, MemoryEstimate
 from .namespaces import array_namespace, device, namespace_name, to_numpy
+from .scaling import rescaled
 
 
 class AssignResult(NamedTuple):
@@ -66,6 +67,11 @@ class Farthest(NamedTuple):
     weight: Any    # (m,) float64
     label: Any     # (m,) their labels
     sq_dist: Any   # (m,) float64 their squared distances
+
+
+class WorkerLostError(RuntimeError):
+    """A worker of a cluster, and the blocks of X it held, were lost during a computation
+    that cannot recompute them; the message says which and what to do."""
 
 
 class InvalidOptionError(ValueError, TypeError):
@@ -106,6 +112,9 @@ class Placement:
     #: True when work is queued (a GPU stream): the driver then issues the next iteration
     #: before it reads the last one's statistics, so the device never waits on the host
     asynchronous: ClassVar[bool] = False
+    #: max |X| measured by the last `to_backend` (None: not measured): input validated
+    #: lazily (dask) is measured there, fused with its NaN/inf check, for the fit's rescale
+    absmax = None
 
     def __init__(self, backend):
         self.backend = backend
@@ -155,6 +164,11 @@ class Placement:
             X -= mean
             return X
         return X - mean
+
+    def center_scaled(self, X, mean, scale, *, xp):
+        """(X - mean) * scale, scale a power of two (exact): the data of a fit that rescales
+        X so its squared distances stay inside its dtype (`kmeans_xp.scaling`)."""
+        return rescaled(self.center(X, mean, xp=xp), scale, xp)
 
     def finish(self, kept=None):
         """The fit has ended and dropped its arrays: release per-fit buffers. `kept`, the

@@ -28,7 +28,9 @@ from .validation import (
     check_init_array,
     check_random_state,
     check_sample_weight,
+    known_shape,
     not_fitted_error,
+    unknown_shape_error,
     validate_params,
 )
 
@@ -142,6 +144,7 @@ class KMeans(SklearnInterop):
             raise ValueError("algorithm='elkan' is not implemented in kmeans_xp: it runs "
                              "Lloyd's algorithm on every backend. Use algorithm='lloyd'.")
         X, absmax = check_array(X, owner=type(self).__name__, absmax=True)
+        _require_known_shape(X, self.backend, self.n_clusters)
         n, d = X.shape
         if n < self.n_clusters:
             raise ValueError(f"n_samples={n} should be >= n_clusters={self.n_clusters}: ask "
@@ -198,7 +201,6 @@ class KMeans(SklearnInterop):
         clock = Clock()
         X_user = X
         X, sw_host, init_array, absmax = self._check_inputs(X, sample_weight)
-        scale = pow2_scale(absmax, X.dtype, X.shape[1])
         w_scale = pow2_scale_weights(sw_host)
         if w_scale != 1:
             sw_host *= w_scale  # our own copy; a power of two: exact
@@ -217,16 +219,18 @@ class KMeans(SklearnInterop):
         sw = None if sw_host is None else place.persist(xp.asarray(sw_host, device=device(Xb)))
         place.synchronize()
         clock.lap("transfer")
+        # lazy input (dask) has its max |X| measured by to_backend, with its NaN/inf check
+        scale = pow2_scale(place.absmax if absmax is None else absmax, X.dtype, X.shape[1])
         # on data to be rescaled, the variance of tol is taken after (it could overflow)
         X_mean, tol = place.feature_stats(Xb, self.tol if scale == 1 else 0, xp=xp)
         if not self.copy_x and scale == 1:
             # X is never written (a memmap neither): the fit computes on X as given
             X_mean = xp.zeros_like(X_mean)
             Xc = place.center(Xb, X_mean, xp=xp)
-        else:
+        elif scale == 1:
             Xc = place.center(Xb, place.persist(X_mean), xp=xp)
-        if scale != 1:
-            Xc = rescaled(Xc, scale, xp)
+        else:
+            Xc = place.center_scaled(Xb, place.persist(X_mean), scale, xp=xp)
             tol = tolerance(Xc, xp.zeros_like(X_mean), self.tol, xp, backend.driver_rows(Xc))
         X_mean = place.persist(X_mean)
         place.synchronize()
@@ -286,7 +290,6 @@ class KMeans(SklearnInterop):
                       "per_iteration": t_lloyd / max(iterations, 1)}
 
     def _store(self, best, backend, why, X_mean, X_user, Xb):
-        xp = array_namespace(Xb)
         self._X_mean = X_mean
         self._centers_fit = best.centers
         self._backend_key = (backend.name, dict(self.backend_options or {}), self.max_memory,
@@ -349,6 +352,8 @@ class KMeans(SklearnInterop):
         self._check_fitted()
         self._check_feature_names(X)
         X = check_array(X, owner=type(self).__name__)
+        _require_known_shape(X, "auto" if self._backend_key[3] else self._backend_key[0],
+                             self._centers_fit.shape[0])
         if X.shape[1] != self.n_features_in_:
             raise ValueError(f"X has {X.shape[1]} features, but {type(self).__name__} is "
                              f"expecting {self.n_features_in_} features as input.")
@@ -417,6 +422,14 @@ def _distances(X, centers, mean, xp, rows):
         d2 = xp.sum(x64 * x64, axis=1)[:, None] - 2 * (x64 @ c64.T) + c_sq
         parts.append(xp.astype(xp.sqrt(xp.where(d2 < 0, xp.zeros_like(d2), d2)), X.dtype))
     return parts[0] if len(parts) == 1 else xp.concat(parts)
+
+
+def _require_known_shape(X, backend, n_clusters):
+    """Before anything is computed: X whose row count is unknown (a dask array after a
+    boolean filter) gets the backend's own reason and what to do, else the generic one."""
+    if not known_shape(X):
+        select_backend(backend, X, n_clusters=n_clusters)  # raises the backend's reason
+        raise unknown_shape_error(X)
 
 
 def _scalar(value):

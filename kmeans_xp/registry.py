@@ -2,10 +2,12 @@
 
 First-party backends are data (name -> module they need, "import.path:Class", pip extra), so
 `import kmeans_xp` imports no CuPy or Dask. Third parties add backends through the entry-point
-group ``kmeans_xp.backends``; a plugin that fails to load warns and is skipped.
+group ``kmeans_xp.backends``, each imported only when it is named or listed; a plugin that
+fails to load warns and is skipped by `list_backends()`, and naming it says why it failed.
 """
 from __future__ import annotations
 
+import difflib
 import functools
 import importlib
 import importlib.util
@@ -118,39 +120,98 @@ def _runtime_info(name) -> BackendInfo:
 
 def _info(name):
     """BackendInfo of one backend, or None if unknown. A built-in is looked at alone, so that
-    using the numpy backend never probes for a GPU (which would import CuPy)."""
+    using the numpy backend never probes for a GPU (which would import CuPy); a plugin too,
+    so that using one plugin never imports the others."""
     if name in _runtime:
         return _runtime_info(name)
     if name in BUILTIN_BACKENDS:
         # not cached apart from list_backends: its cache_clear() must re-read built-ins too
         # (tests fake a GPU that way); the look-up is a couple of find_spec calls
         return _builtin_info(name, BUILTIN_BACKENDS[name])
-    return list_backends().get(name)  # plugins: the entry-point scan
+    ep = _entry_point(name)
+    return None if ep is None else _plugin(ep).info
+
+
+_entry_points = {}  # name -> its entry point or None: a scan of every distribution is ~10 ms
+
+
+def _entry_point(name):
+    """The plugin entry point called `name` (the first one), or None; cached by name."""
+    if name not in _entry_points:
+        _entry_points[name] = next(iter(entry_points(group=ENTRY_POINT_GROUP, name=name)), None)
+    return _entry_points[name]
+
+
+class _Plugin(NamedTuple):
+    info: BackendInfo
+    cls: type | None          # None when it failed to load
+    error: BaseException | None
+
+
+_plugins = {}  # (name, "module:Class", provider) -> _Plugin: each plugin imported once
+
+
+def _plugin(ep) -> _Plugin:
+    """Load one entry point (once). Any failure short of KeyboardInterrupt, SystemExit from
+    a module's import included, is kept as the plugin's reason: a broken plugin must break
+    neither `list_backends()` nor a fit on another backend (xarray's plugins do the same)."""
+    provider = getattr(getattr(ep, "dist", None), "name", "?")
+    key = (ep.name, ep.value, provider)
+    got = _plugins.get(key)
+    if got is not None:
+        return got
+    try:
+        cls = ep.load()
+        if not (isinstance(cls, type) and issubclass(cls, KMeansBackend)):
+            raise TypeError(f"{ep.value} is not a KMeansBackend subclass")
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # noqa: BLE001 - SystemExit on import too (see above)
+        reason = (f"its plugin ({ep.value}, from {provider}) failed to load: "
+                  f"{type(exc).__name__}: {exc}")
+        got = _Plugin(BackendInfo(ep.name, False, reason, ep.value, provider,
+                                  f"fix or reinstall {provider}", False), None, exc)
+    else:
+        got = _Plugin(BackendInfo(ep.name, True, "", ep.value, provider, "",
+                                  getattr(cls, "device", "cpu") == "gpu"), cls, None)
+    _plugins[key] = got
+    return got
 
 
 @functools.lru_cache(maxsize=1)
-def list_backends() -> dict:
-    """name -> BackendInfo for built-in, plugin and runtime-registered backends."""
+def _all_backends() -> dict:
     infos = {name: _builtin_info(name, spec) for name, spec in BUILTIN_BACKENDS.items()}
     for ep in entry_points(group=ENTRY_POINT_GROUP):
         provider = getattr(getattr(ep, "dist", None), "name", "?")
         if ep.name in infos:
             warnings.warn(f"kmeans_xp: plugin backend {ep.name!r} from {provider} clashes with "
-                          f"a backend of the same name and is skipped", RuntimeWarning, 2)
+                          f"a backend of the same name and is skipped", RuntimeWarning, 3)
             continue
-        try:
-            cls = ep.load()
-            if not (isinstance(cls, type) and issubclass(cls, KMeansBackend)):
-                raise TypeError(f"{ep.value} is not a KMeansBackend subclass")
-        except Exception as exc:  # noqa: BLE001 - a broken plugin must not break the library
-            warnings.warn(f"kmeans_xp: plugin backend {ep.name!r} ({ep.value}) from {provider} "
-                          f"failed to load and is skipped: {type(exc).__name__}: {exc}",
-                          RuntimeWarning, 2)
+        info = _plugin(ep).info
+        if not info.available:
+            warnings.warn(f"kmeans_xp: plugin backend {ep.name!r} is skipped: {info.reason}",
+                          RuntimeWarning, 3)
             continue
-        infos[ep.name] = BackendInfo(ep.name, True, "", ep.value, provider, "", False)
+        infos[ep.name] = info
     for name in _runtime:
         infos[name] = _runtime_info(name)
     return infos
+
+
+def list_backends() -> dict:
+    """name -> BackendInfo for built-in, plugin and runtime-registered backends (cached;
+    `list_backends.cache_clear()` looks again). Every plugin is imported here; a broken one
+    warns and is skipped."""
+    return _all_backends()
+
+
+def _cache_clear():
+    _plugins.clear()
+    _entry_points.clear()
+    _all_backends.cache_clear()
+
+
+list_backends.cache_clear = _cache_clear
 
 
 def _load(target: str):
@@ -172,22 +233,44 @@ def get_backend(name: str):
     """The backend class registered as `name`; errors say what is installed and what to do."""
     info = _info(name) if isinstance(name, str) else None
     if info is None:
-        raise ValueError(
-            f"unknown backend {name!r}. Installed backends: {available_backends()}; all known: "
-            f"{sorted(list_backends())}. Third-party backends register under the entry-point "
-            f"group {ENTRY_POINT_GROUP!r}.")
+        raise ValueError(_unknown_message(name))
     if not info.available:
-        todo = f" Install it with: {info.install}." if info.install else ""
+        todo = f" Install it with: {info.install}." if info.install.startswith("pip") else (
+            f" To do: {info.install}." if info.install else "")
+        failed = _failed_plugin(name)
         raise BackendNotAvailableError(
             f"backend {name!r} is not available: {info.reason}.{todo} Installed backends: "
-            f"{available_backends()}.")
+            f"{available_backends()}.") from failed
     if name in _runtime:
         return _runtime[name]
     if info.provider == "kmeans_xp":
         return _load(info.target)
-    for ep in entry_points(group=ENTRY_POINT_GROUP, name=name):
-        return ep.load()
+    ep = _entry_point(name)
+    if ep is not None:
+        return _plugin(ep).cls
     raise ValueError(f"backend {name!r} vanished from the entry points; reinstall its package")
+
+
+def _failed_plugin(name):
+    """The exception a plugin's import raised, or None (chained to the error naming it)."""
+    ep = _entry_point(name)
+    return None if ep is None else _plugin(ep).error
+
+
+def _unknown_message(name) -> str:
+    """What an unknown name gets: the close names (case aside, from the names alone), what is
+    installed, and where plugins come from."""
+    known = sorted({*BUILTIN_BACKENDS, *_runtime,
+                    *(ep.name for ep in entry_points(group=ENTRY_POINT_GROUP))})
+    close = []
+    if isinstance(name, str):
+        lowered = {k.lower(): k for k in known}
+        close = [lowered[m] for m in difflib.get_close_matches(name.lower(), lowered, n=3,
+                                                                cutoff=0.6)]
+    hint = f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+    return (f"unknown backend {name!r}.{hint} Installed backends: {available_backends()}; all "
+            f"known: {known}. Third-party backends register under the entry-point group "
+            f"{ENTRY_POINT_GROUP!r}.")
 
 
 def select_backend(backend, X, *, n_clusters, sample_weight=None, backend_options=None,
@@ -217,19 +300,31 @@ def select_backend(backend, X, *, n_clusters, sample_weight=None, backend_option
             why = f"NumPy input with n*k*d = {n * n_clusters * d:.2g} >= {AUTO_GPU_MIN_WORK:.0e}"
         else:
             candidates = ["numpy"]
+    reasons = []
     for name in candidates:  # only these are looked at: a NumPy fit never probes a GPU
-        info = _info(name)
-        if info is not None and info.available and _takes(name, X, n_clusters, sample_weight):
+        reason = _reject_reason(name, X, n_clusters, sample_weight)
+        if reason is None:
             return get_backend(name)(max_memory=max_memory, **options), (
                 f"auto: {why}; first of {candidates} installed that takes it")
-    raise ValueError(f"no installed backend takes {ns} input; installed: {available_backends()}")
+        reasons.append(f"{name}: {reason}")
+    raise ValueError(f"no installed backend takes this {ns} input ({'; '.join(reasons)}). "
+                     f"Installed: {available_backends()}.")
+
+
+def _reject_reason(name, X, n_clusters, sample_weight):
+    """None when backend `name` is installed and takes X, else why not (a sentence)."""
+    info = _info(name)
+    if info is None or not info.available:
+        return "not installed" if info is None else info.reason
+    try:
+        return get_backend(name)().reject_reason(X, n_clusters=n_clusters,
+                                                 sample_weight=sample_weight)
+    except Exception as exc:  # noqa: BLE001 - a backend that cannot even start does not take X
+        return f"it failed to start ({type(exc).__name__}: {exc})"
 
 
 def _takes(name, X, n_clusters, sample_weight) -> bool:
-    try:
-        return get_backend(name)().accepts(X, n_clusters=n_clusters, sample_weight=sample_weight)
-    except Exception:  # noqa: BLE001 - a backend that cannot even start does not take X
-        return False
+    return _reject_reason(name, X, n_clusters, sample_weight) is None
 
 
 def estimate_memory(n_samples, n_features, n_clusters, *, dtype="float32", backend="numpy",

@@ -201,12 +201,27 @@ def check_array(X, *, name="X", owner="KMeans", absmax=False):
     return (X, top) if absmax else X
 
 
+def known_shape(X) -> bool:
+    """Whether every dimension of X is a number (lazy arrays report None, dask NaN, for sizes
+    they do not know before computing: a boolean filter's output)."""
+    return all(s is not None and s == s for s in X.shape)
+
+
+def unknown_shape_error(X, name="X"):
+    return ValueError(f"{name} has an unknown shape {tuple(X.shape)}: its number of rows is "
+                      f"not known before it is computed (a boolean filter's output); compute "
+                      f"its sizes first (dask: {name}.compute_chunk_sizes()).")
+
+
 def check_finite(X, xp, name="X"):
     """Raise on NaN or infinity; return max |X| (float), from the same reductions (max and
     min: no temporary of X's size; NaN propagates through both), read back together; on NumPy
     over row chunks on all cores. The fit rescales X by a power of two when squared
-    distances would overflow or underflow."""
+    distances would overflow or underflow. An empty X (a dask block that a filter emptied)
+    is finite, with max |X| 0: max and min have no identity."""
     n = X.shape[0]
+    if n == 0 or X.shape[-1] == 0:
+        return 0.0
     parts = map_rows(lambda sl: xp.stack([xp.max(X[sl, ...]), -xp.min(X[sl, ...])]), n, n, xp)
     ext = np.stack([to_numpy(p) for p in parts]).astype(np.float64)
     hi, lo = float(np.max(ext[:, 0])), -float(np.max(ext[:, 1]))

@@ -256,7 +256,6 @@ def test_staged_upload_copies_host_x_exactly(dtype):
     """Large host X goes to the device through two pinned buffers (staging.upload): every
     row arrives, including the last chunk's short tail, bit for bit."""
     import cupy as cp
-
     from kmeans_xp_backends.cupy import staging
     n = (staging.UPLOAD_STAGED_BYTES // (3 * np.dtype(dtype).itemsize)) * 3 + 12345
     X = np.random.default_rng(0).normal(size=(n, 3)).astype(dtype)
@@ -271,7 +270,6 @@ def test_staged_download_copies_device_arrays_exactly(dtype):
     """Large results come back through two pinned buffers (staging.download): every chunk,
     the short tail too, bit for bit, after the work that made them."""
     import cupy as cp
-
     from kmeans_xp_backends.cupy import staging
     n = 5 * staging.UPLOAD_CHUNK_BYTES // np.dtype(dtype).itemsize + 4321
     a = cp.arange(n, dtype=dtype) * 3  # queued just before the copy starts

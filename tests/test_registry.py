@@ -142,6 +142,99 @@ def test_broken_plugins_warn_and_are_skipped(monkeypatch):
     np.testing.assert_array_equal(km.labels_, ref.labels_)
 
 
+PLUGIN_SOURCES = {
+    "kxp_exit_plugin": "raise SystemExit(3)\n",
+    "kxp_base_plugin": "class Stop(BaseException):\n    pass\nraise Stop('no GPU here')\n",
+    "kxp_plugin_a": "from kmeans_xp_backends.numpy_ import NumpyBackend\n"
+                    "class A(NumpyBackend):\n    name = 'plugin-a'\n",
+    "kxp_plugin_b": "from kmeans_xp_backends.numpy_ import NumpyBackend\n"
+                    "class B(NumpyBackend):\n    name = 'plugin-b'\n",
+}
+
+
+@pytest.fixture
+def plugin_modules(tmp_path, monkeypatch):
+    """Importable plugin modules written to tmp_path, dropped from sys.modules afterwards."""
+    for module, source in PLUGIN_SOURCES.items():
+        (tmp_path / f"{module}.py").write_text(source)
+        monkeypatch.delitem(sys.modules, module, raising=False)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield
+    for module in PLUGIN_SOURCES:
+        sys.modules.pop(module, None)
+
+
+def _plugin_eps(monkeypatch):
+    _fake_entry_points(monkeypatch, _ep("plugin-exit", "kxp_exit_plugin:Backend"),
+                       _ep("plugin-base", "kxp_base_plugin:Backend"),
+                       _ep("plugin-a", "kxp_plugin_a:A"), _ep("plugin-b", "kxp_plugin_b:B"))
+
+
+def test_plugin_raising_systemexit_or_baseexception_on_import_is_skipped(
+        monkeypatch, plugin_modules):
+    _plugin_eps(monkeypatch)
+    with pytest.warns(RuntimeWarning) as record:
+        infos = kmeans_xp.list_backends()
+    messages = "\n".join(str(w.message) for w in record)
+    assert "plugin-exit" not in infos and "plugin-base" not in infos
+    assert "SystemExit: 3" in messages and "Stop: no GPU here" in messages
+    assert infos["plugin-a"].available and infos["numpy"].available
+
+
+def test_keyboard_interrupt_in_a_plugin_is_not_swallowed(tmp_path, monkeypatch):
+    (tmp_path / "kxp_ctrl_c_plugin.py").write_text("raise KeyboardInterrupt\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    _fake_entry_points(monkeypatch, _ep("plugin-ctrl-c", "kxp_ctrl_c_plugin:Backend"))
+    with pytest.raises(KeyboardInterrupt):
+        kmeans_xp.list_backends()
+    sys.modules.pop("kxp_ctrl_c_plugin", None)
+
+
+@pytest.mark.parametrize("name, why", [("plugin-exit", "SystemExit: 3"),
+                                       ("plugin-base", "Stop: no GPU here"),
+                                       ("plugin-missing", "ModuleNotFoundError")])
+def test_naming_a_broken_plugin_says_why_it_failed(monkeypatch, plugin_modules, name, why):
+    _plugin_eps(monkeypatch)
+    monkeypatch.setattr(registry, "entry_points", _with(
+        registry.entry_points, _ep("plugin-missing", "kxp_no_such_module:Backend")))
+    with pytest.raises(kmeans_xp.BackendNotAvailableError) as info:
+        KMeans(3, backend=name).fit(X)
+    msg = str(info.value)
+    assert "unknown" not in msg and why in msg and "failed to load" in msg
+    assert f"backend {name!r} is not available" in msg
+    assert info.value.__cause__ is not None   # the import's own exception, chained
+
+
+def _with(fake, *more):
+    def entry_points(group=None, name=None):
+        extra = [ep for ep in more if name is None or ep.name == name]
+        return [*fake(group=group, name=name), *extra]
+    return entry_points
+
+
+def test_using_one_plugin_imports_no_other(monkeypatch, plugin_modules):
+    _plugin_eps(monkeypatch)
+    km = KMeans(3, init=X[:3], backend="plugin-a").fit(X)
+    assert km.backend_ == "plugin-a"
+    np.testing.assert_array_equal(km.predict(X), km.labels_)
+    assert registry.get_backend_info("plugin-a")[0]
+    for other in ("kxp_plugin_b", "kxp_exit_plugin", "kxp_base_plugin"):
+        assert other not in sys.modules
+
+
+@pytest.mark.parametrize("typo, meant", [("nunpy", "numpy"), ("NumPy", "numpy"),
+                                         ("cupy-fuse", "cupy-fused"), ("Dask", "dask"),
+                                         ("plugin-aa", "plugin-a")])
+def test_unknown_name_suggests_the_close_ones(monkeypatch, plugin_modules, typo, meant):
+    _plugin_eps(monkeypatch)
+    with pytest.warns(RuntimeWarning):   # the broken plugins, listed under "Installed"
+        with pytest.raises(ValueError) as info:
+            kmeans_xp.get_backend(typo)
+    msg = str(info.value)
+    assert f"unknown backend {typo!r}" in msg and f"Did you mean {meant!r}" in msg
+    assert "Installed backends" in msg and "'plugin-a'" in msg
+
+
 def test_register_backend_at_run_time():
     class Runtime(NumpyBackend):
         name = "runtime-numpy"

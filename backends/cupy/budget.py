@@ -83,7 +83,8 @@ class CupyBudget(Budget):
             if b.placement.streams(X, n_clusters):
                 b.stream_estimate(n, d, n_clusters, itemsize, weighted=True)
                 return
-            if X.nbytes > self.available():
+            # X once and the driver's arrays, or the fit would die copying or centering X
+            if b.placement.fit_state_bytes(n, d, n_clusters, itemsize) > self.available():
                 raise host_x_error(X, b.supports_streaming)
         estimate = self.backend_class.estimate_memory  # the base class's check, by class
         n, d = X.shape

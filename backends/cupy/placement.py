@@ -40,6 +40,7 @@ class CupyPlacement(Placement):
         self.backend = weakref.proxy(backend)
         self._cp = cupy()
         self._stream_choice = None  # (id of the host X, stream it?) decided once per X
+        self._uploaded = None  # the device copy of a host X made by to_backend: the fit's own
 
     def converts_from(self, namespace):
         return namespace in ("numpy", "list")
@@ -57,7 +58,10 @@ class CupyPlacement(Placement):
             return X  # stays on the host: every pass streams it through the GPU
         with b.memory.stage("transfer"):
             try:
-                return upload(cp, X)
+                Xd = upload(cp, X)
+                # (a namespace that only wraps host memory gives X itself back: not ours)
+                self._uploaded = Xd if Xd is not X else None
+                return Xd
             except cp.cuda.memory.OutOfMemoryError as exc:
                 raise host_x_error(X, b.supports_streaming) from exc
 
@@ -131,7 +135,17 @@ class CupyPlacement(Placement):
         if isinstance(X, np.ndarray) and self.streams(X):
             from .streaming import HostRows
             return HostRows(X, np.asarray(mean))  # centered chunk by chunk on the device
+        # the device copy of a host X is the fit's own: centered where it is, so the device
+        # holds X once
+        in_place = in_place or (self._uploaded is not None and X is self._uploaded)
         return super().center(X, mean, xp=xp, in_place=in_place)
+
+    @staticmethod
+    def fit_state_bytes(n, d, n_clusters, itemsize):
+        """Device bytes a fit of host X needs beside the backend's buffers: X once (centered
+        in place) and the driver's arrays."""
+        parts = driver_bytes(n, d, n_clusters, itemsize)
+        return n * d * itemsize + sum(parts.values()) - parts["centered_copy"]
 
     # -- host streaming ---------------------------------------------------------------------
     def streams(self, X, n_clusters=1) -> bool:
@@ -147,7 +161,7 @@ class CupyPlacement(Placement):
         else:
             n, d = X.shape
             itemsize = 4 if X.dtype == np.float32 else 8
-            state = n * d * itemsize + sum(driver_bytes(n, d, n_clusters, itemsize).values())
+            state = self.fit_state_bytes(n, d, n_clusters, itemsize)
             choice = state + STREAM_AUTO_SLACK > b.memory.available()
         self._stream_choice = (id(X), choice)
         return choice
@@ -159,6 +173,7 @@ class CupyPlacement(Placement):
         pool block it was cut from, which the pool cannot hand back."""
         self.backend.release_buffers()
         self._stream_choice = None
+        self._uploaded = None
         if not getattr(self.backend, "free_memory", False):
             return kept
         cp = self._cp

@@ -16,6 +16,11 @@ when the last one is gone, and the next call tells the actors to drop it (as fut
 
 Same blocks, same local backend, stats added on the client in block order: the same labels,
 sums and statistics as the graph engine, bit for bit.
+
+A lost worker takes its actor, blocks and labels with it (the graph engine recomputes lost
+blocks; actors cannot): every call first looks at the actors' futures, and watches them while
+it is in flight, so a lost worker raises `WorkerLostError` at once, saying which worker and
+blocks and what to do, instead of a CommClosedError or the 30 s connect timeout.
 """
 from __future__ import annotations
 
@@ -27,7 +32,7 @@ import weakref
 
 import numpy as np
 
-from kmeans_xp.backend import AssignResult, Farthest, IterStats
+from kmeans_xp.backend import AssignResult, Farthest, IterStats, WorkerLostError
 
 from .blocks import (
     add_vectors,
@@ -43,6 +48,11 @@ from .blocks import (
 from .graph import host_centers, unpack_stats
 
 _generations = itertools.count()
+
+#: seconds between looks at the actors' futures while a call is in flight: a lost worker's
+#: actor future errs on the client within ~0.2 s, where a call to its address would wait
+#: for the connect timeout (30 s)
+WATCH_INTERVAL = 0.05
 
 
 # -- on the workers ----------------------------------------------------------------------------
@@ -143,6 +153,15 @@ def actor_output(actor_key, address, generation, j, which):
     if actor_key in actors:
         return actors[actor_key].output(generation, j, which)
     return Actor(BlockActor, address, actor_key).output(generation, j, which).result()
+
+
+def _lost_message(lost):
+    where = "; ".join(f"worker {a['address']} with blocks {a['indices']} of X" for a in lost)
+    return (f"dask worker lost during the fit: {where} (the actors engine held those blocks, "
+            f"and their labels, in that worker's memory; they cannot be recomputed there). "
+            f"Run the fit again once the cluster has its workers back, or use "
+            f"backend_options={{'engine': 'graph'}}: it recomputes lost blocks from X's "
+            f"graph and finishes with the same answer.")
 
 
 class Hold:
@@ -247,24 +266,67 @@ class ActorEngine:
         straight to each actor's worker (one message each, all awaited together on the
         client's event loop) unless `direct_gather` is off: then through the actor handles,
         which go through the scheduler when the client does not connect to workers."""
-        if not self.settings.direct_gather:
-            calls = [getattr(a["actor"], method)(*args, **options) for a in actors]
-            return [c.result() for c in calls]
+        self.check_alive(actors)
+        try:
+            if not self.settings.direct_gather:
+                calls = [getattr(a["actor"], method)(*args, **options) for a in actors]
+                return [c.result() for c in calls]
+            return self._direct(client, actors, method, args, options)
+        except WorkerLostError:
+            raise
+        except Exception as exc:  # CommClosedError, a connect timeout, an actor's error on
+            # a dying worker: a lost worker when one of the actors' futures says so
+            self.check_alive(actors, wait=1.0, cause=exc)
+            raise
+
+    def _direct(self, client, actors, method, args, options):
+        """The call sent straight to each actor's worker, raced against a watch on the
+        actors' futures (client-side state: no message), so a lost worker ends the call at
+        once instead of after the connect timeout."""
         import asyncio
 
         from distributed.protocol import to_serialize
 
+        async def watch():
+            while all(a["future"].status == "finished" for a in actors):
+                await asyncio.sleep(WATCH_INTERVAL)
+
         async def call_all():
-            return await asyncio.gather(*(client.rpc(a["address"]).actor_execute(
+            calls = asyncio.ensure_future(asyncio.gather(*(client.rpc(
+                a["address"]).actor_execute(
                 function=method, actor=a["key"], args=[to_serialize(x) for x in args],
                 kwargs=dict(options, separate_thread=self.separate_thread))
-                for a in actors))
+                for a in actors)))
+            watcher = asyncio.ensure_future(watch())
+            await asyncio.wait([calls, watcher], return_when=asyncio.FIRST_COMPLETED)
+            if not calls.done():
+                calls.cancel()
+                return None
+            watcher.cancel()
+            return calls.result()
 
         replies = client.sync(call_all)
+        if replies is None:
+            self.check_alive(actors)
         for reply in replies:
             if reply["status"] != "OK":
                 raise reply["exception"]
         return [reply["result"] for reply in replies]
+
+    def check_alive(self, actors=None, wait=0.0, cause=None):
+        """Raise WorkerLostError when an actor's worker is gone (its future no longer
+        finished); with `wait`, give the client that long to hear of it (after a comm
+        error, the news can trail it)."""
+        actors = self.state["actors"] if actors is None and self.state else actors or []
+        deadline = time.monotonic() + wait
+        while True:
+            lost = [a for a in actors if a["future"].status != "finished"]
+            if lost or time.monotonic() >= deadline:
+                break
+            time.sleep(WATCH_INTERVAL)
+        if lost:
+            self.reset()  # these actors are gone: a new fit makes new ones
+            raise WorkerLostError(_lost_message(lost)) from cause
 
     def _release(self):
         """Calls whose arrays are gone (the actors drop them with this call)."""

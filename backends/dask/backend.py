@@ -35,6 +35,12 @@ from .graph import GraphEngine
 from .placement import DaskPlacement
 
 
+def _short(chunks, most=6):
+    """A tuple of chunk sizes, cut after `most` of them (there can be millions)."""
+    head = ", ".join(str(c) for c in chunks[:most])
+    return f"({head}{', ...' if len(chunks) > most else ''})"
+
+
 class DaskBackend(KMeansBackend):
     """Exact Lloyd on a dask array with NumPy or CuPy blocks, on dask's current scheduler.
 
@@ -118,7 +124,10 @@ class DaskBackend(KMeansBackend):
         if X.ndim != 2:
             return f"X must be 2-D, got {X.ndim}-D"
         if any(c != c for c in X.chunks[0]) or any(c != c for c in X.chunks[1]):
-            return "X has unknown chunk sizes; call X.compute_chunk_sizes() first"
+            return (f"X has unknown chunk sizes (shape {tuple(X.shape)}, row chunks "
+                    f"{_short(X.chunks[0])}), as a boolean filter leaves them; call "
+                    f"X.compute_chunk_sizes() first (a dask dataframe: "
+                    f"to_dask_array(lengths=True))")
         kind = block_kind(X)
         if kind not in ("numpy", "cupy"):
             return f"its blocks are {kind} arrays; it computes on NumPy or CuPy blocks"

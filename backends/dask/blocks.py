@@ -256,6 +256,17 @@ def take(result, index):
     return result[index]
 
 
+def same(block):
+    """The block itself (an alias task: X's blocks under another array's keys)."""
+    return block
+
+
+def empty_rows(kind, dtype, rest):
+    """A 0-row block of the library `kind` (restores X's empty blocks in per-sample results)."""
+    return cupy().empty((0, *rest), dtype=dtype) if kind == "cupy" else np.empty(
+        (0, *rest), dtype=dtype)
+
+
 def second(xb, ab):
     """`ab`, computed where X's block `xb` lives (places a per-sample block next to X's)."""
     return ab
@@ -267,14 +278,22 @@ def center_block(xb, mean):
     return xb - (m if m.dtype == xb.dtype else m.astype(xb.dtype))
 
 
-def check_finite_block(xb):
-    """The block, after the core's NaN/inf check (its error message, raised on the worker
-    and re-raised on the client)."""
+def checked_block(xb):
+    """(the block, its max |x| as a (1, 1) float64 NumPy array), after the core's NaN/inf
+    check (its error message, raised on the worker and re-raised on the client): one read
+    of the block gives both."""
     from kmeans_xp.validation import check_finite
-    check_finite(xb, block_xp(xb), "X")
-    return xb
+    return xb, np.full((1, 1), check_finite(xb, block_xp(xb), "X"))
 
 
-def finite_flag(xb):
-    check_finite_block(xb)
-    return np.ones((1, 1), dtype=bool)
+def block_absmax(xb):
+    """The block's max |x| as a (1, 1) array, after the NaN/inf check."""
+    return checked_block(xb)[1]
+
+
+def center_scale_block(xb, mean, scale):
+    """(block - mean) * scale in X's dtype: centered as `center_block`, then multiplied by a
+    power of two (exact), in one task."""
+    c = center_block(xb, mean)
+    c *= c.dtype.type(scale)
+    return c

@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 from typing import NamedTuple
 
-from .blocks import block_kind, second
+from .blocks import block_kind, empty_rows, same, second
 
 _clients = {}  # scheduler address -> Client, one per address per process
 
@@ -53,6 +53,57 @@ def row_keys(a):
 
 def whole_rows(X):
     return X.rechunk({1: -1}) if X.ndim == 2 and X.numblocks[1] > 1 else X
+
+
+def nonempty_rows(X):
+    """X without its 0-row blocks (a boolean filter and `compute_chunk_sizes()` leave them):
+    every block task, local backend and dask reduction then sees rows (dask's own cumsum
+    fails on an empty block). The blocks are X's own (a persisted X stays persisted: its
+    futures or arrays are reused as they are)."""
+    if all(X.chunks[0]) or X.ndim != 2 or X.numblocks[1] != 1:
+        return X
+    import dask.array as da
+    from dask.base import tokenize
+    from dask.highlevelgraph import HighLevelGraph
+    graph = dict(X.__dask_graph__())
+    materialized = is_materialized(X)
+    name = f"kmeans-nonempty-{tokenize(X.name)}"
+    keep = [key for key, rows in zip(row_keys(X), X.chunks[0]) if rows]
+    layer = {(name, j, 0): graph[key] if materialized else (same, key)
+             for j, key in enumerate(keep)}
+    deps = set() if materialized else set(X.__dask_layers__())
+    hlg = HighLevelGraph({name: layer}, {name: deps})
+    if not materialized:
+        hlg = HighLevelGraph.merge(hlg, X.__dask_graph__())
+    rows = tuple(r for r in X.chunks[0] if r)
+    return da.Array(hlg, name, chunks=(rows, X.chunks[1]), dtype=X.dtype, meta=X._meta)
+
+
+def restore_rows(a, row_chunks):
+    """A per-sample result `a` computed on `nonempty_rows(X)`, laid out like X's rows again
+    (`row_chunks`, with its 0-row blocks): labels_ and predict's labels line up with X."""
+    if a.chunks[0] == tuple(row_chunks) or a.chunks[0] != tuple(r for r in row_chunks if r):
+        return a
+    import itertools
+
+    import dask.array as da
+    from dask.base import tokenize
+    from dask.highlevelgraph import HighLevelGraph
+    name = f"kmeans-rows-{tokenize(a.name, row_chunks)}"
+    rest = [range(n) for n in a.numblocks[1:]]
+    kind, layer, j = block_kind(a), {}, 0
+    for i, rows in enumerate(row_chunks):
+        for idx in itertools.product(*rest):
+            if rows:
+                layer[(name, i, *idx)] = (same, (a.name, j, *idx))
+            else:
+                shape = tuple(a.chunks[ax + 1][b] for ax, b in enumerate(idx))
+                layer[(name, i, *idx)] = (empty_rows, kind, a.dtype, shape)
+        j += bool(rows)
+    hlg = HighLevelGraph.merge(HighLevelGraph({name: layer}, {name: set(a.__dask_layers__())}),
+                               a.__dask_graph__())
+    return da.Array(hlg, name, chunks=(tuple(row_chunks), *a.chunks[1:]), dtype=a.dtype,
+                    meta=a._meta)
 
 
 def is_materialized(a) -> bool:

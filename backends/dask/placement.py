@@ -8,20 +8,40 @@ from kmeans_xp.backend import Placement
 from kmeans_xp.namespaces import array_namespace, namespace_name, to_numpy
 
 from .blocks import (
+    block_absmax,
     block_kind,
     center_block,
-    check_finite_block,
-    finite_flag,
+    center_scale_block,
+    checked_block,
     like_block,
     moments_block,
     running_sum_block,
+    take,
 )
-from .cluster import is_materialized
+from .cluster import is_materialized, nonempty_rows, restore_rows, row_keys
 from .namespace import DaskNamespace
 
 
 def _is_dask(x) -> bool:
     return namespace_name(x) == "dask.array"
+
+
+def checked(X):
+    """(X's blocks after the NaN/inf check, their max |x| as a (blocks, 1) array): both from
+    one task per block, so persisting both reads each block once."""
+    import dask.array as da
+    from dask.base import tokenize
+    from dask.highlevelgraph import HighLevelGraph
+    token = tokenize(X.name)
+    pair, data, top = (f"kmeans-{p}-{token}" for p in ("checked", "finite", "absmax"))
+    layers = {pair: {(pair, i): (checked_block, key) for i, key in enumerate(row_keys(X))}}
+    layers[data] = {(data, i, 0): (take, (pair, i), 0) for i in range(X.numblocks[0])}
+    layers[top] = {(top, i, 0): (take, (pair, i), 1) for i in range(X.numblocks[0])}
+    deps = {pair: set(X.__dask_layers__()), data: {pair}, top: {pair}}
+    graph = HighLevelGraph.merge(HighLevelGraph(layers, deps), X.__dask_graph__())
+    return (da.Array(graph, data, chunks=X.chunks, dtype=X.dtype, meta=X._meta),
+            da.Array(graph, top, chunks=((1,) * X.numblocks[0], (1,)), dtype=np.float64,
+                     meta=np.empty((0, 0))))
 
 
 class DaskPlacement(Placement):
@@ -41,23 +61,27 @@ class DaskPlacement(Placement):
         return namespace in ("numpy", "list")
 
     def to_backend(self, X):
-        """X as a dask array with whole rows per block, checked for NaN/inf block by block
-        while it is persisted (once) on the workers."""
+        """X as a dask array with whole rows per block and no 0-row block (`from_backend` puts
+        them back in per-sample results), checked for NaN/inf block by block while it is
+        persisted (once) on the workers."""
         import dask.array as da
         if not isinstance(X, da.Array):
             X = np.asarray(X) if namespace_name(X) == "list" else X
             X = da.from_array(X, chunks=("auto", -1))
         if X.numblocks[1] > 1:
             X = X.rechunk({1: -1})
+        X = nonempty_rows(X)
         cluster = self.cluster
         if is_materialized(X) and cluster.in_place(X):
             # already in memory (persisted by the user): check it in place, no second copy
-            X.map_blocks(finite_flag, dtype=bool, chunks=((1,) * X.numblocks[0], (1,)),
-                         meta=np.empty((0, 0), dtype=bool)).compute()
+            tops = X.map_blocks(block_absmax, dtype=np.float64, chunks=(
+                (1,) * X.numblocks[0], (1,)), meta=np.empty((0, 0))).compute()
         else:
-            X = X.map_blocks(check_finite_block, dtype=X.dtype, meta=X._meta)
-            (X,) = cluster.persist(X)
+            X, tops = checked(X)
+            X, tops = cluster.persist(X, tops)
             cluster.wait(X)
+            tops = tops.compute()   # one (1, 1) array per block: no pass over X
+        self.absmax = float(np.max(tops))
         self.X = X
         return X
 
@@ -71,12 +95,14 @@ class DaskPlacement(Placement):
             namespace_name(like) == "cupy"
         if not isinstance(arr, da.Array):
             return like_block(arr, "cupy") if cupy_in else arr
-        if (isinstance(like, da.Array) and arr.ndim >= 1 and like.ndim >= 1
-                and arr.shape[0] == like.shape[0] and arr.chunks[0] == like.chunks[0]):
+        if isinstance(like, da.Array) and arr.ndim >= 1 and arr.shape[0] == like.shape[0]:
             if self.backend.actors.call_of(arr) is not None:
+                self.backend.actors.check_alive()  # else its tasks wait for a dead worker
                 (arr,) = self.cluster.persist(arr, optimize=False, on_cluster=True)
                 self.cluster.wait(arr)
-            return arr
+            arr = restore_rows(arr, like.chunks[0])  # X's 0-row blocks, dropped by to_backend
+            if arr.chunks[0] == like.chunks[0]:
+                return arr
         out = arr.compute()
         return out if isinstance(like, da.Array) or cupy_in else to_numpy(out)
 
@@ -130,6 +156,14 @@ class DaskPlacement(Placement):
         if not np.any(mean):
             return X  # copy_x=False: the fit computes on X as given (persisted by to_backend)
         Xc = X.map_blocks(center_block, mean=mean, dtype=X.dtype, meta=X._meta)
+        return self.cluster.persist_like(Xc, X)
+
+    def center_scaled(self, X, mean, scale, *, xp):
+        """(X - mean) * scale block by block in one task each, persisted once (`center`)."""
+        if not _is_dask(X):
+            return super().center_scaled(X, mean, scale, xp=xp)
+        Xc = X.map_blocks(center_scale_block, mean=np.asarray(to_numpy(mean)), scale=scale,
+                          dtype=X.dtype, meta=X._meta)
         return self.cluster.persist_like(Xc, X)
 
     def finish(self, kept=None):
