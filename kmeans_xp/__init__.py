@@ -17,10 +17,10 @@ from .backend import (
 from .estimator import ConvergenceWarning, KMeans
 from .lloyd import LloydResult
 from .memory import Budget, KMeansMemoryError, MemoryEstimate
+from .planning import estimate_memory
 from .registry import (
     BackendNotAvailableError,
     available_backends,
-    estimate_memory,
     get_backend,
     list_backends,
     register_backend,
