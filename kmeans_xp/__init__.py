@@ -25,7 +25,7 @@ from .registry import (
     list_backends,
     register_backend,
 )
-from .validation import NotFittedError
+from .validation import InvalidParameterError, NotFittedError
 
 __version__ = "0.1.0"
 
@@ -34,5 +34,6 @@ __all__ = [
     "Option", "Placement", "Budget", "LloydResult",
     "KMeansMemoryError", "MemoryEstimate", "estimate_memory", "list_backends", "get_backend",
     "available_backends", "register_backend", "BackendNotAvailableError", "NotFittedError",
+    "InvalidParameterError",
     "ConvergenceWarning", "__version__",
 ]

@@ -22,6 +22,7 @@ from .memory import format_bytes
 from .namespaces import array_namespace, device, label_counts, namespace_name, to_numpy
 from .progress import bar, logger, verbose_logging
 from .registry import get_backend, get_backend_info, select_backend
+from .routing import MetadataRouting
 from .scaling import host_dtype_of, ldexp_or_inf, pow2_scale, pow2_scale_weights, rescaled, unscaled
 from .validation import (
     check_array,
@@ -50,7 +51,7 @@ def _convergence_warning():
     return ConvergenceWarning if sk is None else _with_sklearn_warning(sk.ConvergenceWarning)
 
 
-class KMeans(SklearnInterop):
+class KMeans(SklearnInterop, MetadataRouting):
     """K-Means clustering (Lloyd) on pluggable array backends.
 
     Parameters follow `sklearn.cluster.KMeans`; in addition `backend` names the backend
@@ -112,10 +113,11 @@ class KMeans(SklearnInterop):
     def __sklearn_tags__(self):
         # only scikit-learn calls this, so importing it here adds no run-time dependency
         from sklearn.utils import InputTags, Tags, TargetTags, TransformerTags
-        # transform keeps float32 as float32 (sklearn's KMeans declares the same)
+        # transform keeps float32 as float32 (sklearn's KMeans declares the same); array API
+        # input (array-api-strict, torch, CuPy) computes and comes back in its namespace
         return Tags(estimator_type="clusterer", target_tags=TargetTags(required=False),
                     transformer_tags=TransformerTags(preserves_dtype=["float64", "float32"]),
-                    input_tags=InputTags())
+                    input_tags=InputTags(), array_api_support=True)
 
     def __sklearn_is_fitted__(self):
         return hasattr(self, "cluster_centers_")
@@ -332,10 +334,12 @@ class KMeans(SklearnInterop):
         return select_backend("auto" if auto else name, X, n_clusters=k,
                               backend_options=options, max_memory=max_memory)[0]
 
-    def _prepare(self, X, center=True):
+    def _prepare(self, X, method, center=True):
         """(backend, X centered in the backend's namespace, xp, validated X, centers) for
-        predict etc.; with center=False, X uncentered and the mean in place of the centers."""
+        `method` (predict etc.); with center=False, X uncentered and the mean in place of the
+        centers."""
         self._check_fitted()
+        self._check_same_namespace(X, method)
         self._check_feature_names(X)
         X = check_array(X, owner=type(self).__name__)
         if X.shape[1] != self.n_features_in_:
@@ -362,7 +366,7 @@ class KMeans(SklearnInterop):
 
     def predict(self, X):
         """Index of the closest cluster center for each sample."""
-        backend, Xc, xp, X, centers = self._prepare(X)
+        backend, Xc, xp, X, centers = self._prepare(X, "predict")
         return backend.placement.from_backend(backend.assign(Xc, centers, xp=xp).labels,
                                               like=X)
 
@@ -372,7 +376,7 @@ class KMeans(SklearnInterop):
     def transform(self, X):
         """Euclidean distance of each sample to each center, shape (n_samples, n_clusters)."""
         X_user = X
-        backend, Xb, xp, X, mean = self._prepare(X, center=False)
+        backend, Xb, xp, X, mean = self._prepare(X, "transform", center=False)
         Xb = xp.asarray(Xb)  # an array even where the backend streams rows
         centers = xp.asarray(to_numpy(self.cluster_centers_), device=device(Xb))
         out = backend.placement.from_backend(
@@ -384,7 +388,7 @@ class KMeans(SklearnInterop):
 
     def score(self, X, y=None, sample_weight=None):
         """Opposite of the (weighted) inertia of X under the fitted centers."""
-        backend, Xc, xp, X, centers = self._prepare(X)
+        backend, Xc, xp, X, centers = self._prepare(X, "score")
         sw = None if sample_weight is None else xp.asarray(
             check_sample_weight(sample_weight, Xc.shape[0], _host_dtype(Xc)), device=device(Xc))
         labels = backend.assign(Xc, centers, xp=xp).labels

@@ -6,14 +6,22 @@ to build the output a user asked for with `set_output`.
 """
 from __future__ import annotations
 
+import html
+import sys
 import warnings
 
 import numpy as np
 
-from .namespaces import namespace_name, to_numpy
+from .namespaces import device, namespace_name, to_numpy
 
 #: fitted attributes that may live on a device; a pickle holds them as NumPy
 _ARRAYS = ("cluster_centers_", "labels_", "_X_mean", "_centers_fit")
+
+
+def _where(a):
+    """(namespace, device) of an array, ("list", "array-like") for other input."""
+    name = namespace_name(a)
+    return name, "array-like" if name == "list" else str(device(a))
 
 
 def feature_names(X):
@@ -90,6 +98,40 @@ class SklearnInterop:
             return pd.DataFrame(values, columns=columns, index=index)
         import polars as pl
         return pl.DataFrame(values, schema=columns)
+
+    # -- sklearn's array API dispatch -------------------------------------------------------------
+    def _check_same_namespace(self, X, method):
+        """Under sklearn's ``array_api_dispatch`` an estimator fitted on one namespace or
+        device refuses input from another (sklearn's rule, its message). Without it a model
+        predicts on any input, choosing a backend for it (a GPU fit predicting on NumPy)."""
+        sk = sys.modules.get("sklearn")
+        if sk is None or not sk.get_config().get("array_api_dispatch", False):
+            return
+        fitted, given = _where(self.cluster_centers_), _where(X)
+        host = ("numpy", "list")  # array-likes go with NumPy, as in sklearn
+        if fitted == given or (fitted[0] in host and given[0] in host):
+            return
+        raise ValueError(
+            f"Inputs passed to {type(self).__name__}.{method}() must use the same namespace "
+            f"and the same device as those passed to fit(). Fitted on {fitted[0]} "
+            f"({fitted[1]}), given {given[0]} ({given[1]}). Convert X, or call "
+            f"{method}() outside sklearn's array_api_dispatch (then any input is taken).")
+
+    # -- Jupyter ----------------------------------------------------------------------------------
+    def _repr_html_(self):
+        """Jupyter's view: the parameters that differ from the defaults and, once fitted,
+        what the fit found. Plain HTML: no scikit-learn needed."""
+        rows = [("fitted", "no")]
+        if hasattr(self, "cluster_centers_"):
+            rows = [("backend", f"{self.backend_} ({self.backend_reason_})"),
+                    ("n_iter_", self.n_iter_), ("inertia_", f"{self.inertia_:.6g}"),
+                    ("n_features_in_", self.n_features_in_),
+                    ("fit time", f"{self.timings_.get('total', 0.0):.3f} s")]
+        cells = "".join(f"<tr><th style='text-align:left'>{html.escape(str(k))}</th>"
+                        f"<td style='text-align:left'>{html.escape(str(v))}</td></tr>"
+                        for k, v in rows)
+        return (f"<div class='kmeans-xp-estimator'><pre>{html.escape(repr(self))}</pre>"
+                f"<table>{cells}</table></div>")
 
     # -- scikit-learn's own estimator ------------------------------------------------------------
     def to_sklearn(self):
