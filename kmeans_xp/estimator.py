@@ -6,8 +6,6 @@ chosen backend, keeps the best, and stores the fitted attributes in the caller's
 from __future__ import annotations
 
 import functools
-import inspect
-import math
 import sys
 import time
 import warnings
@@ -15,21 +13,21 @@ import warnings
 import numpy as np
 
 from . import init as _init
-from .chunks import row_chunks, tolerance
+from .chunks import tolerance
 from .interop import SklearnInterop
 from .lloyd import kmeans_single_lloyd
 from .memory import format_bytes
-from .namespaces import array_namespace, device, label_counts, namespace_name, to_numpy
+from .namespaces import array_namespace, device, label_counts, to_numpy
+from .predicting import Predicting
 from .progress import bar, logger, verbose_logging
-from .registry import get_backend, get_backend_info, select_backend
+from .registry import select_backend
 from .routing import MetadataRouting
-from .scaling import host_dtype_of, ldexp_or_inf, pow2_scale, pow2_scale_weights, rescaled, unscaled
+from .scaling import host_dtype_of, pow2_scale, pow2_scale_weights, rescaled, unscaled
 from .validation import (
     check_array,
     check_init_array,
     check_random_state,
     check_sample_weight,
-    not_fitted_error,
     validate_params,
 )
 
@@ -51,7 +49,7 @@ def _convergence_warning():
     return ConvergenceWarning if sk is None else _with_sklearn_warning(sk.ConvergenceWarning)
 
 
-class KMeans(SklearnInterop, MetadataRouting):
+class KMeans(Predicting, SklearnInterop, MetadataRouting):
     """K-Means clustering (Lloyd) on pluggable array backends.
 
     Parameters follow `sklearn.cluster.KMeans`; in addition `backend` names the backend
@@ -77,50 +75,6 @@ class KMeans(SklearnInterop, MetadataRouting):
         self.backend = backend
         self.backend_options = backend_options
         self.max_memory = max_memory
-
-    # -- scikit-learn estimator protocol ------------------------------------------------------
-    @classmethod
-    def _param_names(cls):
-        sig = inspect.signature(cls.__init__)
-        return sorted(p for p in sig.parameters if p != "self")
-
-    def get_params(self, deep=True):
-        return {name: getattr(self, name) for name in self._param_names()}
-
-    def set_params(self, **params):
-        valid = self._param_names()
-        for name, value in params.items():
-            if name not in valid:
-                raise ValueError(f"Invalid parameter {name!r} for estimator {self!r}. Valid "
-                                 f"parameters are: {valid}.")
-            setattr(self, name, value)
-        return self
-
-    def __repr__(self):
-        defaults = {p.name: p.default for p in
-                    inspect.signature(type(self).__init__).parameters.values()}
-        changed = []
-        for name, value in self.get_params().items():
-            default = defaults[name]
-            same = value is default or (type(value) is type(default) and not hasattr(
-                value, "shape") and value == default)
-            if not same:
-                array = getattr(value, "ndim", 0) > 0  # NumPy scalars print as numbers
-                changed.append(f"{name}=array(shape={tuple(value.shape)})" if array
-                               else f"{name}={_scalar(value)!r}")
-        return f"{type(self).__name__}({', '.join(changed)})"
-
-    def __sklearn_tags__(self):
-        # only scikit-learn calls this, so importing it here adds no run-time dependency
-        from sklearn.utils import InputTags, Tags, TargetTags, TransformerTags
-        # transform keeps float32 as float32 (sklearn's KMeans declares the same); array API
-        # input (array-api-strict, torch, CuPy) computes and comes back in its namespace
-        return Tags(estimator_type="clusterer", target_tags=TargetTags(required=False),
-                    transformer_tags=TransformerTags(preserves_dtype=["float64", "float32"]),
-                    input_tags=InputTags(), array_api_support=True)
-
-    def __sklearn_is_fitted__(self):
-        return hasattr(self, "cluster_centers_")
 
     # -- fitting ------------------------------------------------------------------------------
     def _resolved_n_init(self):
@@ -309,112 +263,6 @@ class KMeans(SklearnInterop, MetadataRouting):
         if self.memory_report_:
             logger.info("memory (peak per stage): " + ", ".join(
                 f"{k} {format_bytes(v)}" for k, v in self.memory_report_.items()))
-
-    # -- using the fit ------------------------------------------------------------------------
-    def _check_fitted(self):
-        if not hasattr(self, "cluster_centers_"):
-            raise not_fitted_error(f"This {type(self).__name__} instance is not fitted yet. Call "
-                                 f"'fit' with appropriate arguments before using this "
-                                 f"estimator.")
-
-    def _predict_backend(self, X):
-        """The fit's backend when it takes X. Otherwise, after an "auto" fit, the backend
-        "auto" picks for X; a backend the user named raises, listing those that would take
-        X (as fit does): never a silent fallback."""
-        name, options, max_memory, auto = self._backend_key
-        k = self._centers_fit.shape[0]
-        if getattr(self, "_moved_to_host", False):
-            # unpickled with host copies: the fit's backend may not exist here
-            auto = True
-            if not (get_backend_info(name) or (False,))[0]:
-                return select_backend("auto", X, n_clusters=k, max_memory=max_memory)[0]
-        backend = get_backend(name)(max_memory=max_memory, **options)
-        if backend.accepts(X, n_clusters=k):
-            return backend
-        return select_backend("auto" if auto else name, X, n_clusters=k,
-                              backend_options=options, max_memory=max_memory)[0]
-
-    def _prepare(self, X, method, center=True):
-        """(backend, X centered in the backend's namespace, xp, validated X, centers) for
-        `method` (predict etc.); with center=False, X uncentered and the mean in place of the
-        centers."""
-        self._check_fitted()
-        self._check_same_namespace(X, method)
-        self._check_feature_names(X)
-        X = check_array(X, owner=type(self).__name__)
-        if X.shape[1] != self.n_features_in_:
-            raise ValueError(f"X has {X.shape[1]} features, but {type(self).__name__} is "
-                             f"expecting {self.n_features_in_} features as input.")
-        backend = self._predict_backend(X)
-        place = backend.placement
-        Xb = place.to_backend(X)
-        xp = place.namespace(Xb)
-        mean = xp.asarray(self._X_mean, device=device(Xb)) if namespace_name(
-            self._X_mean) == namespace_name(Xb) else xp.asarray(to_numpy(self._X_mean),
-                                                                  device=device(Xb))
-        if not center:
-            return backend, Xb, xp, X, mean
-        centers = xp.asarray(self._centers_fit, device=device(Xb)) if namespace_name(
-            self._centers_fit) == namespace_name(Xb) else xp.asarray(
-                to_numpy(self._centers_fit), device=device(Xb))
-        Xc = place.center(xp.astype(Xb, centers.dtype, copy=False),
-                          xp.astype(mean, centers.dtype), xp=xp)
-        scale = getattr(self, "_scale", 1.0)
-        if scale != 1:
-            Xc, centers = rescaled(Xc, scale, xp), centers * scale
-        return backend, Xc, xp, X, centers
-
-    def predict(self, X):
-        """Index of the closest cluster center for each sample."""
-        backend, Xc, xp, X, centers = self._prepare(X, "predict")
-        return backend.placement.from_backend(backend.assign(Xc, centers, xp=xp).labels,
-                                              like=X)
-
-    def fit_predict(self, X, y=None, sample_weight=None):
-        return self.fit(X, sample_weight=sample_weight).labels_
-
-    def transform(self, X):
-        """Euclidean distance of each sample to each center, shape (n_samples, n_clusters)."""
-        X_user = X
-        backend, Xb, xp, X, mean = self._prepare(X, "transform", center=False)
-        Xb = xp.asarray(Xb)  # an array even where the backend streams rows
-        centers = xp.asarray(to_numpy(self.cluster_centers_), device=device(Xb))
-        out = backend.placement.from_backend(
-            _distances(Xb, centers, mean, xp, backend.driver_rows(Xb)), like=X)
-        return self._wrap_output(out, X_user)
-
-    def fit_transform(self, X, y=None, sample_weight=None):
-        return self.fit(X, sample_weight=sample_weight).transform(X)
-
-    def score(self, X, y=None, sample_weight=None):
-        """Opposite of the (weighted) inertia of X under the fitted centers."""
-        backend, Xc, xp, X, centers = self._prepare(X, "score")
-        sw = None if sample_weight is None else xp.asarray(
-            check_sample_weight(sample_weight, Xc.shape[0], _host_dtype(Xc)), device=device(Xc))
-        labels = backend.assign(Xc, centers, xp=xp).labels
-        centers = backend.placement.small(centers)
-        total = float(to_numpy(backend.inertia(Xc, sw, centers, labels, xp=xp)))
-        return -ldexp_or_inf(total, -2 * (math.frexp(getattr(self, "_scale", 1.0))[1] - 1))
-
-
-def _distances(X, centers, mean, xp, rows):
-    """(n, k) Euclidean distances in X's dtype: X and the fitted centers are centered and
-    expanded in float64, chunk by chunk, so a point on its center gets ~0 (the expansion in
-    float32 of centered copies gave 2.8e-3 there)."""
-    m64 = xp.astype(mean, xp.float64)
-    c64 = xp.astype(centers, xp.float64) - m64
-    c_sq = xp.sum(c64 * c64, axis=1)[None, :]
-    parts = []
-    for sl in row_chunks(X.shape[0], max(1, rows // max(1, centers.shape[0] // 64))):
-        x64 = xp.astype(X[sl, ...], xp.float64) - m64
-        d2 = xp.sum(x64 * x64, axis=1)[:, None] - 2 * (x64 @ c64.T) + c_sq
-        parts.append(xp.astype(xp.sqrt(xp.where(d2 < 0, xp.zeros_like(d2), d2)), X.dtype))
-    return parts[0] if len(parts) == 1 else xp.concat(parts)
-
-
-def _scalar(value):
-    """np.int64(3) as 3 (its repr is np.int64(3) in NumPy 2)."""
-    return value.item() if isinstance(value, np.generic) else value
 
 
 def _host_dtype(X):

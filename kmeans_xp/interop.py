@@ -7,6 +7,7 @@ to build the output a user asked for with `set_output`.
 from __future__ import annotations
 
 import html
+import inspect
 import sys
 import warnings
 
@@ -38,6 +39,50 @@ def feature_names(X):
 
 class SklearnInterop:
     """Mixed into KMeans: what scikit-learn's meta-estimators and exporters expect."""
+
+    # -- scikit-learn estimator protocol ------------------------------------------------------
+    @classmethod
+    def _param_names(cls):
+        sig = inspect.signature(cls.__init__)
+        return sorted(p for p in sig.parameters if p != "self")
+
+    def get_params(self, deep=True):
+        return {name: getattr(self, name) for name in self._param_names()}
+
+    def set_params(self, **params):
+        valid = self._param_names()
+        for name, value in params.items():
+            if name not in valid:
+                raise ValueError(f"Invalid parameter {name!r} for estimator {self!r}. Valid "
+                                 f"parameters are: {valid}.")
+            setattr(self, name, value)
+        return self
+
+    def __repr__(self):
+        defaults = {p.name: p.default for p in
+                    inspect.signature(type(self).__init__).parameters.values()}
+        changed = []
+        for name, value in self.get_params().items():
+            default = defaults[name]
+            same = value is default or (type(value) is type(default) and not hasattr(
+                value, "shape") and value == default)
+            if not same:
+                array = getattr(value, "ndim", 0) > 0  # NumPy scalars print as numbers
+                changed.append(f"{name}=array(shape={tuple(value.shape)})" if array
+                               else f"{name}={_scalar(value)!r}")
+        return f"{type(self).__name__}({', '.join(changed)})"
+
+    def __sklearn_tags__(self):
+        # only scikit-learn calls this, so importing it here adds no run-time dependency
+        from sklearn.utils import InputTags, Tags, TargetTags, TransformerTags
+        # transform keeps float32 as float32 (sklearn's KMeans declares the same); array API
+        # input (array-api-strict, torch, CuPy) computes and comes back in its namespace
+        return Tags(estimator_type="clusterer", target_tags=TargetTags(required=False),
+                    transformer_tags=TransformerTags(preserves_dtype=["float64", "float32"]),
+                    input_tags=InputTags(), array_api_support=True)
+
+    def __sklearn_is_fitted__(self):
+        return hasattr(self, "cluster_centers_")
 
     # -- feature names ------------------------------------------------------------------------
     def _record_feature_names(self, X):
@@ -164,3 +209,8 @@ class SklearnInterop:
                 state[name] = np.asarray(to_numpy(state[name]))
                 state["_moved_to_host"] = True
         return state
+
+
+def _scalar(value):
+    """np.int64(3) as 3 (its repr is np.int64(3) in NumPy 2)."""
+    return value.item() if isinstance(value, np.generic) else value
