@@ -9,6 +9,7 @@ import functools
 import sys
 import time
 import warnings
+from typing import Any
 
 import numpy as np
 
@@ -50,19 +51,103 @@ def _convergence_warning():
 
 
 class KMeans(Predicting, SklearnInterop, MetadataRouting):
-    """K-Means clustering (Lloyd) on pluggable array backends.
+    """K-Means clustering (Lloyd's algorithm) on pluggable array backends.
 
-    Parameters follow `sklearn.cluster.KMeans`; in addition `backend` names the backend
-    ("auto", "numpy", "array-api", "cupy-kernels", "cupy-chunked", "cupy-fused", "dask" or a
-    plugin; see `kmeans_xp.list_backends()`), `backend_options` passes options to it, and
-    `max_memory` ("auto", bytes or "2GB") bounds the working memory beyond X, labels, centers.
+    scikit-learn's `sklearn.cluster.KMeans` API and semantics (tol, strict convergence,
+    empty-cluster relocation, ``labels_ == predict(X)``), computed by a backend chosen at run
+    time: NumPy on the CPU, CuPy kernels on a GPU, Dask across machines. Every backend gives
+    the same partition from the same initial centers, within a memory bound.
+
+    Parameters
+    ----------
+    n_clusters : int, default=8
+        The number of clusters, and of centers.
+    init : {"k-means++", "k-means||", "random"}, callable or array-like, default="k-means++"
+        How the initial centers are chosen: greedy k-means++ (sklearn's), k-means|| (a few
+        passes over X in all: for large n and for Dask), random rows, a callable
+        ``init(X, n_clusters, random_state=rs)`` returning an (n_clusters, n_features)
+        array, or that array itself.
+    n_init : "auto" or int, default="auto"
+        Runs with different initial centers; the one with the lowest inertia is kept.
+        "auto": 1 for "k-means++" and "k-means||", 10 for "random" and a callable.
+    max_iter : int, default=300
+        Lloyd iterations of one run at most.
+    tol : float, default=1e-4
+        Convergence when the squared center shift is at most ``tol`` times the mean
+        feature variance of X (sklearn's rule); ``tol=0`` runs to strict convergence.
+    verbose : int, default=0
+        Above 0, the fit logs per iteration (logger "kmeans_xp", shown on stdout) and shows
+        progress bars (tqdm.auto, when installed).
+    random_state : int, numpy.random.RandomState, numpy.random.Generator or None, \
+default=None
+        Seeds the initialisation.
+    copy_x : bool, default=True
+        False: X is centered in place during the fit and restored after (no copy of X).
+    algorithm : {"lloyd", "elkan"}, default="lloyd"
+        Lloyd's algorithm; "elkan" is accepted for sklearn's API and raises: not implemented.
+    backend : str, default="auto"
+        "auto" (chosen from the input's namespace and size; see ``backend_reason_``),
+        "numpy", "array-api", "cupy-kernels", "cupy-chunked", "cupy-fused", "dask" or a
+        plugin's name; `kmeans_xp.list_backends` says which are installed.
+    backend_options : dict or None, default=None
+        Options of the backend, checked by name (e.g. ``{"stream": True}``).
+    max_memory : "auto", int or str, default="auto"
+        Bound on the working memory beyond X, labels and centers: bytes or a string such as
+        "2GB"; "auto" is a share of the memory free where the backend computes.
+
+    Attributes
+    ----------
+    cluster_centers_ : array of shape (n_clusters, n_features)
+        The centers, in the input's namespace and on its device.
+    labels_ : array of shape (n_samples,)
+        The cluster of each training sample (``predict(X)`` of the training data).
+    inertia_ : float
+        Sum of the (weighted) squared distances of the samples to their centers.
+    n_iter_ : int
+        Lloyd iterations of the best run.
+    n_features_in_ : int
+        Number of features seen during fit.
+    feature_names_in_ : ndarray of shape (n_features_in_,)
+        Column names of a DataFrame X, when they are all strings.
+    backend_ : str
+        The backend that ran the fit.
+    backend_reason_ : str
+        Why that backend: named by the user, or what "auto" looked at.
+    history_ : list of dict
+        Per iteration of the best run: inertia and center shift.
+    timings_ : dict
+        Seconds spent in "transfer", "init", "lloyd", per iteration and in total.
+    memory_report_ : dict
+        Peak bytes per stage, measured where the backend measures (the CuPy pool).
+
+    See Also
+    --------
+    kmeans_xp.estimate_memory : The memory a fit needs, before it runs.
+    sklearn.cluster.KMeans : The estimator whose API and semantics this one follows.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from kmeans_xp import KMeans
+    >>> X = np.array([[1.0, 2.0], [1.0, 4.0], [1.0, 0.0],
+    ...               [10.0, 2.0], [10.0, 4.0], [10.0, 0.0]])
+    >>> km = KMeans(n_clusters=2, random_state=0, backend="numpy").fit(X)
+    >>> sorted(km.cluster_centers_.tolist())
+    [[1.0, 2.0], [10.0, 2.0]]
+    >>> km.predict(np.array([[0.0, 0.0], [12.0, 3.0]])).tolist() == [
+    ...     km.labels_[0], km.labels_[3]]
+    True
+    >>> km.backend_
+    'numpy'
     """
 
     _estimator_type = "clusterer"
 
-    def __init__(self, n_clusters=8, *, init="k-means++", n_init="auto", max_iter=300,
-                 tol=1e-4, verbose=0, random_state=None, copy_x=True, algorithm="lloyd",
-                 backend="auto", backend_options=None, max_memory="auto"):
+    def __init__(self, n_clusters: int = 8, *, init: Any = "k-means++",
+                 n_init: str | int = "auto", max_iter: int = 300, tol: float = 1e-4,
+                 verbose: int = 0, random_state: Any = None, copy_x: bool = True,
+                 algorithm: str = "lloyd", backend: str = "auto",
+                 backend_options: dict | None = None, max_memory: str | int = "auto"):
         self.n_clusters = n_clusters
         self.init = init
         self.n_init = n_init
@@ -144,9 +229,24 @@ class KMeans(Predicting, SklearnInterop, MetadataRouting):
         finally:
             progress.close()
 
-    def fit(self, X, y=None, sample_weight=None):
-        """Compute k-means clustering. X: (n_samples, n_features) array of any supported
-        namespace (NumPy, CuPy, torch, dask, lists)."""
+    def fit(self, X: Any, y: Any = None, sample_weight: Any = None) -> KMeans:
+        """Compute k-means clustering.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features)
+            Training data: NumPy, CuPy, torch, array-api-strict, dask or nested lists; the
+            fitted arrays come back in its namespace and on its device.
+        y : Ignored
+            Not used, present for API consistency by convention.
+        sample_weight : array-like of shape (n_samples,), default=None
+            Weight of each sample (None: all 1).
+
+        Returns
+        -------
+        self : KMeans
+            The fitted estimator.
+        """
         with verbose_logging(self.verbose):
             return self._fit(X, sample_weight)
 

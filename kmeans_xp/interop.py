@@ -10,6 +10,7 @@ import html
 import inspect
 import sys
 import warnings
+from typing import Any
 
 import numpy as np
 
@@ -46,10 +47,34 @@ class SklearnInterop:
         sig = inspect.signature(cls.__init__)
         return sorted(p for p in sig.parameters if p != "self")
 
-    def get_params(self, deep=True):
+    def get_params(self, deep: bool = True) -> dict:
+        """Get the parameters of this estimator.
+
+        Parameters
+        ----------
+        deep : bool, default=True
+            Kept for sklearn's API: no parameter is an estimator.
+
+        Returns
+        -------
+        params : dict
+            Parameter names mapped to their values.
+        """
         return {name: getattr(self, name) for name in self._param_names()}
 
     def set_params(self, **params):
+        """Set the parameters of this estimator.
+
+        Parameters
+        ----------
+        **params : dict
+            Estimator parameters by name.
+
+        Returns
+        -------
+        self : KMeans
+            The estimator.
+        """
         valid = self._param_names()
         for name, value in params.items():
             if name not in valid:
@@ -112,17 +137,39 @@ class SklearnInterop:
             raise ValueError(f"The feature names should match those that were passed during "
                              f"fit: {detail}.")
 
-    def get_feature_names_out(self, input_features=None):
-        """Output names of transform: kmeans0, kmeans1, ... (scikit-learn's names)."""
+    def get_feature_names_out(self, input_features: Any = None) -> np.ndarray:
+        """Get the output feature names of transform.
+
+        Parameters
+        ----------
+        input_features : array-like of str or None, default=None
+            Ignored: the names depend on the clusters only (sklearn's signature).
+
+        Returns
+        -------
+        feature_names_out : ndarray of str objects
+            ``kmeans0``, ``kmeans1``, ... (scikit-learn's names).
+        """
         self._check_fitted()
         prefix = type(self).__name__.lower()
         return np.asarray([f"{prefix}{i}" for i in range(self.cluster_centers_.shape[0])],
                           dtype=object)
 
     # -- set_output -----------------------------------------------------------------------------
-    def set_output(self, *, transform=None):
-        """transform's output: "default" (the input's namespace), "pandas" or "polars"
-        (a DataFrame with get_feature_names_out() as columns); None leaves it as it is."""
+    def set_output(self, *, transform: str | None = None):
+        """Set the output container of transform and fit_transform.
+
+        Parameters
+        ----------
+        transform : {"default", "pandas", "polars"} or None, default=None
+            "default": the input's namespace; "pandas" or "polars": a DataFrame with
+            ``get_feature_names_out()`` as columns; None: unchanged.
+
+        Returns
+        -------
+        self : KMeans
+            The estimator.
+        """
         if transform is None:
             return self
         if transform not in ("default", "pandas", "polars"):
@@ -180,9 +227,16 @@ class SklearnInterop:
 
     # -- scikit-learn's own estimator ------------------------------------------------------------
     def to_sklearn(self):
-        """A fitted `sklearn.cluster.KMeans` with these centers (float64 or float32 as
-        fitted), labels, inertia and iterations: it predicts as this model does, and
-        exporters such as skl2onnx take it."""
+        """Return a fitted `sklearn.cluster.KMeans` with this model's centers.
+
+        Centers (float64 or float32 as fitted), labels, inertia and iterations are copied to
+        the host: it predicts as this model does, and exporters such as skl2onnx take it.
+
+        Returns
+        -------
+        sklearn.cluster.KMeans
+            The fitted scikit-learn estimator.
+        """
         from sklearn.cluster import KMeans as SklearnKMeans
         self._check_fitted()
         params = {k: v for k, v in self.get_params().items()

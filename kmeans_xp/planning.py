@@ -37,7 +37,7 @@ def estimate_memory(n_samples: int, n_features: int, n_clusters: int, *,
                     dtype="float32", backend: str = "numpy", max_memory="auto",
                     backend_options: dict | None = None,
                     weighted: bool = False) -> MemoryEstimate:
-    """Bytes per part and in total that a fit needs, before anything runs.
+    """Estimate the bytes per part and in total that a fit needs, before anything runs.
 
     Parameters
     ----------

@@ -4,6 +4,7 @@ shortcuts), on the fit's backend when it takes the input, else on the one "auto"
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from .chunks import row_chunks
 from .namespaces import device, namespace_name, to_numpy
@@ -69,17 +70,56 @@ class Predicting:
             Xc, centers = rescaled(Xc, scale, xp), centers * scale
         return backend, Xc, xp, X, centers
 
-    def predict(self, X):
-        """Index of the closest cluster center for each sample."""
+    def predict(self, X: Any) -> Any:
+        """Predict the closest cluster each sample in X belongs to.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features)
+            New data, in any namespace a backend takes (not only the fit's).
+
+        Returns
+        -------
+        labels : array of shape (n_samples,)
+            Index of the closest center, in X's namespace.
+        """
         backend, Xc, xp, X, centers = self._prepare(X, "predict")
         return backend.placement.from_backend(backend.assign(Xc, centers, xp=xp).labels,
                                               like=X)
 
-    def fit_predict(self, X, y=None, sample_weight=None):
+    def fit_predict(self, X: Any, y: Any = None, sample_weight: Any = None) -> Any:
+        """Compute the clustering and return each sample's cluster (``fit(X).labels_``).
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features)
+            Training data.
+        y : Ignored
+            Not used, present for API consistency by convention.
+        sample_weight : array-like of shape (n_samples,), default=None
+            Weight of each sample (None: all 1).
+
+        Returns
+        -------
+        labels : array of shape (n_samples,)
+            Index of the cluster of each sample.
+        """
         return self.fit(X, sample_weight=sample_weight).labels_
 
-    def transform(self, X):
-        """Euclidean distance of each sample to each center, shape (n_samples, n_clusters)."""
+    def transform(self, X: Any) -> Any:
+        """Transform X to the cluster-distance space.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features)
+            New data.
+
+        Returns
+        -------
+        distances : array of shape (n_samples, n_clusters)
+            Euclidean distance of each sample to each center, in X's namespace (or a
+            DataFrame after ``set_output(transform="pandas")``).
+        """
         X_user = X
         backend, Xb, xp, X, mean = self._prepare(X, "transform", center=False)
         Xb = xp.asarray(Xb)  # an array even where the backend streams rows
@@ -88,11 +128,42 @@ class Predicting:
             _distances(Xb, centers, mean, xp, backend.driver_rows(Xb)), like=X)
         return self._wrap_output(out, X_user)
 
-    def fit_transform(self, X, y=None, sample_weight=None):
+    def fit_transform(self, X: Any, y: Any = None, sample_weight: Any = None) -> Any:
+        """Compute the clustering and transform X to the cluster-distance space.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features)
+            Training data.
+        y : Ignored
+            Not used, present for API consistency by convention.
+        sample_weight : array-like of shape (n_samples,), default=None
+            Weight of each sample (None: all 1).
+
+        Returns
+        -------
+        distances : array of shape (n_samples, n_clusters)
+            Euclidean distance of each sample to each fitted center.
+        """
         return self.fit(X, sample_weight=sample_weight).transform(X)
 
-    def score(self, X, y=None, sample_weight=None):
-        """Opposite of the (weighted) inertia of X under the fitted centers."""
+    def score(self, X: Any, y: Any = None, sample_weight: Any = None) -> float:
+        """Opposite of the value of X on the K-means objective.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features)
+            New data.
+        y : Ignored
+            Not used, present for API consistency by convention.
+        sample_weight : array-like of shape (n_samples,), default=None
+            Weight of each sample (None: all 1).
+
+        Returns
+        -------
+        score : float
+            Minus the (weighted) sum of squared distances of X to the closest centers.
+        """
         backend, Xc, xp, X, centers = self._prepare(X, "score")
         sw = None if sample_weight is None else xp.asarray(check_sample_weight(
             sample_weight, Xc.shape[0], host_dtype_of(Xc.dtype)), device=device(Xc))

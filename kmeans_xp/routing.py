@@ -91,7 +91,7 @@ class MetadataRouting:
         return self
 
     def get_metadata_routing(self):
-        """The metadata this estimator requests, as sklearn's meta-estimators read it.
+        """Get the metadata this estimator requests, as sklearn's meta-estimators read it.
 
         Returns
         -------
