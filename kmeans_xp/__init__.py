@@ -18,15 +18,15 @@ from .backend import (
 from .estimator import ConvergenceWarning, KMeans
 from .lloyd import LloydResult
 from .memory import Budget, KMeansMemoryError, MemoryEstimate
+from .planning import estimate_memory
 from .registry import (
     BackendNotAvailableError,
     available_backends,
-    estimate_memory,
     get_backend,
     list_backends,
     register_backend,
 )
-from .validation import NotFittedError
+from .validation import InvalidParameterError, NotFittedError
 
 __version__ = "0.1.0"
 
@@ -35,6 +35,6 @@ __all__ = [
     "Option", "Placement", "Budget", "LloydResult",
     "KMeansMemoryError", "MemoryEstimate", "estimate_memory", "list_backends", "get_backend",
     "available_backends", "register_backend", "BackendNotAvailableError", "NotFittedError",
-    "WorkerLostError",
+    "WorkerLostError", "InvalidParameterError",
     "ConvergenceWarning", "__version__",
 ]

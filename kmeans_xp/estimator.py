@@ -6,31 +6,29 @@ chosen backend, keeps the best, and stores the fitted attributes in the caller's
 from __future__ import annotations
 
 import functools
-import inspect
-import math
 import sys
 import time
 import warnings
+from typing import Any
 
 import numpy as np
 
 from . import init as _init
-from .chunks import row_chunks, tolerance
+from .chunks import tolerance
 from .interop import SklearnInterop
 from .lloyd import kmeans_single_lloyd
 from .memory import format_bytes
-from .namespaces import array_namespace, device, label_counts, namespace_name, to_numpy
+from .namespaces import array_namespace, device, label_counts, to_numpy
+from .predicting import Predicting, require_known_shape
 from .progress import Clock, bar, logger, verbose_logging
-from .registry import get_backend, get_backend_info, select_backend
-from .scaling import host_dtype_of, ldexp_or_inf, pow2_scale, pow2_scale_weights, rescaled, unscaled
+from .registry import select_backend
+from .routing import MetadataRouting
+from .scaling import host_dtype_of, pow2_scale, pow2_scale_weights, unscaled
 from .validation import (
     check_array,
     check_init_array,
     check_random_state,
     check_sample_weight,
-    known_shape,
-    not_fitted_error,
-    unknown_shape_error,
     validate_params,
 )
 
@@ -52,20 +50,104 @@ def _convergence_warning():
     return ConvergenceWarning if sk is None else _with_sklearn_warning(sk.ConvergenceWarning)
 
 
-class KMeans(SklearnInterop):
-    """K-Means clustering (Lloyd) on pluggable array backends.
+class KMeans(Predicting, SklearnInterop, MetadataRouting):
+    """K-Means clustering (Lloyd's algorithm) on pluggable array backends.
 
-    Parameters follow `sklearn.cluster.KMeans`; in addition `backend` names the backend
-    ("auto", "numpy", "array-api", "cupy-kernels", "cupy-chunked", "cupy-fused", "dask" or a
-    plugin; see `kmeans_xp.list_backends()`), `backend_options` passes options to it, and
-    `max_memory` ("auto", bytes or "2GB") bounds the working memory beyond X, labels, centers.
+    scikit-learn's `sklearn.cluster.KMeans` API and semantics (tol, strict convergence,
+    empty-cluster relocation, ``labels_ == predict(X)``), computed by a backend chosen at run
+    time: NumPy on the CPU, CuPy kernels on a GPU, Dask across machines. Every backend gives
+    the same partition from the same initial centers, within a memory bound.
+
+    Parameters
+    ----------
+    n_clusters : int, default=8
+        The number of clusters, and of centers.
+    init : {"k-means++", "k-means||", "random"}, callable or array-like, default="k-means++"
+        How the initial centers are chosen: greedy k-means++ (sklearn's), k-means|| (a few
+        passes over X in all: for large n and for Dask), random rows, a callable
+        ``init(X, n_clusters, random_state=rs)`` returning an (n_clusters, n_features)
+        array, or that array itself.
+    n_init : "auto" or int, default="auto"
+        Runs with different initial centers; the one with the lowest inertia is kept.
+        "auto": 1 for "k-means++" and "k-means||", 10 for "random" and a callable.
+    max_iter : int, default=300
+        Lloyd iterations of one run at most.
+    tol : float, default=1e-4
+        Convergence when the squared center shift is at most ``tol`` times the mean
+        feature variance of X (sklearn's rule); ``tol=0`` runs to strict convergence.
+    verbose : int, default=0
+        Above 0, the fit logs per iteration (logger "kmeans_xp", shown on stdout) and shows
+        progress bars (tqdm.auto, when installed).
+    random_state : int, numpy.random.RandomState, numpy.random.Generator or None, \
+default=None
+        Seeds the initialisation.
+    copy_x : bool, default=True
+        False: X is centered in place during the fit and restored after (no copy of X).
+    algorithm : {"lloyd", "elkan"}, default="lloyd"
+        Lloyd's algorithm; "elkan" is accepted for sklearn's API and raises: not implemented.
+    backend : str, default="auto"
+        "auto" (chosen from the input's namespace and size; see ``backend_reason_``),
+        "numpy", "array-api", "cupy-kernels", "cupy-chunked", "cupy-fused", "dask" or a
+        plugin's name; `kmeans_xp.list_backends` says which are installed.
+    backend_options : dict or None, default=None
+        Options of the backend, checked by name (e.g. ``{"stream": True}``).
+    max_memory : "auto", int or str, default="auto"
+        Bound on the working memory beyond X, labels and centers: bytes or a string such as
+        "2GB"; "auto" is a share of the memory free where the backend computes.
+
+    Attributes
+    ----------
+    cluster_centers_ : array of shape (n_clusters, n_features)
+        The centers, in the input's namespace and on its device.
+    labels_ : array of shape (n_samples,)
+        The cluster of each training sample (``predict(X)`` of the training data).
+    inertia_ : float
+        Sum of the (weighted) squared distances of the samples to their centers.
+    n_iter_ : int
+        Lloyd iterations of the best run.
+    n_features_in_ : int
+        Number of features seen during fit.
+    feature_names_in_ : ndarray of shape (n_features_in_,)
+        Column names of a DataFrame X, when they are all strings.
+    backend_ : str
+        The backend that ran the fit.
+    backend_reason_ : str
+        Why that backend: named by the user, or what "auto" looked at.
+    history_ : list of dict
+        Per iteration of the best run: inertia and center shift.
+    timings_ : dict
+        Seconds spent in "transfer", "init", "lloyd", per iteration and in total.
+    memory_report_ : dict
+        Peak bytes per stage, measured where the backend measures (the CuPy pool).
+
+    See Also
+    --------
+    kmeans_xp.estimate_memory : The memory a fit needs, before it runs.
+    sklearn.cluster.KMeans : The estimator whose API and semantics this one follows.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from kmeans_xp import KMeans
+    >>> X = np.array([[1.0, 2.0], [1.0, 4.0], [1.0, 0.0],
+    ...               [10.0, 2.0], [10.0, 4.0], [10.0, 0.0]])
+    >>> km = KMeans(n_clusters=2, random_state=0, backend="numpy").fit(X)
+    >>> sorted(km.cluster_centers_.tolist())
+    [[1.0, 2.0], [10.0, 2.0]]
+    >>> km.predict(np.array([[0.0, 0.0], [12.0, 3.0]])).tolist() == [
+    ...     km.labels_[0], km.labels_[3]]
+    True
+    >>> km.backend_
+    'numpy'
     """
 
     _estimator_type = "clusterer"
 
-    def __init__(self, n_clusters=8, *, init="k-means++", n_init="auto", max_iter=300,
-                 tol=1e-4, verbose=0, random_state=None, copy_x=True, algorithm="lloyd",
-                 backend="auto", backend_options=None, max_memory="auto"):
+    def __init__(self, n_clusters: int = 8, *, init: Any = "k-means++",
+                 n_init: str | int = "auto", max_iter: int = 300, tol: float = 1e-4,
+                 verbose: int = 0, random_state: Any = None, copy_x: bool = True,
+                 algorithm: str = "lloyd", backend: str = "auto",
+                 backend_options: dict | None = None, max_memory: str | int = "auto"):
         self.n_clusters = n_clusters
         self.init = init
         self.n_init = n_init
@@ -78,49 +160,6 @@ class KMeans(SklearnInterop):
         self.backend = backend
         self.backend_options = backend_options
         self.max_memory = max_memory
-
-    # -- scikit-learn estimator protocol ------------------------------------------------------
-    @classmethod
-    def _param_names(cls):
-        sig = inspect.signature(cls.__init__)
-        return sorted(p for p in sig.parameters if p != "self")
-
-    def get_params(self, deep=True):
-        return {name: getattr(self, name) for name in self._param_names()}
-
-    def set_params(self, **params):
-        valid = self._param_names()
-        for name, value in params.items():
-            if name not in valid:
-                raise ValueError(f"Invalid parameter {name!r} for estimator {self!r}. Valid "
-                                 f"parameters are: {valid}.")
-            setattr(self, name, value)
-        return self
-
-    def __repr__(self):
-        defaults = {p.name: p.default for p in
-                    inspect.signature(type(self).__init__).parameters.values()}
-        changed = []
-        for name, value in self.get_params().items():
-            default = defaults[name]
-            same = value is default or (type(value) is type(default) and not hasattr(
-                value, "shape") and value == default)
-            if not same:
-                array = getattr(value, "ndim", 0) > 0  # NumPy scalars print as numbers
-                changed.append(f"{name}=array(shape={tuple(value.shape)})" if array
-                               else f"{name}={_scalar(value)!r}")
-        return f"{type(self).__name__}({', '.join(changed)})"
-
-    def __sklearn_tags__(self):
-        # only scikit-learn calls this, so importing it here adds no run-time dependency
-        from sklearn.utils import InputTags, Tags, TargetTags, TransformerTags
-        # transform keeps float32 as float32 (sklearn's KMeans declares the same)
-        return Tags(estimator_type="clusterer", target_tags=TargetTags(required=False),
-                    transformer_tags=TransformerTags(preserves_dtype=["float64", "float32"]),
-                    input_tags=InputTags())
-
-    def __sklearn_is_fitted__(self):
-        return hasattr(self, "cluster_centers_")
 
     # -- fitting ------------------------------------------------------------------------------
     def _resolved_n_init(self):
@@ -144,7 +183,7 @@ class KMeans(SklearnInterop):
             raise ValueError("algorithm='elkan' is not implemented in kmeans_xp: it runs "
                              "Lloyd's algorithm on every backend. Use algorithm='lloyd'.")
         X, absmax = check_array(X, owner=type(self).__name__, absmax=True)
-        _require_known_shape(X, self.backend, self.n_clusters)
+        require_known_shape(X, self.backend, self.n_clusters)
         n, d = X.shape
         if n < self.n_clusters:
             raise ValueError(f"n_samples={n} should be >= n_clusters={self.n_clusters}: ask "
@@ -191,9 +230,24 @@ class KMeans(SklearnInterop):
         finally:
             progress.close()
 
-    def fit(self, X, y=None, sample_weight=None):
-        """Compute k-means clustering. X: (n_samples, n_features) array of any supported
-        namespace (NumPy, CuPy, torch, dask, lists)."""
+    def fit(self, X: Any, y: Any = None, sample_weight: Any = None) -> KMeans:
+        """Compute k-means clustering.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features)
+            Training data: NumPy, CuPy, torch, array-api-strict, dask or nested lists; the
+            fitted arrays come back in its namespace and on its device.
+        y : Ignored
+            Not used, present for API consistency by convention.
+        sample_weight : array-like of shape (n_samples,), default=None
+            Weight of each sample (None: all 1).
+
+        Returns
+        -------
+        self : KMeans
+            The fitted estimator.
+        """
         with verbose_logging(self.verbose):
             return self._fit(X, sample_weight)
 
@@ -321,120 +375,6 @@ class KMeans(SklearnInterop):
         if self.memory_report_:
             logger.info("memory (peak per stage): " + ", ".join(
                 f"{k} {format_bytes(v)}" for k, v in self.memory_report_.items()))
-
-    # -- using the fit ------------------------------------------------------------------------
-    def _check_fitted(self):
-        if not hasattr(self, "cluster_centers_"):
-            raise not_fitted_error(f"This {type(self).__name__} instance is not fitted yet. Call "
-                                 f"'fit' with appropriate arguments before using this "
-                                 f"estimator.")
-
-    def _predict_backend(self, X):
-        """The fit's backend when it takes X. Otherwise, after an "auto" fit, the backend
-        "auto" picks for X; a backend the user named raises, listing those that would take
-        X (as fit does): never a silent fallback."""
-        name, options, max_memory, auto = self._backend_key
-        k = self._centers_fit.shape[0]
-        if getattr(self, "_moved_to_host", False):
-            # unpickled with host copies: the fit's backend may not exist here
-            auto = True
-            if not (get_backend_info(name) or (False,))[0]:
-                return select_backend("auto", X, n_clusters=k, max_memory=max_memory)[0]
-        backend = get_backend(name)(max_memory=max_memory, **options)
-        if backend.accepts(X, n_clusters=k):
-            return backend
-        return select_backend("auto" if auto else name, X, n_clusters=k,
-                              backend_options=options, max_memory=max_memory)[0]
-
-    def _prepare(self, X, center=True):
-        """(backend, X centered in the backend's namespace, xp, validated X, centers) for
-        predict etc.; with center=False, X uncentered and the mean in place of the centers."""
-        self._check_fitted()
-        self._check_feature_names(X)
-        X = check_array(X, owner=type(self).__name__)
-        _require_known_shape(X, "auto" if self._backend_key[3] else self._backend_key[0],
-                             self._centers_fit.shape[0])
-        if X.shape[1] != self.n_features_in_:
-            raise ValueError(f"X has {X.shape[1]} features, but {type(self).__name__} is "
-                             f"expecting {self.n_features_in_} features as input.")
-        backend = self._predict_backend(X)
-        place = backend.placement
-        Xb = place.to_backend(X)
-        xp = place.namespace(Xb)
-        mean = xp.asarray(self._X_mean, device=device(Xb)) if namespace_name(
-            self._X_mean) == namespace_name(Xb) else xp.asarray(to_numpy(self._X_mean),
-                                                                  device=device(Xb))
-        if not center:
-            return backend, Xb, xp, X, mean
-        centers = xp.asarray(self._centers_fit, device=device(Xb)) if namespace_name(
-            self._centers_fit) == namespace_name(Xb) else xp.asarray(
-                to_numpy(self._centers_fit), device=device(Xb))
-        Xc = place.center(xp.astype(Xb, centers.dtype, copy=False),
-                          xp.astype(mean, centers.dtype), xp=xp)
-        scale = getattr(self, "_scale", 1.0)
-        if scale != 1:
-            Xc, centers = rescaled(Xc, scale, xp), centers * scale
-        return backend, Xc, xp, X, centers
-
-    def predict(self, X):
-        """Index of the closest cluster center for each sample."""
-        backend, Xc, xp, X, centers = self._prepare(X)
-        return backend.placement.from_backend(backend.assign(Xc, centers, xp=xp).labels,
-                                              like=X)
-
-    def fit_predict(self, X, y=None, sample_weight=None):
-        return self.fit(X, sample_weight=sample_weight).labels_
-
-    def transform(self, X):
-        """Euclidean distance of each sample to each center, shape (n_samples, n_clusters)."""
-        X_user = X
-        backend, Xb, xp, X, mean = self._prepare(X, center=False)
-        Xb = xp.asarray(Xb)  # an array even where the backend streams rows
-        centers = xp.asarray(to_numpy(self.cluster_centers_), device=device(Xb))
-        out = backend.placement.from_backend(
-            _distances(Xb, centers, mean, xp, backend.driver_rows(Xb)), like=X)
-        return self._wrap_output(out, X_user)
-
-    def fit_transform(self, X, y=None, sample_weight=None):
-        return self.fit(X, sample_weight=sample_weight).transform(X)
-
-    def score(self, X, y=None, sample_weight=None):
-        """Opposite of the (weighted) inertia of X under the fitted centers."""
-        backend, Xc, xp, X, centers = self._prepare(X)
-        sw = None if sample_weight is None else xp.asarray(
-            check_sample_weight(sample_weight, Xc.shape[0], _host_dtype(Xc)), device=device(Xc))
-        labels = backend.assign(Xc, centers, xp=xp).labels
-        centers = backend.placement.small(centers)
-        total = float(to_numpy(backend.inertia(Xc, sw, centers, labels, xp=xp)))
-        return -ldexp_or_inf(total, -2 * (math.frexp(getattr(self, "_scale", 1.0))[1] - 1))
-
-
-def _distances(X, centers, mean, xp, rows):
-    """(n, k) Euclidean distances in X's dtype: X and the fitted centers are centered and
-    expanded in float64, chunk by chunk, so a point on its center gets ~0 (the expansion in
-    float32 of centered copies gave 2.8e-3 there)."""
-    m64 = xp.astype(mean, xp.float64)
-    c64 = xp.astype(centers, xp.float64) - m64
-    c_sq = xp.sum(c64 * c64, axis=1)[None, :]
-    parts = []
-    for sl in row_chunks(X.shape[0], max(1, rows // max(1, centers.shape[0] // 64))):
-        x64 = xp.astype(X[sl, ...], xp.float64) - m64
-        d2 = xp.sum(x64 * x64, axis=1)[:, None] - 2 * (x64 @ c64.T) + c_sq
-        parts.append(xp.astype(xp.sqrt(xp.where(d2 < 0, xp.zeros_like(d2), d2)), X.dtype))
-    return parts[0] if len(parts) == 1 else xp.concat(parts)
-
-
-def _require_known_shape(X, backend, n_clusters):
-    """Before anything is computed: X whose row count is unknown (a dask array after a
-    boolean filter) gets the backend's own reason and what to do, else the generic one."""
-    if not known_shape(X):
-        select_backend(backend, X, n_clusters=n_clusters)  # raises the backend's reason
-        raise unknown_shape_error(X)
-
-
-def _scalar(value):
-    """np.int64(3) as 3 (its repr is np.int64(3) in NumPy 2)."""
-    return value.item() if isinstance(value, np.generic) else value
 
 
 def _host_dtype(X):

@@ -6,14 +6,24 @@ to build the output a user asked for with `set_output`.
 """
 from __future__ import annotations
 
+import html
+import inspect
+import sys
 import warnings
+from typing import Any
 
 import numpy as np
 
-from .namespaces import namespace_name, to_numpy
+from .namespaces import device, namespace_name, to_numpy
 
 #: fitted attributes that may live on a device; a pickle holds them as NumPy
 _ARRAYS = ("cluster_centers_", "labels_", "_X_mean", "_centers_fit")
+
+
+def _where(a):
+    """(namespace, device) of an array, ("list", "array-like") for other input."""
+    name = namespace_name(a)
+    return name, "array-like" if name == "list" else str(device(a))
 
 
 def feature_names(X):
@@ -30,6 +40,74 @@ def feature_names(X):
 
 class SklearnInterop:
     """Mixed into KMeans: what scikit-learn's meta-estimators and exporters expect."""
+
+    # -- scikit-learn estimator protocol ------------------------------------------------------
+    @classmethod
+    def _param_names(cls):
+        sig = inspect.signature(cls.__init__)
+        return sorted(p for p in sig.parameters if p != "self")
+
+    def get_params(self, deep: bool = True) -> dict:
+        """Get the parameters of this estimator.
+
+        Parameters
+        ----------
+        deep : bool, default=True
+            Kept for sklearn's API: no parameter is an estimator.
+
+        Returns
+        -------
+        params : dict
+            Parameter names mapped to their values.
+        """
+        return {name: getattr(self, name) for name in self._param_names()}
+
+    def set_params(self, **params):
+        """Set the parameters of this estimator.
+
+        Parameters
+        ----------
+        **params : dict
+            Estimator parameters by name.
+
+        Returns
+        -------
+        self : KMeans
+            The estimator.
+        """
+        valid = self._param_names()
+        for name, value in params.items():
+            if name not in valid:
+                raise ValueError(f"Invalid parameter {name!r} for estimator {self!r}. Valid "
+                                 f"parameters are: {valid}.")
+            setattr(self, name, value)
+        return self
+
+    def __repr__(self):
+        defaults = {p.name: p.default for p in
+                    inspect.signature(type(self).__init__).parameters.values()}
+        changed = []
+        for name, value in self.get_params().items():
+            default = defaults[name]
+            same = value is default or (type(value) is type(default) and not hasattr(
+                value, "shape") and value == default)
+            if not same:
+                array = getattr(value, "ndim", 0) > 0  # NumPy scalars print as numbers
+                changed.append(f"{name}=array(shape={tuple(value.shape)})" if array
+                               else f"{name}={_scalar(value)!r}")
+        return f"{type(self).__name__}({', '.join(changed)})"
+
+    def __sklearn_tags__(self):
+        # only scikit-learn calls this, so importing it here adds no run-time dependency
+        from sklearn.utils import InputTags, Tags, TargetTags, TransformerTags
+        # transform keeps float32 as float32 (sklearn's KMeans declares the same); array API
+        # input (array-api-strict, torch, CuPy) computes and comes back in its namespace
+        return Tags(estimator_type="clusterer", target_tags=TargetTags(required=False),
+                    transformer_tags=TransformerTags(preserves_dtype=["float64", "float32"]),
+                    input_tags=InputTags(), array_api_support=True)
+
+    def __sklearn_is_fitted__(self):
+        return hasattr(self, "cluster_centers_")
 
     # -- feature names ------------------------------------------------------------------------
     def _record_feature_names(self, X):
@@ -59,17 +137,39 @@ class SklearnInterop:
             raise ValueError(f"The feature names should match those that were passed during "
                              f"fit: {detail}.")
 
-    def get_feature_names_out(self, input_features=None):
-        """Output names of transform: kmeans0, kmeans1, ... (scikit-learn's names)."""
+    def get_feature_names_out(self, input_features: Any = None) -> np.ndarray:
+        """Get the output feature names of transform.
+
+        Parameters
+        ----------
+        input_features : array-like of str or None, default=None
+            Ignored: the names depend on the clusters only (sklearn's signature).
+
+        Returns
+        -------
+        feature_names_out : ndarray of str objects
+            ``kmeans0``, ``kmeans1``, ... (scikit-learn's names).
+        """
         self._check_fitted()
         prefix = type(self).__name__.lower()
         return np.asarray([f"{prefix}{i}" for i in range(self.cluster_centers_.shape[0])],
                           dtype=object)
 
     # -- set_output -----------------------------------------------------------------------------
-    def set_output(self, *, transform=None):
-        """transform's output: "default" (the input's namespace), "pandas" or "polars"
-        (a DataFrame with get_feature_names_out() as columns); None leaves it as it is."""
+    def set_output(self, *, transform: str | None = None):
+        """Set the output container of transform and fit_transform.
+
+        Parameters
+        ----------
+        transform : {"default", "pandas", "polars"} or None, default=None
+            "default": the input's namespace; "pandas" or "polars": a DataFrame with
+            ``get_feature_names_out()`` as columns; None: unchanged.
+
+        Returns
+        -------
+        self : KMeans
+            The estimator.
+        """
         if transform is None:
             return self
         if transform not in ("default", "pandas", "polars"):
@@ -91,11 +191,52 @@ class SklearnInterop:
         import polars as pl
         return pl.DataFrame(values, schema=columns)
 
+    # -- sklearn's array API dispatch -------------------------------------------------------------
+    def _check_same_namespace(self, X, method):
+        """Under sklearn's ``array_api_dispatch`` an estimator fitted on one namespace or
+        device refuses input from another (sklearn's rule, its message). Without it a model
+        predicts on any input, choosing a backend for it (a GPU fit predicting on NumPy)."""
+        sk = sys.modules.get("sklearn")
+        if sk is None or not sk.get_config().get("array_api_dispatch", False):
+            return
+        fitted, given = _where(self.cluster_centers_), _where(X)
+        host = ("numpy", "list")  # array-likes go with NumPy, as in sklearn
+        if fitted == given or (fitted[0] in host and given[0] in host):
+            return
+        raise ValueError(
+            f"Inputs passed to {type(self).__name__}.{method}() must use the same namespace "
+            f"and the same device as those passed to fit(). Fitted on {fitted[0]} "
+            f"({fitted[1]}), given {given[0]} ({given[1]}). Convert X, or call "
+            f"{method}() outside sklearn's array_api_dispatch (then any input is taken).")
+
+    # -- Jupyter ----------------------------------------------------------------------------------
+    def _repr_html_(self):
+        """Jupyter's view: the parameters that differ from the defaults and, once fitted,
+        what the fit found. Plain HTML: no scikit-learn needed."""
+        rows = [("fitted", "no")]
+        if hasattr(self, "cluster_centers_"):
+            rows = [("backend", f"{self.backend_} ({self.backend_reason_})"),
+                    ("n_iter_", self.n_iter_), ("inertia_", f"{self.inertia_:.6g}"),
+                    ("n_features_in_", self.n_features_in_),
+                    ("fit time", f"{self.timings_.get('total', 0.0):.3f} s")]
+        cells = "".join(f"<tr><th style='text-align:left'>{html.escape(str(k))}</th>"
+                        f"<td style='text-align:left'>{html.escape(str(v))}</td></tr>"
+                        for k, v in rows)
+        return (f"<div class='kmeans-xp-estimator'><pre>{html.escape(repr(self))}</pre>"
+                f"<table>{cells}</table></div>")
+
     # -- scikit-learn's own estimator ------------------------------------------------------------
     def to_sklearn(self):
-        """A fitted `sklearn.cluster.KMeans` with these centers (float64 or float32 as
-        fitted), labels, inertia and iterations: it predicts as this model does, and
-        exporters such as skl2onnx take it."""
+        """Return a fitted `sklearn.cluster.KMeans` with this model's centers.
+
+        Centers (float64 or float32 as fitted), labels, inertia and iterations are copied to
+        the host: it predicts as this model does, and exporters such as skl2onnx take it.
+
+        Returns
+        -------
+        sklearn.cluster.KMeans
+            The fitted scikit-learn estimator.
+        """
         from sklearn.cluster import KMeans as SklearnKMeans
         self._check_fitted()
         params = {k: v for k, v in self.get_params().items()
@@ -122,3 +263,8 @@ class SklearnInterop:
                 state[name] = np.asarray(to_numpy(state[name]))
                 state["_moved_to_host"] = True
         return state
+
+
+def _scalar(value):
+    """np.int64(3) as 3 (its repr is np.int64(3) in NumPy 2)."""
+    return value.item() if isinstance(value, np.generic) else value

@@ -36,6 +36,27 @@ def not_fitted_error(message):
     return cls(message)
 
 
+class InvalidParameterError(ValueError, TypeError):
+    """A constructor parameter of the wrong type or value (a ValueError and a TypeError, as
+    sklearn's InvalidParameterError, which it also is once the caller has imported
+    scikit-learn)."""
+
+
+@functools.lru_cache(maxsize=4)
+def _invalid_parameter_class(sklearn_error):
+    return type("InvalidParameterError", (InvalidParameterError, sklearn_error), {
+        "__module__": __name__, "__doc__": InvalidParameterError.__doc__})
+
+
+def invalid_parameter_error(message):
+    """Ours, and sklearn's when sklearn's parameter validation is loaded (never imported
+    here), so `except InvalidParameterError` written for sklearn catches it too."""
+    sk = sys.modules.get("sklearn.utils._param_validation")
+    error = getattr(sk, "InvalidParameterError", None)
+    cls = InvalidParameterError if error is None else _invalid_parameter_class(error)
+    return cls(message)
+
+
 class Interval:
     def __init__(self, kind, low, high=None, closed="both"):
         self.kind, self.low, self.high, self.closed = kind, low, high, closed
@@ -115,8 +136,8 @@ def validate_params(params: dict, owner="KMeans"):
         value = params[name]
         if not any(c(value) for c in constraints):
             allowed = " or ".join(str(c) for c in constraints)
-            raise ValueError(f"The {name!r} parameter of {owner} must be {allowed}. "
-                             f"Got {value!r} instead.")
+            raise invalid_parameter_error(f"The {name!r} parameter of {owner} must be "
+                                          f"{allowed}. Got {value!r} instead.")
 
 
 def check_random_state(seed):

@@ -116,6 +116,6 @@ def test_pickle_holds_host_copies_and_predicts_without_the_fit_backend(monkeypat
     km2 = pickle.loads(pickle.dumps(km))
     assert type(km2.cluster_centers_) is np.ndarray and type(km2.labels_) is np.ndarray
     real = registry.get_backend_info
-    monkeypatch.setattr("kmeans_xp.estimator.get_backend_info",
+    monkeypatch.setattr("kmeans_xp.predicting.get_backend_info",
                         lambda name: (False, None) if name == "array-api" else real(name))
     np.testing.assert_array_equal(km2.predict(X), np.from_dlpack(km.labels_))

@@ -12,11 +12,18 @@ from typing import ClassVar
 
 import numpy as np
 
-from kmeans_xp.backend import AssignResult, IterStats, KMeansBackend, Option, ReduceResult
+from kmeans_xp.backend import (
+    AssignResult,
+    IterStats,
+    KMeansBackend,
+    Option,
+    Placement,
+    ReduceResult,
+)
 from kmeans_xp.memory import MemoryEstimate
 
 from . import nearest, reductions
-from .budget import CupyBudget
+from .budget import CupyBudget, NominalBudget
 from .common import STREAM_HINT, cupy, device_empty, out_of_memory_error
 from .placement import CupyPlacement
 
@@ -58,6 +65,21 @@ class CupyBackendBase(KMeansBackend):
         super().__init__(max_memory, **options)
         self._engine = None    # streaming.StreamEngine of the fit, when X is streamed
         self._scratch = None   # reductions.Scratch, made on first use
+
+    @classmethod
+    def planner(cls, max_memory="auto"):
+        """An instance for `estimate_memory`: the backend itself where CuPy imports, else one
+        that only plans (no CuPy, no device: a GPU fit planned from a laptop), whose "auto"
+        budget is a share of an empty device of NOMINAL_DEVICE_BYTES."""
+        try:
+            return cls(max_memory=max_memory)
+        except ImportError:
+            pass
+        inst = cls.__new__(cls)
+        # the host Placement and a nominal budget in place of the two that need CuPy
+        inst.placement_class, inst.budget_class = Placement, NominalBudget
+        KMeansBackend.__init__(inst, max_memory)
+        return inst
 
     # -- shared helpers ---------------------------------------------------------------------
     def stage(self, name):

@@ -19,7 +19,14 @@ from kmeans_xp.memory import (
     parse_memory,
 )
 
-from .common import DEVICE_AUTO_FRACTION, DEVICE_HINT, cupy, device_memory_state, free_device_memory
+from .common import (
+    DEVICE_AUTO_FRACTION,
+    DEVICE_HINT,
+    NOMINAL_DEVICE_BYTES,
+    cupy,
+    device_memory_state,
+    free_device_memory,
+)
 
 
 @functools.lru_cache(maxsize=1)
@@ -132,3 +139,16 @@ class CupyBudget(Budget):
         finally:
             self._peak_stack.pop()
             self.record(name, hook.peak)
+
+
+class NominalBudget(CupyBudget):
+    """The budget of a backend that only plans (`CupyBackendBase.planner` without CuPy):
+    "auto" is a share of an empty device of NOMINAL_DEVICE_BYTES; nothing is measured."""
+
+    def available(self) -> int:
+        return NOMINAL_DEVICE_BYTES
+
+    @contextlib.contextmanager
+    def explain(self, what, reserve, reserve_what, hint=DEVICE_HINT):
+        # there is no device whose state an error could quote: it stays as raised
+        yield

@@ -169,7 +169,7 @@ class CupyChunkedBackend(CupyBackendBase):
         GEMM block with its running minimum and center norms and k-means++'s chunk of driver
         rows. stream=True: the parts of a fit streamed from the host."""
         n, d, k = n_samples, n_features, n_clusters
-        inst = cls(max_memory=max_memory)
+        inst = cls.planner(max_memory)
         if stream is True:
             return inst.stream_estimate(n, d, k, itemsize)
         plan = inst._planned(n, d, k, itemsize)

@@ -24,6 +24,9 @@ BLOCK = 256
 NULL = np.uint64(0)
 #: fraction of (free device memory + pool free blocks) that max_memory="auto" uses
 DEVICE_AUTO_FRACTION = 0.8
+#: the device max_memory="auto" is planned for where CuPy is missing (estimate_memory on a
+#: laptop): an empty H200, as fused_plan.NOMINAL; give max_memory to plan for another GPU
+NOMINAL_DEVICE_BYTES = 141 * 10**9
 #: below this many rows a chunked stage gives up halving and raises KMeansMemoryError
 MIN_CHUNK_ROWS = 1024
 #: what to change when the device is what is short

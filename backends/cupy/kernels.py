@@ -46,7 +46,7 @@ class CupyKernelsBackend(CupyBackendBase):
         per-sample and per-chunk work. stream=True: the parts of a fit streamed from the host
         (see `CupyBackendBase.stream_estimate`); "auto" estimates X on the device."""
         n, d, k = n_samples, n_features, n_clusters
-        inst = cls(max_memory=max_memory)
+        inst = cls.planner(max_memory)
         if stream is True:
             return inst.stream_estimate(n, d, k, itemsize)
         rows = inst.driver_rows_for(n, d, itemsize)

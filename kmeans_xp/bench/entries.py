@@ -78,7 +78,7 @@ class BackendEntry(Entry):
                       km.timings_["lloyd"], report)
 
     def estimate(self):
-        from ..registry import estimate_memory
+        from ..planning import estimate_memory
         try:
             est = estimate_memory(self.w.n, self.w.d, self.w.k, dtype=self.w.dtype,
                                   backend=self.backend_name, max_memory=self.w.max_memory)
