@@ -16,7 +16,13 @@ from importlib.metadata import entry_points
 from typing import NamedTuple
 
 from .backend import KMeansBackend
-from .memory import MemoryEstimate, accepted_options, compute_itemsize, driver_bytes
+from .memory import (
+    KMeansMemoryError,
+    MemoryEstimate,
+    accepted_options,
+    compute_itemsize,
+    driver_bytes,
+)
 
 ENTRY_POINT_GROUP = "kmeans_xp.backends"
 CUDA_EXTRA = "cuda12|cuda13"  # alternatives: one per CUDA major version
@@ -300,13 +306,24 @@ def select_backend(backend, X, *, n_clusters, sample_weight=None, backend_option
             why = f"NumPy input with n*k*d = {n * n_clusters * d:.2g} >= {AUTO_GPU_MIN_WORK:.0e}"
         else:
             candidates = ["numpy"]
-    reasons = []
+    reasons, short_of_memory = [], None
     for name in candidates:  # only these are looked at: a NumPy fit never probes a GPU
         reason = _reject_reason(name, X, n_clusters, sample_weight)
         if reason is None:
-            return get_backend(name)(max_memory=max_memory, **options), (
-                f"auto: {why}; first of {candidates} installed that takes it")
+            inst = get_backend(name)(max_memory=max_memory, **options)
+            try:  # a backend the fit would not fit in is passed over, as one that refuses
+                inst.memory.check(X, n_clusters, options)
+            except KMeansMemoryError as exc:
+                reasons.append(f"{name}: {exc}")
+                short_of_memory = exc
+                continue
+            return inst, f"auto: {why}; first of {candidates} installed that takes it"
         reasons.append(f"{name}: {reason}")
+    if short_of_memory is not None:
+        if len(reasons) == 1:
+            raise short_of_memory
+        raise KMeansMemoryError(f"no installed backend has room for this fit: "
+                                f"{'; '.join(reasons)}") from short_of_memory
     raise ValueError(f"no installed backend takes this {ns} input ({'; '.join(reasons)}). "
                      f"Installed: {available_backends()}.")
 

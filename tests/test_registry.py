@@ -402,3 +402,31 @@ def test_cache_clear_rereads_builtins(monkeypatch):
     registry.list_backends.cache_clear()
     assert kmeans_xp.list_backends()["dask"].available
     assert kmeans_xp.get_backend("dask") is NumpyBackend
+
+
+def test_auto_passes_over_a_backend_the_fit_would_not_fit_in(monkeypatch):
+    """backend="auto" treats a backend whose memory check fails (a GPU whose free memory
+    cannot hold X and the driver's arrays) like one that refuses the input: the next
+    candidate runs the fit; the memory errors are reported when none has room."""
+    from kmeans_xp import KMeans, KMeansMemoryError
+    from kmeans_xp.memory import Budget
+    from kmeans_xp.testing import asymmetric_data
+    from kmeans_xp_backends.numpy_ import NumpyBackend
+
+    class NoRoom(Budget):
+        def check(self, X, n_clusters, options=None):
+            raise KMeansMemoryError("X (9 GB) does not fit on the GPU")
+
+    class Cramped(NumpyBackend):
+        name = "cramped"
+        budget_class = NoRoom
+
+    kmeans_xp.register_backend(Cramped)
+    monkeypatch.setattr(registry, "AUTO_GPU_FOR_HOST", ("cramped",))
+    monkeypatch.setattr(registry, "AUTO_GPU_MIN_WORK", 1)
+    X = asymmetric_data(2001, 3, 5, seed=1)
+    km = KMeans(5, random_state=0).fit(X)
+    assert km.backend_ == "numpy"
+    monkeypatch.setattr(NumpyBackend, "budget_class", NoRoom)
+    with pytest.raises(KMeansMemoryError, match=r"no installed backend has room.*cramped"):
+        KMeans(5, random_state=0).fit(X)
