@@ -51,6 +51,14 @@ sys.version.split()[0])"
       install_new
       timeout 200 python3 benchmarks/micro_probe.py --out "$OUT/micro_probe.txt" > "$OUT/micro_probe.log" 2>&1
       tail -n 8 "$OUT/micro_probe.log" ;;
+    main)
+      install_new
+      rm -rf kmeans_xp_results
+      s0=$SECONDS
+      timeout 170 python3 -m kmeans_xp > "$OUT/main_job.log" 2>&1
+      echo "main job wall $((SECONDS - s0)) s" >> "$OUT/main_job.log"
+      tail -n 2 "$OUT/main_job.log"; cp -r kmeans_xp_results "$OUT/main_job_results" 2>/dev/null
+      grep -i "speed\|x over\|wall" "$OUT/main_job.log" | tail -n 5 ;;
     debug)
       install_new
       timeout 120 python3 benchmarks/debug_duplicates.py > "$OUT/debug_duplicates.log" 2>&1

@@ -18,8 +18,9 @@ from regression_probe import WORKLOADS, data  # noqa: E402
 
 
 def fit_breakdown(cp, out):
-    from kmeans_xp import KMeans
     from kmeans_xp_backends.cupy import fused
+
+    from kmeans_xp import KMeans
     n, d, k = WORKLOADS["W1"]
     X, init = data(n, d, k)
     Xg = cp.asarray(X)
@@ -89,7 +90,7 @@ def candidate_step(cp, out):
 def big_host_fit(cp, out, n=200_000_000, k=1000, iters=3):
     """NumPy X of n x 3 float32 (2.4 GB) fitted on the device: the whole fit of `iters`
     iterations and the transfer's effective rate."""
-    from kmeans_xp import KMeans
+    from kmeans_xp import KMeans, estimate_memory
     X = np.random.default_rng(0).standard_normal((n, 3), dtype=np.float32)
     init = X[:k].copy()
     for backend in ("cupy-fused", "cupy-kernels"):
@@ -99,9 +100,12 @@ def big_host_fit(cp, out, n=200_000_000, k=1000, iters=3):
         cp.cuda.Device().synchronize()
         wall = time.perf_counter() - t
         tm = km.timings_
+        est = estimate_memory(n, 3, k, dtype="float32", backend=backend).total
         out.write(f"n={n} from NumPy, {backend}, {iters} iterations: fit {wall:.3f} s, transfer "
                   f"{X.nbytes / tm['transfer'] / 1e9:.1f} GB/s; " + ", ".join(
-                      f"{key} {v:.3f}" for key, v in tm.items()) + "\n")
+                      f"{key} {v:.3f}" for key, v in tm.items()) +
+                  f"; pool peak {max(km.memory_report_.values()) / 2**30:.2f} GiB, estimate "
+                  f"{est / 2**30:.2f} GiB\n")
         out.flush()
         del km
         cp.get_default_memory_pool().free_all_blocks()
