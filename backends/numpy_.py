@@ -35,6 +35,7 @@ from kmeans_xp.backend import (
     ReduceResult,
 )
 from kmeans_xp.memory import MemoryEstimate, chunk_rows, host_available_memory, resolve_budget
+from kmeans_xp.namespaces import torch_device_type
 from kmeans_xp.validation import Interval
 
 #: GEMM result per sub-chunk kept below this (it must stay in L2 while argmin reads it)
@@ -193,8 +194,16 @@ class _Acc:
 
 
 class NumpyPlacement(Placement):
-    def converts_from(self, namespace):
-        return namespace == "list"
+    """NumPy X as it is; lists as NumPy; a CPU torch tensor shared through DLPack (no copy),
+    the results going back as tensors (`Placement.from_backend`)."""
+
+    def converts_from(self, namespace, X=None):
+        return namespace == "list" or (namespace == "torch" and torch_device_type(X) == "cpu")
+
+    def to_backend(self, X):
+        if torch_device_type(X) == "cpu":
+            return np.from_dlpack(X.detach())  # the tensor's memory (read-only: never written)
+        return X
 
 
 class NumpyBackend(KMeansBackend):

@@ -1,6 +1,7 @@
 """Small device probes behind the fit profile: where the fixed costs of a short cupy-fused
 fit go (each backend call timed between two device synchronisations), and what one k-means++
-candidate step costs on the host and on the device (cupyx.profiler.benchmark).
+candidate step costs on the host and on the device (cupyx.profiler.benchmark); `torch_w3`
+(not run by default) times a W3 fit from a CUDA torch tensor against the same CuPy input.
 
     python benchmarks/micro_probe.py --out micro.txt
 """
@@ -109,6 +110,44 @@ def big_host_fit(cp, out, n=200_000_000, k=1000, iters=3):
         out.flush()
         del km
         cp.get_default_memory_pool().free_all_blocks()
+
+
+def torch_w3(cp, out, iters=10, repeats=3):
+    """W3 (n=20M, d=3, k=1000 float32) fitted with backend="auto" from a CUDA torch tensor
+    (shared with CuPy through DLPack) and from the same data as a CuPy array: whole-fit wall
+    time of `iters` iterations (tol=0, init from X's rows), median of `repeats` after a
+    warm-up each, the device synchronised before and after. Not run by default (needs torch
+    with CUDA)."""
+    import statistics
+
+    import torch
+
+    from kmeans_xp import KMeans
+    n, d, k = WORKLOADS["W3"]
+    X, init = data(n, d, k)
+    Xg = cp.asarray(X)
+    Xt = torch.from_dlpack(Xg)  # the same device memory, as a torch tensor
+    assert Xt.is_cuda and Xt.data_ptr() == Xg.data.ptr
+
+    def fit(Xin):
+        cp.cuda.Device().synchronize()
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        km = KMeans(k, init=init, n_init=1, max_iter=iters, tol=0, backend="auto").fit(Xin)
+        cp.cuda.Device().synchronize()
+        torch.cuda.synchronize()
+        return time.perf_counter() - t, km
+
+    walls, names = {}, {}
+    for where, Xin in (("cupy", Xg), ("torch", Xt)):
+        fit(Xin)  # warm-up: kernels compile, pools grow
+        runs = [fit(Xin) for _ in range(repeats)]
+        walls[where] = statistics.median(r[0] for r in runs)
+        names[where] = runs[-1][1].backend_
+        assert runs[-1][1].n_iter_ == iters
+    out.write(f"W3 n={n} d={d} k={k} float32, {iters} iterations, auto: CuPy input "
+              f"({names['cupy']}) {walls['cupy']:.4f} s, CUDA torch tensor ({names['torch']}) "
+              f"{walls['torch']:.4f} s, torch/cupy {walls['torch'] / walls['cupy']:.3f}\n")
 
 
 def main():

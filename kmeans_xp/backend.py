@@ -36,7 +36,7 @@ from typing import Any, ClassVar, NamedTuple
 
 from .chunks import count_changed, feature_mean, labelled_sq_dist, tolerance, weighted_total
 from .memory import Budget, MemoryEstimate
-from .namespaces import array_namespace, device, namespace_name, to_numpy
+from .namespaces import array_namespace, as_like, device, namespace_name, to_numpy
 from .scaling import rescaled
 
 
@@ -119,8 +119,10 @@ class Placement:
     def __init__(self, backend):
         self.backend = backend
 
-    def converts_from(self, namespace: str) -> bool:
-        """Whether input of this namespace is copied in by `to_backend`."""
+    def converts_from(self, namespace: str, X=None) -> bool:
+        """Whether input of this namespace is brought in (copied, or shared through DLPack)
+        by `to_backend`; X, the input itself, for namespaces whose arrays differ by device
+        (a torch tensor on the CPU or on a GPU)."""
         return False
 
     def to_backend(self, X):
@@ -128,8 +130,9 @@ class Placement:
         return X
 
     def from_backend(self, arr, like):
-        """arr in the namespace and device of `like` (the user's input)."""
-        return arr
+        """arr in the namespace and device of `like` (the user's input); default: as given,
+        or as a torch tensor on `like`'s device when `like` is one (`namespaces.as_like`)."""
+        return as_like(arr, like)
 
     def namespace(self, X):
         """The namespace the driver computes with on X (the output of `to_backend`)."""
@@ -228,7 +231,7 @@ class KMeansBackend:
     def reject_reason(self, X, *, n_clusters, sample_weight=None):
         """None when the backend takes X, else a sentence saying why not (no compute)."""
         ns = namespace_name(X)
-        if ns not in self.namespaces and not self.placement.converts_from(ns):
+        if ns not in self.namespaces and not self.placement.converts_from(ns, X):
             return f"it computes on {sorted(self.namespaces)}, not {ns} arrays"
         return None
 

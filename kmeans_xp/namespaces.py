@@ -23,6 +23,29 @@ def is_cupy(X) -> bool:
     return "cupy" in sys.modules and namespace_name(X) == "cupy"
 
 
+def torch_device_type(X):
+    """'cuda', 'cpu', ... for a torch tensor; None for anything else (torch is not imported:
+    a tensor exists only where torch already is)."""
+    if namespace_name(X) != "torch":
+        return None
+    return getattr(getattr(X, "device", None), "type", None)
+
+
+def as_like(arr, like):
+    """arr (a NumPy or CuPy result) as a torch tensor on `like`'s device when `like` is one,
+    zero-copy where it can be (DLPack from CuPy, `torch.from_numpy` on the host); else arr."""
+    if arr is None or namespace_name(like) != "torch" or namespace_name(arr) == "torch":
+        return arr
+    torch = sys.modules["torch"]
+    if namespace_name(arr) == "cupy":
+        out = torch.from_dlpack(arr)
+        return out if out.device == like.device else out.to(like.device)
+    host = np.asarray(arr)
+    if like.device.type == "cpu" and host.flags.writeable:
+        return torch.from_numpy(host)
+    return torch.as_tensor(host, device=like.device)
+
+
 def to_numpy(X):
     """A NumPy copy (or view) of any supported array, pulled to the host if needed."""
     if isinstance(X, np.ndarray):

@@ -54,6 +54,12 @@ AUTO_PREFERENCE = {
     "cupy": ("cupy-fused", "cupy-chunked", "cupy-kernels", "array-api"),
     "dask.array": ("dask",),
 }
+#: torch input under "auto", by the tensor's device type (shared with the backend through
+#: DLPack); other devices (mps, xpu) get the array-api backend
+AUTO_TORCH_PREFERENCE = {
+    "cuda": (*AUTO_PREFERENCE["cupy"],),
+    "cpu": ("numpy", "array-api"),
+}
 #: NumPy input at least this large (n * k * d) goes to a GPU backend under "auto" when one works
 AUTO_GPU_MIN_WORK = 2 * 10**8
 AUTO_GPU_FOR_HOST = ("cupy-fused", "cupy-chunked")
@@ -282,7 +288,7 @@ def _unknown_message(name) -> str:
 def select_backend(backend, X, *, n_clusters, sample_weight=None, backend_options=None,
                    max_memory="auto"):
     """(backend instance, why it was chosen) for this input; never a silent fallback."""
-    from .namespaces import namespace_name
+    from .namespaces import namespace_name, torch_device_type
 
     options = dict(backend_options or {})
     if backend != "auto":
@@ -299,6 +305,10 @@ def select_backend(backend, X, *, n_clusters, sample_weight=None, backend_option
     ns = namespace_name(X)
     candidates = list(AUTO_PREFERENCE.get(ns, ("array-api",)))
     why = f"{ns} input"
+    if ns == "torch":
+        dev = torch_device_type(X)
+        candidates = list(AUTO_TORCH_PREFERENCE.get(dev, ("array-api",)))
+        why = f"torch input on {dev}"
     if ns in ("numpy", "list"):
         n, d = (len(X), len(X[0]) if len(X) else 0) if ns == "list" else X.shape[:2]
         if n * n_clusters * max(d, 1) >= AUTO_GPU_MIN_WORK:

@@ -32,6 +32,7 @@ import numpy as np
 
 from kmeans_xp.backend import AssignResult, IterStats, Option, ReduceResult
 from kmeans_xp.memory import KMeansMemoryError, MemoryEstimate, format_bytes, resolve_budget
+from kmeans_xp.namespaces import dtype_name as float_dtype_name
 
 from . import fused_plan as fp
 from .base import BASE_OPTIONS, CupyBackendBase
@@ -184,7 +185,7 @@ class CupyFusedBackend(CupyBackendBase):
         reason = super().reject_reason(X, n_clusters=n_clusters, sample_weight=sample_weight)
         if reason is not None:
             return reason
-        dtype = str(getattr(X, "dtype", "float64"))
+        dtype = float_dtype_name(getattr(X, "dtype", "float64"))  # "float32" of torch.float32 too
         if getattr(X, "dtype", None) is not None and dtype not in _CTYPE:
             return f"it computes in float32 or float64, not {dtype}"
         if self.precision == "tf32" and dtype != "float32":

@@ -1,6 +1,7 @@
 """CupyPlacement: where a CuPy fit's data lives and how it moves.
 
-CuPy input stays on its device (made C-contiguous once); NumPy input is copied to the device
+CuPy input stays on its device (made C-contiguous once), as does a CUDA torch tensor, shared
+through DLPack (results go back as tensors on its device); NumPy input is copied to the device
 once, or, when its fit would not fit in the device memory usable now (stream="auto") or when
 asked (stream=True), stays on the host and is streamed through the GPU on every pass
 (`streaming.HostRows`). Centers and the driver's small arrays always live on the device.
@@ -16,7 +17,7 @@ import numpy as np
 
 from kmeans_xp.backend import Placement
 from kmeans_xp.memory import driver_bytes
-from kmeans_xp.namespaces import array_namespace
+from kmeans_xp.namespaces import array_namespace, as_like, torch_device_type
 
 from .budget import host_x_error
 from .common import cupy, out_of_memory_error
@@ -42,12 +43,16 @@ class CupyPlacement(Placement):
         self._stream_choice = None  # (id of the host X, stream it?) decided once per X
         self._uploaded = None  # the device copy of a host X made by to_backend: the fit's own
 
-    def converts_from(self, namespace):
-        return namespace in ("numpy", "list")
+    def converts_from(self, namespace, X=None):
+        return namespace in ("numpy", "list") or (
+            namespace == "torch" and torch_device_type(X) == "cuda")
 
     # -- data movement ----------------------------------------------------------------------
     def to_backend(self, X):
         cp, b = self._cp, self.backend
+        if torch_device_type(X) == "cuda":
+            # the tensor's device memory, shared through DLPack (never written: not _uploaded)
+            X = cp.from_dlpack(X.detach())
         if isinstance(X, cp.ndarray) and not isinstance(X, np.ndarray):
             # kernels index rows directly: a strided view is made C-contiguous once, here
             return X if X.flags.c_contiguous else self._device_copy(X)
@@ -76,6 +81,10 @@ class CupyPlacement(Placement):
         cp = self._cp
         if arr is None:
             return arr
+        if torch_device_type(like) is not None:
+            if getattr(arr, "dtype", None) is not None and arr.dtype.kind == "u":
+                arr = arr.astype(np.int32)
+            return as_like(arr, like)  # a CUDA result through DLPack, a host one copied
         if isinstance(arr, cp.ndarray) and not isinstance(like, cp.ndarray) \
                 and hasattr(arr, "get"):
             arr = download(cp, arr)

@@ -57,7 +57,7 @@ class DaskPlacement(Placement):
     def cluster(self):
         return self.backend.cluster
 
-    def converts_from(self, namespace):
+    def converts_from(self, namespace, X=None):
         return namespace in ("numpy", "list")
 
     def to_backend(self, X):
