@@ -64,8 +64,9 @@ def pass_rows(cp, out, backend_name="cupy-fused", workload="W1"):
 def host_rows(cp, out, b, Xg, c_host, labels):
     """cupy-fused with centers on the host: the pass + read + host update, pinned buffers
     (HostCenters) against pageable copies."""
-    from kmeans_xp import lloyd as L
     from kmeans_xp_backends.cupy import fused
+
+    from kmeans_xp import lloyd as L
     c_host = c_host.astype(np.float32)
     c64 = c_host.astype(np.float64)
 

@@ -156,7 +156,7 @@ def main():
     args = ap.parse_args()
     import cupy as cp
     with open(args.out, "w") as out:
-        for probe in (fit_breakdown, candidate_step, big_host_fit):
+        for probe in (fit_breakdown, candidate_step, big_host_fit, torch_w3):
             try:
                 probe(cp, out)
             except Exception as exc:  # a probe's failure must not hide the others

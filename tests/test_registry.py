@@ -408,10 +408,11 @@ def test_auto_passes_over_a_backend_the_fit_would_not_fit_in(monkeypatch):
     """backend="auto" treats a backend whose memory check fails (a GPU whose free memory
     cannot hold X and the driver's arrays) like one that refuses the input: the next
     candidate runs the fit; the memory errors are reported when none has room."""
+    from kmeans_xp_backends.numpy_ import NumpyBackend
+
     from kmeans_xp import KMeans, KMeansMemoryError
     from kmeans_xp.memory import Budget
     from kmeans_xp.testing import asymmetric_data
-    from kmeans_xp_backends.numpy_ import NumpyBackend
 
     class NoRoom(Budget):
         def check(self, X, n_clusters, options=None):
