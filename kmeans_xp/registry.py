@@ -118,7 +118,12 @@ def _builtin_info(name, spec) -> BackendInfo:
         reason, install = "not built into this version of kmeans_xp", ""
     elif spec.gpu:
         ok, reason = _gpu_present()
-        reason = "" if ok else reason
+        if not ok:  # the library is there: installing it again would not help
+            reason = f"{spec.requires} is installed, but there is {reason}"
+            install = ("check the NVIDIA driver (nvidia-smi) and that the CuPy wheel matches "
+                       "its CUDA version, or use a CPU backend (numpy)")
+        else:
+            reason = ""
     else:
         reason = ""
     return BackendInfo(name, not reason, reason, spec.target, "kmeans_xp", install, spec.gpu)

@@ -431,3 +431,18 @@ def test_auto_passes_over_a_backend_the_fit_would_not_fit_in(monkeypatch):
     monkeypatch.setattr(NumpyBackend, "budget_class", NoRoom)
     with pytest.raises(KMeansMemoryError, match=r"no installed backend has room.*cramped"):
         KMeans(5, random_state=0).fit(X)
+
+
+def test_a_gpu_backend_without_a_usable_device_says_what_to_check(monkeypatch):
+    """CuPy installed, no usable driver or device: the message says so and points at the
+    driver, not at pip-installing CuPy again."""
+    import types
+    monkeypatch.setitem(__import__("sys").modules, "cupy", types.ModuleType("cupy"))
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object())
+    monkeypatch.setattr(registry, "_gpu_present",
+                        lambda: (False, "no usable CUDA device (CUDARuntimeError: no driver)"))
+    spec = registry.BUILTIN_BACKENDS["cupy-fused"]
+    info = registry._builtin_info("cupy-fused", spec)
+    assert not info.available
+    assert info.reason.startswith("cupy is installed, but there is no usable CUDA device")
+    assert "pip install" not in info.install and "driver" in info.install
