@@ -18,10 +18,6 @@ from typing import NamedTuple
 from .backend import KMeansBackend
 from .memory import (
     KMeansMemoryError,
-    MemoryEstimate,
-    accepted_options,
-    compute_itemsize,
-    driver_bytes,
 )
 
 ENTRY_POINT_GROUP = "kmeans_xp.backends"
@@ -357,27 +353,3 @@ def _reject_reason(name, X, n_clusters, sample_weight):
 
 def _takes(name, X, n_clusters, sample_weight) -> bool:
     return _reject_reason(name, X, n_clusters, sample_weight) is None
-
-
-def estimate_memory(n_samples, n_features, n_clusters, *, dtype="float32", backend="numpy",
-                    max_memory="auto", backend_options=None, weighted=False) -> MemoryEstimate:
-    """Bytes per part and in total that a fit on `backend` needs, before anything runs: the
-    backend's working memory (`estimate_memory` of its class) and the driver's own arrays
-    (`driver_*` parts: the centered copy of X, labels, weights when given, centers and sums).
-    X itself is not counted, except as `data` when the backend copies it to its device."""
-    import numpy as np
-
-    for name, v in (("n_samples", n_samples), ("n_features", n_features),
-                    ("n_clusters", n_clusters)):
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
-            raise ValueError(f"{name} must be a positive integer, got {v!r}")
-    cls = get_backend(backend)
-    n, d, k = int(n_samples), int(n_features), int(n_clusters)
-    itemsize = compute_itemsize(dtype)
-    fn = cls.estimate_memory
-    est = fn(n, d, k, itemsize=itemsize, max_memory=max_memory,
-             **accepted_options(fn, backend_options or {}))
-    parts = dict(est.parts)
-    parts.update({f"driver_{p}": v for p, v in
-                  driver_bytes(n, d, k, itemsize, weighted=weighted).items()})
-    return MemoryEstimate(parts, sum(parts.values()), est.chunk_rows)
