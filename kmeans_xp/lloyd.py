@@ -60,12 +60,6 @@ def new_centers(sums, weights, centers_old, xp, *, fill_empty=True):
     return xp.astype(means, centers_old.dtype, copy=False)
 
 
-def center_shift(a, b, xp):
-    """0-d float64 squared Frobenius distance between two center arrays."""
-    diff = xp.astype(a, xp.float64, copy=False) - xp.astype(b, xp.float64, copy=False)
-    return xp.sum(diff * diff)
-
-
 def relocate_empty(backend, X, sample_weight, centers_old, labels, sums, weights, xp):
     """scikit-learn's relocation: each empty cluster, in index order, takes the next point
     farthest from its center, moving that point's weight and weighted coordinates out of its
@@ -96,8 +90,8 @@ def _update(backend, X, sample_weight, centers, centers64, it, *, xp, cxp, reloc
     """(new centers, the same in float64, the small array to read) from one iteration's
     statistics. Each xp call here is a device launch on a GPU, where an iteration's pass can
     be shorter than a dozen of them: hence no copies (the statistics are float64 by
-    contract), the previous centers kept in float64, and the count of filled clusters from
-    the mask the means already need."""
+    contract), the previous centers kept in float64, and the heaviest-cluster fill only
+    after a relocation (without one, an empty cluster sends the driver there)."""
     sums, weights = it.weighted_sums, it.weight_in_clusters
     if relocate:
         sums, weights = relocate_empty(backend, X, sample_weight, centers, it.labels, sums,
