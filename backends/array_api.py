@@ -28,6 +28,11 @@ class ArrayAPIBackend(KMeansBackend):
             array_namespace(X)
         except TypeError as exc:
             return f"{ns} arrays have no array API namespace ({exc})"
+        if ns == "jax" and not _jax_x64():
+            # the driver's statistics are float64; JAX would make them float32 without a word
+            return ("JAX without x64 would compute the driver's float64 statistics in float32; "
+                    "enable it (jax.config.update('jax_enable_x64', True)) or give the array "
+                    "to backend='auto' or 'numpy' (float64 sums, results as JAX arrays)")
         return None
 
     @staticmethod
@@ -85,3 +90,8 @@ class ArrayAPIBackend(KMeansBackend):
             sums = sums + onehot @ (xp.astype(X[sl, ...], xp.float64) * w[:, None])
             weights = weights + onehot @ w
         return ReduceResult(sums, weights)
+
+
+def _jax_x64() -> bool:
+    import sys
+    return bool(sys.modules["jax"].config.jax_enable_x64)

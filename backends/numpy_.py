@@ -35,7 +35,7 @@ from kmeans_xp.backend import (
     ReduceResult,
 )
 from kmeans_xp.memory import MemoryEstimate, chunk_rows, host_available_memory, resolve_budget
-from kmeans_xp.namespaces import torch_device_type
+from kmeans_xp.namespaces import DLPACK_FOREIGN, dlpack_source, foreign_device_type
 from kmeans_xp.validation import Interval
 
 #: GEMM result per sub-chunk kept below this (it must stay in L2 while argmin reads it)
@@ -194,15 +194,17 @@ class _Acc:
 
 
 class NumpyPlacement(Placement):
-    """NumPy X as it is; lists as NumPy; a CPU torch tensor shared through DLPack (no copy),
-    the results going back as tensors (`Placement.from_backend`)."""
+    """NumPy X as it is; lists as NumPy; a CPU torch tensor or JAX array shared through
+    DLPack (no copy), the results going back in its library (`Placement.from_backend`)."""
 
     def converts_from(self, namespace, X=None):
-        return namespace == "list" or (namespace == "torch" and torch_device_type(X) == "cpu")
+        return namespace == "list" or (namespace in DLPACK_FOREIGN and
+                                       foreign_device_type(X) == "cpu")
 
     def to_backend(self, X):
-        if torch_device_type(X) == "cpu":
-            return np.from_dlpack(X.detach())  # the tensor's memory (read-only: never written)
+        if foreign_device_type(X) == "cpu":
+            # the array's memory (read-only: never written)
+            return np.from_dlpack(dlpack_source(X))
         return X
 
 

@@ -16,6 +16,8 @@ def namespace_name(X) -> str:
     mod = type(X).__module__.split(".")[0]
     if mod == "dask":
         return "dask.array"
+    if mod == "jaxlib":  # a jax.Array's class lives in jaxlib
+        return "jax"
     return mod
 
 
@@ -23,19 +25,42 @@ def is_cupy(X) -> bool:
     return "cupy" in sys.modules and namespace_name(X) == "cupy"
 
 
-def torch_device_type(X):
-    """'cuda', 'cpu', ... for a torch tensor; None for anything else (torch is not imported:
-    a tensor exists only where torch already is)."""
-    if namespace_name(X) != "torch":
-        return None
-    return getattr(getattr(X, "device", None), "type", None)
+#: libraries whose arrays reach the NumPy and CuPy backends through DLPack, by device
+DLPACK_FOREIGN = ("torch", "jax")
+
+
+def foreign_device_type(X):
+    """'cuda', 'cpu', ... for a torch tensor or a JAX array (on one device); None for
+    anything else (neither library is imported: their arrays exist only where they are)."""
+    ns = namespace_name(X)
+    if ns == "torch":
+        return getattr(getattr(X, "device", None), "type", None)
+    if ns == "jax":
+        devices = X.devices()
+        if len(devices) != 1:
+            return None  # sharded over several devices: the array-api backend's
+        platform = next(iter(devices)).platform
+        return "cuda" if platform == "gpu" else platform
+    return None
+
+
+def dlpack_source(X):
+    """What to hand to `from_dlpack` for a foreign array (a torch tensor, detached)."""
+    return X.detach() if namespace_name(X) == "torch" else X
 
 
 def as_like(arr, like):
-    """arr (a NumPy or CuPy result) as a torch tensor on `like`'s device when `like` is one,
-    zero-copy where it can be (DLPack from CuPy, `torch.from_numpy` on the host); else arr."""
-    if arr is None or namespace_name(like) != "torch" or namespace_name(arr) == "torch":
+    """arr (a NumPy or CuPy result) as the caller's torch tensor or JAX array on `like`'s
+    device when `like` is one, zero-copy where it can be (DLPack from CuPy,
+    `torch.from_numpy` on the host); else arr."""
+    ns = namespace_name(like)
+    if arr is None or ns not in DLPACK_FOREIGN or namespace_name(arr) == ns:
         return arr
+    if ns == "jax":
+        jax = sys.modules["jax"]
+        if namespace_name(arr) == "cupy":
+            return jax.dlpack.from_dlpack(arr)
+        return jax.device_put(np.asarray(arr), next(iter(like.devices())))
     torch = sys.modules["torch"]
     if namespace_name(arr) == "cupy":
         out = torch.from_dlpack(arr)
@@ -55,6 +80,8 @@ def to_numpy(X):
         return X.get()
     if name == "torch":
         return X.detach().cpu().numpy()
+    if name == "jax":
+        return np.asarray(X)
     if name == "dask.array":
         return to_numpy(X.compute())  # the blocks may be CuPy arrays
     try:

@@ -50,9 +50,9 @@ AUTO_PREFERENCE = {
     "cupy": ("cupy-fused", "cupy-chunked", "cupy-kernels", "array-api"),
     "dask.array": ("dask",),
 }
-#: torch input under "auto", by the tensor's device type (shared with the backend through
-#: DLPack); other devices (mps, xpu) get the array-api backend
-AUTO_TORCH_PREFERENCE = {
+#: torch and JAX input under "auto", by the array's device type (shared with the backend
+#: through DLPack); other devices (mps, xpu, tpu) get the array-api backend
+AUTO_DLPACK_PREFERENCE = {
     "cuda": (*AUTO_PREFERENCE["cupy"],),
     "cpu": ("numpy", "array-api"),
 }
@@ -289,7 +289,7 @@ def _unknown_message(name) -> str:
 def select_backend(backend, X, *, n_clusters, sample_weight=None, backend_options=None,
                    max_memory="auto"):
     """(backend instance, why it was chosen) for this input; never a silent fallback."""
-    from .namespaces import namespace_name, torch_device_type
+    from .namespaces import DLPACK_FOREIGN, foreign_device_type, namespace_name
 
     options = dict(backend_options or {})
     if backend != "auto":
@@ -306,10 +306,10 @@ def select_backend(backend, X, *, n_clusters, sample_weight=None, backend_option
     ns = namespace_name(X)
     candidates = list(AUTO_PREFERENCE.get(ns, ("array-api",)))
     why = f"{ns} input"
-    if ns == "torch":
-        dev = torch_device_type(X)
-        candidates = list(AUTO_TORCH_PREFERENCE.get(dev, ("array-api",)))
-        why = f"torch input on {dev}"
+    if ns in DLPACK_FOREIGN:
+        dev = foreign_device_type(X)
+        candidates = list(AUTO_DLPACK_PREFERENCE.get(dev, ("array-api",)))
+        why = f"{ns} input on {dev}"
     if ns in ("numpy", "list"):
         n, d = (len(X), len(X[0]) if len(X) else 0) if ns == "list" else X.shape[:2]
         if n * n_clusters * max(d, 1) >= AUTO_GPU_MIN_WORK:

@@ -17,7 +17,13 @@ import numpy as np
 
 from kmeans_xp.backend import Placement
 from kmeans_xp.memory import driver_bytes
-from kmeans_xp.namespaces import array_namespace, as_like, torch_device_type
+from kmeans_xp.namespaces import (
+    DLPACK_FOREIGN,
+    array_namespace,
+    as_like,
+    dlpack_source,
+    foreign_device_type,
+)
 
 from .budget import host_x_error
 from .common import cupy, out_of_memory_error
@@ -45,14 +51,14 @@ class CupyPlacement(Placement):
 
     def converts_from(self, namespace, X=None):
         return namespace in ("numpy", "list") or (
-            namespace == "torch" and torch_device_type(X) == "cuda")
+            namespace in DLPACK_FOREIGN and foreign_device_type(X) == "cuda")
 
     # -- data movement ----------------------------------------------------------------------
     def to_backend(self, X):
         cp, b = self._cp, self.backend
-        if torch_device_type(X) == "cuda":
-            # the tensor's device memory, shared through DLPack (never written: not _uploaded)
-            X = cp.from_dlpack(X.detach())
+        if foreign_device_type(X) == "cuda":
+            # its device memory, shared through DLPack (never written: not _uploaded)
+            X = cp.from_dlpack(dlpack_source(X))
         if isinstance(X, cp.ndarray) and not isinstance(X, np.ndarray):
             # kernels index rows directly: a strided view is made C-contiguous once, here
             return X if X.flags.c_contiguous else self._device_copy(X)
@@ -81,7 +87,7 @@ class CupyPlacement(Placement):
         cp = self._cp
         if arr is None:
             return arr
-        if torch_device_type(like) is not None:
+        if foreign_device_type(like) is not None:
             if getattr(arr, "dtype", None) is not None and arr.dtype.kind == "u":
                 arr = arr.astype(np.int32)
             return as_like(arr, like)  # a CUDA result through DLPack, a host one copied
