@@ -446,3 +446,24 @@ def test_a_gpu_backend_without_a_usable_device_says_what_to_check(monkeypatch):
     assert not info.available
     assert info.reason.startswith("cupy is installed, but there is no usable CUDA device")
     assert "pip install" not in info.install and "driver" in info.install
+
+
+def test_a_plugin_placement_with_the_one_argument_converts_from_still_works():
+    """Placements written before converts_from was given the input (namespace alone) keep
+    working: the base class passes X only to those that take it."""
+    from kmeans_xp_backends.numpy_ import NumpyBackend
+
+    from kmeans_xp.backend import Placement
+
+    class OldPlacement(Placement):
+        def converts_from(self, namespace):
+            return namespace == "list"
+
+    class OldStyle(NumpyBackend):
+        name = "old-style"
+        placement_class = OldPlacement
+
+    b = OldStyle()
+    assert b.reject_reason([[0.0, 1.0]] * 4, n_clusters=2) is None
+    assert "not array_api_strict" in (b.reject_reason(
+        pytest.importorskip("array_api_strict").asarray([[0.0, 1.0]] * 4), n_clusters=2) or "")
