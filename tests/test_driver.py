@@ -169,3 +169,20 @@ def test_issuing_ahead_costs_no_extra_pass_at_tol_or_max_iter(always_ahead):
     finally:
         registry._runtime.pop("numpy-async")
         registry.list_backends.cache_clear()
+
+
+@pytest.mark.parametrize("n", [2047, 1024 * 5 + 17, 1024 * 40])
+def test_column_sums_in_row_blocks_equal_the_plain_sum(n):
+    """chunks.column_sums on a namespace that is not NumPy (array-api-strict here, a GPU
+    in use) sums per block of rows and then over the blocks, the tail after them: the same
+    float64 sums as one pass, to rounding, for n below, off and on a multiple of the blocks;
+    a strided A is summed in one pass (its blocks would be a copy)."""
+    xps = pytest.importorskip("array_api_strict")
+    from kmeans_xp.chunks import column_sums
+    A = asymmetric_data(n, 3, 5, dtype=np.float32, seed=n) + np.float32(1e3)
+    got = np.asarray(column_sums(xps.asarray(A), xps))
+    ref = A.astype(np.float64).sum(axis=0)
+    assert got.dtype == np.float64
+    np.testing.assert_allclose(got, ref, rtol=1e-13)
+    np.testing.assert_allclose(np.asarray(column_sums(xps.asarray(A)[::2, :], xps)),
+                               A[::2].astype(np.float64).sum(axis=0), rtol=1e-13)
