@@ -175,8 +175,8 @@ def test_issuing_ahead_costs_no_extra_pass_at_tol_or_max_iter(always_ahead):
 def test_column_sums_in_row_blocks_equal_the_plain_sum(n):
     """chunks.column_sums on a namespace that is not NumPy (array-api-strict here, a GPU
     in use) sums per block of rows and then over the blocks, the tail after them: the same
-    float64 sums as one pass, to rounding, for n below, off and on a multiple of the blocks;
-    a strided A is summed in one pass (its blocks would be a copy)."""
+    float64 sums as one pass, to rounding, for n below, off and on a multiple of the blocks,
+    and for a strided view."""
     xps = pytest.importorskip("array_api_strict")
     from kmeans_xp.chunks import column_sums
     A = asymmetric_data(n, 3, 5, dtype=np.float32, seed=n) + np.float32(1e3)
