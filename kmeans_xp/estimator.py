@@ -17,7 +17,7 @@ from . import init as _init
 from .chunks import tolerance
 from .interop import SklearnInterop
 from .lloyd import kmeans_single_lloyd
-from .memory import format_bytes
+from .memory import explains_memory_errors, format_bytes
 from .namespaces import array_namespace, device, label_counts, to_numpy
 from .predicting import Predicting, require_known_shape
 from .progress import Clock, bar, logger, verbose_logging
@@ -230,6 +230,7 @@ default=None
         finally:
             progress.close()
 
+    @explains_memory_errors
     def fit(self, X: Any, y: Any = None, sample_weight: Any = None) -> KMeans:
         """Compute k-means clustering.
 

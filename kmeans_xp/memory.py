@@ -6,10 +6,12 @@ their chunks from it with `chunk_rows`, so memory stays bounded whatever n and k
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import numbers
 import os
 import re
+import traceback
 from typing import NamedTuple
 
 _UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9,
@@ -194,3 +196,25 @@ class Budget:
 
     def record(self, name, peak):
         self.report[name] = max(self.report.get(name, 0), int(peak))
+
+
+def explains_memory_errors(method):
+    """For the estimator's public methods: a MemoryError that is not ours (CuPy's and torch's
+    device out-of-memory errors are MemoryErrors, as NumPy's host one is) leaves as a
+    KMeansMemoryError saying what ran out and what to change. Either way the frames of the
+    work that failed are cleared first, so the arrays they held (device memory) are freed
+    at once, even while the caller keeps the error (a notebook does)."""
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        try:
+            return method(self, *args, **kwargs)
+        except MemoryError as exc:
+            traceback.clear_frames(exc.__traceback__)
+            if isinstance(exc, KMeansMemoryError):
+                raise
+            raise KMeansMemoryError(
+                f"{type(self).__name__}.{method.__name__} ran out of memory "
+                f"({type(exc).__module__}.{type(exc).__name__}: {exc}). Lower max_memory, use "
+                f"float32, stream X from the host (backend_options={{'stream': True}} on the "
+                f"GPU backends that stream) or use the numpy backend.") from exc
+    return wrapper

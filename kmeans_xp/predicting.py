@@ -7,6 +7,7 @@ import math
 from typing import Any
 
 from .chunks import row_chunks
+from .memory import explains_memory_errors
 from .namespaces import device, namespace_name, to_numpy
 from .registry import get_backend, get_backend_info, select_backend
 from .scaling import host_dtype_of, ldexp_or_inf, rescaled
@@ -78,6 +79,7 @@ class Predicting:
             Xc, centers = rescaled(Xc, scale, xp), centers * scale
         return backend, Xc, xp, X, centers
 
+    @explains_memory_errors
     def predict(self, X: Any) -> Any:
         """Predict the closest cluster each sample in X belongs to.
 
@@ -114,6 +116,7 @@ class Predicting:
         """
         return self.fit(X, sample_weight=sample_weight).labels_
 
+    @explains_memory_errors
     def transform(self, X: Any) -> Any:
         """Transform X to the cluster-distance space.
 
@@ -155,6 +158,7 @@ class Predicting:
         """
         return self.fit(X, sample_weight=sample_weight).transform(X)
 
+    @explains_memory_errors
     def score(self, X: Any, y: Any = None, sample_weight: Any = None) -> float:
         """Opposite of the value of X on the K-means objective.
 

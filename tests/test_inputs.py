@@ -146,3 +146,45 @@ def test_copy_x_false_leaves_x_when_the_fit_fails(monkeypatch):
     with pytest.raises(RuntimeError, match="interrupted"):
         KMeans(5, random_state=0, copy_x=False, backend="numpy").fit(X)
     assert np.array_equal(X, before)
+
+
+@pytest.mark.parametrize("where", ["fit", "predict", "transform", "score"])
+def test_a_library_out_of_memory_error_leaves_as_ours_with_the_fit_memory_freed(
+        monkeypatch, where):
+    """A MemoryError from the array library (CuPy's and torch's device OOM are MemoryErrors)
+    in fit, predict, transform or score leaves as a KMeansMemoryError that says what to
+    change; the arrays of the work that failed are freed even while the error is held, and
+    X is unchanged."""
+    import weakref
+
+    from kmeans_xp import KMeansMemoryError
+    from kmeans_xp_backends.numpy_ import NumpyBackend
+
+    class DeviceOOM(MemoryError):
+        """Stands in for cupy.cuda.memory.OutOfMemoryError."""
+
+    X = asymmetric_data(2003, 3, 4, seed=8)
+    X0 = X.copy()
+    km = KMeans(4, init=X[:4].copy(), max_iter=3, backend="numpy")
+    if where != "fit":
+        km.fit(X)
+    held = []
+
+    def out_of_memory(*args, **kwargs):
+        big = np.empty(1 << 20)  # held by this frame alone, as a device array would be
+        held.append(weakref.ref(big))
+        raise DeviceOOM("out of memory allocating 8 MB")
+
+    if where == "transform":
+        from kmeans_xp import predicting
+        monkeypatch.setattr(predicting, "_distances", out_of_memory)
+    else:
+        monkeypatch.setattr(NumpyBackend, "lloyd_iter" if where == "fit" else "assign",
+                            out_of_memory)
+    with pytest.raises(KMeansMemoryError, match=rf"KMeans.{where} ran out of memory "
+                                                r"\(.*DeviceOOM: out of memory allocating"
+                                                r".*max_memory") as info:
+        getattr(km, where)(X)
+    assert isinstance(info.value.__cause__, DeviceOOM)
+    assert len(held) == 1 and held[0]() is None  # freed although the error is still held
+    np.testing.assert_array_equal(X, X0)
