@@ -199,16 +199,19 @@ class Budget:
 
 
 def explains_memory_errors(method):
-    """For the estimator's public methods: a MemoryError that is not ours (CuPy's and torch's
-    device out-of-memory errors are MemoryErrors, as NumPy's host one is) leaves as a
-    KMeansMemoryError saying what ran out and what to change. Either way the frames of the
-    work that failed are cleared first, so the arrays they held (device memory) are freed
-    at once, even while the caller keeps the error (a notebook does)."""
+    """For the estimator's public methods: an out-of-memory error that is not ours (CuPy's
+    device one and NumPy's host one are MemoryErrors; torch's is a RuntimeError named
+    OutOfMemoryError) leaves as a KMeansMemoryError saying what ran out and what to change.
+    Either way the frames of the work that failed are cleared first, so the arrays they held
+    (device memory) are freed at once, even while the caller keeps the error (a notebook
+    does)."""
     @functools.wraps(method)
     def wrapper(self, *args, **kwargs):
         try:
             return method(self, *args, **kwargs)
-        except MemoryError as exc:
+        except Exception as exc:
+            if not _out_of_memory(exc):
+                raise
             traceback.clear_frames(exc.__traceback__)
             if isinstance(exc, KMeansMemoryError):
                 raise
@@ -218,3 +221,8 @@ def explains_memory_errors(method):
                 f"float32, stream X from the host (backend_options={{'stream': True}} on the "
                 f"GPU backends that stream) or use the numpy backend.") from exc
     return wrapper
+
+
+def _out_of_memory(exc) -> bool:
+    return isinstance(exc, MemoryError) or (
+        type(exc).__name__ == "OutOfMemoryError" and type(exc).__module__.startswith("torch"))

@@ -151,14 +151,15 @@ def test_copy_x_false_leaves_x_when_the_fit_fails(monkeypatch):
 @pytest.mark.parametrize("where", ["fit", "predict", "transform", "score"])
 def test_a_library_out_of_memory_error_leaves_as_ours_with_the_fit_memory_freed(
         monkeypatch, where):
-    """A MemoryError from the array library (CuPy's and torch's device OOM are MemoryErrors)
-    in fit, predict, transform or score leaves as a KMeansMemoryError that says what to
-    change; the arrays of the work that failed are freed even while the error is held, and
-    X is unchanged."""
+    """An out-of-memory error from the array library (CuPy's device one is a MemoryError) in
+    fit, predict, transform or score leaves as a KMeansMemoryError that says what to change;
+    the arrays of the work that failed are freed even while the error is held, and X is
+    unchanged."""
     import weakref
 
-    from kmeans_xp import KMeansMemoryError
     from kmeans_xp_backends.numpy_ import NumpyBackend
+
+    from kmeans_xp import KMeansMemoryError
 
     class DeviceOOM(MemoryError):
         """Stands in for cupy.cuda.memory.OutOfMemoryError."""
@@ -188,3 +189,22 @@ def test_a_library_out_of_memory_error_leaves_as_ours_with_the_fit_memory_freed(
     assert isinstance(info.value.__cause__, DeviceOOM)
     assert len(held) == 1 and held[0]() is None  # freed although the error is still held
     np.testing.assert_array_equal(X, X0)
+
+
+def test_torch_style_out_of_memory_is_ours_and_other_errors_pass_through(monkeypatch):
+    """torch's OutOfMemoryError is a RuntimeError, not a MemoryError: it is recognised by
+    its name and module; any other error leaves fit as it was raised."""
+    from kmeans_xp_backends.numpy_ import NumpyBackend
+
+    from kmeans_xp import KMeansMemoryError
+
+    TorchOOM = type("OutOfMemoryError", (RuntimeError,), {"__module__": "torch.cuda"})
+    X = asymmetric_data(503, 3, 3, seed=2)
+    for raised, expected in ((TorchOOM("CUDA out of memory"), KMeansMemoryError),
+                             (RuntimeError("a bug"), RuntimeError)):
+        def fail(self, *args, raised=raised, **kwargs):
+            raise raised
+        monkeypatch.setattr(NumpyBackend, "lloyd_iter", fail)
+        with pytest.raises(expected) as info:
+            KMeans(3, init=X[:3].copy(), backend="numpy").fit(X)
+        assert (info.value is raised) == (expected is RuntimeError)
