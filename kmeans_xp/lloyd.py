@@ -46,13 +46,14 @@ def _rounding(x, dtype):
     return (8 * eps) ** 2 * float(np.max(np.sum(x * x, axis=1), initial=0.0))
 
 
-def new_centers(sums, weights, centers_old, xp, *, fill_empty=True):
+def new_centers(sums, weights, centers_old, xp, *, fill_empty=True, filled=None):
     """Weighted means in centers_old's dtype. A cluster still empty after relocation takes
     the center of the heaviest cluster, as scikit-learn's `_average_centers` does. Without
     fill_empty an empty cluster's row is 0: the driver relocates before such centers are
-    used, and leaving the fill out saves a device program's worth of launches per iteration."""
+    used, and leaving the fill out saves a device program's worth of launches per iteration.
+    `filled` (weights > 0), when the caller has it already."""
     w = weights[:, None]
-    filled = w > 0
+    filled = (weights > 0 if filled is None else filled)[:, None]
     means = sums / xp.where(filled, w, 1.0)
     if fill_empty:
         heaviest = xp.take(means, xp.reshape(xp.argmax(weights), (1,)), axis=0)
@@ -96,10 +97,11 @@ def _update(backend, X, sample_weight, centers, centers64, it, *, xp, cxp, reloc
     if relocate:
         sums, weights = relocate_empty(backend, X, sample_weight, centers, it.labels, sums,
                                        weights, xp)
-    c_new = new_centers(sums, weights, centers, cxp, fill_empty=relocate)
+    filled = weights > 0
+    c_new = new_centers(sums, weights, centers, cxp, fill_empty=relocate, filled=filled)
     c64 = cxp.astype(c_new, cxp.float64, copy=False)
     diff = c64 - centers64
-    n_filled = cxp.sum(cxp.astype(weights > 0, cxp.float64))
+    n_filled = cxp.sum(cxp.astype(filled, cxp.float64))
     small = cxp.stack([cxp.sum(diff * diff), _f64(it.inertia, cxp), _f64(it.n_changed, cxp),
                        n_filled])
     return c_new, c64, small
