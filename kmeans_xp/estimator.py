@@ -264,9 +264,8 @@ default=None
         backend, why = select_backend(self.backend, X, n_clusters=self.n_clusters,
                                       sample_weight=sw_host,
                                       backend_options=self.backend_options,
-                                      max_memory=self.max_memory)
+                                      max_memory=self.max_memory, check_memory=True)
         place = backend.placement
-        backend.memory.check(X, self.n_clusters, self.backend_options or {})
         given = self._given_inits(X, init_array, n_init, rs)
         clock.lap("validation")
         Xb = place.to_backend(X)

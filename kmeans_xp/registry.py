@@ -287,8 +287,10 @@ def _unknown_message(name) -> str:
 
 
 def select_backend(backend, X, *, n_clusters, sample_weight=None, backend_options=None,
-                   max_memory="auto"):
-    """(backend instance, why it was chosen) for this input; never a silent fallback."""
+                   max_memory="auto", check_memory=False):
+    """(backend instance, why it was chosen) for this input; never a silent fallback. With
+    check_memory (a fit), the chosen backend's `memory.check` passed too: "auto" passes over
+    a backend the fit would not fit in, a named one raises its KMeansMemoryError."""
     from .namespaces import DLPACK_FOREIGN, foreign_device_type, namespace_name
 
     options = dict(backend_options or {})
@@ -301,6 +303,8 @@ def select_backend(backend, X, *, n_clusters, sample_weight=None, backend_option
                 n, X, n_clusters, sample_weight)]
             raise ValueError(f"backend {backend!r} cannot take this input: {reason}. Backends "
                              f"that would: {takers or 'none installed'}.")
+        if check_memory:
+            inst.memory.check(X, n_clusters, options)
         return inst, "named by the user"
 
     ns = namespace_name(X)
@@ -323,7 +327,8 @@ def select_backend(backend, X, *, n_clusters, sample_weight=None, backend_option
         if reason is None:
             inst = get_backend(name)(max_memory=max_memory, **options)
             try:  # a backend the fit would not fit in is passed over, as one that refuses
-                inst.memory.check(X, n_clusters, options)
+                if check_memory:
+                    inst.memory.check(X, n_clusters, options)
             except KMeansMemoryError as exc:
                 reasons.append(f"{name}: {exc}")
                 short_of_memory = exc
