@@ -88,17 +88,13 @@ class CupyPlacement(Placement):
         if arr is None:
             return arr
         if foreign_device_type(like) is not None:
-            if getattr(arr, "dtype", None) is not None and arr.dtype.kind == "u":
-                arr = arr.astype(np.int32)
-            return as_like(arr, like)  # a CUDA result through DLPack, a host one copied
+            return as_like(_signed(arr), like)  # a CUDA result through DLPack, a host one copied
         if isinstance(arr, cp.ndarray) and not isinstance(like, cp.ndarray) \
                 and hasattr(arr, "get"):
-            arr = download(cp, arr)
+            arr = download(cp, arr)  # (compact labels cross the bus before they widen)
         elif isinstance(like, cp.ndarray) and isinstance(arr, np.ndarray):
             arr = cp.asarray(arr)  # centers kept on the host go back as the caller's type
-        if getattr(arr, "dtype", None) is not None and arr.dtype.kind == "u":
-            arr = arr.astype(np.int32)  # streamed labels live in compact unsigned types
-        return arr
+        return _signed(arr)
 
     def namespace(self, X):
         from .streaming import HostRows
@@ -200,3 +196,10 @@ class CupyPlacement(Placement):
         if kept:
             kept = {k: (cp.asarray(v) if k in on_device else v) for k, v in kept.items()}
         return kept
+
+
+def _signed(arr):
+    """Labels as int32, as scikit-learn's: streamed labels live in compact unsigned types."""
+    if getattr(arr, "dtype", None) is not None and arr.dtype.kind == "u":
+        return arr.astype(np.int32)
+    return arr
