@@ -147,18 +147,27 @@ def _upload_pool():
     return ThreadPoolExecutor(STAGING_THREADS, thread_name_prefix="kmeans_xp-upload")
 
 
+def _pinned_pair(cp, a):
+    """(rows per chunk, two pinned buffers of that many rows) to stage `a` through, or None
+    where `a` is small (one pageable copy costs less) or no page-locked memory is to be had."""
+    if a.nbytes < UPLOAD_STAGED_BYTES:
+        return None
+    n = a.shape[0]
+    rows = max(1, UPLOAD_CHUNK_BYTES // max(1, a.nbytes // n))
+    try:
+        return rows, [Pinned(cp, (min(rows, n),) + a.shape[1:], a.dtype) for _ in range(2)]
+    except cp.cuda.runtime.CUDARuntimeError:
+        return None
+
+
 def upload(cp, X):
     """Host X (C-contiguous) as a new device array. A pageable copy runs at a fraction of
     the bus (9 GB/s on the H200 host, 55 GB/s pinned): large X goes through two pinned
     buffers instead, host threads filling one while the copy engine empties the other."""
-    if X.nbytes < UPLOAD_STAGED_BYTES:
+    staged = _pinned_pair(cp, X)
+    if staged is None:
         return cp.asarray(X)
-    n = X.shape[0]
-    rows = max(1, UPLOAD_CHUNK_BYTES // max(1, X.nbytes // n))
-    try:
-        bufs = [Pinned(cp, (min(rows, n),) + X.shape[1:], X.dtype) for _ in range(2)]
-    except cp.cuda.runtime.CUDARuntimeError:  # no page-locked memory to be had: pageable
-        return cp.asarray(X)
+    (rows, bufs), n = staged, X.shape[0]
     out = cp.empty(X.shape, dtype=X.dtype)
     done = [None, None]
     stream = cp.cuda.Stream(non_blocking=True)
@@ -176,14 +185,10 @@ def upload(cp, X):
 def download(cp, arr):
     """A device array as a new host array, through two pinned buffers as `upload` (a fit's
     labels from a NumPy X: 80 MB at W3)."""
-    if arr.nbytes < UPLOAD_STAGED_BYTES or not arr.flags.c_contiguous:
+    staged = _pinned_pair(cp, arr) if arr.flags.c_contiguous else None
+    if staged is None:
         return cp.asnumpy(arr)
-    n = arr.shape[0]
-    rows = max(1, UPLOAD_CHUNK_BYTES // max(1, arr.nbytes // n))
-    try:
-        bufs = [Pinned(cp, (min(rows, n),) + arr.shape[1:], arr.dtype) for _ in range(2)]
-    except cp.cuda.runtime.CUDARuntimeError:
-        return cp.asnumpy(arr)
+    (rows, bufs), n = staged, arr.shape[0]
     out = np.empty(arr.shape, dtype=arr.dtype)
     stream = cp.cuda.Stream(non_blocking=True)
     stream.wait_event(cp.cuda.get_current_stream().record())  # arr's producers first
