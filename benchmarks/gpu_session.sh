@@ -2,7 +2,8 @@
 # One device session: install the carried wheels, then run the steps named on the command
 # line, each logging under $OUT. Steps: machine, old (time the code in .device/old),
 # tests (GPU tests), new (time this checkout), profile (where a fit's time goes),
-# cpu (CPU rows vs scikit-learn, faiss).
+# cpu (CPU rows vs scikit-learn, faiss), scaling (NumPy primitives by thread count),
+# freemem (what outlives a free_memory fit).
 #   bash benchmarks/gpu_session.sh machine old tests new
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
@@ -16,7 +17,9 @@ install_new() {
     python3 -m pip install -q --no-deps --no-build-isolation -e . && installed=1
   fi
 }
+pass=0
 for step in "$@"; do
+  pass=$((pass + 1))
   echo "=== $step $(date +%T)"
   case $step in
     machine)
@@ -30,8 +33,8 @@ sys.version.split()[0])"
       python3 -m pip install -q --no-deps --no-build-isolation --target /tmp/old .device/old \
         > "$OUT/old_install.log" 2>&1
       (cd /tmp && PYTHONPATH=/tmp/old:/tmp/site python3 "$ROOT/benchmarks/regression_probe.py" \
-        --label old --init --repeats 2 --out "$OUT/regression_old.json") > "$OUT/regression_old.log" 2>&1
-      tail -n 3 "$OUT/regression_old.log" ;;
+        --label old ${OLD_ARGS:---init --repeats 2} --out "$OUT/regression_old$pass.json") > "$OUT/regression_old$pass.log" 2>&1
+      tail -n 3 "$OUT/regression_old$pass.log" ;;
     tests)
       install_new
       timeout ${TEST_TIMEOUT:-420} python3 -m pytest -m gpu -q -p no:cacheprovider tests \
@@ -39,9 +42,9 @@ sys.version.split()[0])"
       tail -n 15 "$OUT/gpu_tests.log" ;;
     new)
       install_new
-      python3 benchmarks/regression_probe.py --label new --init --repeats 2 --out "$OUT/regression_new.json" \
-        > "$OUT/regression_new.log" 2>&1
-      tail -n 3 "$OUT/regression_new.log" ;;
+      python3 benchmarks/regression_probe.py --label new ${NEW_ARGS:---init --repeats 2} --out "$OUT/regression_new$pass.json" \
+        > "$OUT/regression_new$pass.log" 2>&1
+      tail -n 3 "$OUT/regression_new$pass.log" ;;
     profile)
       install_new
       timeout ${PROFILE_TIMEOUT:-240} python3 benchmarks/fit_profile.py --out "$OUT/fit_profile.txt" \
@@ -63,6 +66,14 @@ sys.version.split()[0])"
       install_new
       timeout 120 python3 benchmarks/debug_duplicates.py > "$OUT/debug_duplicates.log" 2>&1
       tail -n 4 "$OUT/debug_duplicates.log" ;;
+    scaling)
+      install_new
+      timeout 240 python3 benchmarks/cpu_scaling_probe.py --out "$OUT/cpu_scaling.json" > "$OUT/cpu_scaling.log" 2>&1
+      tail -n 20 "$OUT/cpu_scaling.log" ;;
+    freemem)
+      install_new
+      timeout 100 python3 benchmarks/debug_free_memory.py > "$OUT/debug_free_memory.log" 2>&1
+      tail -n 12 "$OUT/debug_free_memory.log" ;;
     cpu)
       install_new
       python3 benchmarks/cpu_probe.py ${CPU_ARGS:-} --out "$OUT/cpu_probe.json" > "$OUT/cpu_probe.log" 2>&1

@@ -1,7 +1,12 @@
 """Shared test setup: GPU tests (marker `gpu`) skip where CuPy or a CUDA device is missing."""
 import functools
+import os
 
 import pytest
+
+# JAX on a GPU takes 75% of its memory at first use unless told not to: CuPy tests in the same
+# process need it
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 
 @functools.lru_cache(maxsize=1)

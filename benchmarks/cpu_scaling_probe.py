@@ -1,0 +1,115 @@
+"""What limits the numpy backend on many cores: each NumPy primitive of its inner loop run by
+1..T threads on private buffers (so only the GIL, BLAS locks or the memory system can stop it
+scaling), and the whole backend's iteration at W1 by thread count.
+
+    python benchmarks/cpu_scaling_probe.py --out cpu_scaling.json
+
+Speed-up = t x (time of one thread doing r calls) / (time of t threads each doing r calls).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+
+def buffers(rng, k, sub, d, block):
+    return dict(D=rng.standard_normal((sub, k)).astype(np.float32),
+                DT=rng.standard_normal((k, sub)).astype(np.float32),
+                Xa=np.ones((sub, d + 1), np.float32),
+                aug=rng.standard_normal((d + 1, k)).astype(np.float32),
+                lab=np.empty(sub, np.intp), idx=np.arange(sub) * k, m=np.empty(sub, np.float32),
+                L=rng.integers(0, k, block), w=rng.random(block),
+                Xl=rng.random((block, d)).astype(np.float32), o=np.empty(block),
+                oh=np.empty((sub, k), np.float32), ar=np.arange(k))
+
+
+OPS = {  # name: (function of the buffers, calls per timing)
+    "matmul (sub,d+1)@(d+1,k)": (lambda b: np.matmul(b["Xa"], b["aug"], out=b["D"]), 200),
+    "argmin axis=1": (lambda b: b["D"].argmin(axis=1, out=b["lab"]), 200),
+    "min axis=1": (lambda b: np.min(b["D"], axis=1, out=b["m"]), 200),
+    "min axis=0 of (k,sub)": (lambda b: np.min(b["DT"], axis=0, out=b["m"]), 200),
+    "argmin axis=0 of (k,sub)": (lambda b: b["DT"].argmin(axis=0, out=b["lab"]), 200),
+    "take": (lambda b: b["D"].reshape(-1).take(b["idx"], out=b["m"], mode="clip"), 200),
+    "bincount weights (block)": (lambda b: np.bincount(b["L"], weights=b["w"], minlength=len(b["ar"])), 20),
+    "bincount (block)": (lambda b: np.bincount(b["L"], minlength=len(b["ar"])), 20),
+    "einsum rows (block)": (lambda b: np.einsum("ij,ij->i", b["Xl"], b["Xl"], out=b["o"]), 20),
+    "copyto cast (block)": (lambda b: np.copyto(b["o"], b["Xl"][:, 0], casting="unsafe"), 20),
+    "one-hot == (sub,k)": (lambda b: np.equal(b["lab"][:, None], b["ar"], out=b["oh"],
+                                              casting="unsafe"), 100),
+    "argsort labels (block)": (lambda b: np.argsort(b["L"], kind="stable"), 5),
+    "add 1-d (sub)": (lambda b: np.add(b["lab"], b["idx"], out=b["lab"]), 200),
+}
+
+
+def op_scaling(threads, k, sub, d, block, repeats=3):
+    rng = np.random.default_rng(0)
+    out = {}
+    pool = ThreadPoolExecutor(max(threads))
+    bufs = [buffers(rng, k, sub, d, block) for _ in range(max(threads))]
+    for name, (fn, calls) in OPS.items():
+        def job(t, fn=fn, calls=calls):
+            b = bufs[t]
+            for _ in range(calls):
+                fn(b)
+        job(0)
+        row = {}
+        for t in threads:
+            best = float("inf")
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                list(pool.map(job, range(t)))
+                best = min(best, time.perf_counter() - t0)
+            row[t] = best
+        one = row[threads[0]]
+        out[name] = {"us_per_call_1thread": one / OPS[name][1] * 1e6,
+                     "speedup": {t: round(t * one / row[t], 2) for t in threads}}
+        print(f"{name:28s} {out[name]['us_per_call_1thread']:8.1f} us  "
+              + " ".join(f"{t}:{s:.1f}" for t, s in out[name]["speedup"].items()), flush=True)
+    pool.shutdown()
+    return out
+
+
+def backend_scaling(threads, n, d, k, repeats=3):
+    from threadpoolctl import threadpool_limits
+    import kmeans_xp_backends.numpy_ as nb
+    rng = np.random.default_rng(0)
+    X = (rng.standard_normal((n, d)) * np.arange(1, d + 1)).astype(np.float32)
+    C = X[rng.choice(n, k, replace=False)].copy()
+    out = {}
+    for t in threads:
+        b = nb.NumpyBackend(n_threads=t)
+        b.lloyd_iter(X, None, C, None)
+        best = float("inf")
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            b.lloyd_iter(X, None, C, None)
+            best = min(best, time.perf_counter() - t0)
+        b.finish()
+        out[t] = best * 1e3
+        print(f"backend W1-like n={n} k={k} threads {t}: {best * 1e3:.1f} ms", flush=True)
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--n", type=int, default=2_000_000)
+    a = ap.parse_args()
+    cores = len(os.sched_getaffinity(0))
+    threads = sorted({1, 2, 4, 8, cores} & set(range(1, cores + 1)))
+    from threadpoolctl import threadpool_info, threadpool_limits
+    res = {"cores": cores, "numpy": np.__version__, "threadpool": threadpool_info()}
+    with threadpool_limits(1, "blas"):
+        res["ops_k200_sub655"] = op_scaling(threads, 200, 655, 3, 65536)
+    res["backend_ms"] = backend_scaling(threads, a.n, 3, 200)
+    with open(a.out, "w") as f:
+        json.dump(res, f, indent=1, default=str)
+
+
+if __name__ == "__main__":
+    main()
