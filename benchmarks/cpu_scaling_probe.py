@@ -74,6 +74,90 @@ def op_scaling(threads, k, sub, d, block, repeats=3):
     return out
 
 
+SIZED = {  # the GEMM sub-chunk's primitives at other sizes: (function, elements of work per call)
+    "matmul": lambda b: np.matmul(b["Xa"], b["aug"], out=b["D"]),
+    "dot": lambda b: np.dot(b["Xa"], b["aug"], out=b["D"]),
+    "einsum ij,jk": lambda b: np.einsum("ij,jk->ik", b["Xa"], b["aug"], out=b["D"]),
+    "argmin axis=1": lambda b: b["D"].argmin(axis=1, out=b["lab"]),
+    "take": lambda b: b["D"].reshape(-1).take(b["idx"], out=b["m"], mode="clip"),
+}
+
+SUMS = {  # per-cluster sums of a block, other ways than bincount
+    "bincount int32 labels": lambda b: np.bincount(b["L32"], weights=b["w"], minlength=200),
+    "add.at": lambda b: np.add.at(b["acc"], b["L"], b["w"]),
+    "argsort uint8 stable": lambda b: np.argsort(b["L8"], kind="stable"),
+    "reduceat sorted": lambda b: np.add.reduceat(b["Xs"], b["starts"], axis=0),
+    "take rows": lambda b: np.take(b["Xl"], b["perm"], axis=0, out=b["Xs"]),
+}
+
+
+def sized_scaling(threads, k, d, subs, repeats=3):
+    rng = np.random.default_rng(1)
+    pool = ThreadPoolExecutor(max(threads))
+    out = {}
+    for sub in subs:
+        bufs = [buffers(rng, k, sub, d, 65536) for _ in range(max(threads))]
+        calls = max(4, int(200 * 655 / sub))
+        for name, fn in SIZED.items():
+            key = f"{name} sub={sub}"
+            out[key] = _scale(pool, bufs, fn, calls, threads, repeats)
+            print(f"{key:28s} {out[key]['us_per_call_1thread']:8.1f} us  "
+                  + " ".join(f"{t}:{s:.1f}" for t, s in out[key]["speedup"].items()), flush=True)
+    bufs = []
+    for _ in range(max(threads)):
+        b = buffers(rng, k, 655, d, 65536)
+        b["L32"], b["L8"] = b["L"].astype(np.int32), b["L"].astype(np.uint8)
+        b["acc"] = np.zeros(k)
+        b["perm"] = np.argsort(b["L8"], kind="stable")
+        b["Xs"] = b["Xl"][b["perm"]]
+        b["starts"] = np.searchsorted(b["L"][b["perm"]], np.arange(k))
+        bufs.append(b)
+    for name, fn in SUMS.items():
+        out[name] = _scale(pool, bufs, fn, 10, threads, repeats)
+        print(f"{name:28s} {out[name]['us_per_call_1thread']:8.1f} us  "
+              + " ".join(f"{t}:{s:.1f}" for t, s in out[name]["speedup"].items()), flush=True)
+    pool.shutdown()
+    return out
+
+
+def _scale(pool, bufs, fn, calls, threads, repeats):
+    def job(t):
+        b = bufs[t]
+        for _ in range(calls):
+            fn(b)
+    job(0)
+    row = {}
+    for t in threads:
+        best = float("inf")
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            list(pool.map(job, range(t)))
+            best = min(best, time.perf_counter() - t0)
+        row[t] = best
+    return {"us_per_call_1thread": row[threads[0]] / calls * 1e6,
+            "speedup": {t: round(t * row[threads[0]] / row[t], 2) for t in threads}}
+
+
+def blas_threads_matmul(threads, n=65536, d=3, k=200):
+    """One large GEMM with BLAS's own threads (not ours)."""
+    from threadpoolctl import threadpool_limits
+    rng = np.random.default_rng(2)
+    Xa = np.ones((n, d + 1), np.float32)
+    aug = rng.standard_normal((d + 1, k)).astype(np.float32)
+    D = np.empty((n, k), np.float32)
+    out = {}
+    for t in threads:
+        with threadpool_limits(t, "blas"):
+            np.matmul(Xa, aug, out=D)
+            t0 = time.perf_counter()
+            for _ in range(5):
+                np.matmul(Xa, aug, out=D)
+            out[t] = (time.perf_counter() - t0) / 5 * 1e3
+        print(f"one matmul ({n},{d + 1})@({d + 1},{k}) with {t} BLAS threads: {out[t]:.2f} ms",
+              flush=True)
+    return out
+
+
 def backend_scaling(threads, n, d, k, repeats=3):
     from threadpoolctl import threadpool_limits
     import kmeans_xp_backends.numpy_ as nb
@@ -106,6 +190,8 @@ def main():
     res = {"cores": cores, "numpy": np.__version__, "threadpool": threadpool_info()}
     with threadpool_limits(1, "blas"):
         res["ops_k200_sub655"] = op_scaling(threads, 200, 655, 3, 65536)
+        res["sized_k200"] = sized_scaling(threads, 200, 3, (655, 2621, 8192, 32768))
+    res["blas_threads_matmul_ms"] = blas_threads_matmul(threads)
     res["backend_ms"] = backend_scaling(threads, a.n, 3, 200)
     with open(a.out, "w") as f:
         json.dump(res, f, indent=1, default=str)

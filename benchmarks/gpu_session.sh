@@ -3,7 +3,8 @@
 # line, each logging under $OUT. Steps: machine, old (time the code in .device/old),
 # tests (GPU tests), new (time this checkout), profile (where a fit's time goes),
 # cpu (CPU rows vs scikit-learn, faiss), scaling (NumPy primitives by thread count),
-# freemem (what outlives a free_memory fit).
+# freemem (what outlives a free_memory fit), w1 (W1 cupy-fused, old and new alternately),
+# pack (everything under $OUT into one session.tgz: the device returns a few files only).
 #   bash benchmarks/gpu_session.sh machine old tests new
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
@@ -66,6 +67,17 @@ sys.version.split()[0])"
       install_new
       timeout 120 python3 benchmarks/debug_duplicates.py > "$OUT/debug_duplicates.log" 2>&1
       tail -n 4 "$OUT/debug_duplicates.log" ;;
+    w1)
+      install_new
+      python3 -m pip install -q --no-deps --no-build-isolation --target /tmp/old .device/old \
+        > "$OUT/old_install.log" 2>&1
+      for r in 1 2 3 4 5; do
+        (cd /tmp && PYTHONPATH=/tmp/old:/tmp/site timeout 60 python3 "$ROOT/benchmarks/w1_fused_probe.py" old 10) >> "$OUT/w1_fused.jsonl" 2>>"$OUT/w1_fused.err"
+        timeout 60 python3 benchmarks/w1_fused_probe.py new 10 >> "$OUT/w1_fused.jsonl" 2>>"$OUT/w1_fused.err"
+      done
+      cat "$OUT/w1_fused.jsonl" ;;
+    pack)
+      (cd "$OUT" && tar czf ../session.tgz . && rm -rf ./* && mv ../session.tgz .) ;;
     scaling)
       install_new
       timeout 240 python3 benchmarks/cpu_scaling_probe.py --out "$OUT/cpu_scaling.json" > "$OUT/cpu_scaling.log" 2>&1
