@@ -92,8 +92,9 @@ def main():
     args = ap.parse_args()
     variants = [(512 << 10, 1 << 16, None), (512 << 10, 1 << 16, 1)]
     if not args.quick:
-        variants += [(2 << 20, 1 << 16, None), (512 << 10, 1 << 18, None),
-                     (128 << 10, 1 << 16, None)]
+        variants += [(2 << 20, 1 << 16, None), (4 << 20, 1 << 16, None),
+                     (8 << 20, 1 << 16, None), (8 << 20, 1 << 18, None),
+                     (4 << 20, 1 << 16, 8), (4 << 20, 1 << 16, 4)]
     out = {"cores": len(os.sched_getaffinity(0)), "iters": args.iters, "workloads": {}}
     for name, (n, d, k) in WORKLOADS.items():
         X, init = data(n, d, k)

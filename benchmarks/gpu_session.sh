@@ -76,6 +76,10 @@ sys.version.split()[0])"
         timeout 60 python3 benchmarks/w1_fused_probe.py new 10 >> "$OUT/w1_fused.jsonl" 2>>"$OUT/w1_fused.err"
       done
       cat "$OUT/w1_fused.jsonl" ;;
+    w1parts)
+      install_new
+      timeout 120 python3 benchmarks/w1_breakdown.py > "$OUT/w1_breakdown.log" 2>&1
+      cat "$OUT/w1_breakdown.log" | tail -n 4 ;;
     pack)
       (cd "$OUT" && tar czf ../session.tgz . && rm -rf ./* && mv ../session.tgz .) ;;
     scaling)

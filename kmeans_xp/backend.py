@@ -176,8 +176,9 @@ class Placement:
 
     def finish(self, kept=None):
         """The fit has ended and dropped its arrays: release per-fit buffers. `kept`, the
-        arrays the estimator keeps (a dict), comes back, moved where the placement wants
-        them (a GPU placement handing its memory back re-allocates them exactly)."""
+        arrays the estimator keeps (a dict), comes back, moved where the placement wants them
+        (a GPU placement handing its memory back re-allocates them exactly, in the same dict
+        so that the caller holds no old copy)."""
         return kept
 
 

@@ -188,13 +188,16 @@ class CupyPlacement(Placement):
         if not getattr(self.backend, "free_memory", False):
             return kept
         cp = self._cp
-        on_device = {k for k, v in (kept or {}).items() if isinstance(v, cp.ndarray)}
-        if kept:
-            kept = {k: (cp.asnumpy(v) if k in on_device else v) for k, v in kept.items()}
+        kept = {} if kept is None else kept
+        on_device = [k for k, v in kept.items() if isinstance(v, cp.ndarray)]
+        for k in on_device:
+            # in the caller's own dict: a new dict would leave the caller holding the device
+            # arrays while the pool is emptied, and their blocks cached once it lets go
+            kept[k] = cp.asnumpy(kept[k])
         cp.get_default_memory_pool().free_all_blocks()
         cp.get_default_pinned_memory_pool().free_all_blocks()
-        if kept:
-            kept = {k: (cp.asarray(v) if k in on_device else v) for k, v in kept.items()}
+        for k in on_device:
+            kept[k] = cp.asarray(kept[k])
         return kept
 
 

@@ -1,0 +1,50 @@
+"""Where cupy-fused's W1 Lloyd time goes, device X against host X (new code only): host
+seconds inside each backend/placement call the driver makes, per fit, median of 10 fits."""
+import collections
+import functools
+import statistics
+import time
+
+import cupy as cp
+import numpy as np
+
+from kmeans_xp import KMeans
+from kmeans_xp_backends.cupy import fused, placement
+
+spent = collections.defaultdict(float)
+
+
+def timed(cls, name):
+    fn = getattr(cls, name)
+
+    @functools.wraps(fn)
+    def wrapper(*a, **k):
+        t0 = time.perf_counter()
+        try:
+            return fn(*a, **k)
+        finally:
+            spent[name] += time.perf_counter() - t0
+    setattr(cls, name, wrapper)
+
+
+for n in ("lloyd_iter", "assign", "inertia", "farthest", "_pack", "_assign_pass", "_finalize"):
+    timed(fused.CupyFusedBackend, n)
+timed(fused.HostCenters, "read")
+for n in ("fetch", "persist", "small", "synchronize"):
+    timed(placement.CupyPlacement, n)
+
+rng = np.random.default_rng(0)
+C = rng.uniform(-10, 10, size=(200, 3)).astype(np.float32)
+X = (C[rng.integers(0, 200, size=2_000_000)] + rng.normal(size=(2_000_000, 3))).astype(np.float32)
+init = X[rng.choice(len(X), 200, replace=False)].copy()
+for where, Xin in (("device", cp.asarray(X)), ("host", X), ("device", cp.asarray(X))):
+    rows = collections.defaultdict(list)
+    for r in range(12):
+        spent.clear()
+        km = KMeans(200, init=init, n_init=1, max_iter=10, tol=0, backend="cupy-fused").fit(Xin)
+        if r >= 2:
+            rows["lloyd (timings_)"].append(km.timings_["lloyd"])
+            for k, v in spent.items():
+                rows[k].append(v)
+    print(where, "ms per fit:", ", ".join(f"{k} {statistics.median(v) * 1e3:.3f}"
+                                          for k, v in rows.items()), flush=True)
