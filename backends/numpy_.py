@@ -38,10 +38,16 @@ from kmeans_xp.memory import MemoryEstimate, chunk_rows, host_available_memory, 
 from kmeans_xp.namespaces import DLPACK_FOREIGN, dlpack_source, foreign_device_type
 from kmeans_xp.validation import Interval
 
-#: GEMM result per sub-chunk kept below this (it must stay in L2 while argmin reads it)
-TARGET_BLOCK_BYTES = 512 << 10
-#: rows per thread task: large enough to amortise per-call overhead, small enough to balance
-TARGET_TASK_ROWS = 1 << 16
+#: GEMM result per sub-chunk. Measured on 16 cores (H200 host, 2026-12-02, cpu_probe.json):
+#: W1 ran 157 ms per iteration with 512 KiB (L2-sized) sub-chunks and 65 ms with 8 MiB: each
+#: NumPy call takes the GIL, and many short calls from 16 threads queue on it
+TARGET_BLOCK_BYTES = 8 << 20
+#: rows per thread task at most (one task per thread when n allows: a fixed, even split)
+TARGET_TASK_ROWS = 1 << 18
+#: from this many features the per-cluster sums group the rows by label (a radix argsort, a
+#: gather, np.add.reduceat) instead of one np.bincount per feature: bincount holds the GIL,
+#: so d of them per block run one thread at a time
+SORTED_SUMS_MIN_D = 16
 MIN_ROWS = 64
 #: bytes of Python objects a call creates (thread pool, futures, thread-local dicts)
 PYTHON_OVERHEAD = 48 << 10
@@ -337,11 +343,35 @@ class NumpyBackend(KMeansBackend):
             w64 = bufs["w64"][:r0]
             np.copyto(w64, sample_weight[s0:e0], casting="unsafe")
             acc.weights += np.bincount(lab, weights=w64, minlength=k)
+        if X.shape[1] >= SORTED_SUMS_MIN_D:
+            NumpyBackend._sorted_sums(X[s0:e0], lab, w64, k, acc)
+            return
         for j in range(X.shape[1]):
             np.copyto(xw, X[s0:e0, j], casting="unsafe")
             if w64 is not None:
                 xw *= w64
             acc.sums[:, j] += np.bincount(lab, weights=xw, minlength=k)
+
+    @staticmethod
+    def _sorted_sums(Xb, lab, w64, k, acc):
+        """acc.sums += per-cluster sums of the rows Xb (times w64), rows grouped by label in
+        row order and added in float64 (np.add's pairwise order within a cluster: fixed for
+        a given block, so the result does not depend on the threads either)."""
+        if len(lab) == 0:
+            return
+        small = np.uint8 if k <= 1 << 8 else np.uint16 if k <= 1 << 16 else None
+        keys = lab if small is None else lab.astype(small)  # NumPy radix-sorts small ints
+        order = np.argsort(keys, kind="stable")
+        counts = np.bincount(lab, minlength=k)
+        filled = counts > 0
+        starts = (np.cumsum(counts) - counts)[filled]
+        rows = np.take(Xb, order, axis=0)
+        if w64 is None:
+            acc.sums[filled] += np.add.reduceat(rows, starts, axis=0, dtype=np.float64)
+        else:
+            rows = rows.astype(np.float64)
+            rows *= np.take(w64, order)[:, None]
+            acc.sums[filled] += np.add.reduceat(rows, starts, axis=0)
 
     # -- the contract -----------------------------------------------------------------------
     def _run(self, X, sample_weight, centers, *, labels_in=None, labels_old=None, assign=True,

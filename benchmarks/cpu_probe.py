@@ -58,14 +58,17 @@ def lloyd_rows(X, init, iters, repeats, variants):
         rows["faiss"] = median_time(fa, repeats) / iters
     except ImportError:
         pass
-    defaults = (nb.TARGET_BLOCK_BYTES, nb.TARGET_TASK_ROWS)
-    for block_bytes, task_rows, threads in variants:
+    defaults = (nb.TARGET_BLOCK_BYTES, nb.TARGET_TASK_ROWS, nb.SORTED_SUMS_MIN_D)
+    for block_bytes, task_rows, threads, *sorted_d in variants:
         nb.TARGET_BLOCK_BYTES, nb.TARGET_TASK_ROWS = block_bytes, task_rows
+        nb.SORTED_SUMS_MIN_D = sorted_d[0] if sorted_d else defaults[2]
         opts = {} if threads is None else {"n_threads": threads}
-        rows[f"numpy block={block_bytes >> 10}K task={task_rows} threads={threads or 'all'}"] = \
-            median_time(lambda: KMeans(k, init=init, max_iter=iters, tol=0, backend="numpy",
-                                       backend_options=opts).fit(X), repeats) / iters
-    nb.TARGET_BLOCK_BYTES, nb.TARGET_TASK_ROWS = defaults
+        sums = "" if not sorted_d else (" sums=sorted" if sorted_d[0] == 0 else " sums=bincount")
+        rows[f"numpy block={block_bytes >> 10}K task={task_rows} threads={threads or 'all'}"
+             f"{sums}"] = median_time(lambda: KMeans(
+                 k, init=init, max_iter=iters, tol=0, backend="numpy",
+                 backend_options=opts).fit(X), repeats) / iters
+    nb.TARGET_BLOCK_BYTES, nb.TARGET_TASK_ROWS, nb.SORTED_SUMS_MIN_D = defaults
     return rows
 
 
@@ -90,11 +93,12 @@ def main():
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--quick", action="store_true", help="defaults only, no variants")
     args = ap.parse_args()
-    variants = [(512 << 10, 1 << 16, None), (512 << 10, 1 << 16, 1)]
-    if not args.quick:
-        variants += [(2 << 20, 1 << 16, None), (4 << 20, 1 << 16, None),
-                     (8 << 20, 1 << 16, None), (8 << 20, 1 << 18, None),
-                     (4 << 20, 1 << 16, 8), (4 << 20, 1 << 16, 4)]
+    import kmeans_xp_backends.numpy_ as nb
+    default = (nb.TARGET_BLOCK_BYTES, nb.TARGET_TASK_ROWS)
+    variants = [(*default, None), (*default, 1)]
+    if not args.quick:  # the sums both ways; the earlier 512 KiB sub-chunks
+        variants += [(*default, None, 0), (*default, None, 10**9),
+                     (512 << 10, 1 << 16, None), (4 << 20, 1 << 16, None)]
     out = {"cores": len(os.sched_getaffinity(0)), "iters": args.iters, "workloads": {}}
     for name, (n, d, k) in WORKLOADS.items():
         X, init = data(n, d, k)
