@@ -38,10 +38,13 @@ from kmeans_xp.memory import MemoryEstimate, chunk_rows, host_available_memory, 
 from kmeans_xp.namespaces import DLPACK_FOREIGN, dlpack_source, foreign_device_type
 from kmeans_xp.validation import Interval
 
-#: GEMM result per sub-chunk. Measured on 16 cores (H200 host, 2026-12-02, cpu_probe.json):
-#: W1 ran 157 ms per iteration with 512 KiB (L2-sized) sub-chunks and 65 ms with 8 MiB: each
-#: NumPy call takes the GIL, and many short calls from 16 threads queue on it
+#: GEMM result per sub-chunk: SUB_BYTES_PER_THREAD per thread, at most TARGET_BLOCK_BYTES.
+#: Each NumPy call takes the GIL, and many short calls from many threads queue on it, so the
+#: work per call grows with the threads. Measured at W1 (n=2M, k=200): on 16 cores (H200
+#: host, 2026-12-02, cpu_probe.json) 176 ms per iteration with 512 KiB (L2-sized) sub-chunks,
+#: 76 ms with 8 MiB; on one thread (2-core VM) 215 ms with 512 KiB, 389 ms with 8 MiB
 TARGET_BLOCK_BYTES = 8 << 20
+SUB_BYTES_PER_THREAD = 512 << 10
 #: rows per thread task at most (one task per thread when n allows: a fixed, even split)
 TARGET_TASK_ROWS = 1 << 18
 #: from this many features the per-cluster sums group the rows by label (a radix argsort, a
@@ -138,7 +141,8 @@ class _Plan:
     def __init__(self, n, d, k, itemsize, max_memory, threads):
         self.k, self.d, self.itemsize = k, d, itemsize
         self.budget = resolve_budget(max_memory, host_available_memory(), cap=1 << 30)
-        cache_rows = max(MIN_ROWS, TARGET_BLOCK_BYTES // max(k * itemsize, 1))
+        target = min(TARGET_BLOCK_BYTES, SUB_BYTES_PER_THREAD * max(1, threads))
+        cache_rows = max(MIN_ROWS, target // max(k * itemsize, 1))
         # shared by all threads: the augmented centers [-2 C^T; ||c||^2] and the centers'
         # conversion, the summed result (k, d) + (k,), and Python objects (pool, futures)
         shared_fixed = 3 * k * (d + 1) * 8 + PYTHON_OVERHEAD
