@@ -1,6 +1,7 @@
 """A good citizen: scikit-learn's parameters, logging instead of print, progress bars."""
 import logging
 
+import numpy as np
 import pytest
 
 from kmeans_xp import KMeans
@@ -119,3 +120,31 @@ def test_pickle_holds_host_copies_and_predicts_without_the_fit_backend(monkeypat
     monkeypatch.setattr("kmeans_xp.predicting.get_backend_info",
                         lambda name: (False, None) if name == "array-api" else real(name))
     np.testing.assert_array_equal(km2.predict(X), np.from_dlpack(km.labels_))
+
+
+@pytest.mark.gpu
+def test_model_fitted_on_the_gpu_unpickles_and_predicts_without_cupy(tmp_path):
+    """Fitted by cupy-fused on CuPy input; unpickled in a process where CuPy cannot be
+    imported, it predicts NumPy input with the fit's labels."""
+    import pickle
+    import subprocess
+    import sys
+
+    cp = pytest.importorskip("cupy")
+    X = asymmetric_data(5003, 3, 9, dtype=np.float32, seed=12)
+    km = KMeans(9, backend="cupy-fused", random_state=0).fit(cp.asarray(X))
+    path = tmp_path / "model.pkl"
+    path.write_bytes(pickle.dumps(km))
+    np.save(tmp_path / "X.npy", X)
+    np.save(tmp_path / "labels.npy", cp.asnumpy(km.labels_))
+    code = (
+        "import sys, pickle, numpy as np\n"
+        "sys.modules['cupy'] = None  # import cupy fails, as where it is not installed\n"
+        f"km = pickle.loads(open({str(path)!r}, 'rb').read())\n"
+        f"X = np.load({str(tmp_path / 'X.npy')!r})\n"
+        "assert isinstance(km.cluster_centers_, np.ndarray)\n"
+        "labels = km.predict(X)\n"
+        f"assert (labels == np.load({str(tmp_path / 'labels.npy')!r})).all()\n"
+        "print('ok', type(labels).__name__)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0 and "ok ndarray" in out.stdout, out.stderr
