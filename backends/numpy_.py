@@ -340,15 +340,17 @@ class NumpyBackend(KMeansBackend):
         r0 = e0 - s0
         lab = labels[s0:e0]
         xw = bufs["xw64"][:r0]
+        counts = None
         if sample_weight is None:
             w64 = None
-            acc.weights += np.bincount(lab, minlength=k)
+            counts = np.bincount(lab, minlength=k)
+            acc.weights += counts
         else:
             w64 = bufs["w64"][:r0]
             np.copyto(w64, sample_weight[s0:e0], casting="unsafe")
             acc.weights += np.bincount(lab, weights=w64, minlength=k)
         if X.shape[1] >= SORTED_SUMS_MIN_D:
-            NumpyBackend._sorted_sums(X[s0:e0], lab, w64, k, acc)
+            NumpyBackend._sorted_sums(X[s0:e0], lab, w64, k, acc, counts)
             return
         for j in range(X.shape[1]):
             np.copyto(xw, X[s0:e0, j], casting="unsafe")
@@ -357,16 +359,18 @@ class NumpyBackend(KMeansBackend):
             acc.sums[:, j] += np.bincount(lab, weights=xw, minlength=k)
 
     @staticmethod
-    def _sorted_sums(Xb, lab, w64, k, acc):
+    def _sorted_sums(Xb, lab, w64, k, acc, counts=None):
         """acc.sums += per-cluster sums of the rows Xb (times w64), rows grouped by label in
         row order and added in float64 (np.add's pairwise order within a cluster: fixed for
-        a given block, so the result does not depend on the threads either)."""
+        a given block, so the result does not depend on the threads either). counts: the
+        block's labels counted, when the caller has them (unit weights)."""
         if len(lab) == 0:
             return
         small = np.uint8 if k <= 1 << 8 else np.uint16 if k <= 1 << 16 else None
         keys = lab if small is None else lab.astype(small)  # NumPy radix-sorts small ints
         order = np.argsort(keys, kind="stable")
-        counts = np.bincount(lab, minlength=k)
+        if counts is None:
+            counts = np.bincount(lab, minlength=k)
         filled = counts > 0
         starts = (np.cumsum(counts) - counts)[filled]
         rows = np.take(Xb, order, axis=0)
