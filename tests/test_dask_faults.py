@@ -1,7 +1,6 @@
 """A dask worker killed mid-fit: the graph engine recomputes the lost blocks and gives the exact
 answer; the actors engine raises `WorkerLostError` at once (which worker, which blocks, what to
 do), never a raw CommClosedError or the 30 s connect timeout, and the next fit works."""
-import logging
 import os
 import signal
 import time
@@ -10,7 +9,7 @@ import numpy as np
 import pytest
 
 da = pytest.importorskip("dask.array")
-distributed = pytest.importorskip("distributed")
+pytest.importorskip("distributed")
 
 from kmeans_xp_backends.dask import actors, graph  # noqa: E402
 
@@ -21,21 +20,12 @@ X = asymmetric_data(4000, 3, 8, seed=1)
 INIT = X[:8]
 
 
-@pytest.fixture(scope="module")
-def cluster_client():
-    """Two single-thread worker processes under nannies (a killed one is restarted)."""
-    cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
-                                       dashboard_address=None, silence_logs=logging.CRITICAL)
-    client = distributed.Client(cluster)
-    yield client
-    client.close()
-    cluster.close()
-
-
 @pytest.fixture
-def client(cluster_client):
-    cluster_client.wait_for_workers(2, timeout=30)
-    yield cluster_client
+def client(client):
+    """conftest's two worker processes, both up: they run under nannies, which restart the
+    one a test killed."""
+    client.wait_for_workers(2, timeout=30)
+    yield client
 
 
 def _fit(engine, max_iter=20):

@@ -10,6 +10,7 @@ distributed = pytest.importorskip("distributed")
 
 from kmeans_xp import KMeans  # noqa: E402
 from kmeans_xp.testing import asymmetric_data  # noqa: E402
+from tests._helpers import blobs  # noqa: E402
 
 INITS = ["k-means++", "random", "k-means||", "array"]
 
@@ -96,21 +97,13 @@ def test_unknown_chunk_sizes_in_predict():
             km.predict(_never_computed())
 
 
-def _blobs(seed=0):
-    rng = np.random.default_rng(seed)
-    X = rng.normal(size=(3000, 3)) * [1, 2, 3]
-    c = rng.normal(size=(5, 3)) * 3
-    X = np.concatenate([X + ci * 10 for ci in c])
-    return X, X[rng.choice(len(X), 5, replace=False)]
-
-
 @pytest.mark.parametrize("scale, dtype", [(1e19, np.float32), (1e-22, np.float32),
                                           (1e154, np.float64)])
 @pytest.mark.parametrize("persisted", [False, True])
 def test_extreme_scales_rescaled_on_dask(scale, dtype, persisted):
     """Finite dask X whose squared distances overflow (or underflow) its dtype is rescaled
     by a power of two, its max |X| measured with the NaN/inf check: X / scale's partition."""
-    X, init = _blobs()
+    X, init = blobs()
     ref = KMeans(5, init=init.astype(dtype), backend="numpy").fit(X.astype(dtype))
     big = (X * scale).astype(dtype)
     with dask.config.set(scheduler="threads"):

@@ -7,6 +7,7 @@ import pytest
 
 from kmeans_xp import KMeans
 from kmeans_xp.testing import asymmetric_data
+from tests._helpers import blobs
 
 
 def test_repr_of_numpy_scalars_is_the_number():
@@ -80,20 +81,12 @@ def test_two_fits_in_two_threads_restore_blas_threads():
     assert after == before
 
 
-def _blobs(seed=0):
-    rng = np.random.default_rng(seed)
-    X = rng.normal(size=(3000, 3)) * [1, 2, 3]
-    c = rng.normal(size=(5, 3)) * 3
-    X = np.concatenate([X + ci * 10 for ci in c])
-    return X, X[rng.choice(len(X), 5, replace=False)]
-
-
 @pytest.mark.parametrize("scale,dtype", [(1e19, np.float32), (1e-22, np.float32),
                                          (1e154, np.float64), (1e-160, np.float64)])
 def test_extreme_scales_give_the_unit_scale_partition(scale, dtype):
     """Finite X whose squared distances overflow (or underflow) its dtype is rescaled by a
     power of two: the partition of X / scale, never a silent wrong answer."""
-    X, init = _blobs()
+    X, init = blobs()
     ref = KMeans(5, init=init.astype(dtype), backend="numpy").fit(X.astype(dtype))
     big = (X * scale).astype(dtype)
     km = KMeans(5, init=(init * scale).astype(dtype), backend="numpy").fit(big)
@@ -107,7 +100,7 @@ def test_extreme_scales_give_the_unit_scale_partition(scale, dtype):
 
 
 def test_scaling_all_weights_changes_nothing():
-    X, _ = _blobs(1)
+    X, _ = blobs(1)
     base = KMeans(5, random_state=0, backend="numpy").fit(X)
     for c in (1e-300, 3.0, 1e308):
         km = KMeans(5, random_state=0, backend="numpy").fit(X, sample_weight=np.full(len(X), c))

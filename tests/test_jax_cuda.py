@@ -5,6 +5,7 @@ import pytest
 
 from kmeans_xp import KMeans
 from kmeans_xp.testing import asymmetric_data
+from tests._helpers import spy_to_backend
 
 jax = pytest.importorskip("jax")
 jnp = pytest.importorskip("jax.numpy")
@@ -25,10 +26,7 @@ def test_cuda_jax_array_runs_on_cupy_like_cupy_input(monkeypatch, name):
     X = asymmetric_data(20_011, 3, 16, dtype=np.float32, seed=8)
     Xj = jax.device_put(jnp.asarray(X), dev)
     from kmeans_xp_backends.cupy.placement import CupyPlacement
-    seen = []
-    original = CupyPlacement.to_backend
-    monkeypatch.setattr(CupyPlacement, "to_backend",
-                        lambda self, A: seen.append(original(self, A)) or seen[-1])
+    seen = spy_to_backend(monkeypatch, CupyPlacement)
     km_j = KMeans(16, random_state=0, backend=name).fit(Xj)
     km_c = KMeans(16, random_state=0, backend=name).fit(cp.asarray(X))
     assert km_j.backend_ == km_c.backend_ and km_j.backend_.startswith("cupy")

@@ -6,6 +6,7 @@ import pytest
 
 from kmeans_xp import KMeans
 from kmeans_xp.testing import asymmetric_data
+from tests._helpers import spy_to_backend
 
 jax = pytest.importorskip("jax")
 jnp = pytest.importorskip("jax.numpy")
@@ -16,11 +17,8 @@ def test_cpu_jax_array_fits_on_numpy_without_a_copy(monkeypatch):
     Xj = jnp.asarray(X)
     init = X[:7].copy()
     ref = KMeans(7, init=init, backend="numpy").fit(X)
-    seen = []
     from kmeans_xp_backends import numpy_
-    original = numpy_.NumpyPlacement.to_backend
-    monkeypatch.setattr(numpy_.NumpyPlacement, "to_backend",
-                        lambda self, A: seen.append(original(self, A)) or seen[-1])
+    seen = spy_to_backend(monkeypatch, numpy_.NumpyPlacement)
     km = KMeans(7, init=init).fit(Xj)
     assert km.backend_ == "numpy" and "jax input on cpu" in km.backend_reason_
     assert np.shares_memory(seen[0], np.asarray(Xj))  # the array's own memory

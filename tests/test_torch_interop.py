@@ -10,26 +10,13 @@ import pytest
 from kmeans_xp import KMeans
 from kmeans_xp.registry import select_backend
 from kmeans_xp.testing import asymmetric_data
+from tests._helpers import spy_to_backend
 
 torch = pytest.importorskip("torch")
 
 
 def _data(n=3000, d=3, k=6, seed=0):
     return asymmetric_data(n, d, k, dtype=np.float32, seed=seed)
-
-
-def _spy_to_backend(monkeypatch, cls):
-    """Record what `cls.to_backend` hands the fit."""
-    seen = []
-    original = cls.to_backend
-
-    def to_backend(self, X):
-        out = original(self, X)
-        seen.append(out)
-        return out
-
-    monkeypatch.setattr(cls, "to_backend", to_backend)
-    return seen
 
 
 def test_auto_picks_numpy_for_cpu_tensor_same_result_as_numpy():
@@ -50,7 +37,7 @@ def test_auto_picks_numpy_for_cpu_tensor_same_result_as_numpy():
 
 def test_cpu_tensor_is_not_copied(monkeypatch):
     from kmeans_xp_backends.numpy_ import NumpyPlacement
-    seen = _spy_to_backend(monkeypatch, NumpyPlacement)
+    seen = spy_to_backend(monkeypatch, NumpyPlacement)
     t = torch.from_numpy(_data())
     KMeans(6, random_state=0).fit(t)
     assert isinstance(seen[0], np.ndarray)
@@ -156,7 +143,7 @@ def test_cuda_tensor_auto_runs_on_cupy_fused_like_cupy_input(monkeypatch):
     from kmeans_xp_backends.cupy.placement import CupyPlacement
     X = _data(20000, 3, 16)
     t = torch.from_numpy(X).cuda()
-    seen = _spy_to_backend(monkeypatch, CupyPlacement)
+    seen = spy_to_backend(monkeypatch, CupyPlacement)
     km_t = KMeans(16, random_state=0).fit(t)
     km_c = KMeans(16, random_state=0).fit(cp.asarray(X))
     assert km_t.backend_ == "cupy-fused" == km_c.backend_

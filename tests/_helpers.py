@@ -1,0 +1,26 @@
+"""Small helpers shared by test modules (data, spies)."""
+import numpy as np
+
+
+def blobs(seed=0):
+    """Five well-separated 3-D blobs of 3000 points (features on different scales) and five
+    of the points as initial centers."""
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(3000, 3)) * [1, 2, 3]
+    c = rng.normal(size=(5, 3)) * 3
+    X = np.concatenate([X + ci * 10 for ci in c])
+    return X, X[rng.choice(len(X), 5, replace=False)]
+
+
+def spy_to_backend(monkeypatch, cls):
+    """Record what `cls.to_backend` hands the fit (a list, filled as fits run)."""
+    seen = []
+    original = cls.to_backend
+
+    def to_backend(self, X):
+        out = original(self, X)
+        seen.append(out)
+        return out
+
+    monkeypatch.setattr(cls, "to_backend", to_backend)
+    return seen
