@@ -52,24 +52,8 @@ def op_scaling(threads, k, sub, d, block, repeats=3):
     pool = ThreadPoolExecutor(max(threads))
     bufs = [buffers(rng, k, sub, d, block) for _ in range(max(threads))]
     for name, (fn, calls) in OPS.items():
-        def job(t, fn=fn, calls=calls):
-            b = bufs[t]
-            for _ in range(calls):
-                fn(b)
-        job(0)
-        row = {}
-        for t in threads:
-            best = float("inf")
-            for _ in range(repeats):
-                t0 = time.perf_counter()
-                list(pool.map(job, range(t)))
-                best = min(best, time.perf_counter() - t0)
-            row[t] = best
-        one = row[threads[0]]
-        out[name] = {"us_per_call_1thread": one / OPS[name][1] * 1e6,
-                     "speedup": {t: round(t * one / row[t], 2) for t in threads}}
-        print(f"{name:28s} {out[name]['us_per_call_1thread']:8.1f} us  "
-              + " ".join(f"{t}:{s:.1f}" for t, s in out[name]["speedup"].items()), flush=True)
+        out[name] = _scale(pool, bufs, fn, calls, threads, repeats)
+        _print(name, out[name])
     pool.shutdown()
     return out
 
@@ -101,8 +85,7 @@ def sized_scaling(threads, k, d, subs, repeats=3):
         for name, fn in SIZED.items():
             key = f"{name} sub={sub}"
             out[key] = _scale(pool, bufs, fn, calls, threads, repeats)
-            print(f"{key:28s} {out[key]['us_per_call_1thread']:8.1f} us  "
-                  + " ".join(f"{t}:{s:.1f}" for t, s in out[key]["speedup"].items()), flush=True)
+            _print(key, out[key])
     bufs = []
     for _ in range(max(threads)):
         b = buffers(rng, k, 655, d, 65536)
@@ -114,13 +97,19 @@ def sized_scaling(threads, k, d, subs, repeats=3):
         bufs.append(b)
     for name, fn in SUMS.items():
         out[name] = _scale(pool, bufs, fn, 10, threads, repeats)
-        print(f"{name:28s} {out[name]['us_per_call_1thread']:8.1f} us  "
-              + " ".join(f"{t}:{s:.1f}" for t, s in out[name]["speedup"].items()), flush=True)
+        _print(name, out[name])
     pool.shutdown()
     return out
 
 
+def _print(name, row):
+    print(f"{name:28s} {row['us_per_call_1thread']:8.1f} us  "
+          + " ".join(f"{t}:{s:.1f}" for t, s in row["speedup"].items()), flush=True)
+
+
 def _scale(pool, bufs, fn, calls, threads, repeats):
+    """One thread's time per call, and the speed-up of t threads each making `calls` calls
+    on its own buffers."""
     def job(t):
         b = bufs[t]
         for _ in range(calls):
@@ -159,7 +148,6 @@ def blas_threads_matmul(threads, n=65536, d=3, k=200):
 
 
 def backend_scaling(threads, n, d, k, repeats=3):
-    from threadpoolctl import threadpool_limits
     import kmeans_xp_backends.numpy_ as nb
     rng = np.random.default_rng(0)
     X = (rng.standard_normal((n, d)) * np.arange(1, d + 1)).astype(np.float32)

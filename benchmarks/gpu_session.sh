@@ -19,6 +19,10 @@ install_new() {
   fi
 }
 pass=0
+install_old() {  # the old code (.device/old) beside the new, in /tmp/old
+  [ -d /tmp/old/kmeans_xp ] || python3 -m pip install -q --no-deps --no-build-isolation \
+    --target /tmp/old .device/old > "$OUT/old_install.log" 2>&1
+}
 for step in "$@"; do
   pass=$((pass + 1))
   echo "=== $step $(date +%T)"
@@ -31,8 +35,7 @@ sys.version.split()[0])"
         nproc; date -u; git -C "$ROOT" log --oneline -1 2>/dev/null; } > "$OUT/machine.txt" 2>&1
       cat "$OUT/machine.txt" ;;
     old)
-      python3 -m pip install -q --no-deps --no-build-isolation --target /tmp/old .device/old \
-        > "$OUT/old_install.log" 2>&1
+      install_old
       (cd /tmp && PYTHONPATH=/tmp/old:/tmp/site python3 "$ROOT/benchmarks/regression_probe.py" \
         --label old ${OLD_ARGS:---init --repeats 2} --out "$OUT/regression_old$pass.json") > "$OUT/regression_old$pass.log" 2>&1
       tail -n 3 "$OUT/regression_old$pass.log" ;;
@@ -69,8 +72,7 @@ sys.version.split()[0])"
       tail -n 4 "$OUT/debug_duplicates.log" ;;
     w1)
       install_new
-      python3 -m pip install -q --no-deps --no-build-isolation --target /tmp/old .device/old \
-        > "$OUT/old_install.log" 2>&1
+      install_old
       for r in 1 2 3 4 5; do
         (cd /tmp && PYTHONPATH=/tmp/old:/tmp/site timeout 60 python3 "$ROOT/benchmarks/w1_fused_probe.py" old 10) >> "$OUT/w1_fused.jsonl" 2>>"$OUT/w1_fused.err"
         timeout 60 python3 benchmarks/w1_fused_probe.py new 10 >> "$OUT/w1_fused.jsonl" 2>>"$OUT/w1_fused.err"

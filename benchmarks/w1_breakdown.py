@@ -6,7 +6,7 @@ import statistics
 import time
 
 import cupy as cp
-import numpy as np
+from regression_probe import WORKLOADS, data  # (this script's folder is on sys.path)
 
 from kmeans_xp import KMeans
 from kmeans_xp_backends.cupy import fused, placement
@@ -33,10 +33,7 @@ timed(fused.HostCenters, "read")
 for n in ("fetch", "persist", "small", "synchronize"):
     timed(placement.CupyPlacement, n)
 
-rng = np.random.default_rng(0)
-C = rng.uniform(-10, 10, size=(200, 3)).astype(np.float32)
-X = (C[rng.integers(0, 200, size=2_000_000)] + rng.normal(size=(2_000_000, 3))).astype(np.float32)
-init = X[rng.choice(len(X), 200, replace=False)].copy()
+X, init = data(*WORKLOADS["W1"])
 for where, Xin in (("device", cp.asarray(X)), ("host", X), ("device", cp.asarray(X))):
     rows = collections.defaultdict(list)
     for r in range(12):

@@ -7,16 +7,13 @@ import statistics
 import sys
 
 import cupy as cp
-import numpy as np
+
+from regression_probe import WORKLOADS, data  # (this script's folder is on sys.path)
 
 from kmeans_xp import KMeans
 
 label, repeats = sys.argv[1], int(sys.argv[2])
-rng = np.random.default_rng(0)
-centers = rng.uniform(-10, 10, size=(200, 3)).astype(np.float32)
-X = (centers[rng.integers(0, 200, size=2_000_000)]
-     + rng.normal(size=(2_000_000, 3)).astype(np.float32)).astype(np.float32)
-init = X[rng.choice(len(X), 200, replace=False)].copy()
+X, init = data(*WORKLOADS["W1"])
 row = {"label": label}
 for where, Xin in (("device", cp.asarray(X)), ("host", X)):
     per = []
