@@ -82,7 +82,8 @@ class KMeans(Predicting, SklearnInterop, MetadataRouting):
 default=None
         Seeds the initialisation.
     copy_x : bool, default=True
-        False: X is centered in place during the fit and restored after (no copy of X).
+        False: no centered copy of X is made; the fit computes on X as given, which it
+        never writes (a memmap neither).
     algorithm : {"lloyd", "elkan"}, default="lloyd"
         Lloyd's algorithm; "elkan" is accepted for sklearn's API and raises: not implemented.
     backend : str, default="auto"
@@ -291,8 +292,7 @@ default=None
         clock.lap("stats")
         best, timings_runs = self._run(backend, Xc, X_mean, sw, rs, xp, n_init, tol,
                                        given, scale)
-        clock.lap("runs")  # init and lloyd, timed inside
-        del clock.laps["runs"]
+        clock.skip()  # init and lloyd, timed inside
         best = unscaled(best, scale, w_scale)
         self._scale = scale
         self._store(best, backend, why, X_mean, X_user, Xb)
