@@ -143,8 +143,10 @@ UPLOAD_CHUNK_BYTES = 32 << 20
 
 
 @functools.lru_cache(maxsize=1)
-def _upload_pool():
-    return ThreadPoolExecutor(STAGING_THREADS, thread_name_prefix="kmeans_xp-upload")
+def copy_pool():
+    """The host threads that fill and empty pinned buffers (`parallel_copy`): one pool for
+    the process, shared by uploads, downloads and host streaming."""
+    return ThreadPoolExecutor(STAGING_THREADS, thread_name_prefix="kmeans_xp-stage")
 
 
 def _pinned_pair(cp, a):
@@ -175,7 +177,7 @@ def upload(cp, X):
         b, m = i % 2, min(rows, n - start)
         if done[b] is not None:
             done[b].synchronize()  # the copy engine has emptied this buffer
-        parallel_copy(bufs[b].array[:m], X[start:start + m], _upload_pool)
+        parallel_copy(bufs[b].array[:m], X[start:start + m], copy_pool)
         out[start:start + m].set(bufs[b].array[:m], stream=stream)
         done[b] = stream.record()
     stream.synchronize()
@@ -198,11 +200,11 @@ def download(cp, arr):
         if i >= 2:  # empty the buffer this chunk reuses
             ready[i - 2].synchronize()
             s0, m0 = chunks[i - 2]
-            parallel_copy(out[s0:s0 + m0], bufs[i % 2].array[:m0], _upload_pool)
+            parallel_copy(out[s0:s0 + m0], bufs[i % 2].array[:m0], copy_pool)
         arr[start:start + m].get(stream=stream, out=bufs[i % 2].array[:m], blocking=False)
         ready.append(stream.record())
     for i in range(max(0, len(chunks) - 2), len(chunks)):
         ready[i].synchronize()
         s0, m0 = chunks[i]
-        parallel_copy(out[s0:s0 + m0], bufs[i % 2].array[:m0], _upload_pool)
+        parallel_copy(out[s0:s0 + m0], bufs[i % 2].array[:m0], copy_pool)
     return out

@@ -24,7 +24,6 @@ float64 about the first chunk's mean, so tol may differ from the driver's in its
 from __future__ import annotations
 
 import weakref
-from concurrent.futures import ThreadPoolExecutor
 from typing import NamedTuple
 
 import numpy as np
@@ -126,7 +125,6 @@ class StreamEngine:
         self.compute = cp.cuda.Stream(non_blocking=True)
         self._dev, self._pinned = {}, {}
         self._registered, self._direct = [], {}
-        self._pool = None
         self._mean = None
         self.k = self.sw = self.plan = self._rows = None
         self.unit_weights = True
@@ -201,12 +199,6 @@ class StreamEngine:
     def pinned_bytes(self):
         return sum(b.nbytes for b in self._pinned.values())
 
-    def _threads(self):
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(staging.STAGING_THREADS,
-                                            thread_name_prefix="kmeans-stage")
-        return self._pool
-
     def _source(self, name, a, slot, c0, c1):
         """Rows c0:c1 of host array `a` as a copy source: a itself when registered, else
         staged into the slot's pinned buffer."""
@@ -214,7 +206,7 @@ class StreamEngine:
             return a[c0:c1]
         buf = self._pinned_buf(name, slot, (self.plan.rows,) + a.shape[1:], a.dtype)
         view = buf[: c1 - c0]
-        staging.parallel_copy(view, a[c0:c1], self._threads)
+        staging.parallel_copy(view, a[c0:c1], staging.copy_pool)
         return view
 
     def _mean_on_device(self, mean):
@@ -394,9 +386,6 @@ class StreamEngine:
                 pass
         self._registered, self._direct = [], {}
         self._dev, self._pinned, self._mean = {}, {}, None
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
-            self._pool = None
 
 
 def store_labels(lab, old, out, changed):
