@@ -120,16 +120,7 @@ class _BlasOneThread:
 _BLAS_ONE_THREAD = _BlasOneThread()
 
 
-def _blas_single_thread():
-    """The context that holds BLAS to one thread (shared by every fit of the process)."""
-    return _BLAS_ONE_THREAD
-
-
 _CONTROLLER = None
-
-
-def _nothing():
-    return contextlib.nullcontext()
 
 
 class _Plan:
@@ -416,8 +407,8 @@ class NumpyBackend(KMeansBackend):
                                       bufs, w)
             return acc
 
-        limit = _blas_single_thread() if assign and threads > 1 else None
-        with limit if limit is not None else _nothing():
+        # (BLAS held to one thread, shared by every fit of the process)
+        with _BLAS_ONE_THREAD if assign and threads > 1 else contextlib.nullcontext():
             accs = self._spawn(job, threads)
         total = None
         for a in accs:  # thread order
