@@ -4,6 +4,10 @@
 # tests (GPU tests), new (time this checkout), profile (where a fit's time goes),
 # cpu (CPU rows vs scikit-learn, faiss), scaling (NumPy primitives by thread count),
 # freemem (what outlives a free_memory fit), w1 (W1 cupy-fused, old and new alternately),
+# w1centers (the same, the new code with the center math on the host and on the device),
+# w1host (cProfile of W1 cupy-fused fits, and the GPU time of one iteration), w1line (one
+# W1 fit's host timeline, and each host piece of an iteration timed alone), launch (the host
+# cost of each CUDA call a short pass is made of),
 # pack (everything under $OUT into one session.tgz: the device returns a few files only).
 #   bash benchmarks/gpu_session.sh machine old tests new
 set -uo pipefail
@@ -78,6 +82,26 @@ sys.version.split()[0])"
         timeout 60 python3 benchmarks/w1_fused_probe.py new 10 >> "$OUT/w1_fused.jsonl" 2>>"$OUT/w1_fused.err"
       done
       cat "$OUT/w1_fused.jsonl" ;;
+    w1centers)
+      install_new
+      install_old
+      for r in 1 2 3 4 5 6; do
+        (cd /tmp && PYTHONPATH=/tmp/old:/tmp/site timeout 60 python3 "$ROOT/benchmarks/w1_fused_probe.py" old 8) >> "$OUT/w1_centers.jsonl" 2>>"$OUT/w1_centers.err"
+        timeout 60 python3 benchmarks/w1_fused_probe.py new 8 --centers both >> "$OUT/w1_centers.jsonl" 2>>"$OUT/w1_centers.err"
+      done
+      cat "$OUT/w1_centers.jsonl" ;;
+    w1host)
+      install_new
+      timeout 120 python3 benchmarks/w1_host_profile.py > "$OUT/w1_host_profile.log" 2>&1
+      grep -A 12 "lloyd_iter\|fit:" "$OUT/w1_host_profile.log" | tail -n 6 ;;
+    w1line)
+      install_new
+      timeout 120 python3 benchmarks/w1_timeline.py > "$OUT/w1_timeline.log" 2>&1
+      tail -n 14 "$OUT/w1_timeline.log" ;;
+    launch)
+      install_new
+      timeout 60 python3 benchmarks/launch_costs_probe.py > "$OUT/launch_costs.log" 2>&1
+      cat "$OUT/launch_costs.log" ;;
     w1parts)
       install_new
       timeout 120 python3 benchmarks/w1_breakdown.py > "$OUT/w1_breakdown.log" 2>&1

@@ -265,7 +265,8 @@ default=None
         backend, why = select_backend(self.backend, X, n_clusters=self.n_clusters,
                                       sample_weight=sw_host,
                                       backend_options=self.backend_options,
-                                      max_memory=self.max_memory, check_memory=True)
+                                      max_memory=self.max_memory, check_memory=True,
+                                      copy_x=bool(self.copy_x))
         place = backend.placement
         given = self._given_inits(X, init_array, n_init, rs)
         clock.lap("validation")

@@ -162,6 +162,8 @@ class Budget:
     """A fit's memory: `max_memory` in bytes, and the peak bytes measured per stage
     (`report`, the estimator's memory_report_). Default: host memory, nothing measured;
     device backends measure their pool."""
+    #: whether the fit centers a copy of X (copy_x=True), set before `check`
+    centered_copy = True
 
     def __init__(self, max_memory="auto", backend=None):
         parse_memory(max_memory)  # a clear error now, not in the first chunk

@@ -37,11 +37,13 @@ BASE_OPTIONS = {
     "free_memory": Option(False, bool, doc="hand the pool's cached blocks (and CuPy's cached "
                           "pinned host blocks) back when a fit ends"),
 }
-#: the options of the backends that stream host X
+#: the options of the backends that stream X (from the host, or a device X centered chunk by
+#: chunk)
 STREAM_OPTIONS = {
     "stream": Option("auto", "auto", bool, doc='"auto": a NumPy X whose fit does not fit in '
-                     "the device memory usable now is streamed through the GPU every pass; "
-                     "True: always stream NumPy X; False: never"),
+                     "the device memory usable now is streamed through the GPU every pass, "
+                     "and a CuPy X whose centered copy does not fit beside it is centered "
+                     "chunk by chunk as it streams; True: always; False: never"),
     "stream_rows": Option(None, _positive_int_or_none, doc="rows per streamed chunk (default: "
                           "~256 MiB of X, within the budget)"),
     "pin_input": Option("auto", "auto", bool, doc='"auto": page-lock an in-memory X (and a '
@@ -114,7 +116,7 @@ class CupyBackendBase(KMeansBackend):
     @staticmethod
     def is_streamed(X) -> bool:
         from .streaming import HostRows
-        return isinstance(X, HostRows)
+        return isinstance(X, HostRows)  # (a DeviceRows is one too)
 
     def release_buffers(self):
         """Drop per-fit buffers (backends that keep more extend this): the streaming engine
@@ -205,8 +207,9 @@ class CupyBackendBase(KMeansBackend):
 
     # -- host streaming ---------------------------------------------------------------------
     def stream_engine(self, X, n_clusters, sample_weight=None):
-        """The fit's StreamEngine for host X (built on first use, kept until finish: X's page
-        lock and the pinned buffers outlive a pass), planned for n_clusters."""
+        """The fit's StreamEngine for X streamed from the host or the device (built on first
+        use, kept until finish: X's page lock and the pinned buffers outlive a pass), planned
+        for n_clusters."""
         from .streaming import StreamEngine
         cp = self._cp
         with self.stage("stream"):
@@ -214,7 +217,9 @@ class CupyBackendBase(KMeansBackend):
                 if self._engine is None or self._engine.X is not X:
                     self.release_buffers()
                     self._engine = StreamEngine(self, X, pin_input=self.pin_input)
-                sw = None if sample_weight is None else np.asarray(sample_weight)
+                sw = sample_weight
+                if sw is not None and isinstance(X, np.ndarray):
+                    sw = np.asarray(sw)  # host X, host weights (a device X: device ones)
                 return self._engine.configure(n_clusters, sw, self.stream_rows)
             except cp.cuda.memory.OutOfMemoryError as exc:
                 raise out_of_memory_error(f"{self.name} setting up host streaming", exc) from exc

@@ -59,6 +59,17 @@ def host_x_error(X, streams_possible):
         f"{device_memory_state()}. Use {', '.join(hints[:-1])} or {hints[-1]}.")
 
 
+def centered_copy_error(name, X):
+    """A device X whose centered copy does not fit, for a backend that cannot stream it."""
+    nbytes = int(np.prod(X.shape)) * compute_itemsize(X.dtype)
+    return KMeansMemoryError(
+        f"{name} computes on a centered copy of X ({format_bytes(nbytes)}), and the device "
+        f"cannot hold it and the fit's labels beside X: {device_memory_state()}. Use "
+        f"backend='cupy-kernels' or 'cupy-chunked' (they center X chunk by chunk as it "
+        f"streams through, holding it once), copy_x=False (the fit computes on X as given, "
+        f"uncentered), or free device memory.")
+
+
 class CupyBudget(Budget):
     """Device memory of one backend's fits."""
 
@@ -81,7 +92,8 @@ class CupyBudget(Budget):
 
     def check(self, X, n_clusters, options=None):
         """A NumPy X that is streamed must fit its chunks; one that is copied must fit on the
-        device; then the backend's estimate (its chunk plan) must fit. With max_memory="auto"
+        device; a device X that a backend without streaming centers on a copy must have room
+        for the copy; then the backend's estimate (its chunk plan) must fit. With max_memory="auto"
         the error states the device's side (free, total, the pool limit, what to change)."""
         b = self.backend
         if isinstance(X, np.ndarray):
@@ -93,6 +105,8 @@ class CupyBudget(Budget):
             # X once and the driver's arrays, or the fit would die copying or centering X
             if b.placement.fit_state_bytes(n, d, n_clusters, itemsize) > self.available():
                 raise host_x_error(X, b.supports_streaming)
+        elif self.centered_copy and not b.supports_streaming and not b.placement.copy_fits(X):
+            raise centered_copy_error(b.name, X)
         estimate = self.backend_class.estimate_memory  # the base class's check, by class
         n, d = X.shape
         estimate(n, d, n_clusters, itemsize=compute_itemsize(X.dtype),

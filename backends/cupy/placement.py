@@ -4,7 +4,9 @@ CuPy input stays on its device (made C-contiguous once), as does a CUDA torch te
 through DLPack (results go back as tensors on its device); NumPy input is copied to the device
 once, or, when its fit would not fit in the device memory usable now (stream="auto") or when
 asked (stream=True), stays on the host and is streamed through the GPU on every pass
-(`streaming.HostRows`). Centers and the driver's small arrays always live on the device.
+(`streaming.HostRows`). A device X is centered on a copy, or, when that copy and the labels
+would not fit beside it (or with stream=True), chunk by chunk as it streams through the same
+pipeline from device memory (`streaming.DeviceRows`): the device holds X once. Centers and the driver's small arrays always live on the device.
 Work is queued on the device (`asynchronous`): `fetch` copies the driver's per-iteration
 statistics into pinned host memory behind a CUDA event, so the next iteration is queued
 before they are read.
@@ -16,7 +18,8 @@ import weakref
 import numpy as np
 
 from kmeans_xp.backend import Placement
-from kmeans_xp.memory import driver_bytes
+from kmeans_xp.memory import compute_itemsize, driver_bytes
+from kmeans_xp.scaling import rescaled
 from kmeans_xp.namespaces import (
     DLPACK_FOREIGN,
     array_namespace,
@@ -97,7 +100,9 @@ class CupyPlacement(Placement):
         return _signed(arr)
 
     def namespace(self, X):
-        from .streaming import HostRows
+        from .streaming import DeviceRows, HostRows
+        if isinstance(X, DeviceRows):
+            return array_namespace(X.data)
         if isinstance(X, HostRows):
             return array_namespace(np.empty(0))
         return array_namespace(X)
@@ -146,10 +151,39 @@ class CupyPlacement(Placement):
         if isinstance(X, np.ndarray) and self.streams(X):
             from .streaming import HostRows
             return HostRows(X, np.asarray(mean))  # centered chunk by chunk on the device
+        if not np.any(self._cp.asnumpy(mean)):
+            return X  # copy_x=False: the fit computes on X as given (never written)
         # the device copy of a host X is the fit's own: centered where it is, so the device
         # holds X once
         in_place = in_place or (self._uploaded is not None and X is self._uploaded)
+        if not in_place and self.centers_chunkwise(X):
+            from .streaming import DeviceRows
+            return DeviceRows(X, mean)
         return super().center(X, mean, xp=xp, in_place=in_place)
+
+    def center_scaled(self, X, mean, scale, *, xp):
+        """(X - mean) * scale: always on an array the fit owns (rescaled in place), never X
+        itself nor a chunkwise view, whatever `center` would choose."""
+        if isinstance(X, np.ndarray) and self.streams(X):
+            return super().center_scaled(X, mean, scale, xp=xp)
+        own = self._uploaded is not None and X is self._uploaded
+        return rescaled(Placement.center(self, X, mean, xp=xp, in_place=own), scale, xp)
+
+    def copy_fits(self, X) -> bool:
+        """Whether a centered copy of device X fits in the device memory usable now, with
+        the labels of three iterations (int32) and an assignment's distances beside it."""
+        n, d = X.shape
+        itemsize = compute_itemsize(X.dtype)
+        need = n * d * itemsize + n * (3 * 4 + 2 * itemsize) + STREAM_AUTO_SLACK
+        return need <= self.backend.memory.available()
+
+    def centers_chunkwise(self, X) -> bool:
+        """Whether device X is centered chunk by chunk as it streams (`DeviceRows`) instead
+        of on a copy: with stream=True, or with "auto" when the copy does not fit."""
+        b = self.backend
+        if not b.supports_streaming or b.stream is False:
+            return False
+        return b.stream is True or not self.copy_fits(X)
 
     @staticmethod
     def fit_state_bytes(n, d, n_clusters, itemsize):

@@ -1,6 +1,6 @@
-"""Host-side pieces of host streaming (`streaming`): `HostRows`, X on the host seen
-mean-centered without a centered copy; which inputs are memmaps and may be page-locked; pinned
-host buffers and the asynchronous copies between them and the device.
+"""The sources of streaming (`streaming`): `HostRows` and `DeviceRows`, X on the host or on
+the device seen mean-centered without a centered copy; which inputs are memmaps and may be
+page-locked; pinned host buffers and the asynchronous copies between them and the device.
 """
 from __future__ import annotations
 
@@ -12,6 +12,8 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from kmeans_xp.memory import host_available_memory
+
+from .common import cupy
 
 #: host threads copying X into the pinned buffers (and back out): on the H200 host (16
 #: cores) the copy rate grows up to about this many (benchmarks/streaming_probe.py measures it)
@@ -64,6 +66,39 @@ class HostRows:
         return f"HostRows(shape={self.shape}, dtype={self.dtype})"
 
 
+class DeviceRows(HostRows):
+    """A CuPy X seen mean-centered (X - mean) without a centered copy: the fit of a device X
+    whose copy would not fit beside it (or with stream=True). It is streamed like HostRows,
+    from device memory: each chunk is copied into a slot's buffer and centered there. Row
+    selections give centered CuPy arrays, bit for bit `X[rows] - mean`. X is never written."""
+
+    def __init__(self, data, mean):
+        self.data = data
+        self.mean = cupy().asarray(mean, dtype=data.dtype)
+        self.shape = data.shape
+        self.dtype = data.dtype
+        self.device = data.device
+
+    def __getitem__(self, key):
+        if isinstance(key, tuple):
+            if len(key) == 2 and (key[1] is Ellipsis or key[1] == slice(None)):
+                key = key[0]
+            else:
+                raise TypeError(f"DeviceRows selects whole rows, not {key!r}")
+        return self.data[key] - self.mean
+
+    def take(self, indices, axis=None, out=None, mode="raise"):
+        if axis != 0 or out is not None:
+            raise TypeError("DeviceRows.take gathers rows: axis=0, no out")
+        return self.data.take(indices, axis=0) - self.mean
+
+    def __array__(self, dtype=None, copy=None):
+        raise TypeError("DeviceRows lives on the device: select its rows (X[rows]) instead")
+
+    def __repr__(self):
+        return f"DeviceRows(shape={self.shape}, dtype={self.dtype})"
+
+
 def is_memmap(X) -> bool:
     """Whether X's memory is a mapped file (np.memmap or a view of an mmap)."""
     a = X
@@ -89,8 +124,12 @@ def lockable(X) -> bool:
 
 
 def copy_to_device(dst, src, stream):
-    """Asynchronous host -> device copy on `stream` (src pinned or registered)."""
-    dst.set(src, stream=stream)
+    """Asynchronous copy into device `dst` on `stream`: from the host (src pinned or
+    registered) or, for a device X (`DeviceRows`), from device memory (src C-contiguous)."""
+    if isinstance(src, np.ndarray):
+        dst.set(src, stream=stream)
+    else:
+        dst.data.copy_from_device_async(src.data, src.nbytes, stream)
 
 
 def copy_to_host(dst, src, stream):

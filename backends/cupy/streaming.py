@@ -1,6 +1,9 @@
 """Host streaming: X stays in host memory (a NumPy array or a `numpy.memmap`) and goes through
 the GPU in chunks on every pass, for data larger than the device (or when asked). A mode of
-cupy-kernels and cupy-chunked, through their per-chunk primitive `assign_chunk`.
+cupy-kernels and cupy-chunked, through their per-chunk primitive `assign_chunk`. A CuPy X
+whose centered copy would not fit beside it (`staging.DeviceRows`) goes through the same
+pipeline from device memory: each chunk is copied device to device into a slot's buffer and
+centered there, so the device holds X once.
 
 - `plan_stream`: rows per chunk and slots in flight, from the device budget.
 - `StreamEngine`: the pipeline. Each of `STREAM_SLOTS` slots owns device buffers (and pinned
@@ -33,9 +36,9 @@ from kmeans_xp.memory import KMeansMemoryError, format_bytes
 
 from . import common, nearest, reductions, staging
 from .common import BLOCK, NULL, STREAM_HINT
-from .staging import HostRows, Pinned, all_ones
+from .staging import DeviceRows, HostRows, Pinned, all_ones
 
-__all__ = ["HostRows", "StreamEngine", "plan_stream", "mean_and_tol"]
+__all__ = ["DeviceRows", "HostRows", "StreamEngine", "plan_stream", "mean_and_tol"]
 
 #: chunks in flight; the host waits before reusing a slot
 STREAM_SLOTS = 3
@@ -200,9 +203,9 @@ class StreamEngine:
         return sum(b.nbytes for b in self._pinned.values())
 
     def _source(self, name, a, slot, c0, c1):
-        """Rows c0:c1 of host array `a` as a copy source: a itself when registered, else
-        staged into the slot's pinned buffer."""
-        if id(a) in self._direct:
+        """Rows c0:c1 of `a` as a copy source: a itself when registered or on the device,
+        else staged into the slot's pinned buffer."""
+        if id(a) in self._direct or not isinstance(a, np.ndarray):
             return a[c0:c1]
         buf = self._pinned_buf(name, slot, (self.plan.rows,) + a.shape[1:], a.dtype)
         view = buf[: c1 - c0]
@@ -210,6 +213,8 @@ class StreamEngine:
         return view
 
     def _mean_on_device(self, mean):
+        if not isinstance(mean, np.ndarray):
+            return mean  # a device X's (DeviceRows): on the device, in X's dtype
         if self._mean is None or not np.array_equal(self._mean[0], mean):
             with self.compute:
                 self._mean = (np.array(mean, copy=True), self.cp.asarray(mean, dtype=self.dtype))
