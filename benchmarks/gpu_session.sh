@@ -7,7 +7,8 @@
 # w1centers (the same, the new code with the center math on the host and on the device),
 # w1host (cProfile of W1 cupy-fused fits, and the GPU time of one iteration), w1line (one
 # W1 fit's host timeline, and each host piece of an iteration timed alone), launch (the host
-# cost of each CUDA call a short pass is made of),
+# cost of each CUDA call a short pass is made of), memedges (device-X fits' pool peaks against
+# estimate_memory under a 15 GiB limit), some (the GPU tests in $TEST_FILES),
 # pack (everything under $OUT into one session.tgz: the device returns a few files only).
 #   bash benchmarks/gpu_session.sh machine old tests new
 set -uo pipefail
@@ -85,7 +86,7 @@ sys.version.split()[0])"
     w1centers)
       install_new
       install_old
-      for r in 1 2 3 4 5 6; do
+      for r in $(seq ${W1_ROUNDS:-6}); do
         (cd /tmp && PYTHONPATH=/tmp/old:/tmp/site timeout 60 python3 "$ROOT/benchmarks/w1_fused_probe.py" old 8) >> "$OUT/w1_centers.jsonl" 2>>"$OUT/w1_centers.err"
         timeout 60 python3 benchmarks/w1_fused_probe.py new 8 --centers both >> "$OUT/w1_centers.jsonl" 2>>"$OUT/w1_centers.err"
       done
@@ -102,6 +103,15 @@ sys.version.split()[0])"
       install_new
       timeout 60 python3 benchmarks/launch_costs_probe.py > "$OUT/launch_costs.log" 2>&1
       cat "$OUT/launch_costs.log" ;;
+    memedges)
+      install_new
+      timeout 300 python3 benchmarks/memory_edges_probe.py > "$OUT/memory_edges.jsonl" 2> "$OUT/memory_edges.err"
+      cat "$OUT/memory_edges.jsonl"; tail -n 3 "$OUT/memory_edges.err" ;;
+    some)
+      install_new
+      timeout ${TEST_TIMEOUT:-300} python3 -m pytest -m gpu -q -p no:cacheprovider ${TEST_FILES} \
+        > "$OUT/gpu_some_tests.log" 2>&1
+      tail -n 8 "$OUT/gpu_some_tests.log" ;;
     w1parts)
       install_new
       timeout 120 python3 benchmarks/w1_breakdown.py > "$OUT/w1_breakdown.log" 2>&1

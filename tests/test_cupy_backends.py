@@ -226,14 +226,28 @@ def test_chunk_halving_survives_a_limit_below_the_working_set(cp, pool):
 
 
 @pytest.mark.parametrize("name", BACKENDS)
-def test_limit_below_the_fit_state_raises_memory_error(cp, pool, name):
+def test_limit_below_the_fit_state_centers_chunkwise_or_raises(cp, pool, name):
+    """Room for X's centered copy but not for the labels beside it: the fit centers X chunk
+    by chunk as it streams from device memory instead, within the limit, with the
+    unconstrained fit's labels; a limit below even that fails with the device's numbers."""
     n = 2_000_003
     X = cp.asarray(asymmetric_data(n, 3, 20, dtype=np.float32, seed=9))
     init = cp.asnumpy(X[:20])
-    # room for the centered copy, not for the labels (int32)
-    pool.set_limit(size=pool.used_bytes() + n * 12 + 2 * MiB)
-    with pytest.raises(KMeansMemoryError, match=r"allocating labels .* pool limit"):
-        KMeans(20, init=init, tol=0, max_iter=2, backend=name).fit(X)
+    kw = dict(init=init, tol=0, max_iter=2, backend=name,
+              backend_options={"stream_rows": 100_003})  # (chunks leave room for labels_)
+    free = cp.asnumpy(KMeans(20, **kw).fit(X).labels_)
+    pool.free_all_blocks()
+    limit = pool.used_bytes() + n * 12 + 2 * MiB
+    pool.set_limit(size=limit)
+    tight = KMeans(20, **kw).fit(X)
+    assert "stream" in tight.memory_report_ and max(tight.memory_report_.values()) <= limit
+    labels = cp.asnumpy(tight.labels_)
+    assert np.mean(labels != free) <= (0 if name == "cupy-kernels" else 1e-4)
+    del tight
+    pool.free_all_blocks()
+    pool.set_limit(size=pool.used_bytes() + n)  # below three iterations' compact labels
+    with pytest.raises(KMeansMemoryError, match=r"needs at least .* of device memory"):
+        KMeans(20, **kw).fit(X)
 
 
 @pytest.mark.parametrize("name", BACKENDS)

@@ -99,10 +99,11 @@ class HostCenters:
 
     def __init__(self, cp, k, d, dtype, S=None):
         self._rt = cp.cuda.runtime
-        self.centers_in = Pinned(cp, (k, d), dtype)
         self.stats_out = Pinned(cp, (k * (d + 1) + 2,), np.float64)
         self.stats_dev = cp.empty(k * (d + 1) + 2, dtype=np.float64)
-        self.centers_dev = cp.empty((k, d), dtype=dtype)
+        # the centers themselves go up only where the operands are not packed here
+        self.centers_in = Pinned(cp, (k, d), dtype) if S is None else None
+        self.centers_dev = cp.empty((k, d), dtype=dtype) if S is None else None
         self.ops_in = None if S is None else Pinned(cp, (k, S), dtype)
         if self.ops_in is not None:
             self.ops_in.array[...] = 0  # the padding past ||c||^2 stays zero
