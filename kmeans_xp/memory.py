@@ -144,12 +144,16 @@ def driver_bytes(n_samples, n_features, n_clusters, itemsize, *, weighted=True) 
     """What the driver keeps besides a backend's buffers, part by part: the centered copy of X
     the fit computes on; its O(n) arrays (the labels of three iterations during Lloyd: the
     last, the one before and the next one issued ahead on an asynchronous device; or, larger,
-    k-means++'s weights, running distances and their cumulative sums during init); the sample
-    weights when given; centers and sums."""
+    k-means++'s weights, running distances and their cumulative sums during init, and its
+    chunks of distances to the candidates: 2 + log k of them, about five such arrays alive, for
+    up to every row at once when the budget allows); the sample weights when given; centers
+    and sums."""
     n = n_samples
+    trials = 2 + int(math.log(max(n_clusters, 1)))
+    init = 5 * n * 8 + 3 * n * itemsize + n * trials * (5 * itemsize + 8)
     parts = {
         "centered_copy": n * n_features * itemsize,
-        "labels_or_init": max(3 * n * 8, 5 * n * 8 + 3 * n * itemsize),
+        "labels_or_init": max(3 * n * 8, init),
         "sample_weight": n * itemsize,
         "centers_and_sums": 6 * n_clusters * (n_features + 1) * 8,
     }
