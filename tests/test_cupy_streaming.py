@@ -147,11 +147,12 @@ def test_auto_budget_error_states_the_device(cp, pool):
     assert "pool limit" in msg and "set_limit" in msg and "allows 1 B" not in msg
 
 
-@pytest.mark.parametrize("name", BACKENDS)
+@pytest.mark.parametrize("name", [*BACKENDS, "auto"])
 def test_x_of_12GB_under_a_4GiB_pool_limit(cp, pool, name):
     """X of 12 GB (n = 5e8, d = 6, float32) streamed under a 4 GiB pool limit: the fit
     completes, the device peak stays under the limit, and the final labels are the nearest
-    centers (checked on a sample). Kept short: 2 iterations, k = 64."""
+    centers (checked on a sample). Kept short: 2 iterations, k = 64. backend="auto" passes
+    over cupy-fused (which cannot stream) to a backend that streams."""
     n, d, k = 500_000_000, 6, 64
     t0 = time.perf_counter()
     X = np.empty((n, d), dtype=np.float32)
@@ -171,6 +172,7 @@ def test_x_of_12GB_under_a_4GiB_pool_limit(cp, pool, name):
                 backend_options={"free_memory": True}).fit(X)
     t2 = time.perf_counter()
     assert km.labels_.shape == (n,) and km.n_iter_ == 2
+    assert km.backend_ in BACKENDS, km.backend_reason_
     report = km.memory_report_
     assert report["stream"] <= 4 * GiB and "pinned_host" in report
     idx = np.random.default_rng(1).choice(n, 100_000, replace=False)
