@@ -467,3 +467,22 @@ def test_a_plugin_placement_with_the_one_argument_converts_from_still_works():
     assert b.reject_reason([[0.0, 1.0]] * 4, n_clusters=2) is None
     assert "not array_api_strict" in (b.reject_reason(
         pytest.importorskip("array_api_strict").asarray([[0.0, 1.0]] * 4), n_clusters=2) or "")
+
+
+@pytest.mark.parametrize("d,expected", [(3, "cupy-kernels"), (16, "cupy-kernels"),
+                                        (64, "cupy-chunked")])
+def test_auto_tries_cupy_kernels_before_chunked_for_narrow_x(fake_cupy, monkeypatch, d,
+                                                             expected):
+    """When cupy-fused does not take X, "auto" goes to cupy-kernels for X of at most 16
+    features (direct distances beat a GEMM of K = d there), else to cupy-chunked; host X
+    large enough for the GPU too."""
+    from kmeans_xp_backends.cupy.fused import CupyFusedBackend
+
+    from kmeans_xp.testing import asymmetric_data
+    monkeypatch.setattr(CupyFusedBackend, "reject_reason",
+                        lambda self, X, **kw: "refused for this test")
+    X = asymmetric_data(4001, d, 5, seed=2)
+    for Xin in (fake_cupy.asarray(X), X):
+        monkeypatch.setattr(registry, "AUTO_GPU_MIN_WORK", 1)
+        inst, why = registry.select_backend("auto", Xin, n_clusters=5)
+        assert inst.name == expected, why
