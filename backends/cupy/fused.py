@@ -92,10 +92,9 @@ class HostCenters:
     small-d layout the operands themselves are packed here, as pack_centers would (-2c, then
     ||c||^2 by np.einsum, whose order that kernel reproduces): one launch less per pass.
 
-    The host waits for the device between two passes, so each microsecond here is one the
-    device idles (W1, H200: CuPy's `set`/`get` and a new event per copy cost 30 us a pass
-    against 0.2 ms): the copies are raw cudaMemcpyAsync calls on buffers made once, and the
-    statistics come through one device buffer, reused (`read` hands out a copy)."""
+    The device idles while the host turns one pass's statistics into the next centers (W1,
+    H200: CuPy's set/get and an event per copy cost 30 us a 0.2 ms pass): so raw cudaMemcpyAsync
+    on buffers made once, the statistics through one reused device buffer (`read` copies)."""
 
     def __init__(self, cp, k, d, dtype, S=None):
         self._rt = cp.cuda.runtime
