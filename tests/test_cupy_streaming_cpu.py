@@ -328,3 +328,30 @@ def test_predict_score_transform_after_a_streamed_fit(fake_cupy):
     assert fake_cupy.runtime.register_calls == 2 and not fake_cupy.runtime.registered
     assert km.score(X) == pytest.approx(ref.score(X), rel=1e-10)
     np.testing.assert_allclose(km.transform(X), ref.transform(X), rtol=1e-8, atol=1e-8)
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+def test_device_rows_through_the_driver_and_kmeans_plusplus(fake_cupy, name):
+    """A device X centered chunk by chunk (DeviceRows; "device" arrays are NumPy here): the
+    driver's fit, relocation included, is the numpy backend's on the centered copy, and
+    k-means++ draws the same centers from it as from that copy."""
+    from kmeans_xp_backends.cupy.streaming import DeviceRows
+
+    from kmeans_xp.init import kmeans_plusplus
+    X, init = _problem(4099, 3, 9, np.float64, seed=16)
+    init[4] = X.max(axis=0) * 40  # empty at first: relocation gathers rows of DeviceRows
+    mean = X.mean(axis=0)
+    rows = DeviceRows(X, mean)
+    np.testing.assert_array_equal(rows[[5, 2], ...], (X - mean)[[5, 2]])
+    b = get_backend(name)(stream=True, stream_rows=1024)
+    got = kmeans_single_lloyd(b, rows, None, init - mean, xp=np_xp, max_iter=30, tol=0)
+    ref = kmeans_single_lloyd(get_backend("numpy")(), X - mean, None, init - mean, xp=np_xp,
+                              max_iter=30, tol=0)
+    np.testing.assert_array_equal(np.asarray(got.labels), ref.labels)
+    np.testing.assert_allclose(got.centers, ref.centers, rtol=1e-12)
+    assert got.n_iter == ref.n_iter
+    b.placement.finish()
+    kw = dict(sample_weight=None, xp=np_xp, rows=1000, persist=lambda a: a)
+    a = kmeans_plusplus(rows, 9, random_state=np.random.RandomState(0), **kw)[0]
+    c = kmeans_plusplus(X - mean, 9, random_state=np.random.RandomState(0), **kw)[0]
+    np.testing.assert_array_equal(a, c)
