@@ -6,6 +6,7 @@ to build the output a user asked for with `set_output`.
 """
 from __future__ import annotations
 
+import functools
 import html
 import inspect
 import sys
@@ -38,14 +39,19 @@ def feature_names(X):
     return np.asarray(names, dtype=object)
 
 
+@functools.lru_cache(maxsize=64)
+def _init_parameter_names(init):
+    """An __init__'s parameter names, sorted (inspect.signature costs ~0.1 ms: once each)."""
+    return tuple(sorted(p for p in inspect.signature(init).parameters if p != "self"))
+
+
 class SklearnInterop:
     """Mixed into KMeans: what scikit-learn's meta-estimators and exporters expect."""
 
     # -- scikit-learn estimator protocol ------------------------------------------------------
     @classmethod
     def _param_names(cls):
-        sig = inspect.signature(cls.__init__)
-        return sorted(p for p in sig.parameters if p != "self")
+        return _init_parameter_names(cls.__init__)
 
     def get_params(self, deep: bool = True) -> dict:
         """Get the parameters of this estimator.

@@ -133,11 +133,19 @@ def compute_itemsize(dtype) -> int:
 
 def accepted_options(fn, options):
     """The backend_options `fn` takes (all of them when it takes **kwargs)."""
+    takes_any, names = _parameters(fn)
+    if takes_any:
+        return dict(options)
+    return {k: v for k, v in options.items() if k in names}
+
+
+@functools.lru_cache(maxsize=256)
+def _parameters(fn):
+    """(takes **kwargs, parameter names) of fn, once each (inspect.signature costs ~0.1 ms,
+    and every fit asks)."""
     import inspect
     params = inspect.signature(fn).parameters
-    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
-        return dict(options)
-    return {k: v for k, v in options.items() if k in params}
+    return any(p.kind is p.VAR_KEYWORD for p in params.values()), frozenset(params)
 
 
 def driver_bytes(n_samples, n_features, n_clusters, itemsize, *, weighted=True) -> dict:
