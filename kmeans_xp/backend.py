@@ -163,7 +163,10 @@ class Placement:
 
     def center(self, X, mean, *, xp, in_place=False):
         """X - mean, the data the driver and the backend compute on (in place when asked: the
-        estimator adds the mean back)."""
+        estimator adds the mean back). mean None (copy_x=False): X itself, computed on as
+        given and never written."""
+        if mean is None:
+            return X
         if in_place:
             X -= mean
             return X

@@ -282,7 +282,7 @@ default=None
         if not self.copy_x and scale == 1:
             # X is never written (a memmap neither): the fit computes on X as given
             X_mean = xp.zeros_like(X_mean)
-            Xc = place.center(Xb, X_mean, xp=xp)
+            Xc = place.center(Xb, None, xp=xp)
         elif scale == 1:
             Xc = place.center(Xb, place.persist(X_mean), xp=xp)
         else:

@@ -10,7 +10,7 @@ from .chunks import row_chunks
 from .memory import explains_memory_errors
 from .namespaces import device, namespace_name, to_numpy
 from .registry import get_backend, get_backend_info, select_backend
-from .scaling import host_dtype_of, ldexp_or_inf, rescaled
+from .scaling import host_dtype_of, ldexp_or_inf
 from .validation import (
     check_array,
     check_sample_weight,
@@ -72,12 +72,12 @@ class Predicting:
         centers = xp.asarray(self._centers_fit, device=device(Xb)) if namespace_name(
             self._centers_fit) == namespace_name(Xb) else xp.asarray(
                 to_numpy(self._centers_fit), device=device(Xb))
-        Xc = place.center(xp.astype(Xb, centers.dtype, copy=False),
-                          xp.astype(mean, centers.dtype), xp=xp)
+        Xs, mean = xp.astype(Xb, centers.dtype, copy=False), xp.astype(mean, centers.dtype)
         scale = getattr(self, "_scale", 1.0)
-        if scale != 1:
-            Xc, centers = rescaled(Xc, scale, xp), centers * scale
-        return backend, Xc, xp, X, centers
+        if scale == 1:
+            return backend, place.center(Xs, mean, xp=xp), xp, X, centers
+        # (as the fit: on a copy the placement owns, never X itself nor a chunkwise view)
+        return backend, place.center_scaled(Xs, mean, scale, xp=xp), xp, X, centers * scale
 
     @explains_memory_errors
     def predict(self, X: Any) -> Any:

@@ -146,4 +146,7 @@ def test_rescaled_device_x_with_zero_mean_is_never_written(cp, name, copy_x):
     X = cp.asarray(Xh)
     km = KMeans(4, n_init=1, random_state=0, copy_x=copy_x, backend=name).fit(X)
     np.testing.assert_array_equal(cp.asnumpy(X), Xh)
+    km.predict(X)
+    km.score(X)
+    np.testing.assert_array_equal(cp.asnumpy(X), Xh)
     assert np.isfinite(km.inertia_) and np.all(np.isfinite(cp.asnumpy(km.cluster_centers_)))

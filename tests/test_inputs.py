@@ -201,3 +201,17 @@ def test_torch_style_out_of_memory_is_ours_and_other_errors_pass_through(monkeyp
         with pytest.raises(expected) as info:
             KMeans(3, init=X[:3].copy(), backend="numpy").fit(X)
         assert (info.value is raised) == (expected is RuntimeError)
+
+
+def test_predict_on_rescaled_copy_x_false_fit_never_writes_x():
+    """A copy_x=False fit of values whose squared distances overflow float32 (rescaled by a
+    power of two): predict and score rescale a copy, never the caller's X."""
+    rng = np.random.default_rng(7)
+    half = rng.uniform(1, 2, size=(501, 2)).astype(np.float32) * np.float32(3e19)
+    X = np.concatenate([half, -half])
+    keep = X.copy()
+    km = KMeans(3, n_init=1, random_state=0, copy_x=False).fit(X)
+    np.testing.assert_array_equal(X, keep)
+    km.predict(X)
+    km.score(X)
+    np.testing.assert_array_equal(X, keep)

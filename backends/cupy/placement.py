@@ -150,8 +150,9 @@ class CupyPlacement(Placement):
     def center(self, X, mean, *, xp, in_place=False):
         if isinstance(X, np.ndarray) and self.streams(X):
             from .streaming import HostRows
-            return HostRows(X, np.asarray(mean))  # centered chunk by chunk on the device
-        if not np.any(self._cp.asnumpy(mean)):
+            # centered chunk by chunk on the device (mean None, copy_x=False: by 0)
+            return HostRows(X, np.zeros(X.shape[1]) if mean is None else np.asarray(mean))
+        if mean is None:
             return X  # copy_x=False: the fit computes on X as given (never written)
         # the device copy of a host X is the fit's own: centered where it is, so the device
         # holds X once

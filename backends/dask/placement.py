@@ -150,7 +150,7 @@ class DaskPlacement(Placement):
     def center(self, X, mean, *, xp, in_place=False):
         """X - mean block by block (in X's dtype, in the blocks' library), persisted once next
         to X's blocks: the iterations (and init's passes) read it, never recompute it."""
-        if not _is_dask(X):
+        if not _is_dask(X) or mean is None:
             return super().center(X, mean, xp=xp, in_place=in_place)
         mean = np.asarray(to_numpy(mean))
         if not np.any(mean):
