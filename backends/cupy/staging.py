@@ -38,9 +38,11 @@ class HostRows:
 
     def __init__(self, data, mean):
         self.data = data
-        self.mean = np.asarray(mean, dtype=data.dtype)
+        self.mean = self._asarray(mean, dtype=data.dtype)
         self.shape = data.shape
         self.dtype = data.dtype
+
+    _asarray = staticmethod(np.asarray)
 
     def __len__(self):
         return self.shape[0]
@@ -50,20 +52,23 @@ class HostRows:
             if len(key) == 2 and (key[1] is Ellipsis or key[1] == slice(None)):
                 key = key[0]
             else:
-                raise TypeError(f"HostRows selects whole rows, not {key!r}")
-        return np.subtract(self.data[key], self.mean)
+                raise TypeError(f"{type(self).__name__} selects whole rows, not {key!r}")
+        return self.data[key] - self.mean
 
     def take(self, indices, axis=None, out=None, mode="raise"):
         if axis != 0 or out is not None:
-            raise TypeError("HostRows.take gathers rows: axis=0, no out")
-        return np.subtract(np.take(self.data, indices, axis=0, mode=mode), self.mean)
+            raise TypeError(f"{type(self).__name__}.take gathers rows: axis=0, no out")
+        return self._gather(indices, mode) - self.mean
+
+    def _gather(self, indices, mode):
+        return np.take(self.data, indices, axis=0, mode=mode)
 
     def __array__(self, dtype=None, copy=None):
         centered = np.subtract(self.data, self.mean)
         return centered if dtype is None else centered.astype(dtype, copy=False)
 
     def __repr__(self):
-        return f"HostRows(shape={self.shape}, dtype={self.dtype})"
+        return f"{type(self).__name__}(shape={self.shape}, dtype={self.dtype})"
 
 
 class DeviceRows(HostRows):
@@ -73,30 +78,18 @@ class DeviceRows(HostRows):
     selections give centered CuPy arrays, bit for bit `X[rows] - mean`. X is never written."""
 
     def __init__(self, data, mean):
-        self.data = data
-        self.mean = cupy().asarray(mean, dtype=data.dtype)
-        self.shape = data.shape
-        self.dtype = data.dtype
+        super().__init__(data, mean)
         self.device = data.device
 
-    def __getitem__(self, key):
-        if isinstance(key, tuple):
-            if len(key) == 2 and (key[1] is Ellipsis or key[1] == slice(None)):
-                key = key[0]
-            else:
-                raise TypeError(f"DeviceRows selects whole rows, not {key!r}")
-        return self.data[key] - self.mean
+    @staticmethod
+    def _asarray(mean, dtype):
+        return cupy().asarray(mean, dtype=dtype)
 
-    def take(self, indices, axis=None, out=None, mode="raise"):
-        if axis != 0 or out is not None:
-            raise TypeError("DeviceRows.take gathers rows: axis=0, no out")
-        return self.data.take(indices, axis=0) - self.mean
+    def _gather(self, indices, mode):
+        return self.data.take(indices, axis=0)
 
     def __array__(self, dtype=None, copy=None):
         raise TypeError("DeviceRows lives on the device: select its rows (X[rows]) instead")
-
-    def __repr__(self):
-        return f"DeviceRows(shape={self.shape}, dtype={self.dtype})"
 
 
 def is_memmap(X) -> bool:
