@@ -1,9 +1,8 @@
 """The host's cost of the CUDA calls one short Lloyd pass is made of, on this machine: each
 timed alone over many calls (host microseconds per call; "round trip" waits each time)."""
-import time
-
 import cupy as cp
 import numpy as np
+from host_calls import host_us_per_call  # (this script's folder is on sys.path)
 
 rt = cp.cuda.runtime
 stream = cp.cuda.get_current_stream()
@@ -23,14 +22,7 @@ cp.cuda.Device().synchronize()
 
 
 def per_call(label, fn, reps=2000):
-    fn()
-    cp.cuda.Device().synchronize()
-    t0 = time.perf_counter()
-    for _ in range(reps):
-        fn()
-    t = (time.perf_counter() - t0) / reps
-    cp.cuda.Device().synchronize()
-    print(f"{label:60s} {t * 1e6:8.2f} us", flush=True)
+    print(f"{label:60s} {host_us_per_call(cp, fn, reps):8.2f} us", flush=True)
 
 
 per_call("memcpyAsync H2D 3.2 KB pinned", lambda: rt.memcpyAsync(

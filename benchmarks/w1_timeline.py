@@ -6,7 +6,8 @@ import time
 
 import cupy as cp
 import numpy as np
-from regression_probe import WORKLOADS, data  # (this script's folder is on sys.path)
+from host_calls import host_us_per_call  # (this script's folder is on sys.path)
+from regression_probe import WORKLOADS, data
 
 import kmeans_xp.lloyd as lloyd
 from kmeans_xp import KMeans
@@ -52,14 +53,7 @@ for t0, dt, dep, name in sorted(events):
 
 
 def per_call(label, fn, reps=1000):
-    fn()
-    cp.cuda.Device().synchronize()
-    t0 = time.perf_counter()
-    for _ in range(reps):
-        fn()
-    t = (time.perf_counter() - t0) / reps
-    cp.cuda.Device().synchronize()
-    print(f"{label:55s} {t * 1e6:8.1f} us")
+    print(f"{label:55s} {host_us_per_call(cp, fn, reps):8.1f} us")
 
 
 be = fused.CupyFusedBackend()
