@@ -8,7 +8,9 @@
 # w1host (cProfile of W1 cupy-fused fits, and the GPU time of one iteration), w1line (one
 # W1 fit's host timeline, and each host piece of an iteration timed alone), launch (the host
 # cost of each CUDA call a short pass is made of), memedges (device-X fits' pool peaks against
-# estimate_memory under a 15 GiB limit), some (the GPU tests in $TEST_FILES),
+# estimate_memory under a 15 GiB limit), init (k-means++ and k-means|| seconds),
+# firstuse (a fresh process's first fit, cold and warm kernel cache, profiled),
+# streamfit (whole fits of a 12 GB host X under a 15 GiB pool limit), some (the GPU tests in $TEST_FILES),
 # pack (everything under $OUT into one session.tgz: the device returns a few files only).
 #   bash benchmarks/gpu_session.sh machine old tests new
 set -uo pipefail
@@ -116,6 +118,18 @@ sys.version.split()[0])"
       install_new
       timeout 120 python3 benchmarks/w1_breakdown.py > "$OUT/w1_breakdown.log" 2>&1
       cat "$OUT/w1_breakdown.log" | tail -n 4 ;;
+    init)
+      install_new
+      timeout ${INIT_TIMEOUT:-200} python3 benchmarks/init_probe.py ${INIT_ARGS:-} --out "$OUT/init_probe.json" > "$OUT/init_probe.log" 2>&1
+      tail -n 6 "$OUT/init_probe.log" ;;
+    firstuse)
+      install_new
+      timeout ${FIRSTUSE_TIMEOUT:-200} python3 benchmarks/first_use_probe.py ${FIRSTUSE_ARGS:-} --out "$OUT/first_use.txt" > "$OUT/first_use.log" 2>&1
+      cat "$OUT/first_use.log" | cut -c1-300 ;;
+    streamfit)
+      install_new
+      timeout ${STREAMFIT_TIMEOUT:-300} python3 benchmarks/stream_fit_probe.py ${STREAMFIT_ARGS:-} --out "$OUT/stream_fit.json" > "$OUT/stream_fit.log" 2>&1
+      tail -n 5 "$OUT/stream_fit.log" ;;
     pack)
       (cd "$OUT" && tar czf ../session.tgz . && rm -rf ./* && mv ../session.tgz .) ;;
     scaling)

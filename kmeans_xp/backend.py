@@ -19,6 +19,8 @@ backend gives the same answer for the same initial centers.
     inertia           no        driver, score  sum of w * ||x - c_label||^2 by differences
     farthest          no        driver         the m points farthest from their centers
                                                (only when a cluster is empty)
+    seeding           no        init           k-means++'s O(n) steps on the backend's
+                                               device (default None: xp code, init.Seeding)
     estimate_memory   no        estimate_memory working bytes per part, before anything runs
     placement         no        estimator,     a `Placement`: moving X to the device and back,
                                 driver         centering, fetching, synchronising
@@ -283,6 +285,11 @@ class KMeansBackend:
              else xp.astype(xp.take(sample_weight, idx), xp.float64))
         return Farthest(xp.astype(idx, xp.int64), xp.take(X, idx, axis=0), w,
                         xp.take(labels, idx), xp.take(dist, idx))
+
+    def seeding(self, X, sample_weight, n_local_trials, *, xp):
+        """k-means++'s O(n) steps on X: an object with the methods of `kmeans_xp.init.Seeding`
+        (first, candidates, trial) giving the same draws, or None for that xp code itself."""
+        return None
 
     # -- memory -----------------------------------------------------------------------------
     @classmethod

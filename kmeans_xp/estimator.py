@@ -226,8 +226,10 @@ default=None
                                          rows=rows, backend=backend, persist=persist)[0]
         progress = bar(k, "k-means++", self.verbose)
         try:
+            seeding = backend.seeding(Xb, sw, _init.local_trials(k), xp=xp)
             return _init.kmeans_plusplus(Xb, k, sample_weight=sw, random_state=rs, xp=xp,
-                                         rows=rows, persist=persist, progress=progress)[0]
+                                         rows=rows, persist=persist, progress=progress,
+                                         seeding=seeding)[0]
         finally:
             progress.close()
 

@@ -94,50 +94,85 @@ def _device(x):
     return device(x)
 
 
+def local_trials(n_clusters) -> int:
+    """Candidates per center of greedy k-means++ (scikit-learn's 2 + int(ln k))."""
+    return 2 + int(math.log(n_clusters))
+
+
+class Seeding:
+    """k-means++'s O(n) steps, in xp over row chunks of `rows` (every namespace). A backend
+    may give its own (`KMeansBackend.seeding`): the same three steps on its device, with the
+    same draws (its sums may add in another order).
+
+    `persist` (a backend's `persist`) makes the running distances concrete at each step, so
+    a lazy namespace (dask) does not recompute their whole history."""
+
+    def __init__(self, X, sample_weight, xp, rows, persist=None):
+        self.X, self.xp, self.rows = X, xp, rows
+        self.persist = persist or (lambda a: a)
+        self.sw64 = (None if sample_weight is None
+                     else self.persist(xp.astype(sample_weight, xp.float64)))
+        # the chosen candidate's distances are kept from its trial when all n fit one budget
+        self.keep = rows >= X.shape[0]
+
+    def first(self, index):
+        """The running squared distances D(x)^2 to the row `index` ((1,) ints on X's device)."""
+        X, xp = self.X, self.xp
+        inf = xp.full(X.shape[0], math.inf, dtype=X.dtype, device=_device(X))
+        return self.persist(_closest_with(inf, X, xp.take(X, index, axis=0)[0, :], xp,
+                                          self.rows))
+
+    def candidates(self, closest, u, by_weight):
+        """(L,) rows drawn with probability w * D(x)^2, one per uniform number of u (L,);
+        by_weight's where no potential is left (every positive-weight point is a center)."""
+        xp = self.xp
+        cum = self.persist(
+            xp.cumulative_sum(closest, dtype=xp.float64) if self.sw64 is None else
+            xp.cumulative_sum(xp.astype(closest, xp.float64) * self.sw64))
+        return xp.where(cum[-1] > 0, _draw(cum, u, xp, self.X.shape[0]), by_weight)
+
+    def trial(self, closest, cand):
+        """(the candidate leaving the least potential sum w * min(D(x)^2, ||x - p||^2), the
+        first among equals, as a (1,) index; D(x)^2 with it)."""
+        X, xp = self.X, self.xp
+        P = xp.take(X, cand, axis=0)
+        pots, minima = _min_update(closest, X, P, xp, self.rows, self.sw64, self.keep)
+        best = xp.reshape(xp.argmin(pots), (1,))
+        closest = (_column(minima, best, xp) if self.keep else
+                   _closest_with(closest, X, xp.take(P, best, axis=0)[0, :], xp, self.rows))
+        return xp.take(cand, best), self.persist(closest)
+
+
 def kmeans_plusplus(X, n_clusters, *, sample_weight, random_state, xp, rows,
-                    n_local_trials=None, persist=None, progress=None):
+                    n_local_trials=None, persist=None, progress=None, seeding=None):
     """Greedy k-means++ (Arthur & Vassilvitskii; scikit-learn's variant): each new center is the
     best of 2 + int(ln k) candidates drawn with probability w * D(x)^2. Returns (centers, indices).
-    `persist` (a backend's `persist`) makes the running distances concrete at each step, so a
-    lazy namespace (dask) does not recompute their whole history; `progress` (a bar) is
-    advanced once per center.
+    `seeding` runs the O(n) steps (a backend's `seeding(X, sample_weight, n_local_trials)`;
+    default `Seeding(X, sample_weight, xp, rows, persist)`); `progress` (a bar) is advanced
+    once per center.
     """
     persist = persist or (lambda a: a)
     n = X.shape[0]
     dev = _device(X)
-    if n_local_trials is None:
-        n_local_trials = 2 + int(math.log(n_clusters))
-    sw64 = None if sample_weight is None else persist(xp.astype(sample_weight, xp.float64))
-    cum_w = None if sw64 is None else persist(xp.cumulative_sum(sw64))
-
-    def uniform(size=None):
-        u = random_state.uniform(size=size)
-        return xp.asarray(np.reshape(u, (-1,)), dtype=xp.float64, device=dev)
+    L = local_trials(n_clusters) if n_local_trials is None else n_local_trials
+    steps = seeding or Seeding(X, sample_weight, xp, rows, persist)
+    cum_w = (None if sample_weight is None else
+             persist(xp.cumulative_sum(xp.astype(sample_weight, xp.float64))))
 
     # every random number of the run at once, in the order the greedy steps use them (the
     # same stream as drawing them step by step): a host-to-device copy per center would wait
     # for the device each time. The draws by weight alone (used where no potential is left)
     # are made for all of them at once too.
-    L = n_local_trials
-    u_all = uniform(1 + (n_clusters - 1) * L)
+    u_all = random_state.uniform(size=1 + (n_clusters - 1) * L)
+    u_all = xp.asarray(np.reshape(u_all, (-1,)), dtype=xp.float64, device=dev)
     by_weight = _draw_by_weight(cum_w, u_all, xp, n)
     chosen = [by_weight[:1]]
-    closest = persist(_closest_with(xp.full(n, math.inf, dtype=X.dtype, device=dev), X,
-                                    xp.take(X, chosen[0], axis=0)[0, :], xp, rows))
-    # the chosen candidate's distances are kept from its trial when all n fit one budget
-    keep = rows >= n
+    closest = steps.first(chosen[0])
     for c in range(1, n_clusters):
         draws = slice(1 + (c - 1) * L, 1 + c * L)
-        cum = persist(xp.cumulative_sum(closest, dtype=xp.float64) if sw64 is None else
-                      xp.cumulative_sum(xp.astype(closest, xp.float64) * sw64))
-        # no potential left (every positive-weight point is a center): draw by weight
-        cand = xp.where(cum[-1] > 0, _draw(cum, u_all[draws], xp, n), by_weight[draws])
-        P = xp.take(X, cand, axis=0)
-        pots, minima = _min_update(closest, X, P, xp, rows, sw64, keep)
-        best = xp.reshape(xp.argmin(pots), (1,))
-        chosen.append(xp.take(cand, best))
-        closest = persist(_column(minima, best, xp) if keep else
-                          _closest_with(closest, X, xp.take(P, best, axis=0)[0, :], xp, rows))
+        cand = steps.candidates(closest, u_all[draws], by_weight[draws])
+        best, closest = steps.trial(closest, cand)
+        chosen.append(best)
         if progress is not None:
             progress.update(1)
     idx = xp.concat(chosen)  # on the device until here: one transfer for all k
@@ -189,6 +224,23 @@ def _candidate_weights(X, sample_weight, C, xp, rows, backend):
     return total
 
 
+def _plusplus_on_candidates(C, weights, k, random_state, xp, backend):
+    """Indices into C of greedy weighted k-means++ on the (m, d) candidates C (float64): on
+    the backend's device when it has a `seeding` (k host steps of a few small NumPy calls
+    each cost more than the rounds), else on the host."""
+    m = C.shape[0]
+    if backend is not None:
+        C64 = xp.astype(C, xp.float64)
+        w64 = xp.asarray(weights, dtype=xp.float64, device=_device(C))
+        seeding = backend.seeding(C64, w64, local_trials(k), xp=xp)
+        if seeding is not None:
+            return kmeans_plusplus(C64, k, sample_weight=w64, random_state=random_state,
+                                   xp=xp, rows=m, seeding=seeding)[1]
+    from array_api_compat import numpy as np_xp
+    return kmeans_plusplus(to_numpy(C).astype(np.float64), k, sample_weight=weights,
+                           random_state=random_state, xp=np_xp, rows=min(m, 1 << 16))[1]
+
+
 def kmeans_parallel(X, n_clusters, *, sample_weight, random_state, xp, rows,
                     oversampling_factor=KMEANS_PARALLEL_OVERSAMPLING,
                     n_rounds=KMEANS_PARALLEL_ROUNDS, backend=None, persist=None):
@@ -203,16 +255,15 @@ def kmeans_parallel(X, n_clusters, *, sample_weight, random_state, xp, rows,
        (drawn on the host, so the result is the same on every backend); repeats are merged.
        Extra rounds run while fewer than k distinct positions have been drawn.
     3. Each candidate is weighted by the sample_weight of the points nearest to it.
-    4. Greedy weighted k-means++ on the candidates (small: about l * n_rounds rows, on the
-       host) picks the k centers.
+    4. Greedy weighted k-means++ on the candidates (small: about l * n_rounds rows, in
+       float64) picks the k centers: on the backend's device where it has a `seeding`,
+       else on the host.
 
     The O(n) work is a few passes per round instead of a few per center as in k-means++: the
     distances go to `backend.assign` / `backend.lloyd_iter` when a backend is given (its
     device, its memory budget), else to row chunks of `rows` in xp. `persist` (a backend's
     `persist`) keeps lazy namespaces (dask) from recomputing history.
     """
-    from array_api_compat import numpy as np_xp
-
     persist = persist or (lambda a: a)
     n = X.shape[0]
     k = int(n_clusters)
@@ -267,9 +318,7 @@ def kmeans_parallel(X, n_clusters, *, sample_weight, random_state, xp, rows,
         if np.count_nonzero(weights) >= k or exhausted or done >= max_rounds:
             break
         target += 1
-    C_host = to_numpy(C).astype(np.float64)
-    _, picked = kmeans_plusplus(C_host, k, sample_weight=weights, random_state=random_state,
-                                xp=np_xp, rows=max(1, min(C_host.shape[0], 4096)))
+    picked = _plusplus_on_candidates(C, weights, k, random_state, xp, backend)
     indices = idx[np.asarray(picked, dtype=np.int64)]
     centers = xp.take(X, xp.asarray(indices, dtype=xp.int64, device=_device(X)), axis=0)
     return centers, indices

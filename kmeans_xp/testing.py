@@ -89,6 +89,7 @@ def check_backend(cls, *, make_array=None, dtypes=(np.float32, np.float64),
             passed += check_primitives(backend, Xb, C, w, ref, xp, where)
             passed += check_iteration(backend, Xb, C, w, ref, xp, where)
             passed += check_extras(backend, Xb, C, w, ref, xp, where)
+            passed += check_seeding(backend, Xb, w, min(k, 6), xp, where)
         passed += check_memory_bound(backend, to_arr, dtype)
         passed += check_lloyd(backend, to_arr, dtype)
     return passed
@@ -217,6 +218,23 @@ def check_extras(backend, X, C, w, ref, xp, where):
         to_numpy(far.label).astype(np.int64), lab[idx]), f"{where}: farthest rows or labels"
     assert np.allclose(_host(far.weight), ref.w[idx]), f"{where}: farthest weights"
     return 2
+
+
+def check_seeding(backend, X, w, k, xp, where):
+    """A backend's own k-means++ steps (`seeding`, when it has them) draw the rows the xp
+    steps draw on the same X, with and without weights."""
+    from .init import kmeans_plusplus, local_trials
+    passed = 0
+    for weights in (None, w):
+        steps = backend.seeding(X, weights, local_trials(k), xp=xp)
+        if steps is None:
+            continue
+        kw = dict(sample_weight=weights, xp=xp, rows=X.shape[0])
+        got = kmeans_plusplus(X, k, random_state=np.random.RandomState(7), seeding=steps, **kw)[1]
+        ref = kmeans_plusplus(X, k, random_state=np.random.RandomState(7), **kw)[1]
+        assert np.array_equal(got, ref), f"{where}: seeding drew rows {got}, the xp steps {ref}"
+        passed += 1
+    return passed
 
 
 @contextlib.contextmanager

@@ -112,6 +112,22 @@ def test_contract_catches_broken_backends(bad, match):
         check_backend(bad, cases=[(257, 3, 7), (1031, 3, 13)], dtypes=(np.float64,))
 
 
+class SeedsWithTheFirstCandidate(NumpyBackend):
+    """Its own k-means++ steps take the first candidate, not the best: other rows."""
+
+    def seeding(self, X, sample_weight, n_local_trials, *, xp):
+        from kmeans_xp.init import Seeding
+        steps = Seeding(X, sample_weight, xp, X.shape[0])
+        trial = steps.trial
+        steps.trial = lambda closest, cand: (cand[:1], trial(closest, cand[:1])[1])
+        return steps
+
+
+def test_contract_catches_a_seeding_that_draws_other_rows():
+    with pytest.raises(AssertionError, match="seeding drew rows"):
+        check_backend(SeedsWithTheFirstCandidate, cases=[(1031, 3, 13)], dtypes=(np.float64,))
+
+
 class NeverChanges(NumpyBackend):
     """Primitives right, but its iterations report no changed label once there was a previous
     one, so every run stops after two; it even takes the name of the built-in, which the

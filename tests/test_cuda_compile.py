@@ -8,7 +8,7 @@ import shutil
 import subprocess
 
 import pytest
-from kmeans_xp_backends.cupy import common, fused_plan, nearest, reductions
+from kmeans_xp_backends.cupy import common, fused_plan, nearest, reductions, seeding
 
 NVCC = shutil.which("nvcc")
 pytestmark = pytest.mark.skipif(NVCC is None, reason="nvcc is not on PATH")
@@ -18,7 +18,7 @@ def all_instances():
     """{file: [instances]} of every kernel the backends launch."""
     out = {}
     for file, name in (nearest.kernel_instances() + reductions.kernel_instances()
-                       + fused_plan.kernel_instances()):
+                       + fused_plan.kernel_instances() + seeding.kernel_instances()):
         out.setdefault(file, [])
         if name not in out[file]:
             out[file].append(name)

@@ -289,3 +289,31 @@ def test_staged_download_copies_device_arrays_exactly(dtype):
     a = cp.arange(n, dtype=dtype) * 3  # queued just before the copy starts
     got = staging.download(cp, a)
     np.testing.assert_array_equal(got, np.arange(n, dtype=dtype) * 3)
+
+
+# -- k-means++ on the device (seeding.DeviceSeeding) ----------------------------------------
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("d,k,weighted", [(3, 1, False), (3, 300, False), (3, 120, True),
+                                          (5, 60, False), (64, 40, True)])
+def test_device_kmeans_plusplus_draws_numpys_rows(cp, dtype, d, k, weighted):
+    """The kernels' k-means++ draws the rows the xp steps draw on NumPy from the same random
+    state (their sums add in another order: only a near-tie could move a draw); every CuPy
+    backend seeds with it."""
+    from array_api_compat import cupy as cp_xp
+    from array_api_compat import numpy as np_xp
+    from kmeans_xp_backends.cupy.seeding import DeviceSeeding
+
+    from kmeans_xp.init import kmeans_plusplus, local_trials
+    X, _, w = _centered_problem(100_003, d, 9, dtype, seed=d + k)
+    w = w if weighted else None
+    Xd, wd = cp.asarray(X), None if w is None else cp.asarray(w)
+    for name in ("cupy-kernels", "cupy-chunked", "cupy-fused"):
+        steps = get_backend(name)().seeding(Xd, wd, local_trials(k), xp=cp_xp)
+        assert isinstance(steps, DeviceSeeding), name
+    got = kmeans_plusplus(Xd, k, sample_weight=wd, random_state=np.random.RandomState(1),
+                          xp=cp_xp, rows=X.shape[0], seeding=steps)[1]
+    ref = kmeans_plusplus(X, k, sample_weight=w, random_state=np.random.RandomState(1),
+                          xp=np_xp, rows=X.shape[0])[1]
+    np.testing.assert_array_equal(got, ref)
+    if w is not None:
+        assert np.all(w[got] > 0)

@@ -205,6 +205,11 @@ class CupyBackendBase(KMeansBackend):
         return reductions.farthest(X, self.weights(sample_weight, X.dtype), self.labels32(labels),
                                    self.contiguous(centers, X.dtype), m)
 
+    def seeding(self, X, sample_weight, n_local_trials, *, xp=None):
+        """k-means++'s steps in kernels (`seeding.DeviceSeeding`) on a device X, else None."""
+        from .seeding import device_seeding
+        return device_seeding(X, sample_weight, n_local_trials)
+
     # -- host streaming ---------------------------------------------------------------------
     def stream_engine(self, X, n_clusters, sample_weight=None):
         """The fit's StreamEngine for X streamed from the host or the device (built on first

@@ -1,0 +1,105 @@
+"""k-means++ on the device: `kmeans_xp.init.Seeding`'s three steps as the kernels of
+cuda/seeding.cu. Per center one CuPy scan and three launches, and nothing is read back until
+all k centers are chosen: the xp steps cost about 20 CuPy calls per center (0.6 s for k=500
+at n=500k on the H200, most of it host time per call).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from . import common
+from .common import BLOCK, NULL, cupy
+
+#: candidates per center the kernels take at most (SEED_MAX_TRIALS in cuda/seeding.cu)
+MAX_TRIALS = 16
+#: the candidates' rows live in a block's shared memory: at most this many bytes of them
+MAX_CANDIDATE_BYTES = 48 * 1024
+#: chosen indices are written into blocks of this many slots
+_SLOTS = 256
+
+
+def device_seeding(X, sample_weight, n_local_trials):
+    """A `DeviceSeeding` for a C-contiguous CuPy X or a `staging.DeviceRows` (centered on the
+    fly), else None (the xp steps): host-streamed X, or candidates too many or too wide for
+    the kernels."""
+    from .staging import DeviceRows, HostRows
+    cp = cupy()
+    if isinstance(X, DeviceRows):
+        data, mean = X.data, X.mean
+    elif isinstance(X, HostRows) or not isinstance(X, cp.ndarray):
+        return None
+    else:
+        data, mean = X, None
+    n, d = data.shape
+    if (not 1 <= n_local_trials <= MAX_TRIALS or n == 0
+            or n_local_trials * d * data.dtype.itemsize > MAX_CANDIDATE_BYTES
+            or np.dtype(data.dtype) not in common.CTYPE or not data.flags.c_contiguous):
+        return None
+    return DeviceSeeding(data, mean, sample_weight)
+
+
+class DeviceSeeding:
+    """The running distances D(x)^2, their weighted values for the scan, and the scratch of
+    the potentials' reduction, allocated once per k-means++ run."""
+
+    def __init__(self, data, mean, sample_weight):
+        cp = cupy()
+        n, d = data.shape
+        self.data, self.n, self.d = data, n, d
+        self.mean = NULL if mean is None else cp.ascontiguousarray(mean, dtype=data.dtype)
+        self.w = (NULL if sample_weight is None else
+                  cp.ascontiguousarray(sample_weight, dtype=cp.float64))
+        self.closest = cp.empty(n, dtype=data.dtype)
+        self.values = cp.empty(n, dtype=cp.float64)
+        self.cand = cp.empty(MAX_TRIALS, dtype=cp.int64)
+        self.best = cp.empty(1, dtype=cp.int32)
+        self.grid = common.grid(n, BLOCK, 4)
+        self.partials = cp.empty(self.grid * MAX_TRIALS, dtype=cp.float64)
+        self.done = cp.zeros(1, dtype=cp.uint32)
+        self._slots, self._used = None, _SLOTS
+        t = common.ctype(data.dtype)
+        self._potentials = common.raw_kernel("seeding.cu", f"seeding_potentials<{t}>")
+        self._update = common.raw_kernel("seeding.cu", f"seeding_update<{t}>")
+        self._draw = common.raw_kernel("seeding.cu", "seeding_draw")
+
+    def _run_update(self, chosen, first):
+        common.launch(self._update, self.grid,
+                      (self.data, self.mean, self.w, np.int64(self.n), np.int32(self.d),
+                       chosen, np.int32(first), self.closest, self.values),
+                      shared_mem=self.d * self.data.dtype.itemsize)
+        return self.closest
+
+    def first(self, index):
+        return self._run_update(index, 1)
+
+    def candidates(self, closest, u, by_weight):
+        cum = cupy().cumsum(self.values)
+        trials = int(u.shape[0])
+        common.launch(self._draw, 1, (cum, np.int64(self.n), u, by_weight, np.int32(trials),
+                                      self.cand), block=32)
+        return self.cand[:trials]
+
+    def trial(self, closest, cand):
+        trials = int(cand.shape[0])
+        chosen = self._slot()
+        common.launch(self._potentials, self.grid,
+                      (self.data, self.mean, self.closest, self.w, np.int64(self.n),
+                       np.int32(self.d), cand, np.int32(trials), self.partials, self.done,
+                       chosen, self.best),
+                      shared_mem=trials * self.d * self.data.dtype.itemsize)
+        return chosen, self._run_update(chosen, 0)
+
+    def _slot(self):
+        """A fresh (1,) int64 device array for the next chosen index (taken from blocks)."""
+        if self._used == _SLOTS:
+            self._slots, self._used = cupy().empty(_SLOTS, dtype=cupy().int64), 0
+        self._used += 1
+        return self._slots[self._used - 1:self._used]
+
+
+def kernel_instances():
+    """(file, instance) of every kernel of seeding.cu (the compile check)."""
+    out = [("seeding.cu", "seeding_draw")]
+    for t in common.CTYPE.values():
+        out += [("seeding.cu", f"seeding_potentials<{t}>"), ("seeding.cu", f"seeding_update<{t}>")]
+    return out

@@ -1,0 +1,68 @@
+"""A fresh process's first GPU fit against its second, with CuPy's kernel cache warm and
+empty: where the extra time goes (cProfile of the first fit: NVRTC compiles, module loads,
+library handles), for the fits a user's first run makes (cupy-fused, d=3 float32, k-means++
+and a given init).
+
+    python benchmarks/first_use_probe.py --out first_use.txt
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+
+CHILD = r"""
+import cProfile, io, json, pstats, sys, time
+t0 = time.perf_counter()
+import numpy as np, cupy as cp
+from kmeans_xp import KMeans
+X = cp.asarray(np.random.default_rng(0).normal(size=(100_000, 3)).astype(np.float32))
+cp.cuda.Device().synchronize()
+t_import = time.perf_counter() - t0
+init = sys.argv[1]
+backend = sys.argv[2]
+def fit():
+    t = time.perf_counter()
+    KMeans(100, init=init if init != "array" else cp.asnumpy(X[:100]), n_init=1, max_iter=5,
+           random_state=0, backend=backend).fit(X)
+    cp.cuda.Device().synchronize()
+    return time.perf_counter() - t
+pr = cProfile.Profile()
+pr.enable()
+first = fit()
+pr.disable()
+second = fit()
+s = io.StringIO()
+st = pstats.Stats(pr, stream=s)
+st.sort_stats("cumulative").print_stats(22)
+st.sort_stats("tottime").print_stats(12)
+print(json.dumps({"init": init, "backend": backend, "import_s": t_import, "first_s": first,
+                  "second_s": second, "extra_s": first - second}))
+print(s.getvalue()[-9000:])
+"""
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--cases", default="k-means++:cupy-fused,array:cupy-fused,k-means++:auto")
+    args = ap.parse_args()
+    cases = [c.split(":") for c in args.cases.split(",")]
+    with open(args.out, "w") as out:
+        for init, backend in cases:
+            cold = tempfile.mkdtemp()
+            for label, env in (("cold cache", {"CUPY_CACHE_DIR": cold}),
+                               ("warm cache", {"CUPY_CACHE_DIR": cold})):
+                r = subprocess.run([sys.executable, "-c", CHILD, init, backend],
+                                   capture_output=True, text=True, timeout=240,
+                                   env={**os.environ, **env})
+                head = r.stdout.splitlines()[:1]
+                print(label, init, backend, head, r.stderr[-300:], flush=True)
+                out.write(f"===== {label}, init={init}, backend={backend}\n{r.stdout}\n"
+                          f"{r.stderr[-2000:]}\n")
+
+
+if __name__ == "__main__":
+    main()
