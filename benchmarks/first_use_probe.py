@@ -38,6 +38,7 @@ s = io.StringIO()
 st = pstats.Stats(pr, stream=s)
 st.sort_stats("cumulative").print_stats(22)
 st.sort_stats("tottime").print_stats(12)
+st.print_callers(r"__getattribute__")  # who touches a lazily imported module (cupyx)
 print(json.dumps({"init": init, "backend": backend, "import_s": t_import, "first_s": first,
                   "second_s": second, "extra_s": first - second}))
 print(s.getvalue()[-9000:])

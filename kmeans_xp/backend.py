@@ -21,6 +21,8 @@ backend gives the same answer for the same initial centers.
                                                (only when a cluster is empty)
     seeding           no        init           k-means++'s O(n) steps on the backend's
                                                device (default None: xp code, init.Seeding)
+    seeding_bytes     no        estimate_memory the bytes of those steps (None: the xp
+                                               steps', memory.xp_seeding_bytes)
     estimate_memory   no        estimate_memory working bytes per part, before anything runs
     placement         no        estimator,     a `Placement`: moving X to the device and back,
                                 driver         centering, fetching, synchronising
@@ -292,6 +294,12 @@ class KMeansBackend:
         return None
 
     # -- memory -----------------------------------------------------------------------------
+    @classmethod
+    def seeding_bytes(cls, n_samples, n_features, n_clusters, itemsize):
+        """Bytes of k-means++ by `seeding` for a fit of this shape, or None where it leaves
+        k-means++ to the xp steps (the driver then counts `memory.xp_seeding_bytes`)."""
+        return None
+
     @classmethod
     def estimate_memory(cls, n_samples, n_features, n_clusters, *, itemsize,
                         max_memory="auto", **options) -> MemoryEstimate:

@@ -148,17 +148,24 @@ def _parameters(fn):
     return any(p.kind is p.VAR_KEYWORD for p in params.values()), frozenset(params)
 
 
-def driver_bytes(n_samples, n_features, n_clusters, itemsize, *, weighted=True) -> dict:
-    """What the driver keeps besides a backend's buffers, part by part: the centered copy of X
-    the fit computes on; its O(n) arrays (the labels of three iterations during Lloyd: the
-    last, the one before and the next one issued ahead on an asynchronous device; or, larger,
-    k-means++'s weights, running distances and their cumulative sums during init, and its
-    chunks of distances to the candidates: 2 + log k of them, about five such arrays alive, for
-    up to every row at once when the budget allows); the sample weights when given; centers
-    and sums."""
+def xp_seeding_bytes(n_samples, n_clusters, itemsize) -> int:
+    """Bytes of k-means++ in xp code (`init.Seeding`): its weights, running distances and
+    their cumulative sums, and its chunks of distances to the candidates: 2 + log k of them,
+    about five such arrays alive, for up to every row at once when the budget allows."""
     n = n_samples
     trials = 2 + int(math.log(max(n_clusters, 1)))
-    init = 5 * n * 8 + 3 * n * itemsize + n * trials * (5 * itemsize + 8)
+    return 5 * n * 8 + 3 * n * itemsize + n * trials * (5 * itemsize + 8)
+
+
+def driver_bytes(n_samples, n_features, n_clusters, itemsize, *, weighted=True,
+                 seeding=None) -> dict:
+    """What the driver keeps besides a backend's buffers, part by part: the centered copy of X
+    the fit computes on; its O(n) arrays (the labels of three iterations during Lloyd: the
+    last, the one before and the next one issued ahead on an asynchronous device; or, when
+    larger, k-means++'s during init: `seeding`, the bytes of the backend's own steps, else
+    `xp_seeding_bytes`); the sample weights when given; centers and sums."""
+    n = n_samples
+    init = xp_seeding_bytes(n, n_clusters, itemsize) if seeding is None else seeding
     parts = {
         "centered_copy": n * n_features * itemsize,
         "labels_or_init": max(3 * n * 8, init),

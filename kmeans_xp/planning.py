@@ -80,5 +80,12 @@ def estimate_memory(n_samples: int, n_features: int, n_clusters: int, *,
              **accepted_options(fn, backend_options or {}))
     parts = dict(est.parts)
     parts.update({f"driver_{p}": v for p, v in
-                  driver_bytes(n, d, k, itemsize, weighted=weighted).items()})
+                  driver_bytes(n, d, k, itemsize, weighted=weighted,
+                               seeding=_seeding_bytes(cls, n, d, k, itemsize,
+                                                      backend_options)).items()})
     return MemoryEstimate(parts, sum(parts.values()), est.chunk_rows)
+
+
+def _seeding_bytes(cls, n, d, k, itemsize, backend_options):
+    fn = cls.seeding_bytes
+    return fn(n, d, k, itemsize, **accepted_options(fn, backend_options or {}))

@@ -11,7 +11,7 @@ from kmeans_xp_backends.cupy.chunked import (
     CupyChunkedBackend,
     plan_chunks,
 )
-from kmeans_xp_backends.cupy.common import MIN_CHUNK_ROWS, kmeanspp_bytes
+from kmeans_xp_backends.cupy.common import MIN_CHUNK_ROWS
 
 from kmeans_xp import (
     BackendNotAvailableError,
@@ -90,10 +90,19 @@ def test_plan_refuses_a_budget_below_the_floor():
 
 
 def test_init_bytes_grow_with_n_and_estimates_count_x_on_the_device(fake_cupy):
-    per_sample, chunk = kmeanspp_bytes(1000, 3, 10, 4, 256)
-    assert per_sample > 1000 * 4 and chunk > 0
-    assert kmeanspp_bytes(2000, 3, 10, 4, 256)[0] == 2 * per_sample
+    from kmeans_xp_backends.cupy.seeding import device_seeding_bytes
+
+    from kmeans_xp import estimate_memory
+    one, two = device_seeding_bytes(10**6, 3, 10, 4), device_seeding_bytes(2 * 10**6, 3, 10, 4)
+    assert two - one == 10**6 * (one - device_seeding_bytes(0, 3, 10, 4)) // 10**6 > 4 * 10**6
+    assert device_seeding_bytes(1000, 4000, 10, 4) is None  # candidates past shared memory
     for name in ALL_CUPY:
+        # the estimate counts the device steps, not the xp steps and their chunks
+        est = estimate_memory(10**6, 3, 10, backend=name)
+        assert est.parts["driver_labels_or_init"] == max(3 * 8 * 10**6, one), name
+        streamed = estimate_memory(10**6, 3, 10, backend=name,
+                                   backend_options={"stream": True})
+        assert streamed.parts["driver_labels_or_init"] > 3 * one, name  # the xp steps
         from kmeans_xp import get_backend as gb
         est = gb(name).estimate_memory(1000, 3, 10, itemsize=4)
         assert est.parts["data"] == 1000 * 3 * 4, name

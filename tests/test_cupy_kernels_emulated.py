@@ -29,7 +29,7 @@ class _Launcher:
                 "cluster_sums_global": "sums.cu", "row_argmin_shifted": "row_argmin.cu",
                 "store_labels": "stats.cu", "weighted_total": "stats.cu",
                 "count_changed": "stats.cu", "direct_inertia": "direct.cu",
-                "labelled_sq_dist": "direct.cu"}[base]
+                "labelled_sq_dist": "direct.cu", "seeding_draw": "seeding.cu"}[base]
         self.emu.launch(file, name, grid, args, smem=smem, block=block)
 
 
@@ -235,3 +235,30 @@ def test_direct_distances_are_numpys_differences(emu, dtype, d):
     got = _reduce(emu, f"direct_inertia<{CTYPE[dtype]}>",
                   (X, w, labels, C, np.int64(n), np.int32(d)), 3)
     assert got == pytest.approx(float(np.sum(ref.astype(np.float64) * w)), rel=1e-12)
+
+
+@pytest.mark.parametrize("seg,segments", [(6144, 2), (2048, 4999)])
+def test_seeding_draw_is_searchsorted_on_the_cumulative_sum(emu, seg, segments):
+    """k-means++'s draws from per-segment totals (several tiles per segment, or several tiles
+    of segment totals): numpy's searchsorted(cumsum, u * total, "right") for random u, never
+    a zero value, and u * total rounded up to the total gives the last positive row."""
+    rng = np.random.default_rng(seg)
+    n = seg * (segments - 1) + 1031
+    values = rng.uniform(0, 2, n)
+    values[rng.random(n) < 0.3] = 0.0
+    values[-700:] = 0.0
+    bounds = np.arange(0, n, seg)
+    seg_total = np.add.reduceat(values, bounds)
+    u = np.concatenate([rng.uniform(size=14), [0.0, np.nextafter(1.0, 0.0)]])
+    by_weight = np.arange(16, dtype=np.int64)
+    cand = np.full(16, -1, dtype=np.int64)
+    emu.launch("seeding_draw", 16, (values, np.int64(n), np.int64(seg), seg_total,
+                                    np.int64(segments), u, by_weight, cand))
+    ref = np.searchsorted(np.cumsum(values), u[:15] * values.sum(), side="right")
+    np.testing.assert_array_equal(cand[:15], ref)
+    assert np.all(values[cand] > 0)
+    assert cand[15] == np.flatnonzero(values)[-1]
+    values[:] = 0.0  # no potential left: the draws by weight
+    emu.launch("seeding_draw", 16, (values, np.int64(n), np.int64(seg), np.zeros(segments),
+                                    np.int64(segments), u, by_weight, cand))
+    np.testing.assert_array_equal(cand, by_weight)

@@ -210,6 +210,15 @@ class CupyBackendBase(KMeansBackend):
         from .seeding import device_seeding
         return device_seeding(X, sample_weight, n_local_trials)
 
+    @classmethod
+    def seeding_bytes(cls, n_samples, n_features, n_clusters, itemsize, stream="auto"):
+        """`seeding.device_seeding_bytes`; None for a fit streamed from the host (its
+        k-means++ runs in xp code on the host rows)."""
+        if stream is True:
+            return None
+        from .seeding import device_seeding_bytes
+        return device_seeding_bytes(n_samples, n_features, n_clusters, itemsize)
+
     # -- host streaming ---------------------------------------------------------------------
     def stream_engine(self, X, n_clusters, sample_weight=None):
         """The fit's StreamEngine for X streamed from the host or the device (built on first

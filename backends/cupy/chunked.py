@@ -22,7 +22,7 @@ from kmeans_xp.memory import MemoryEstimate, chunk_rows
 
 from . import nearest, reductions
 from .base import BASE_OPTIONS, STREAM_OPTIONS, CupyBackendBase
-from .common import MIN_CHUNK_ROWS, kmeanspp_bytes, with_oom_retry
+from .common import MIN_CHUNK_ROWS, with_oom_retry
 
 #: a chunk narrower than this many rows makes GEMMs too thin: tile the centers instead
 TILE_MIN_ROWS = 8192
@@ -165,20 +165,18 @@ class CupyChunkedBackend(CupyBackendBase):
     def estimate_memory(cls, n_samples, n_features, n_clusters, *, itemsize,
                         max_memory="auto", stream="auto") -> MemoryEstimate:
         """Device bytes of the backend's own part of a fit (the driver's arrays are counted by
-        the core): X on the device (`data`), the assignment's distances, the larger of the
-        GEMM block with its running minimum and center norms and k-means++'s chunk of driver
-        rows. stream=True: the parts of a fit streamed from the host."""
+        the core): X on the device (`data`), the assignment's distances, the GEMM block
+        with its running minimum and center norms (k-means++'s steps: `seeding_bytes`).
+        stream=True: the parts of a fit streamed from the host."""
         n, d, k = n_samples, n_features, n_clusters
         inst = cls.planner(max_memory)
         if stream is True:
             return inst.stream_estimate(n, d, k, itemsize)
         plan = inst._planned(n, d, k, itemsize)
-        rows = inst.driver_rows_for(n, d, itemsize)
-        init_per_sample, init_chunk = kmeanspp_bytes(n, d, k, itemsize, rows)
         parts = {
             "data": n * d * itemsize,
-            "per_sample_work": max(n * itemsize, init_per_sample),
-            "chunk_buffers": max(plan.buffer_bytes(itemsize) + k * itemsize, init_chunk),
+            "per_sample_work": n * itemsize,
+            "chunk_buffers": plan.buffer_bytes(itemsize) + k * itemsize,
             "centers_and_stats": k * (d + 1) * itemsize + 2 * 8 * 1024,
         }
         return MemoryEstimate(parts, sum(parts.values()), plan.rows)

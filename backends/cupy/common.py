@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import functools
 import importlib
-import math
 import re
 from pathlib import Path
 
@@ -114,19 +113,6 @@ def with_oom_retry(fn, rows, *, what, on_halve=None):
                     f"{what}", exc, f" A chunk of {rows} rows was tried, the smallest "
                     f"allowed.") from exc
             rows = max(MIN_CHUNK_ROWS, rows // 2)
-
-
-def kmeanspp_bytes(n, d, k, itemsize, driver_rows) -> tuple[int, int]:
-    """(per-sample bytes, chunk bytes) that k-means++ (kmeans_xp.init) allocates on the device:
-    per sample its float64 weights, the running closest distances and their concatenated
-    chunks, and the float64 cumulative potential; per chunk row the candidates' distances."""
-    trials = 2 + int(math.log(k)) if k > 1 else 2
-    per_sample = 8 + 3 * itemsize + 3 * 8
-    if d <= 4:   # direct differences: (rows, trials, d) twice, then (rows, trials) distances
-        per_row = 2 * trials * d * itemsize + 2 * trials * itemsize + 2 * trials * 8
-    else:        # norm expansion: x*x, the GEMM block and its clipped/min copies
-        per_row = d * itemsize + 5 * trials * itemsize + 2 * trials * 8
-    return n * per_sample, driver_rows * per_row
 
 
 # -- CUDA sources and kernels -------------------------------------------------------------------

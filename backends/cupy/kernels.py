@@ -17,7 +17,6 @@ from kmeans_xp.memory import MemoryEstimate
 
 from . import nearest
 from .base import BASE_OPTIONS, STREAM_OPTIONS, CupyBackendBase
-from .common import kmeanspp_bytes
 
 
 class CupyKernelsBackend(CupyBackendBase):
@@ -42,19 +41,16 @@ class CupyKernelsBackend(CupyBackendBase):
                         max_memory="auto", stream="auto") -> MemoryEstimate:
         """Device bytes of the backend's own part of a fit (the driver's arrays are counted by
         the core, `kmeans_xp.memory.driver_bytes`): X on the device (`data`), the
-        assignment's distances, the centers' operands and statistics, and k-means++'s
-        per-sample and per-chunk work. stream=True: the parts of a fit streamed from the host
+        assignment's distances, the centers' operands and statistics (k-means++'s steps:
+        `seeding_bytes`). stream=True: the parts of a fit streamed from the host
         (see `CupyBackendBase.stream_estimate`); "auto" estimates X on the device."""
         n, d, k = n_samples, n_features, n_clusters
         inst = cls.planner(max_memory)
         if stream is True:
             return inst.stream_estimate(n, d, k, itemsize)
-        rows = inst.driver_rows_for(n, d, itemsize)
-        init_per_sample, init_chunk = kmeanspp_bytes(n, d, k, itemsize, rows)
         parts = {
             "data": n * d * itemsize,
-            "per_sample_work": max(n * itemsize, init_per_sample),  # distances, or init's
-            "chunk_buffers": init_chunk,
+            "per_sample_work": n * itemsize,  # the assignment's distances
             "center_operands": k * nearest.ops_stride(d, itemsize) * itemsize + 2 * 8 * 1024,
         }
         return MemoryEstimate(parts, sum(parts.values()), n)

@@ -186,11 +186,11 @@ class CupyPlacement(Placement):
             return False
         return b.stream is True or not self.copy_fits(X)
 
-    @staticmethod
-    def fit_state_bytes(n, d, n_clusters, itemsize):
+    def fit_state_bytes(self, n, d, n_clusters, itemsize):
         """Device bytes a fit of host X needs beside the backend's buffers: X once (centered
         in place) and the driver's arrays."""
-        parts = driver_bytes(n, d, n_clusters, itemsize)
+        seeding = self.backend.seeding_bytes(n, d, n_clusters, itemsize)
+        parts = driver_bytes(n, d, n_clusters, itemsize, seeding=seeding)
         return n * d * itemsize + sum(parts.values()) - parts["centered_copy"]
 
     # -- host streaming ---------------------------------------------------------------------

@@ -1,9 +1,12 @@
 """k-means++ on the device: `kmeans_xp.init.Seeding`'s three steps as the kernels of
-cuda/seeding.cu. Per center one CuPy scan and three launches, and nothing is read back until
-all k centers are chosen: the xp steps cost about 20 CuPy calls per center (0.6 s for k=500
-at n=500k on the H200, most of it host time per call).
+cuda/seeding.cu. Per center three launches, and nothing is read back until all k centers are
+chosen: the xp steps cost about 20 CuPy calls per center (0.6 s for k=500 at n=500k on the
+H200, most of it host time per call); with a CuPy cumsum per center for the draws in place
+of the segments' totals, 0.06 s.
 """
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
@@ -14,8 +17,31 @@ from .common import BLOCK, NULL, cupy
 MAX_TRIALS = 16
 #: the candidates' rows live in a block's shared memory: at most this many bytes of them
 MAX_CANDIDATE_BYTES = 48 * 1024
+#: the potentials' partials and the segments' totals, at most
+SCRATCH_BYTES = 4 << 20
+#: rows per segment of the draws' two-level search: about sqrt(n), so that the search over the
+#: segments' totals and the one inside a segment read about as many values, in whole tiles
+SEGMENT_QUANTUM = 2048
 #: chosen indices are written into blocks of this many slots
 _SLOTS = 256
+
+
+def _fits(n_local_trials, d, itemsize) -> bool:
+    return (1 <= n_local_trials <= MAX_TRIALS
+            and n_local_trials * d * itemsize <= MAX_CANDIDATE_BYTES)
+
+
+def device_seeding_bytes(n, d, k, itemsize):
+    """Device bytes of k-means++ by `DeviceSeeding` (None where it leaves it to the xp
+    steps): per sample the running distances and their float64 weighted values, and with
+    weights their float64 copy, its scan and a temporary; every random number and draw by weight (16 bytes each); the
+    reduction's partials and the scan's scratch."""
+    from kmeans_xp.init import local_trials
+    trials = local_trials(k)
+    if not _fits(trials, d, itemsize):
+        return None
+    draws = 1 + (k - 1) * trials
+    return n * (itemsize + 4 * 8) + 16 * draws + SCRATCH_BYTES
 
 
 def device_seeding(X, sample_weight, n_local_trials):
@@ -31,8 +57,7 @@ def device_seeding(X, sample_weight, n_local_trials):
     else:
         data, mean = X, None
     n, d = data.shape
-    if (not 1 <= n_local_trials <= MAX_TRIALS or n == 0
-            or n_local_trials * d * data.dtype.itemsize > MAX_CANDIDATE_BYTES
+    if (n == 0 or not _fits(n_local_trials, d, data.dtype.itemsize)
             or np.dtype(data.dtype) not in common.CTYPE or not data.flags.c_contiguous):
         return None
     return DeviceSeeding(data, mean, sample_weight)
@@ -55,6 +80,9 @@ class DeviceSeeding:
         self.best = cp.empty(1, dtype=cp.int32)
         self.grid = common.grid(n, BLOCK, 4)
         self.partials = cp.empty(self.grid * MAX_TRIALS, dtype=cp.float64)
+        self.seg = segment_rows(n)
+        self.segments = -(-n // self.seg)
+        self.seg_total = cp.empty(self.segments, dtype=cp.float64)
         self.done = cp.zeros(1, dtype=cp.uint32)
         self._slots, self._used = None, _SLOTS
         t = common.ctype(data.dtype)
@@ -63,9 +91,10 @@ class DeviceSeeding:
         self._draw = common.raw_kernel("seeding.cu", "seeding_draw")
 
     def _run_update(self, chosen, first):
-        common.launch(self._update, self.grid,
+        common.launch(self._update, self.segments,
                       (self.data, self.mean, self.w, np.int64(self.n), np.int32(self.d),
-                       chosen, np.int32(first), self.closest, self.values),
+                       np.int64(self.seg), chosen, np.int32(first), self.closest, self.values,
+                       self.seg_total),
                       shared_mem=self.d * self.data.dtype.itemsize)
         return self.closest
 
@@ -73,10 +102,10 @@ class DeviceSeeding:
         return self._run_update(index, 1)
 
     def candidates(self, closest, u, by_weight):
-        cum = cupy().cumsum(self.values)
         trials = int(u.shape[0])
-        common.launch(self._draw, 1, (cum, np.int64(self.n), u, by_weight, np.int32(trials),
-                                      self.cand), block=32)
+        common.launch(self._draw, trials,
+                      (self.values, np.int64(self.n), np.int64(self.seg), self.seg_total,
+                       np.int64(self.segments), u, by_weight, self.cand))
         return self.cand[:trials]
 
     def trial(self, closest, cand):
@@ -95,6 +124,12 @@ class DeviceSeeding:
             self._slots, self._used = cupy().empty(_SLOTS, dtype=cupy().int64), 0
         self._used += 1
         return self._slots[self._used - 1:self._used]
+
+
+def segment_rows(n) -> int:
+    """Rows per segment: sqrt(n) rounded up to whole tiles."""
+    q = SEGMENT_QUANTUM
+    return max(q, -(-math.isqrt(max(n, 1)) // q) * q)
 
 
 def kernel_instances():

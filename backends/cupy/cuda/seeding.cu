@@ -1,9 +1,11 @@
 // k-means++'s three steps per center (kmeans_xp.init.Seeding) on the device, so the k-1
 // greedy steps need nothing from the host (kmeans_xp_backends.cupy.seeding launches them):
-//   seeding_draw: the candidates, drawn from the scan of w * D(x)^2 as numpy's searchsorted;
+//   seeding_draw: the candidates, drawn with probability w * D(x)^2 (numpy's searchsorted
+//     on the cumulative sum, from per-segment totals: no scan of all n);
 //   seeding_potentials<T>: each candidate's potential sum w * min(D(x)^2, ||x - p||^2), one
 //     fixed-order reduction, and the best candidate (the first of the least) chosen;
-//   seeding_update<T>: D(x)^2 = min(D(x)^2, ||x - p_chosen||^2) and w * D(x)^2 for the scan.
+//   seeding_update<T>: D(x)^2 = min(D(x)^2, ||x - p_chosen||^2), w * D(x)^2 and its segments'
+//     totals for the next draw.
 // X is read centered (x - mean, rounded in T, as the centered copy holds it; mean null: X as
 // it is). Distances are direct differences summed feature by feature from 0 in T (the xp
 // steps' rounding for d <= 4). Weights are float64 (null: unit weights).
@@ -19,25 +21,96 @@ __device__ __forceinline__ T centered_at(const T* __restrict__ X, const T* __res
     return mean ? sub_rn(x, mean[j]) : x;
 }
 
-// cand[t] = the first i with cum[i] > u[t] * cum[n-1] (numpy's searchsorted, side="right"),
-// at most n - 1; where no potential is left (cum[n-1] is not > 0), by_weight[t].
-__global__ void seeding_draw(const double* __restrict__ cum, i64 n,
-                             const double* __restrict__ u, const i64* __restrict__ by_weight,
-                             int trials, i64* __restrict__ cand) {
-    const int t = threadIdx.x;
-    if (t >= trials) return;
-    const double total = cum[n - 1];
+// The prefix sums the draws search are made in tiles of SEED_TILE values: each thread adds its
+// SEED_PER_THREAD consecutive values in order, one thread adds the threads' totals in order.
+// Every addition extends a running sum, so the prefix never decreases (values are >= 0) and
+// a zero value is never the first to pass a bound.
+constexpr int SEED_PER_THREAD = 8;
+constexpr int SEED_TILE = BLOCK * SEED_PER_THREAD;
+
+// The first i < m with prefix(a, i) > v (m if none), and in *before the prefix up to i - 1
+// (the total when none); the whole block calls it, the result is valid in every thread.
+__device__ i64 first_prefix_above(const double* __restrict__ a, i64 m, double v,
+                                  double* before) {
+    __shared__ double off[BLOCK + 1];
+    __shared__ u64 redc[WARPS];
+    __shared__ double at_start;
+    __shared__ i64 found;
+    double running = 0.0;
+    for (i64 t0 = 0; t0 < m; t0 += SEED_TILE) {
+        const i64 mine = t0 + (i64)threadIdx.x * SEED_PER_THREAD;
+        double p[SEED_PER_THREAD];
+        double acc = 0.0;
+#pragma unroll
+        for (int e = 0; e < SEED_PER_THREAD; ++e) {
+            acc += mine + e < m ? a[mine + e] : 0.0;
+            p[e] = acc;
+        }
+        off[threadIdx.x + 1] = acc;
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            off[0] = running;
+            for (int t = 1; t <= BLOCK; ++t) off[t] = off[t - 1] + off[t];
+        }
+        __syncthreads();
+        const double base = off[threadIdx.x];
+        unsigned below = 0;
+#pragma unroll
+        for (int e = 0; e < SEED_PER_THREAD; ++e)
+            below += mine + e < m && base + p[e] <= v;
+        const u64 count = block_count(below, redc);  // valid in thread 0
+        if (threadIdx.x == 0) found = (i64)count;
+        __syncthreads();
+        const i64 idx = t0 + found;
+        const i64 tile_end = t0 + SEED_TILE < m ? t0 + SEED_TILE : m;
+        if (idx < tile_end) {  // the prefix passes v inside this tile, at idx
+            if (idx == t0 && threadIdx.x == 0) at_start = off[0];
+            const i64 prev = idx - 1 - mine;  // idx - 1 among this thread's values
+            if (idx > t0 && prev >= 0 && prev < SEED_PER_THREAD) {
+#pragma unroll
+                for (int e = 0; e < SEED_PER_THREAD; ++e)
+                    if (e == prev) at_start = base + p[e];
+            }
+            __syncthreads();
+            *before = at_start;
+            return idx;
+        }
+        running = off[BLOCK];
+        __syncthreads();  // off is rewritten by the next tile
+    }
+    *before = running;
+    return m;
+}
+
+// cand[t] = a row drawn with probability values[i] / total (one block per trial): the first
+// row whose prefix sum passes u[t] * total, searched over the segments' totals (seg_total, of
+// segments of `seg` rows, from seeding_update) and then inside one segment. numpy's
+// searchsorted(cumsum(values), u * total, side="right") up to the sums' rounding; where the
+// segment's own sum falls short of its total by rounding, its last positive row. Where no
+// potential is left (total not > 0), by_weight[t].
+__global__ void __launch_bounds__(BLOCK)
+seeding_draw(const double* __restrict__ values, i64 n, i64 seg,
+             const double* __restrict__ seg_total, i64 segments, const double* __restrict__ u,
+             const i64* __restrict__ by_weight, i64* __restrict__ cand) {
+    const int t = blockIdx.x;
+    double total, before;
+    first_prefix_above(seg_total, segments, pos_inf<double>(), &total);
     if (!(total > 0.0)) {
-        cand[t] = by_weight[t];
+        if (threadIdx.x == 0) cand[t] = by_weight[t];
         return;
     }
     const double v = u[t] * total;
-    i64 lo = 0, hi = n;
-    while (lo < hi) {
-        const i64 mid = lo + (hi - lo) / 2;
-        if (cum[mid] > v) hi = mid; else lo = mid + 1;
-    }
-    cand[t] = lo < n - 1 ? lo : n - 1;
+    i64 s = first_prefix_above(seg_total, segments, v, &before);
+    const bool past_end = s == segments;  // u * total rounded up to the total
+    if (past_end)
+        for (s = segments - 1; s > 0 && !(seg_total[s] > 0.0); --s) {}
+    const i64 start = s * seg;
+    const i64 len = start + seg < n ? seg : n - start;
+    double unused;
+    i64 i = past_end ? len : first_prefix_above(values + start, len, v - before, &unused);
+    if (i == len)
+        for (i = len - 1; i > 0 && !(values[start + i] > 0.0); --i) {}
+    if (threadIdx.x == 0) cand[t] = start + i;
 }
 
 // The potential of each candidate (fixed order: per thread, per block, then the last block
@@ -108,19 +181,25 @@ seeding_potentials(const T* __restrict__ X, const T* __restrict__ mean,
 }
 
 // closest[i] = min(closest[i], ||x_i - p||^2) with p the centered row chosen[0] of X (first:
-// closest[i] = ||x_i - p||^2), and values[i] = w * closest[i] in float64 (the next scan's
-// input). Dynamic shared memory: d values of T.
+// closest[i] = ||x_i - p||^2), values[i] = w * closest[i] in float64 (what the next draw
+// searches), and seg_total[b] = the sum of block b's segment of `seg` rows of values (fixed
+// order). Dynamic shared memory: d values of T.
 template <typename T>
 __global__ void __launch_bounds__(BLOCK)
 seeding_update(const T* __restrict__ X, const T* __restrict__ mean, const double* __restrict__ w,
-               i64 n, int d, const i64* __restrict__ chosen, int first,
-               T* __restrict__ closest, double* __restrict__ values) {
+               i64 n, int d, i64 seg, const i64* __restrict__ chosen, int first,
+               T* __restrict__ closest, double* __restrict__ values,
+               double* __restrict__ seg_total) {
     KMEANS_DYNAMIC_SMEM(unsigned char, smem);
     T* p = reinterpret_cast<T*>(smem);
+    __shared__ double red[WARPS];
     const i64 row = chosen[0];
     for (int j = threadIdx.x; j < d; j += BLOCK) p[j] = centered_at(X, mean, row, d, j);
     __syncthreads();
-    for (i64 i = (i64)blockIdx.x * BLOCK + threadIdx.x; i < n; i += (i64)gridDim.x * BLOCK) {
+    const i64 start = (i64)blockIdx.x * seg;
+    const i64 end = start + seg < n ? start + seg : n;
+    double sum = 0.0;
+    for (i64 i = start + threadIdx.x; i < end; i += BLOCK) {
         T s = (T)0;
         for (int j = 0; j < d; ++j) {
             const T df = sub_rn(centered_at(X, mean, i, d, j), p[j]);
@@ -128,6 +207,10 @@ seeding_update(const T* __restrict__ X, const T* __restrict__ mean, const double
         }
         const T c = first ? s : (s < closest[i] ? s : closest[i]);
         closest[i] = c;
-        values[i] = w ? (double)c * w[i] : (double)c;
+        const double v = w ? (double)c * w[i] : (double)c;
+        values[i] = v;
+        sum += v;
     }
+    const double tot = block_sum(sum, red);
+    if (threadIdx.x == 0) seg_total[blockIdx.x] = tot;
 }
