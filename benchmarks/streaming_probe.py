@@ -161,7 +161,7 @@ def in_memory_iteration(cp, name, X, mean, init, iters):
             times.append(time.perf_counter() - t0)
         old = it.labels
     sums = cp.asnumpy(it.weighted_sums)
-    b.finish()
+    b.placement.finish()
     del Xd, w, C, it, old
     cp.get_default_memory_pool().free_all_blocks()
     return statistics.median(times), times, sums
@@ -195,7 +195,7 @@ def streamed_iteration(cp, name, X, mean, init, iters, pin_input):
             "labels": f"{plan.store_dtype} on the device",
             "page_locked_input": bool(engine._direct), "pinned_bytes": engine.pinned_bytes,
             "device_bytes_planned": plan.device_bytes, "setup_s": setup_s}
-    b.finish()
+    b.placement.finish()
     cp.get_default_memory_pool().free_all_blocks()
     cp.get_default_pinned_memory_pool().free_all_blocks()
     return statistics.median(times), times, cp.asnumpy(r.weighted_sums), info
@@ -233,7 +233,7 @@ def main(argv=None):
         from kmeans_xp import get_backend
         b = get_backend("cupy-kernels")(stream=True, pin_input=False)
         mean = b.feature_stats(X, 0.0, xp=np)[0]
-        b.finish()
+        b.placement.finish()
     print(f"data: n={n} d={d} k={k} float32, {X.nbytes / 1e9:.1f} GB on the host "
           f"({time.perf_counter() - t0:.1f}s)")
     pinned_bw, pageable_bw, registered_bw, register_s = bandwidths(cp, X)

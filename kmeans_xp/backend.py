@@ -41,7 +41,7 @@ from typing import Any, ClassVar, NamedTuple
 
 from .chunks import count_changed, feature_mean, labelled_sq_dist, tolerance, weighted_total
 from .memory import Budget, MemoryEstimate
-from .namespaces import array_namespace, as_like, device, namespace_name, to_numpy
+from .namespaces import array_namespace, as_like, device, label_counts, namespace_name, to_numpy
 from .scaling import rescaled
 
 
@@ -159,6 +159,10 @@ class Placement:
         and gives a NumPy array. Default: copied now."""
         host = to_numpy(values)
         return lambda: host
+
+    def label_counts(self, labels, n_clusters):
+        """Points per cluster (NumPy, length n_clusters), counted where the labels live."""
+        return label_counts(labels, n_clusters)
 
     def feature_stats(self, X, tol, *, xp):
         """(per-feature mean, absolute tol) of X (`chunks.feature_mean`, `chunks.tolerance`)."""

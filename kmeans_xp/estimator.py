@@ -18,7 +18,7 @@ from .chunks import tolerance
 from .interop import SklearnInterop
 from .lloyd import kmeans_single_lloyd
 from .memory import explains_memory_errors, format_bytes
-from .namespaces import array_namespace, device, label_counts, to_numpy
+from .namespaces import array_namespace, device, to_numpy
 from .predicting import Predicting, require_known_shape
 from .progress import Clock, bar, logger, verbose_logging
 from .registry import select_backend
@@ -366,7 +366,7 @@ default=None
         self.history_ = best.history
         self.memory_report_ = dict(backend.memory.report)
         # O(n) where the labels are (np.unique would sort all n labels: minutes at n = 1e9)
-        distinct = int(np.count_nonzero(label_counts(best.labels, self.n_clusters)))
+        distinct = int(np.count_nonzero(place.label_counts(best.labels, self.n_clusters)))
         if distinct < self.n_clusters:
             warnings.warn(f"Number of distinct clusters ({distinct}) found smaller than "
                           f"n_clusters ({self.n_clusters}). Possibly due to duplicate points "

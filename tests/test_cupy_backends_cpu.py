@@ -286,3 +286,48 @@ def test_label_store_dtype_holds_k():
     assert kernels.label_store_dtype(257) == np.uint16
     assert kernels.label_store_dtype(65536) == np.uint16
     assert kernels.label_store_dtype(65537) == np.int32
+
+
+def test_label_counts_are_counted_on_the_device(fake_cupy):
+    from kmeans_xp import get_backend as gb
+    labels = np.random.default_rng(3).integers(0, 37, 5003).astype(np.int32)
+    labels[labels == 5] = 6  # an empty cluster
+    got = gb("cupy-kernels")().placement.label_counts(labels, 40)
+    np.testing.assert_array_equal(got, np.bincount(labels, minlength=40))
+
+
+def test_kernels_of_a_group_compile_in_one_nvrtc_run(monkeypatch):
+    """A fit's helper kernels compile per file and value type in one module; an untyped one
+    comes from the group already compiled; any other instance alone."""
+    import sys
+    import types
+
+    from kmeans_xp_backends.cupy import common
+    made = []
+
+    class RawModule:
+        def __init__(self, code, options, name_expressions):
+            made.append(tuple(name_expressions))
+            self.names = name_expressions
+
+        def get_function(self, name):
+            assert name in self.names
+            return name
+
+    monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace(RawModule=RawModule))
+    monkeypatch.setattr(common, "_MODULES", {})
+    common.raw_kernel.cache_clear()
+    try:
+        for name in ("seeding_update<double>", "seeding_draw", "seeding_potentials<double>"):
+            assert common.raw_kernel("seeding.cu", name) == name
+        common.raw_kernel("stats.cu", "weighted_total<double>")
+        common.raw_kernel("stats.cu", "count_changed")
+        common.raw_kernel("stats.cu", "store_labels<int>")
+        common.raw_kernel("fused_small.cu", "assign_small<float, 3, 4, true>")
+    finally:
+        common.raw_kernel.cache_clear()
+    assert made == [
+        ("seeding_draw", "seeding_potentials<double>", "seeding_update<double>"),
+        ("weighted_total<double>", "count_changed", "column_absmax<double>",
+         "fixed_point_scales", "count_labels"),
+        ("store_labels<int>",), ("assign_small<float, 3, 4, true>",)]

@@ -139,12 +139,40 @@ def cuda_files() -> list[str]:
     return sorted(p.name for p in CUDA_DIR.glob("*.cu"))
 
 
+#: kernels compiled together, in one NVRTC run per file and value type T, because a fit that
+#: launches one of them launches most of the others (each NVRTC run costs about 0.3 s the
+#: first time on the H200 host); any other instance is compiled alone
+TOGETHER = {
+    "stats.cu": ("weighted_total<{t}>", "count_changed", "column_absmax<{t}>",
+                 "fixed_point_scales", "count_labels"),
+    "direct.cu": ("direct_inertia<{t}>", "labelled_sq_dist<{t}>", "relocation_keys<{t}>"),
+    "seeding.cu": ("seeding_draw", "seeding_potentials<{t}>", "seeding_update<{t}>"),
+    "fused_sums.cu": ("accumulate_shared<{t}>", "accumulate_global<{t}>", "finalize_sums"),
+}
+_TYPE_ARG = re.compile(r"<(float|double)>")
+#: {(file, instances): cupy.RawModule} compiled so far
+_MODULES = {}
+
+
+def together(file: str, name: str) -> tuple:
+    """The instances compiled with `name`: its group in TOGETHER for its value type (float
+    for an untyped one), or itself alone."""
+    m = _TYPE_ARG.search(name)
+    names = tuple(g.format(t=m.group(1) if m else "float") for g in TOGETHER.get(file, ()))
+    return names if name in names else (name,)
+
+
 @functools.lru_cache(maxsize=None)
 def raw_kernel(file: str, name: str):
-    """The template instance `name` of cuda/`file`, compiled on first use (one module each:
-    a fit compiles only the few instances it launches; CuPy keeps binaries on disk)."""
-    module = cupy().RawModule(code=source(file), options=NVRTC_OPTIONS,
-                              name_expressions=[name])
+    """The template instance `name` of cuda/`file`, compiled on first use with its group
+    (`together`): a fit compiles only the few groups it launches; CuPy keeps binaries on
+    disk. An untyped instance already compiled in another group is taken from there."""
+    module = next((mod for (f, names), mod in _MODULES.items() if f == file and name in names),
+                  None)
+    if module is None:
+        names = together(file, name)
+        module = _MODULES[(file, names)] = cupy().RawModule(
+            code=source(file), options=NVRTC_OPTIONS, name_expressions=list(names))
     return module.get_function(name)
 
 

@@ -28,6 +28,7 @@ from kmeans_xp.namespaces import (
     foreign_device_type,
 )
 
+from . import reductions
 from .budget import host_x_error
 from .common import cupy, out_of_memory_error
 from .staging import download, upload
@@ -137,6 +138,12 @@ class CupyPlacement(Placement):
             return host.copy()  # the pinned block goes back to CuPy's pinned pool
 
         return wait
+
+    def label_counts(self, labels, n_clusters):
+        cp = self._cp
+        if isinstance(labels, cp.ndarray) and labels.dtype == cp.int32 and labels.ndim == 1:
+            return cp.asnumpy(reductions.label_counts(cp.ascontiguousarray(labels), n_clusters))
+        return super().label_counts(labels, n_clusters)
 
     # -- centering --------------------------------------------------------------------------
     def feature_stats(self, X, tol, *, xp):

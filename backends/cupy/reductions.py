@@ -58,6 +58,18 @@ def count_changed(a, b, out, scratch):
     return out
 
 
+def label_counts(labels, k):
+    """(k,) uint64 points per cluster of int32 labels in [0, k) (one launch: CuPy's bincount
+    first checks the labels with a reduction whose first compile took 5 s on the H200 host)."""
+    cp = cupy()
+    counts = cp.zeros(k, dtype=cp.uint64)
+    n = labels.shape[0]
+    if n:
+        common.launch(common.raw_kernel("stats.cu", "count_labels"), common.grid(n, BLOCK, 8),
+                      (labels, _i64(n), counts))
+    return counts
+
+
 def _rows_grid(n, d):
     """Grid of the kernels built on for_each_direct_sq_dist: eight lanes per row from d = 16
     on, one thread per row below; at most 8 blocks per SM."""
@@ -148,7 +160,8 @@ def gather_farthest(top, rows_of, weights_of, labels) -> Farthest:
 def kernel_instances():
     """(file, instance) of every kernel of stats.cu and direct.cu the backends launch (the
     compile check), host streaming's included."""
-    out = [("stats.cu", "count_changed"), ("stats.cu", "fixed_point_scales")]
+    out = [("stats.cu", "count_changed"), ("stats.cu", "fixed_point_scales"),
+           ("stats.cu", "count_labels")]
     out += [("stats.cu", f"store_labels<{t}>") for t in ("unsigned char", "unsigned short", "int")]
     for t in common.CTYPE.values():
         out += [("stats.cu", f"weighted_total<{t}>"), ("stats.cu", f"column_absmax<{t}>"),

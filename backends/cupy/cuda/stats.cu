@@ -7,6 +7,7 @@
 //     the compact type S, counting those that differ from the previous iteration's.
 //   column_absmax<T> + fixed_point_scales: cupy-fused's fixed-point scales, on the device.
 //   column_moments<T>: host streaming's one-pass column sums and squares about a shift.
+//   count_labels: points per cluster (integer atomics: exact in any order).
 #include "common.cuh"
 
 template <typename T>
@@ -116,4 +117,10 @@ column_moments(const T* __restrict__ X, i64 total, int d, const double* __restri
     }
     part_sum[tid] = a;
     part_sq[tid] = q;
+}
+
+__global__ void __launch_bounds__(BLOCK)
+count_labels(const int* __restrict__ labels, i64 n, u64* __restrict__ counts) {
+    for (i64 i = (i64)blockIdx.x * BLOCK + threadIdx.x; i < n; i += (i64)gridDim.x * BLOCK)
+        atomicAdd(counts + labels[i], 1ull);
 }
