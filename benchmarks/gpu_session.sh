@@ -10,6 +10,7 @@
 # cost of each CUDA call a short pass is made of), memedges (device-X fits' pool peaks against
 # estimate_memory under a 15 GiB limit), init (k-means++ and k-means|| seconds),
 # firstuse (a fresh process's first fit, cold and warm kernel cache, profiled),
+# streamcheck (the streamed mean and fits of a 12 GB host X against NumPy's and in-memory),
 # streamfit (whole fits of a 12 GB host X under a 15 GiB pool limit), some (the GPU tests in $TEST_FILES),
 # pack (everything under $OUT into one session.tgz: the device returns a few files only).
 #   bash benchmarks/gpu_session.sh machine old tests new
@@ -126,6 +127,10 @@ sys.version.split()[0])"
       install_new
       timeout ${FIRSTUSE_TIMEOUT:-200} python3 benchmarks/first_use_probe.py ${FIRSTUSE_ARGS:-} --out "$OUT/first_use.txt" > "$OUT/first_use.log" 2>&1
       cat "$OUT/first_use.log" | cut -c1-300 ;;
+    streamcheck)
+      install_new
+      timeout ${STREAMCHECK_TIMEOUT:-280} python3 benchmarks/stream_check_probe.py ${STREAMCHECK_ARGS:-} > "$OUT/stream_check.log" 2>&1
+      cut -c1-700 "$OUT/stream_check.log" | tail -n 12 ;;
     streamfit)
       install_new
       timeout ${STREAMFIT_TIMEOUT:-300} python3 benchmarks/stream_fit_probe.py ${STREAMFIT_ARGS:-} --out "$OUT/stream_fit.json" > "$OUT/stream_fit.log" 2>&1

@@ -11,6 +11,7 @@ import numbers
 import sys
 
 import numpy as np
+from array_api_compat import is_numpy_namespace
 
 from .chunks import map_rows
 from .memory import parse_memory
@@ -243,8 +244,12 @@ def check_finite(X, xp, name="X"):
     n = X.shape[0]
     if n == 0 or X.shape[-1] == 0:
         return 0.0
-    parts = map_rows(lambda sl: xp.stack([xp.max(X[sl, ...]), -xp.min(X[sl, ...])]), n, n, xp)
-    ext = np.stack([to_numpy(p) for p in parts]).astype(np.float64)
+    # per column off NumPy: a GPU library's first full reduction compiles a heavy kernel
+    # (CuPy's CUB one: seconds); on NumPy the full reduction is 50x faster than per column
+    axis = None if is_numpy_namespace(xp) else 0
+    parts = map_rows(lambda sl: xp.stack([xp.max(X[sl, ...], axis=axis),
+                                          -xp.min(X[sl, ...], axis=axis)]), n, n, xp)
+    ext = np.stack([np.reshape(to_numpy(p), (2, -1)) for p in parts]).astype(np.float64)
     hi, lo = float(np.max(ext[:, 0])), -float(np.max(ext[:, 1]))
     if not (math.isfinite(hi) and math.isfinite(lo)):
         if bool(xp.any(xp.isnan(X))):
