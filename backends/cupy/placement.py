@@ -152,12 +152,6 @@ class CupyPlacement(Placement):
             b = self.backend
             engine = b.stream_engine(X, 1)
             return b.stream_pass(engine, run=lambda: mean_and_tol(engine, tol))
-        cp = self._cp
-        if (isinstance(X, cp.ndarray) and X.ndim == 2 and X.shape[0] and X.flags.c_contiguous
-                and X.dtype in (cp.float32, cp.float64)):
-            mean64, var = reductions.column_mean_var(X, need_var=tol != 0)
-            mean = cp.asarray(mean64.astype(X.dtype))
-            return mean, 0.0 if tol == 0 else float(np.mean(var)) * tol
         return super().feature_stats(X, tol, xp=xp)
 
     def center(self, X, mean, *, xp, in_place=False):

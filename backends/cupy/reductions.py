@@ -70,41 +70,6 @@ def label_counts(labels, k):
     return counts
 
 
-#: rows whose mean is the shift the variance is summed about (`column_mean_var`)
-SHIFT_ROWS = 1 << 16
-
-
-def _moments(X, shift):
-    """(d,) float64 column sums of X and (with shift) sums of (x - shift)^2: one launch of
-    column_moments, the per-thread partials added on the host in a fixed order (no CuPy
-    reduction: their first compile takes seconds)."""
-    cp = cupy()
-    m, d = X.shape
-    grid = max(-(-d // BLOCK), min(-(-m * d // BLOCK), 4 * common.multiprocessors()))
-    stride = grid * BLOCK // d * d
-    part = cp.empty((2, stride), dtype=cp.float64)
-    fn = common.raw_kernel("stats.cu", f"column_moments<{common.ctype(X.dtype)}>")
-    common.launch(fn, grid, (X, _i64(m * d), np.int32(d), NULL if shift is None else shift,
-                             part[0], part[1]))
-    host = cp.asnumpy(part)
-    return host[0].reshape(-1, d).sum(axis=0), host[1].reshape(-1, d).sum(axis=0)
-
-
-def column_mean_var(X, need_var):
-    """(float64 per-feature mean, per-feature variance or None) of a C-contiguous device X
-    in one pass (the variance about the first rows' mean, as host streaming's)."""
-    cp = cupy()
-    n = X.shape[0]
-    if not need_var:
-        return _moments(X, None)[0] / n, None
-    head = X[:SHIFT_ROWS]
-    shift = _moments(head, None)[0] / head.shape[0]
-    total, sq = _moments(X, cp.asarray(shift))
-    mean = total / n
-    # sum (x - s)^2 = sum (x - mean)^2 + n (mean - s)^2
-    return mean, np.maximum(sq / n - (mean - shift) ** 2, 0.0)
-
-
 def _rows_grid(n, d):
     """Grid of the kernels built on for_each_direct_sq_dist: eight lanes per row from d = 16
     on, one thread per row below; at most 8 blocks per SM."""
