@@ -6,7 +6,6 @@ init, which must give the same inertia and labels (--fits-only: the streamed fit
     python benchmarks/stream_check_probe.py [--n 1e9] [--fits-only]
 """
 import argparse
-import hashlib
 import json
 import sys
 import time
@@ -14,6 +13,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
+from stream_fit_probe import fit_row  # noqa: E402
 from streaming_probe import make_host_data  # noqa: E402
 
 
@@ -24,32 +24,17 @@ def main():
     ap.add_argument("--fits-only", action="store_true", help="only the fits, X on the host")
     args = ap.parse_args()
     import cupy as cp
-
-    from kmeans_xp import KMeans
-    from kmeans_xp.namespaces import to_numpy
     n, k = int(args.n), args.k
     X, init = make_host_data(cp, n, 3, k)
     if not args.fits_only:
         means(cp, X, n)
     fits = [{"stream": True, "pin_input": True}, {"stream": True, "pin_input": True},
             {"stream": True, "pin_input": False}]
-    if not args.fits_only:
-        fits.append({"stream": False})
-    cp.get_default_memory_pool().set_limit(size=15 << 30)
     for opts in fits:
-        if opts.get("stream") is False:
-            cp.get_default_memory_pool().set_limit(size=0)
-        t0 = time.perf_counter()
-        km = KMeans(k, init=init, n_init=1, max_iter=3, tol=0, backend="cupy-kernels",
-                    backend_options=opts).fit(X)
-        lab = to_numpy(km.labels_[: 10**7])
-        print(json.dumps({"options": opts, "s": time.perf_counter() - t0,
-                          "inertia": km.inertia_, "mean": to_numpy(km._X_mean).tolist(),
-                          "labels_sha": hashlib.sha1(lab.tobytes()).hexdigest()[:10],
-                          "timings": {a: round(float(v), 3) for a, v in km.timings_.items()}}),
-              flush=True)
-        del km
-        cp.get_default_memory_pool().free_all_blocks()
+        print(json.dumps(fit_row(cp, X, init, "cupy-kernels", 3, options=opts)), flush=True)
+    if not args.fits_only:
+        print(json.dumps(fit_row(cp, X, init, "cupy-kernels", 3, limit=0,
+                                 options={"stream": False})), flush=True)
 
 
 def means(cp, X, n):

@@ -9,6 +9,7 @@ per iteration <= 1.3 x max(pass, in-memory), whole fit <= 4 s with page-locking 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import sys
 import time
@@ -33,7 +34,10 @@ def unlocked(cp, X) -> bool:
 
 
 def fit_row(cp, X, init, backend, iters, limit=15 * GiB, options=None):
+    """One fit under a pool limit (0: none): its times, peak, inertia, mean and a hash of the
+    first 1e7 labels, and whether X came back unchanged and unlocked."""
     from kmeans_xp import KMeans
+    from kmeans_xp.namespaces import to_numpy
     pool = cp.get_default_memory_pool()
     pool.free_all_blocks()
     pool.set_limit(size=limit)
@@ -52,7 +56,8 @@ def fit_row(cp, X, init, backend, iters, limit=15 * GiB, options=None):
            "per_iter_s": km.timings_["lloyd"] / km.n_iter_,
            "timings": {k: float(v) for k, v in km.timings_.items()},
            "pool_peak_gib": max(km.memory_report_.values()) / GiB,
-           "inertia": float(km.inertia_)}
+           "inertia": float(km.inertia_), "mean": to_numpy(km._X_mean).tolist(),
+           "labels_sha": hashlib.sha1(to_numpy(km.labels_[: 10**7]).tobytes()).hexdigest()[:10]}
     del km
     pool.free_all_blocks()
     cp.get_default_pinned_memory_pool().free_all_blocks()

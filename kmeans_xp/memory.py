@@ -14,6 +14,8 @@ import re
 import traceback
 from typing import NamedTuple
 
+from .init import local_trials
+
 _UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9,
           "gb": 10**9, "t": 10**12, "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30,
           "tib": 2**40}
@@ -153,7 +155,7 @@ def xp_seeding_bytes(n_samples, n_clusters, itemsize) -> int:
     their cumulative sums, and its chunks of distances to the candidates: 2 + log k of them,
     about five such arrays alive, for up to every row at once when the budget allows."""
     n = n_samples
-    trials = 2 + int(math.log(max(n_clusters, 1)))
+    trials = local_trials(max(n_clusters, 1))
     return 5 * n * 8 + 3 * n * itemsize + n * trials * (5 * itemsize + 8)
 
 

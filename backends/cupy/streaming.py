@@ -256,7 +256,7 @@ class StreamEngine:
                 s = c % S
                 c1 = min(c0 + rows, n)
                 m = c1 - c0
-                if c >= S or self._slot_used[s]:
+                if self._slot_used[s]:
                     # the slot's previous chunk, of this pass or the one before, must be done
                     # with its buffers: a page-locked X is copied in at once, and overwrote a
                     # chunk the previous pass was still computing on (n=1e9: inertia 1.8x)
