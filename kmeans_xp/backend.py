@@ -17,6 +17,9 @@ backend gives the same answer for the same initial centers.
     lloyd_iter        no        driver         one iteration's IterStats (default: assign +
                                                reduce + two reductions)
     inertia           no        driver, score  sum of w * ||x - c_label||^2 by differences
+    labels_inertia    no        driver, score  the assignment's labels and that inertia
+                                               (default: assign + inertia; a backend that
+                                               streams X does both in one pass)
     farthest          no        driver         the m points farthest from their centers
                                                (only when a cluster is empty)
     seeding           no        init           k-means++'s O(n) steps on the backend's
@@ -277,6 +280,12 @@ class KMeansBackend:
             w = None if sample_weight is None else sample_weight[sl]
             total = total + weighted_total(dist, w, xp)
         return total
+
+    def labels_inertia(self, X, sample_weight, centers, *, xp):
+        """(labels against centers, their `inertia`): the final assignment of a run and
+        `score`. Default: `assign`, whose distances are dropped, then `inertia`."""
+        labels = self.assign(X, centers, xp=xp).labels
+        return labels, self.inertia(X, sample_weight, centers, labels, xp=xp)
 
     def farthest(self, X, sample_weight, centers, labels, m, *, xp) -> Farthest:
         """The m farthest points (see `Farthest`); default: distances of all n points, then a

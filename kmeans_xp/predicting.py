@@ -179,9 +179,9 @@ class Predicting:
         backend, Xc, xp, X, centers = self._prepare(X, "score")
         sw = None if sample_weight is None else xp.asarray(check_sample_weight(
             sample_weight, Xc.shape[0], host_dtype_of(Xc.dtype)), device=device(Xc))
-        labels = backend.assign(Xc, centers, xp=xp).labels
-        centers = backend.placement.small(centers)
-        total = float(to_numpy(backend.inertia(Xc, sw, centers, labels, xp=xp)))
+        centers = backend.placement.small(centers)  # where the driver's inertia takes them
+        _, total = backend.labels_inertia(Xc, sw, centers, xp=xp)
+        total = float(to_numpy(total))
         return -ldexp_or_inf(total, -2 * (math.frexp(getattr(self, "_scale", 1.0))[1] - 1))
 
 

@@ -198,13 +198,21 @@ def check_iteration(backend, X, C, w, ref, xp, where):
 
 
 def check_extras(backend, X, C, w, ref, xp, where):
-    """inertia (direct differences) and farthest (relocation candidates)."""
+    """inertia (direct differences), labels_inertia (the same labels and inertia) and
+    farthest (relocation candidates)."""
     lab = ref.labels
     labels = xp.asarray(lab, device=_dev(X))
     direct = ref.dist[np.arange(ref.n), lab]
     got = float(_host(backend.inertia(X, w, C, labels, xp=xp)))
     assert np.isclose(got, float(np.sum(direct * ref.w)), rtol=ref.rtol * 10,
                       atol=ref.rtol * ref.scale), f"{where}: inertia"
+    lab_li, got_li = backend.labels_inertia(X, w, C, xp=xp)
+    own = backend.assign(X, C, xp=xp).labels
+    assert np.array_equal(to_numpy(lab_li).astype(np.int64), to_numpy(own).astype(np.int64)), \
+        f"{where}: labels_inertia's labels are not assign's"
+    own_inertia = float(_host(backend.inertia(X, w, C, own, xp=xp)))
+    assert np.isclose(float(_host(got_li)), own_inertia, rtol=ref.rtol * 10,
+                      atol=ref.rtol * ref.scale), f"{where}: labels_inertia's inertia"
     m = min(3, int(np.count_nonzero(ref.w > 0)))
     far = backend.farthest(X, w, C, labels, m, xp=xp)
     key = np.where(ref.w > 0, direct, -1.0)

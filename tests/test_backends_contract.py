@@ -102,10 +102,19 @@ class DropsLastChunk(FirstTwoFeatures):
         return ReduceResult(sums, weights)
 
 
+class FinalPassIgnoresWeights(NumpyBackend):
+    """Its one-pass final assignment forgets the weights in the inertia."""
+    name = "bad-final-pass"
+
+    def labels_inertia(self, X, sample_weight, centers, *, xp=None):
+        return super().labels_inertia(X, None, centers, xp=xp)
+
+
 @pytest.mark.parametrize("bad,match", [
     (FirstTwoFeatures, "labels are not the argmin"), (SwappedXY, "labels are not the argmin"),
     (IgnoresWeights, "weight_in_clusters wrong"), (NegativeDistances, "negative min_sq_dist"),
     (DropsLastChunk, "weight_in_clusters wrong"),
+    (FinalPassIgnoresWeights, "labels_inertia's inertia"),
 ])
 def test_contract_catches_broken_backends(bad, match):
     with pytest.raises(AssertionError, match=match):

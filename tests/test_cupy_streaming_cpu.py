@@ -12,7 +12,7 @@ from kmeans_xp_backends.cupy import staging, streaming
 from kmeans_xp_backends.cupy.staging import is_memmap
 from kmeans_xp_backends.cupy.streaming import HostRows, plan_stream
 
-from kmeans_xp import KMeans, KMeansMemoryError, estimate_memory, get_backend
+from kmeans_xp import KMeans, KMeansMemoryError, estimate_memory, get_backend, lloyd
 from kmeans_xp.lloyd import kmeans_single_lloyd
 from kmeans_xp.testing import asymmetric_data
 
@@ -63,6 +63,35 @@ def test_streamed_fit_is_the_numpy_backends(fake_cupy, name, weighted):
     assert {"stream", "pinned_host"} <= set(got.memory_report_)
     assert "transfer" not in got.memory_report_  # X never went to the device whole
     np.testing.assert_array_equal(got.predict(X), got.labels_)
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+@pytest.mark.parametrize("max_iter", [1, 4])
+def test_streamed_fit_reads_x_once_per_iteration_plus_two(fake_cupy, monkeypatch, name,
+                                                        max_iter):
+    """A fit stopped by max_iter streams X max_iter + 2 times: the mean, the iterations, and
+    one final pass for the labels and the inertia together (no distances brought back to the
+    host): at n=1e9 each pass is 12 GB over the bus, and the final assignment with its
+    distances, then the inertia, took two passes and 1.2 s more. (As on such a device, no
+    pass is issued ahead of the read: an iteration takes longer than the driver waits for.)"""
+    monkeypatch.setattr(lloyd, "AHEAD_MAX_ITERATION_S", -1.0)
+    passes = []
+    run = streaming.StreamEngine.run
+
+    def counted(self, mean, **kw):
+        passes.append(kw)
+        return run(self, mean, **kw)
+
+    monkeypatch.setattr(streaming.StreamEngine, "run", counted)
+    X, init = _problem(5003, 3, 7, np.float32, seed=4)
+    got = _fit(name, X, 7, init, max_iter=max_iter, tol=0,
+               backend_options={"stream": True, "stream_rows": 1000})
+    assert len(passes) == max_iter + 2
+    assert all(kw.get("min_out") is None for kw in passes)
+    ref = _fit("numpy", X, 7, init, max_iter=max_iter, tol=0)
+    np.testing.assert_array_equal(got.labels_, ref.labels_)
+    assert got.inertia_ == pytest.approx(ref.inertia_, rel=1e-5)
+    assert got.labels_.dtype == np.int32
 
 
 @pytest.mark.parametrize("name", BACKENDS)

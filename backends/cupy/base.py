@@ -196,6 +196,14 @@ class CupyBackendBase(KMeansBackend):
                                   self.contiguous(centers, X.dtype), out, self.scratch)
         return out[0]
 
+    def labels_inertia(self, X, sample_weight, centers, *, xp=None):
+        """A streamed X: labels and direct inertia in one streamed pass, no distances
+        brought back; else `assign` then `inertia`."""
+        if self.is_streamed(X):
+            engine = self.stream_engine(X.data, centers.shape[0], sample_weight)
+            return engine.labels_inertia(X, centers)
+        return super().labels_inertia(X, sample_weight, centers, xp=xp)
+
     def farthest(self, X, sample_weight, centers, labels, m, *, xp=None):
         """The m points farthest from their own centers (kmeans_xp.backend.Farthest)."""
         if self.is_streamed(X):

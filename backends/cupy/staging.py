@@ -216,14 +216,16 @@ def upload(cp, X):
     return out
 
 
-def download(cp, arr):
-    """A device array as a new host array, through two pinned buffers as `upload` (a fit's
-    labels from a NumPy X: 80 MB at W3)."""
+def download(cp, arr, dtype=None):
+    """A device array as a new host array of `dtype` (default: arr's), through two pinned
+    buffers as `upload` (a fit's labels from a NumPy X: 80 MB at W3); the copy threads that
+    empty the buffers also convert, and touch the new pages in parallel."""
+    dtype = arr.dtype if dtype is None else np.dtype(dtype)
     staged = _pinned_pair(cp, arr) if arr.flags.c_contiguous else None
     if staged is None:
-        return cp.asnumpy(arr)
+        return cp.asnumpy(arr).astype(dtype, copy=False)
     (rows, bufs), n = staged, arr.shape[0]
-    out = np.empty(arr.shape, dtype=arr.dtype)
+    out = np.empty(arr.shape, dtype=dtype)
     stream = cp.cuda.Stream(non_blocking=True)
     stream.wait_event(cp.cuda.get_current_stream().record())  # arr's producers first
     chunks = [(s, min(rows, n - s)) for s in range(0, n, rows)]

@@ -344,6 +344,12 @@ class StreamEngine:
                                                         labels_new=labels, min_out=min_sq))
         return AssignResult(labels, min_sq)
 
+    def labels_inertia(self, X, centers):
+        labels = self._new_labels()
+        _, _, stats = self.backend.stream_pass(self, lambda: self.run(
+            X.mean, centers=centers, labels_new=labels, direct_inertia=True))
+        return labels, stats[0]
+
     def reduce(self, X, labels):
         sums, weights, _ = self.backend.stream_pass(self, lambda: self.run(
             X.mean, labels_in=self._labels(labels), accumulate=True))
