@@ -14,7 +14,15 @@ import sys
 import tempfile
 
 CHILD = r"""
-import cProfile, io, json, pstats, sys, time
+import cProfile, io, json, pstats, sys, time, traceback
+class FirstCupyx:  # where the first cupyx submodule is imported from (CuPy makes cupyx lazy)
+    stack = None
+    def find_spec(self, name, path=None, target=None):
+        if FirstCupyx.stack is None and name.startswith("cupyx.") and "fit" in STATE:
+            FirstCupyx.stack = "".join(traceback.format_stack(limit=30))
+        return None
+STATE = set()
+sys.meta_path.insert(0, FirstCupyx())
 t0 = time.perf_counter()
 import numpy as np, cupy as cp
 from kmeans_xp import KMeans
@@ -30,6 +38,7 @@ def fit():
     cp.cuda.Device().synchronize()
     return time.perf_counter() - t
 pr = cProfile.Profile()
+STATE.add("fit")
 pr.enable()
 first = fit()
 pr.disable()
@@ -42,6 +51,7 @@ st.print_callers(r"__getattribute__")  # who touches a lazily imported module (c
 print(json.dumps({"init": init, "backend": backend, "import_s": t_import, "first_s": first,
                   "second_s": second, "extra_s": first - second}))
 print(s.getvalue()[-9000:])
+print("first cupyx import during the fit:", FirstCupyx.stack)
 """
 
 
@@ -53,9 +63,16 @@ def main():
     cases = [c.split(":") for c in args.cases.split(",")]
     with open(args.out, "w") as out:
         for init, backend in cases:
-            cold = tempfile.mkdtemp()
+            cold, pyc = tempfile.mkdtemp(), tempfile.mkdtemp()
+            # the image's site-packages hold no bytecode and cannot take any: every process
+            # compiles CuPy's modules anew; PYTHONPYCACHEPREFIX gives them a cache, as a
+            # pip-installed CuPy has (pip writes the bytecode at install time)
             for label, env in (("cold cache", {"CUPY_CACHE_DIR": cold}),
-                               ("warm cache", {"CUPY_CACHE_DIR": cold})):
+                               ("warm cache", {"CUPY_CACHE_DIR": cold}),
+                               ("cold cache, bytecode cache", {"CUPY_CACHE_DIR": tempfile.mkdtemp(),
+                                                               "PYTHONPYCACHEPREFIX": pyc}),
+                               ("warm cache, bytecode cache", {"CUPY_CACHE_DIR": cold,
+                                                               "PYTHONPYCACHEPREFIX": pyc})):
                 r = subprocess.run([sys.executable, "-c", CHILD, init, backend],
                                    capture_output=True, text=True, timeout=240,
                                    env={**os.environ, **env})

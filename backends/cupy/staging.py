@@ -170,8 +170,9 @@ def parallel_copy(dst, src, pool):
 #: host X of at least this size goes to the device through pinned buffers (`upload`);
 #: smaller, one pageable copy costs less than setting the buffers up
 UPLOAD_STAGED_BYTES = 64 << 20
-#: bytes per pinned staging buffer of `upload` (two of them)
+#: bytes per pinned staging buffer of `upload` and `download`, and how many buffers
 UPLOAD_CHUNK_BYTES = 32 << 20
+UPLOAD_BUFFERS = 2
 
 
 @functools.lru_cache(maxsize=1)
@@ -181,15 +182,17 @@ def copy_pool():
     return ThreadPoolExecutor(STAGING_THREADS, thread_name_prefix="kmeans_xp-stage")
 
 
-def _pinned_pair(cp, a):
-    """(rows per chunk, two pinned buffers of that many rows) to stage `a` through, or None
-    where `a` is small (one pageable copy costs less) or no page-locked memory is to be had."""
+def _pinned_buffers(cp, a):
+    """(rows per chunk, UPLOAD_BUFFERS pinned buffers of that many rows) to stage `a`
+    through, or None where `a` is small (one pageable copy costs less) or no page-locked
+    memory is to be had."""
     if a.nbytes < UPLOAD_STAGED_BYTES:
         return None
     n = a.shape[0]
     rows = max(1, UPLOAD_CHUNK_BYTES // max(1, a.nbytes // n))
     try:
-        return rows, [Pinned(cp, (min(rows, n),) + a.shape[1:], a.dtype) for _ in range(2)]
+        return rows, [Pinned(cp, (min(rows, n),) + a.shape[1:], a.dtype)
+                      for _ in range(UPLOAD_BUFFERS)]
     except cp.cuda.runtime.CUDARuntimeError:
         return None
 
@@ -198,15 +201,15 @@ def upload(cp, X):
     """Host X (C-contiguous) as a new device array. A pageable copy runs at a fraction of
     the bus (9 GB/s on the H200 host, 55 GB/s pinned): large X goes through two pinned
     buffers instead, host threads filling one while the copy engine empties the other."""
-    staged = _pinned_pair(cp, X)
+    staged = _pinned_buffers(cp, X)
     if staged is None:
         return cp.asarray(X)
     (rows, bufs), n = staged, X.shape[0]
     out = cp.empty(X.shape, dtype=X.dtype)
-    done = [None, None]
+    done = [None] * len(bufs)
     stream = cp.cuda.Stream(non_blocking=True)
     for i, start in enumerate(range(0, n, rows)):
-        b, m = i % 2, min(rows, n - start)
+        b, m = i % len(bufs), min(rows, n - start)
         if done[b] is not None:
             done[b].synchronize()  # the copy engine has emptied this buffer
         parallel_copy(bufs[b].array[:m], X[start:start + m], copy_pool)
@@ -221,24 +224,27 @@ def download(cp, arr, dtype=None):
     buffers as `upload` (a fit's labels from a NumPy X: 80 MB at W3); the copy threads that
     empty the buffers also convert, and touch the new pages in parallel."""
     dtype = arr.dtype if dtype is None else np.dtype(dtype)
-    staged = _pinned_pair(cp, arr) if arr.flags.c_contiguous else None
+    staged = _pinned_buffers(cp, arr) if arr.flags.c_contiguous else None
     if staged is None:
         return cp.asnumpy(arr).astype(dtype, copy=False)
     (rows, bufs), n = staged, arr.shape[0]
+    nb = len(bufs)
     out = np.empty(arr.shape, dtype=dtype)
     stream = cp.cuda.Stream(non_blocking=True)
     stream.wait_event(cp.cuda.get_current_stream().record())  # arr's producers first
     chunks = [(s, min(rows, n - s)) for s in range(0, n, rows)]
     ready = []
-    for i, (start, m) in enumerate(chunks):
-        if i >= 2:  # empty the buffer this chunk reuses
-            ready[i - 2].synchronize()
-            s0, m0 = chunks[i - 2]
-            parallel_copy(out[s0:s0 + m0], bufs[i % 2].array[:m0], copy_pool)
-        arr[start:start + m].get(stream=stream, out=bufs[i % 2].array[:m], blocking=False)
-        ready.append(stream.record())
-    for i in range(max(0, len(chunks) - 2), len(chunks)):
+
+    def empty(i):  # chunk i's buffer into out, once its copy is done
         ready[i].synchronize()
         s0, m0 = chunks[i]
-        parallel_copy(out[s0:s0 + m0], bufs[i % 2].array[:m0], copy_pool)
+        parallel_copy(out[s0:s0 + m0], bufs[i % nb].array[:m0], copy_pool)
+
+    for i, (start, m) in enumerate(chunks):
+        if i >= nb:  # empty the buffer this chunk reuses
+            empty(i - nb)
+        arr[start:start + m].get(stream=stream, out=bufs[i % nb].array[:m], blocking=False)
+        ready.append(stream.record())
+    for i in range(max(0, len(chunks) - nb), len(chunks)):
+        empty(i)
     return out
