@@ -49,7 +49,8 @@ st.sort_stats("cumulative").print_stats(22)
 st.sort_stats("tottime").print_stats(12)
 st.print_callers(r"__getattribute__")  # who touches a lazily imported module (cupyx)
 print(json.dumps({"init": init, "backend": backend, "import_s": t_import, "first_s": first,
-                  "second_s": second, "extra_s": first - second}))
+                  "second_s": second, "extra_s": first - second,
+                  "dont_write_bytecode": sys.flags.dont_write_bytecode}))
 print(s.getvalue()[-9000:])
 print("first cupyx import during the fit:", FirstCupyx.stack)
 """
@@ -73,9 +74,11 @@ def main():
                                                                "PYTHONPYCACHEPREFIX": pyc}),
                                ("warm cache, bytecode cache", {"CUPY_CACHE_DIR": cold,
                                                                "PYTHONPYCACHEPREFIX": pyc})):
+                env = {**os.environ, **env}
+                if "PYTHONPYCACHEPREFIX" in env:  # (a bytecode cache is written, then read)
+                    env.pop("PYTHONDONTWRITEBYTECODE", None)
                 r = subprocess.run([sys.executable, "-c", CHILD, init, backend],
-                                   capture_output=True, text=True, timeout=240,
-                                   env={**os.environ, **env})
+                                   capture_output=True, text=True, timeout=240, env=env)
                 head = r.stdout.splitlines()[:1]
                 print(label, init, backend, head, r.stderr[-300:], flush=True)
                 out.write(f"===== {label}, init={init}, backend={backend}\n{r.stdout}\n"

@@ -64,7 +64,7 @@ def pass_rows(cp, out, backend_name="cupy-fused", workload="W1"):
 def host_rows(cp, out, b, Xg, c_host, labels):
     """cupy-fused with centers on the host: the pass + read + host update, pinned buffers
     (HostCenters) against pageable copies."""
-    from kmeans_xp_backends.cupy import fused
+    from kmeans_xp_backends.cupy import host_centers
 
     from kmeans_xp import lloyd as L
     c_host = c_host.astype(np.float32)
@@ -74,13 +74,13 @@ def host_rows(cp, out, b, Xg, c_host, labels):
         it = b.lloyd_iter(Xg, None, c_host, labels, xp=cp)
         L._update(b, Xg, None, c_host, c64, it, xp=cp, cxp=np, relocate=False)
     pinned = clock(cp, step)
-    saved = fused.HostCenters.upload, fused.HostCenters.read
-    fused.HostCenters.upload = lambda self, cp_, c: cp_.asarray(c)
-    fused.HostCenters.read = lambda self, o: cp.asnumpy(o)
+    saved = host_centers.HostCenters.upload, host_centers.HostCenters.read
+    host_centers.HostCenters.upload = lambda self, cp_, c: cp_.asarray(c)
+    host_centers.HostCenters.read = lambda self, o: cp.asnumpy(o)
     try:
         pageable = clock(cp, step)
     finally:
-        fused.HostCenters.upload, fused.HostCenters.read = saved
+        host_centers.HostCenters.upload, host_centers.HostCenters.read = saved
     out.write(f"  host centers: pass + read + update {pinned * 1e3:.3f} ms pinned, "
               f"{pageable * 1e3:.3f} ms pageable\n")
 

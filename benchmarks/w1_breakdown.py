@@ -9,7 +9,7 @@ import cupy as cp
 from regression_probe import WORKLOADS, data  # (this script's folder is on sys.path)
 
 from kmeans_xp import KMeans
-from kmeans_xp_backends.cupy import fused, placement
+from kmeans_xp_backends.cupy import fused, host_centers, placement
 
 spent = collections.defaultdict(float)
 
@@ -29,7 +29,7 @@ def timed(cls, name):
 
 for n in ("lloyd_iter", "assign", "inertia", "farthest", "_pack", "_assign_pass", "_finalize"):
     timed(fused.CupyFusedBackend, n)
-timed(fused.HostCenters, "read")
+timed(host_centers.HostCenters, "read")
 for n in ("fetch", "persist", "small", "synchronize"):
     timed(placement.CupyPlacement, n)
 

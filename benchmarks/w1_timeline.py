@@ -11,7 +11,7 @@ from regression_probe import WORKLOADS, data
 
 import kmeans_xp.lloyd as lloyd
 from kmeans_xp import KMeans
-from kmeans_xp_backends.cupy import fused, placement
+from kmeans_xp_backends.cupy import fused, host_centers, placement
 
 events, depth = [], [0]
 
@@ -35,7 +35,7 @@ for n in ("lloyd_iter", "_workspace", "_pack", "_assign_pass", "_finalize", "_sc
           "inertia", "assign", "_host_centers"):
     timed(fused.CupyFusedBackend, n)
 for n in ("read", "upload_operands"):
-    timed(fused.HostCenters, n)
+    timed(host_centers.HostCenters, n)
 for n in ("fetch", "persist", "small", "synchronize", "center", "finish"):
     timed(placement.CupyPlacement, n)
 for n in ("_update", "kmeans_single_lloyd", "relocate_empty"):

@@ -27,8 +27,9 @@ backend gives the same answer for the same initial centers.
     seeding_bytes     no        estimate_memory the bytes of those steps (None: the xp
                                                steps', memory.xp_seeding_bytes)
     estimate_memory   no        estimate_memory working bytes per part, before anything runs
-    placement         no        estimator,     a `Placement`: moving X to the device and back,
-                                driver         centering, fetching, synchronising
+    placement         no        estimator,     a `Placement`: a head start (`warm_up`), moving
+                                driver         X to the device and back, centering, fetching,
+                                               synchronising
     memory            no        everyone       a `memory.Budget`: max_memory in bytes, stages
                                                and their measured peaks, memory checks
 
@@ -132,6 +133,10 @@ class Placement:
         by `to_backend`; X, the input itself, for namespaces whose arrays differ by device
         (a torch tensor on the CPU or on a GPU)."""
         return False
+
+    def warm_up(self, X, n_clusters, init):
+        """Before X moves: start, in the background, what a fit of X with these parameters
+        will need (a GPU placement compiles its kernels). Default: nothing."""
 
     def to_backend(self, X):
         """X (validated, floating) in the backend's namespace; default: as given."""

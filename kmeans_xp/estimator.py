@@ -270,6 +270,7 @@ default=None
                                       max_memory=self.max_memory, check_memory=True,
                                       copy_x=bool(self.copy_x))
         place = backend.placement
+        place.warm_up(X, self.n_clusters, self.init)
         given = self._given_inits(X, init_array, n_init, rs)
         clock.lap("validation")
         Xb = place.to_backend(X)

@@ -197,6 +197,7 @@ class _EmulatedRawKernel:
 
     def __init__(self, emu, file, name):
         self.emu, self.file, self.name = emu, file, name
+        LOOKED_UP.append((file, name))
 
     def __call__(self, grid, block, args, shared_mem=0):
         self.emu.launch(self.file, self.name, int(grid[0]), args, smem=int(shared_mem),
@@ -204,6 +205,8 @@ class _EmulatedRawKernel:
 
 
 _EMULATOR = None
+#: (file, instance) of every kernel looked up (`common.raw_kernel`: compiled on a GPU), in order
+LOOKED_UP = []
 
 
 def emulator():
@@ -223,6 +226,8 @@ def install(monkeypatch, max_alloc=1 << 40):
     monkeypatch.setattr(common, "raw_kernel",
                         lambda file, name: _EmulatedRawKernel(emu, file, name))
     monkeypatch.setattr(common, "multiprocessors", lambda: 2)
+    fake.prefetched = []  # what warm_up asked to compile ahead (nothing compiles here)
+    monkeypatch.setattr(common, "prefetch", fake.prefetched.extend)
     monkeypatch.setattr(fused_plan, "device_facts",
                         lambda device_id: fused_plan.DeviceFacts(2, 227 * 1024, 228 * 1024))
     for name in ("copy_to_device", "copy_to_host", "copy_to_host_blocking"):

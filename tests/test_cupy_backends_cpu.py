@@ -314,7 +314,7 @@ def test_kernels_of_a_group_compile_in_one_nvrtc_run(monkeypatch):
             assert name in self.names
             return name
 
-    monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace(RawModule=RawModule))
+    monkeypatch.setitem(sys.modules, "cupy", _cupy_compiling_with(RawModule))
     monkeypatch.setattr(common, "_MODULES", {})
     common.raw_kernel.cache_clear()
     try:
@@ -332,3 +332,87 @@ def test_kernels_of_a_group_compile_in_one_nvrtc_run(monkeypatch):
          "fixed_point_scales", "count_labels"),
         ("store_labels<int>",), ("assign_small<float, 3, 4, true>",)]
 
+
+def _cupy_compiling_with(raw_module):
+    """A stand-in for the parts of CuPy that compile: RawModule, and the current device."""
+    import contextlib
+    import types
+
+    class Device(contextlib.nullcontext):
+        id = 0
+
+        def __init__(self, device_id=0):
+            super().__init__()
+
+    return types.SimpleNamespace(RawModule=raw_module, cuda=types.SimpleNamespace(Device=Device))
+
+
+def test_prefetched_kernels_compile_together_on_other_threads(monkeypatch):
+    """prefetch starts each group's compile on the compile threads at once (a cold fit's
+    compiles overlap instead of each first launch waiting for its own); raw_kernel then waits
+    for that compile instead of starting a second one; a failed compile is tried again."""
+    import sys
+    import threading
+
+    from kmeans_xp_backends.cupy import common
+    both = threading.Barrier(2, timeout=10)  # passes only if two compiles run at once
+    made, threads = [], set()
+
+    class RawModule:
+        def __init__(self, code, options, name_expressions):
+            self.names = tuple(name_expressions)
+            made.append(self.names)
+
+        def get_function(self, name):
+            if threading.current_thread() is not threading.main_thread() and len(made) <= 2:
+                threads.add(threading.current_thread().name)
+                both.wait()
+            if "count_changed" in self.names and made.count(self.names) == 1:
+                raise RuntimeError("NVRTC failed")  # the first compile of that group
+            return name
+
+    monkeypatch.setitem(sys.modules, "cupy", _cupy_compiling_with(RawModule))
+    monkeypatch.setattr(common, "_MODULES", {})
+    common.raw_kernel.cache_clear()
+    try:
+        common.prefetch([("direct.cu", "direct_inertia<float>"),
+                         ("fused_small.cu", "assign_small<float, 3, 4, true>")])
+        assert common.raw_kernel("direct.cu", "labelled_sq_dist<float>") == \
+            "labelled_sq_dist<float>"
+        assert common.raw_kernel("fused_small.cu", "assign_small<float, 3, 4, true>")
+        with pytest.raises(RuntimeError, match="NVRTC"):
+            common.raw_kernel("stats.cu", "count_changed")
+        assert common.raw_kernel("stats.cu", "count_changed") == "count_changed"
+    finally:
+        common.raw_kernel.cache_clear()
+    assert len(threads) == 2 and all(t.startswith("kmeans_xp-nvrtc") for t in threads)
+    assert made.count(("assign_small<float, 3, 4, true>",)) == 1  # compiled once
+    assert made.count(common.together("direct.cu", "direct_inertia<float>")) == 1
+
+
+
+@pytest.mark.parametrize("name", ALL_CUPY)
+@pytest.mark.parametrize("d,k,init,dtype", [
+    (3, 7, "k-means++", np.float32), (3, 300, "array", np.float64),
+    (40, 9, "k-means||", np.float32), (5, 6, "random", np.float64)])
+def test_warm_up_compiles_ahead_what_the_fit_asks_for(emulated_cupy, name, d, k, init, dtype):
+    """The kernels a fit's placement compiles ahead (`warm_up`) are those the fit asks for:
+    every kernel it looks up is in a module compiled ahead, and none of those goes unused (a
+    compile for nothing costs a cold fit a CPU core for 0.1-0.3 s). What only some fits ask
+    for is left to compile on first use: relocation (no empty cluster here) and streaming."""
+    from kmeans_xp_backends.cupy.common import together
+    X = asymmetric_data(1500, d, k, dtype=dtype, seed=3, offset=2.0)
+    init = X[:k].copy() if init == "array" else init
+    del _fake_cupy.LOOKED_UP[:]
+    KMeans(k, init=init, n_init=1, max_iter=4, random_state=0, backend=name).fit(X)
+    ahead = emulated_cupy.prefetched
+    groups = {(f, together(f, n)) for f, n in ahead}
+
+    def covered(file, inst):
+        return any(f == file and inst in names for f, names in groups)
+
+    asked = set(_fake_cupy.LOOKED_UP)
+    assert ahead and all(covered(f, n) for f, n in asked), \
+        sorted(x for x in asked if not covered(*x))
+    used = {(f, names) for f, names in groups if any(f == af and n in names for af, n in asked)}
+    assert used == groups, sorted(groups - used)

@@ -24,7 +24,7 @@ from kmeans_xp.memory import MemoryEstimate
 
 from . import nearest, reductions
 from .budget import CupyBudget, NominalBudget
-from .common import STREAM_HINT, cupy, device_empty, out_of_memory_error
+from .common import STREAM_HINT, ctype, cupy, device_empty, out_of_memory_error
 from .placement import CupyPlacement
 
 
@@ -128,6 +128,17 @@ class CupyBackendBase(KMeansBackend):
 
     def drop_work_buffers(self):
         """Hook: free the per-chunk working buffers of the streamed primitive (re-planning)."""
+
+    def fit_kernels(self, n, d, k, dtype, *, seeding=None):
+        """(file, instance) of the kernels a fit of this shape launches, compiled ahead by
+        the placement (`CupyPlacement.warm_up`): the statistics, the inertia and, where
+        k-means++'s steps run on the device, theirs in `seeding`'s dtype (None: they do not);
+        each backend adds its assignment's."""
+        t = ctype(dtype)
+        out = [("stats.cu", f"weighted_total<{t}>"), ("direct.cu", f"direct_inertia<{t}>")]
+        if seeding is not None:
+            out.append(("seeding.cu", f"seeding_potentials<{ctype(seeding)}>"))
+        return out
 
     # -- the per-chunk assignment (cupy-kernels, cupy-chunked) --------------------------------
     def chunk_centers(self, centers, dtype):

@@ -22,7 +22,7 @@ from kmeans_xp.memory import MemoryEstimate, chunk_rows
 
 from . import nearest, reductions
 from .base import BASE_OPTIONS, STREAM_OPTIONS, CupyBackendBase
-from .common import MIN_CHUNK_ROWS, with_oom_retry
+from .common import MIN_CHUNK_ROWS, ctype, with_oom_retry
 
 #: a chunk narrower than this many rows makes GEMMs too thin: tile the centers instead
 TILE_MIN_ROWS = 8192
@@ -110,6 +110,10 @@ class CupyChunkedBackend(CupyBackendBase):
         self._blocks = None
         self._plan = None
         self._stream_plan = None
+
+    def fit_kernels(self, n, d, k, dtype, *, seeding=None):
+        return super().fit_kernels(n, d, k, dtype, seeding=seeding) + nearest.assignment_kernels(
+            k, d, dtype, ("row_argmin.cu", f"row_argmin_shifted<{ctype(dtype)}>"))
 
     # -- the per-chunk primitive ----------------------------------------------------------------
     def chunk_centers(self, centers, dtype):

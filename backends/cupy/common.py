@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import functools
 import importlib
+import os
 import re
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -150,8 +153,12 @@ TOGETHER = {
     "fused_sums.cu": ("accumulate_shared<{t}>", "accumulate_global<{t}>", "finalize_sums"),
 }
 _TYPE_ARG = re.compile(r"<(float|double)>")
-#: {(file, instances): cupy.RawModule} compiled so far
+#: {(file, instances): Future of the loaded cupy.RawModule}, compiled or being compiled
 _MODULES = {}
+_MODULES_LOCK = threading.Lock()
+#: NVRTC runs at once in the background (`prefetch`): NVRTC releases the GIL, and a cold
+#: fit's first launches each waited for a compile of 0.1-0.3 s in turn
+COMPILE_THREADS = max(1, min(8, os.cpu_count() or 1))
 
 
 def together(file: str, name: str) -> tuple:
@@ -162,18 +169,57 @@ def together(file: str, name: str) -> tuple:
     return names if name in names else (name,)
 
 
+def _compile(file, names, device_id):
+    """cuda/`file` compiled for `names` and loaded on device `device_id` (in this thread)."""
+    cp = cupy()
+    with cp.cuda.Device(device_id):
+        module = cp.RawModule(code=source(file), options=NVRTC_OPTIONS,
+                              name_expressions=list(names))
+        module.get_function(names[0])  # RawModule compiles and loads on first use
+    return module
+
+
+@functools.lru_cache(maxsize=1)
+def _compile_pool():
+    return ThreadPoolExecutor(COMPILE_THREADS, thread_name_prefix="kmeans_xp-nvrtc")
+
+
+def _module(file, name, background=False):
+    """The Future of the module holding instance `name`: an untyped instance already compiled
+    in another group comes from there; else its group (`together`) is compiled, here or, with
+    background, on the compile threads."""
+    device_id = cupy().cuda.Device().id
+    with _MODULES_LOCK:
+        key = next((k for k in _MODULES if k[0] == file and name in k[1]), None)
+        if key is not None:
+            return _MODULES[key]
+        key = (file, together(file, name))
+        if background:
+            fut = _MODULES[key] = _compile_pool().submit(_compile, *key, device_id)
+            return fut
+        fut = _MODULES[key] = Future()
+    try:
+        fut.set_result(_compile(*key, device_id))
+    except BaseException as exc:  # the next call tries again
+        with _MODULES_LOCK:
+            _MODULES.pop(key, None)
+        fut.set_exception(exc)
+    return fut
+
+
+def prefetch(instances):
+    """Start compiling these (file, instance) pairs on the compile threads, so that their
+    first launches find them ready (a fit's kernels are known before its data arrives)."""
+    for file, name in instances:
+        _module(file, name, background=True)
+
+
 @functools.lru_cache(maxsize=None)
 def raw_kernel(file: str, name: str):
     """The template instance `name` of cuda/`file`, compiled on first use with its group
-    (`together`): a fit compiles only the few groups it launches; CuPy keeps binaries on
-    disk. An untyped instance already compiled in another group is taken from there."""
-    module = next((mod for (f, names), mod in _MODULES.items() if f == file and name in names),
-                  None)
-    if module is None:
-        names = together(file, name)
-        module = _MODULES[(file, names)] = cupy().RawModule(
-            code=source(file), options=NVRTC_OPTIONS, name_expressions=list(names))
-    return module.get_function(name)
+    (`together`), unless `prefetch` started it: a fit compiles only the few groups it
+    launches; CuPy keeps binaries on disk."""
+    return _module(file, name).result().get_function(name)
 
 
 #: largest dynamic shared memory opted in per kernel (keyed by id of the function)

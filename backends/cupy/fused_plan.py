@@ -92,6 +92,21 @@ def common_kernel_names(dtype_name: str) -> tuple:
             f"weighted_total<{t}>", f"direct_inertia<{t}>", f"relocation_keys<{t}>")
 
 
+def fit_kernel_names(p, dtype_name: str, d: int) -> list:
+    """(file, instance) of the kernels a fit with plan p launches besides the statistics and
+    the inertia every CuPy backend's fit launches (the tf32 paths are left to compile on first
+    use). The workspace looks up both small-d kernels: the fused pass and the bare one."""
+    t = _CTYPE[dtype_name]
+    if p.path == "small":
+        names = list(small_kernel_names(dtype_name, d, p.P))
+    elif p.path == "gemm":  # vectorised loads when d fills 16-byte vectors (X is aligned)
+        names = [gemm_kernel_name(dtype_name, d % (16 // (4 if t == "float" else 8)) == 0)]
+    else:
+        names = []
+    names += ["finalize_sums", f"pack_centers<{t}>", f"column_absmax<{t}>"]
+    return [(KERNEL_FILES[n.split("<")[0]], n) for n in names]
+
+
 def all_kernel_names() -> list:
     """Every template instance the backend can ask NVRTC for."""
     names = []

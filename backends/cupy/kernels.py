@@ -27,6 +27,10 @@ class CupyKernelsBackend(CupyBackendBase):
     def stream_work_bytes(self, rows, d, k, itemsize, budget):
         return 0  # the kernels need no working memory beyond their outputs
 
+    def fit_kernels(self, n, d, k, dtype, *, seeding=None):
+        return super().fit_kernels(n, d, k, dtype, seeding=seeding) + nearest.assignment_kernels(
+            k, d, dtype, ("nearest.cu", nearest.nearest_kernel_name(d, dtype)))
+
     # -- the per-chunk primitive (also what host streaming runs on each chunk) -----------------
     def chunk_centers(self, centers, dtype):
         """The centers' operands on the device (pack_centers, numpy's rounding)."""

@@ -148,20 +148,34 @@ def cluster_sums(X, labels, sample_weight, sums, weights):
     k = weights.shape[0]
     if n == 0:
         return
-    t = ctype(X.dtype)
     w = NULL if sample_weight is None else sample_weight
     smem = k * (d + 1) * 8
+    fn = common.raw_kernel("sums.cu", sums_kernel_name(k, d, X.dtype))
     if smem > SUMS_SHARED_MAX:
-        fn = common.raw_kernel("sums.cu", f"cluster_sums_global<{t}>")
         common.launch(fn, common.grid(n, BLOCK, 8),
                       (X, labels, w, np.int64(n), np.int32(d), sums, weights))
         return
-    fn = common.raw_kernel("sums.cu", f"cluster_sums_shared<{t}>")
     # a block's flush costs k * (d + 1) atomics: a few blocks per SM, each over many points
     blocks_per_sm = 2 if smem > 32 * 1024 else 4
     common.launch(fn, common.grid(n, BLOCK * 8, blocks_per_sm),
                   (X, labels, w, np.int64(n), np.int32(d), np.int32(k), sums, weights),
                   shared_mem=smem)
+
+
+def sums_kernel_name(k, d, dtype):
+    """cluster_sums' kernel: privatised in shared memory when k * (d + 1) doubles fit."""
+    where = "global" if k * (d + 1) * 8 > SUMS_SHARED_MAX else "shared"
+    return f"cluster_sums_{where}<{ctype(dtype)}>"
+
+
+def assignment_kernels(k, d, dtype, assign):
+    """(file, instance) of a chunk's assignment (`assign`: cupy-kernels' nearest kernel, or
+    cupy-chunked's GEMM epilogue), the centers' packing where it runs on the device, and the
+    cluster sums: what `CupyBackendBase.fit_kernels` adds for these backends."""
+    out = [assign, ("sums.cu", sums_kernel_name(k, d, dtype))]
+    if einsum_order() is not None:
+        out.append(("centers.cu", f"pack_centers<{ctype(dtype)}>"))
+    return out
 
 
 def row_argmin_shifted(dist, c_norm, col0, first, run_min, labels):

@@ -19,16 +19,17 @@ import numpy as np
 
 from kmeans_xp.backend import Placement
 from kmeans_xp.memory import compute_itemsize, driver_bytes
-from kmeans_xp.scaling import rescaled
 from kmeans_xp.namespaces import (
     DLPACK_FOREIGN,
     array_namespace,
     as_like,
     dlpack_source,
+    dtype_name,
     foreign_device_type,
 )
+from kmeans_xp.scaling import rescaled
 
-from . import reductions
+from . import common, reductions
 from .budget import host_x_error
 from .common import cupy, out_of_memory_error
 from .staging import download, upload
@@ -58,6 +59,20 @@ class CupyPlacement(Placement):
             namespace in DLPACK_FOREIGN and foreign_device_type(X) == "cuda")
 
     # -- data movement ----------------------------------------------------------------------
+    def warm_up(self, X, n_clusters, init):
+        """The fit's kernels compiled on other threads while X moves and its mean is taken: a
+        cold fit's first launches each waited for an NVRTC run of 0.1-0.3 s. k-means++ runs
+        its steps on the device in X's dtype, k-means|| on its float64 candidates, unless X
+        is streamed from the host."""
+        (n, d), dtype = X.shape, dtype_name(X.dtype)
+        seeding = {"k-means++": dtype, "k-means||": "float64"}.get(init) if isinstance(
+            init, str) and not self.streams(X, n_clusters) else None
+        try:
+            kernels = self.backend.fit_kernels(n, d, n_clusters, dtype, seeding=seeding)
+        except Exception:  # noqa: BLE001 - only a head start: each kernel compiles when used
+            return
+        common.prefetch(kernels)
+
     def to_backend(self, X):
         cp, b = self._cp, self.backend
         if foreign_device_type(X) == "cuda":
