@@ -300,7 +300,6 @@ def test_kernels_of_a_group_compile_in_one_nvrtc_run(monkeypatch):
     """A fit's helper kernels compile per file and value type in one module; an untyped one
     comes from the group already compiled; any other instance alone."""
     import sys
-    import types
 
     from kmeans_xp_backends.cupy import common
     made = []
