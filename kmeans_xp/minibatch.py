@@ -13,7 +13,6 @@ from typing import Any
 
 import numpy as np
 
-from .chunks import column_sums, tolerance
 from .fitting import Fitting
 from .interop import SklearnInterop
 from .memory import explains_memory_errors
@@ -22,14 +21,18 @@ from .minibatch_steps import (
     BatchRows,
     StepState,
     labels_and_inertia,
+    on_backend,
     run_steps,
+    shift_point,
     step,
+    tolerance_of,
 )
-from .namespaces import array_namespace, device, namespace_name, to_numpy
+from .namespaces import device, namespace_name, to_numpy
 from .predicting import Predicting
 from .progress import Clock, verbose_logging
 from .registry import select_backend
 from .routing import MetadataRouting
+from .scaling import host_dtype_of
 from .validation import check_init_array, check_random_state
 
 
@@ -141,6 +144,9 @@ default=None
     _estimator_type = "clusterer"
     _default_n_init = 3
     _KEPT = Fitting._KEPT + ("_counts",)
+    _HOST_ON_PICKLE = SklearnInterop._HOST_ON_PICKLE + ("_counts",)
+    _SKLEARN_STATE = ("_counts", "_n_since_last_reassign", "_batch_size", "_init_size",
+                      "n_steps_", "n_iter_")
 
     def __init__(self, n_clusters: int = 8, *, init: Any = "k-means++", max_iter: int = 100,
                  batch_size: int = 1024, verbose: int = 0, compute_labels: bool = True,
@@ -258,8 +264,8 @@ default=None
         # sklearn's order of draws: the validation rows, then per init its rows and method
         valid = rs.randint(0, n, self._init_size)
         rows = BatchRows(X, steps)
-        rows.shift = _shift(rows.raw(valid), X.dtype)
-        self._tol = _tolerance(X, rows.shift, self.tol, steps)
+        rows.shift = shift_point(rows.raw(valid), X.dtype)
+        self._tol = tolerance_of(X, rows.shift, self.tol, steps)
         clock.lap("validation")
         Xv, xp = rows.batch(valid)
         wv = None if sw is None else xp.asarray(sw[valid], device=device(Xv))
@@ -395,17 +401,18 @@ default=None
             self._check_n_samples(n)
             self._batch_size, self._init_size = self._sizes(n)
             rows = BatchRows(X, steps)
-            rows.shift = _shift(X, X.dtype)
+            rows.shift = shift_point(X, X.dtype)
             centers, _ = self._one_init(rows, steps, sw, rs, n, self._init_array(d))
             cxp = place.namespace(centers)
             state = StepState(centers, cxp.zeros(k, dtype=centers.dtype,
                                                  device=device(centers)))
             self._record_feature_names(X_user)
         else:
-            rows = BatchRows(X, steps, np.asarray(to_numpy(self._X_mean)).astype(X.dtype))
-            centers = place.small(_on_device(self._centers_fit, X, steps))
+            rows = BatchRows(X, steps, np.asarray(to_numpy(self._X_mean)).astype(
+                host_dtype_of(X.dtype)))
+            centers = place.small(on_backend(self._centers_fit, X, steps))
             cxp = place.namespace(centers)
-            state = StepState(centers, cxp.asarray(_on_device(self._counts, X, steps),
+            state = StepState(centers, cxp.asarray(on_backend(self._counts, X, steps),
                                                    device=device(centers)),
                               n_since_last_reassign=self._n_since_last_reassign)
         (_, Xb, xp), = rows.slices(n)
@@ -426,89 +433,3 @@ default=None
         self.memory_report_ = dict(steps.memory.report)
         self.timings_ = {"partial_fit": clock.total()}
         return self
-
-    # -- interop --------------------------------------------------------------------------------
-    def __getstate__(self):
-        """As KMeans's (device arrays as NumPy), with the counts, and without the backends
-        kept between partial_fit calls (thread pools and device buffers do not pickle)."""
-        state = super().__getstate__()
-        state.pop("_backend_cache", None)
-        if "_counts" in state and namespace_name(state["_counts"]) != "numpy":
-            state["_counts"] = np.asarray(to_numpy(state["_counts"]))
-        return state
-
-    def to_sklearn(self):
-        """Return a fitted `sklearn.cluster.MiniBatchKMeans` with this model's centers.
-
-        Centers, counts, labels (when computed), inertia and steps are copied to the host,
-        so it predicts as this model does and its ``partial_fit`` goes on from here.
-
-        Returns
-        -------
-        sklearn.cluster.MiniBatchKMeans
-            The fitted scikit-learn estimator.
-        """
-        from sklearn.cluster import MiniBatchKMeans as SklearnMiniBatchKMeans
-        self._check_fitted()
-        params = {k: v for k, v in self.get_params().items()
-                  if k in SklearnMiniBatchKMeans().get_params() and k != "init"}
-        sk = SklearnMiniBatchKMeans(**params)
-        sk.cluster_centers_ = np.ascontiguousarray(to_numpy(self.cluster_centers_))
-        sk._counts = np.asarray(to_numpy(self._counts))
-        sk._n_since_last_reassign = self._n_since_last_reassign
-        sk._batch_size, sk._init_size = self._batch_size, self._init_size
-        if hasattr(self, "labels_"):
-            sk.labels_ = to_numpy(self.labels_).astype(np.int32)
-            sk.inertia_ = float(self.inertia_)
-        for name in ("n_steps_", "n_iter_", "feature_names_in_"):
-            if hasattr(self, name):
-                setattr(sk, name, getattr(self, name))
-        sk.n_features_in_ = int(self.n_features_in_)
-        sk._n_features_out = sk.cluster_centers_.shape[0]
-        sk._n_threads = 1
-        return sk
-
-
-def _on_device(a, X, backend):
-    """A kept k-sized array (maybe NumPy after a pickle) in the namespace of the backend's
-    batches."""
-    if namespace_name(a) in backend.namespaces:
-        return a
-    probe = backend.placement.to_backend(np.zeros((1, 1), dtype=np.asarray(to_numpy(a)).dtype))
-    xp = backend.placement.namespace(probe)
-    return xp.asarray(to_numpy(a), device=device(probe))
-
-
-#: X is computed on about its mean only when its offset is this many times its spread
-#: (squared): below, scikit-learn's own arithmetic on X as given is as accurate
-OFFSET_SPREAD_RATIO = 256.0
-
-
-def _shift(A, dtype):
-    """The point the fit computes about (centers and batches minus it), from the rows A:
-    their mean where X's offset dwarfs its spread (float32 distances ||c||^2 - 2 x.c there
-    lose the differences between centers), else 0, so that the distances are sklearn's
-    own, bit for bit, and its ties break the same way."""
-    xp = array_namespace(A)
-    m = A.shape[0]
-    mean = np.asarray(to_numpy(column_sums(A, xp))) / m
-    offset = float(np.sum(mean * mean))
-    if offset == 0:
-        return np.zeros(A.shape[1], dtype=dtype)
-    # the total variance, in float64 chunks about the mean (`chunks.tolerance` with tol 1)
-    spread = A.shape[1] * tolerance(A, xp.asarray(mean.astype(dtype), device=device(A)), 1.0,
-                                    xp, 1 << 16)
-    if offset > OFFSET_SPREAD_RATIO * spread:
-        return mean.astype(dtype)
-    return np.zeros(A.shape[1], dtype=dtype)
-
-
-def _tolerance(X, shift, tol, backend):
-    """sklearn's tol (tol times the mean feature variance of X), one pass over X in chunks,
-    the variance taken about `shift` and corrected by the mean (`chunks.tolerance`)."""
-    if tol == 0:
-        return 0.0
-    xp = array_namespace(X)
-    if namespace_name(X) == "dask.array":
-        return tolerance(X, xp.asarray(shift), tol, xp, X.shape[0])
-    return tolerance(X, xp.asarray(shift, device=device(X)), tol, xp, backend.driver_rows(X))

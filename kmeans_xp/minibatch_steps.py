@@ -21,8 +21,10 @@ from typing import Any
 
 import numpy as np
 
+from .chunks import column_sums, tolerance
 from .namespaces import array_namespace, device, namespace_name, to_numpy
 from .progress import logger
+from .scaling import host_dtype_of
 
 #: rows of the weights turned into float64 probabilities at a time (bounded host memory)
 CDF_CHUNK = 1 << 22
@@ -82,7 +84,7 @@ class BatchRows:
         """Yield (slice, centered rows on the backend's device, namespace) over all of X."""
         for start in range(0, self.n, rows):
             sl = slice(start, min(start + rows, self.n))
-            part = self.X[sl]
+            part = self.X[sl, ...]
             if _is_dask(part):
                 part = np.asarray(to_numpy(part))
             if not self.local or _is_dask(self.X):
@@ -99,7 +101,7 @@ class BatchDraws:
     of p in X's dtype, divided by its last value), and searched where the rows are gathered."""
 
     def __init__(self, sample_weight, n, dtype, xp, dev):
-        dtype = np.dtype(dtype)
+        dtype = np.dtype(host_dtype_of(dtype))
         cdf = np.empty(n, dtype=np.float64)
         if sample_weight is None:
             # np.sum of n ones: exact but for float32 past 2**24 (then summed as NumPy does)
@@ -301,3 +303,49 @@ def labels_and_inertia(rows, backend, centers, sample_weight, chunk_rows):
         labels.append(lab)
     lxp = array_namespace(labels[0])
     return (labels[0] if len(labels) == 1 else lxp.concat(labels)), max(total, 0.0)
+
+
+def on_backend(a, X, backend):
+    """A kept k-sized array (maybe NumPy after a pickle) in the namespace of the backend's
+    batches."""
+    if namespace_name(a) in backend.namespaces:
+        return a
+    probe = backend.placement.to_backend(np.zeros((1, 1), dtype=np.asarray(to_numpy(a)).dtype))
+    xp = backend.placement.namespace(probe)
+    return xp.asarray(to_numpy(a), device=device(probe))
+
+
+#: X is computed on about its mean only when its offset is this many times its spread
+#: (squared): below, scikit-learn's own arithmetic on X as given is as accurate
+OFFSET_SPREAD_RATIO = 256.0
+
+
+def shift_point(A, dtype):
+    """The point the fit computes about (centers and batches minus it), from the rows A:
+    their mean where X's offset dwarfs its spread (float32 distances ||c||^2 - 2 x.c there
+    lose the differences between centers), else 0, so that the distances are sklearn's
+    own, bit for bit, and its ties break the same way."""
+    xp = array_namespace(A)
+    dtype = host_dtype_of(dtype)
+    m = A.shape[0]
+    mean = np.asarray(to_numpy(column_sums(A, xp))) / m
+    offset = float(np.sum(mean * mean))
+    if offset == 0:
+        return np.zeros(A.shape[1], dtype=dtype)
+    # the total variance, in float64 chunks about the mean (`chunks.tolerance` with tol 1)
+    spread = A.shape[1] * tolerance(A, xp.asarray(mean.astype(dtype), device=device(A)), 1.0,
+                                    xp, 1 << 16)
+    if offset > OFFSET_SPREAD_RATIO * spread:
+        return mean.astype(dtype)
+    return np.zeros(A.shape[1], dtype=dtype)
+
+
+def tolerance_of(X, shift, tol, backend):
+    """sklearn's tol (tol times the mean feature variance of X), one pass over X in chunks,
+    the variance taken about `shift` and corrected by the mean (`chunks.tolerance`)."""
+    if tol == 0:
+        return 0.0
+    xp = array_namespace(X)
+    if namespace_name(X) == "dask.array":
+        return tolerance(X, xp.asarray(shift), tol, xp, X.shape[0])
+    return tolerance(X, xp.asarray(shift, device=device(X)), tol, xp, backend.driver_rows(X))
