@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from .chunks import column_sums, tolerance
+from .chunks import column_sums, map_rows, tolerance
 from .namespaces import array_namespace, device, namespace_name, to_numpy
 from .progress import logger
 from .scaling import host_dtype_of
@@ -128,7 +128,10 @@ class BatchDraws:
     def indices(self, random_state, size):
         u = random_state.random_sample(size)
         if self.dev is None:
-            return np.searchsorted(self.cdf, u, side="right")
+            # on all cores: each search is a chain of cache misses in an n-long array
+            parts = map_rows(lambda sl: np.searchsorted(self.cdf, u[sl], side="right"), size,
+                             size, self.xp)
+            return parts[0] if len(parts) == 1 else np.concatenate(parts)
         return self.xp.searchsorted(self.cdf, self.xp.asarray(u, device=self.dev), side="right")
 
 
