@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from .chunks import column_sums, map_rows, tolerance
-from .namespaces import array_namespace, device, namespace_name, to_numpy
+from .namespaces import DLPACK_FOREIGN, array_namespace, device, namespace_name, to_numpy
 from .progress import logger
 from .scaling import host_dtype_of
 
@@ -41,8 +41,11 @@ class BatchRows:
     moved (`placement.to_backend`)."""
 
     def __init__(self, X, backend, shift=None):
+        self.place = place = backend.placement
+        ns = namespace_name(X)
+        if ns in DLPACK_FOREIGN and place.converts_from(ns, X):
+            X = place.to_backend(X)  # a torch or JAX array shared through DLPack, no copy
         self.X, self.backend = X, backend
-        self.place = backend.placement
         self.local = namespace_name(X) in backend.namespaces
         # indices are made where the rows are gathered: on X's device for a device X
         on_device = self.local and not isinstance(X, np.ndarray) and not _is_dask(X)

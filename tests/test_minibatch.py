@@ -269,3 +269,21 @@ def test_dask_ml_incremental():
     np.testing.assert_array_equal(inc.predict(Xd).compute(), ref.predict(X))
     shuffled = Incremental(MiniBatchKMeans(**p), random_state=0).fit(Xd)
     assert shuffled.estimator_.n_steps_ == 6 and np.isfinite(shuffled.estimator_.score(X))
+
+
+# -- the CuPy backends' code paths on the CPU (tests/_fake_cupy.py; the GPU tests run them on
+#    a device: tests/test_minibatch_gpu.py) ----------------------------------------------------
+@pytest.mark.parametrize("name", ["cupy-kernels", "cupy-chunked", "cupy-fused"])
+def test_cupy_backends_steps_on_the_emulated_device(fake_cupy, name):
+    X = asymmetric_data(3001, 3, 9, dtype=np.float32, seed=11)
+    p = dict(n_clusters=9, random_state=0, batch_size=256, reassignment_ratio=0.2)
+    ref = MiniBatchKMeans(backend="numpy", **p).fit(X)
+    got = MiniBatchKMeans(backend=name, **p).fit(X)
+    assert got.backend_ == name
+    _assert_same(got, ref, np.float32)
+    part, part_ref = MiniBatchKMeans(backend=name, **p), MiniBatchKMeans(backend="numpy", **p)
+    for start in range(0, len(X), 500):
+        part.partial_fit(X[start:start + 500])
+        part_ref.partial_fit(X[start:start + 500])
+    part.n_iter_ = part_ref.n_iter_ = None
+    _assert_same(part, part_ref, np.float32)
