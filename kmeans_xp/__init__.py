@@ -18,6 +18,7 @@ from .backend import (
 from .estimator import ConvergenceWarning, KMeans
 from .lloyd import LloydResult
 from .memory import Budget, KMeansMemoryError, MemoryEstimate
+from .minibatch import MiniBatchKMeans
 from .planning import estimate_memory
 from .registry import (
     BackendNotAvailableError,
@@ -31,7 +32,8 @@ from .validation import InvalidParameterError, NotFittedError
 __version__ = "0.1.0"
 
 __all__ = [
-    "KMeans", "KMeansBackend", "AssignResult", "ReduceResult", "IterStats", "Farthest",
+    "KMeans", "MiniBatchKMeans", "KMeansBackend", "AssignResult", "ReduceResult", "IterStats",
+    "Farthest",
     "Option", "Placement", "Budget", "LloydResult",
     "KMeansMemoryError", "MemoryEstimate", "estimate_memory", "list_backends", "get_backend",
     "available_backends", "register_backend", "BackendNotAvailableError", "NotFittedError",

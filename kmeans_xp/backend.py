@@ -22,6 +22,8 @@ backend gives the same answer for the same initial centers.
                                                streams X does both in one pass)
     farthest          no        driver         the m points farthest from their centers
                                                (only when a cluster is empty)
+    batch_backend     no        MiniBatchKMeans the backend computing a batch gathered
+                                               from X (default: itself; dask: its blocks')
     seeding           no        init           k-means++'s O(n) steps on the backend's
                                                device (default None: xp code, init.Seeding)
     seeding_bytes     no        estimate_memory the bytes of those steps (None: the xp
@@ -305,6 +307,12 @@ class KMeansBackend:
              else xp.astype(xp.take(sample_weight, idx), xp.float64))
         return Farthest(xp.astype(idx, xp.int64), xp.take(X, idx, axis=0), w,
                         xp.take(labels, idx), xp.take(dist, idx))
+
+    def batch_backend(self, X):
+        """The backend that computes MiniBatchKMeans's batches of X, gathered from X's rows
+        (default: this one). A backend whose X is spread over machines names a local one:
+        a batch is small, cheaper to compute where it is gathered than to send out."""
+        return self
 
     def seeding(self, X, sample_weight, n_local_trials, *, xp):
         """k-means++'s O(n) steps on X: an object with the methods of `kmeans_xp.init.Seeding`

@@ -13,24 +13,18 @@ from typing import Any
 
 import numpy as np
 
-from . import init as _init
 from .chunks import tolerance
+from .fitting import Fitting
 from .interop import SklearnInterop
 from .lloyd import kmeans_single_lloyd
 from .memory import explains_memory_errors, format_bytes
 from .namespaces import array_namespace, device, to_numpy
-from .predicting import Predicting, require_known_shape
-from .progress import Clock, bar, logger, verbose_logging
+from .predicting import Predicting
+from .progress import Clock, logger, verbose_logging
 from .registry import select_backend
 from .routing import MetadataRouting
-from .scaling import host_dtype_of, pow2_scale, pow2_scale_weights, unscaled
-from .validation import (
-    check_array,
-    check_init_array,
-    check_random_state,
-    check_sample_weight,
-    validate_params,
-)
+from .scaling import pow2_scale, pow2_scale_weights, unscaled
+from .validation import check_random_state
 
 
 class ConvergenceWarning(UserWarning):
@@ -50,7 +44,7 @@ def _convergence_warning():
     return ConvergenceWarning if sk is None else _with_sklearn_warning(sk.ConvergenceWarning)
 
 
-class KMeans(Predicting, SklearnInterop, MetadataRouting):
+class KMeans(Fitting, Predicting, SklearnInterop, MetadataRouting):
     """K-Means clustering (Lloyd's algorithm) on pluggable array backends.
 
     scikit-learn's `sklearn.cluster.KMeans` API and semantics (tol, strict convergence,
@@ -163,75 +157,11 @@ default=None
         self.max_memory = max_memory
 
     # -- fitting ------------------------------------------------------------------------------
-    def _resolved_n_init(self):
-        if isinstance(self.init, str) and self.init in ("k-means++", "k-means||"):
-            default = 1
-        elif isinstance(self.init, str) or callable(self.init):
-            default = 10
-        else:
-            default = 1
-        n_init = default if self.n_init == "auto" else self.n_init
-        if not isinstance(self.init, str) and not callable(self.init) and n_init != 1:
-            warnings.warn(f"Explicit initial center position passed: performing only one init "
-                          f"in {type(self).__name__} instead of n_init={n_init}.",
-                          RuntimeWarning, stacklevel=3)
-            n_init = 1
-        return n_init
-
-    def _check_inputs(self, X, sample_weight):
-        validate_params(self.get_params(), type(self).__name__)
+    def _check_params(self):
+        super()._check_params()
         if self.algorithm == "elkan":
             raise ValueError("algorithm='elkan' is not implemented in kmeans_xp: it runs "
                              "Lloyd's algorithm on every backend. Use algorithm='lloyd'.")
-        X, absmax = check_array(X, owner=type(self).__name__, absmax=True)
-        require_known_shape(X, self.backend, self.n_clusters)
-        n, d = X.shape
-        if n < self.n_clusters:
-            raise ValueError(f"n_samples={n} should be >= n_clusters={self.n_clusters}: ask "
-                             f"for at most {n} clusters or give more samples.")
-        sw = None if sample_weight is None else check_sample_weight(sample_weight, n,
-                                                                    _host_dtype(X))
-        positive = n if sw is None else int(np.count_nonzero(sw))
-        if positive < self.n_clusters:
-            raise ValueError(f"sample_weight is zero for all but {positive} samples, fewer "
-                             f"than n_clusters={self.n_clusters}: at least n_clusters samples "
-                             f"need a positive weight.")
-        init_array = None
-        if not isinstance(self.init, str) and not callable(self.init):
-            init_array = check_init_array(self.init, self.n_clusters, d)
-        return X, sw, init_array, absmax
-
-    def _given_inits(self, X, init_array, n_init, rs):
-        """Host center arrays for each run when the user gives them (array or callable), else
-        None. A callable is called here, before X may be centered in place (copy_x=False),
-        so it always sees X as the user gave it; it draws from `rs` in run order as before."""
-        if init_array is not None:
-            return [init_array] * n_init
-        if not callable(self.init):
-            return None
-        k, d = self.n_clusters, X.shape[1]
-        return [check_init_array(self.init(X, k, random_state=rs), k, d) for _ in range(n_init)]
-
-    def _initial_centers(self, Xb, X_mean, sw, rs, xp, given, backend, scale):
-        k = self.n_clusters
-        rows = backend.driver_rows(Xb)
-        if given is not None:
-            c = xp.asarray(given.astype(_host_dtype(Xb)), device=device(Xb))
-            return (c - X_mean) * scale
-        if self.init == "random":
-            return _init.random_init(Xb, k, sample_weight=sw, random_state=rs, xp=xp)[0]
-        persist = backend.placement.persist
-        if self.init == "k-means||":
-            return _init.kmeans_parallel(Xb, k, sample_weight=sw, random_state=rs, xp=xp,
-                                         rows=rows, backend=backend, persist=persist)[0]
-        progress = bar(k, "k-means++", self.verbose)
-        try:
-            seeding = backend.seeding(Xb, sw, _init.local_trials(k), xp=xp)
-            return _init.kmeans_plusplus(Xb, k, sample_weight=sw, random_state=rs, xp=xp,
-                                         rows=rows, persist=persist, progress=progress,
-                                         seeding=seeding)[0]
-        finally:
-            progress.close()
 
     @explains_memory_errors
     def fit(self, X: Any, y: Any = None, sample_weight: Any = None) -> KMeans:
@@ -309,14 +239,6 @@ default=None
             self._print_report()
         return self
 
-    #: what a fit keeps on its backend's device: handed to `Placement.finish`, which may move it
-    _KEPT = ("labels_", "cluster_centers_", "_centers_fit", "_X_mean")
-
-    def _finish(self, place):
-        kept = {name: self.__dict__.pop(name) for name in self._KEPT}
-        kept = place.finish(kept)
-        self.__dict__.update(kept)
-
     def _run(self, backend, Xc, X_mean, sw, rs, xp, n_init, tol, given, scale):
         place = backend.placement
         best = None
@@ -381,5 +303,3 @@ default=None
                 f"{k} {format_bytes(v)}" for k, v in self.memory_report_.items()))
 
 
-def _host_dtype(X):
-    return host_dtype_of(X.dtype)

@@ -232,26 +232,36 @@ class SklearnInterop:
                 f"<table>{cells}</table></div>")
 
     # -- scikit-learn's own estimator ------------------------------------------------------------
+    #: fitted attributes a scikit-learn twin gets beside centers, labels and inertia (host
+    #: copies of arrays)
+    _SKLEARN_STATE = ("n_iter_",)
+
     def to_sklearn(self):
         """Return a fitted `sklearn.cluster.KMeans` with this model's centers.
 
         Centers (float64 or float32 as fitted), labels, inertia and iterations are copied to
         the host: it predicts as this model does, and exporters such as skl2onnx take it.
+        (MiniBatchKMeans gives a `sklearn.cluster.MiniBatchKMeans`, with its counts, whose
+        ``partial_fit`` goes on from here.)
 
         Returns
         -------
         sklearn.cluster.KMeans
             The fitted scikit-learn estimator.
         """
-        from sklearn.cluster import KMeans as SklearnKMeans
+        import sklearn.cluster
+        cls = getattr(sklearn.cluster, type(self).__name__)
         self._check_fitted()
         params = {k: v for k, v in self.get_params().items()
-                  if k in SklearnKMeans().get_params() and k != "init"}
-        sk = SklearnKMeans(**params)
+                  if k in cls().get_params() and k != "init"}
+        sk = cls(**params)
         sk.cluster_centers_ = np.ascontiguousarray(to_numpy(self.cluster_centers_))
-        sk.labels_ = to_numpy(self.labels_).astype(np.int32)
-        sk.inertia_ = float(self.inertia_)
-        sk.n_iter_ = int(self.n_iter_)
+        if hasattr(self, "labels_"):
+            sk.labels_ = to_numpy(self.labels_).astype(np.int32)
+        for name in ("inertia_", *self._SKLEARN_STATE):
+            if hasattr(self, name):
+                value = getattr(self, name)
+                setattr(sk, name, value if np.isscalar(value) else np.asarray(to_numpy(value)))
         sk.n_features_in_ = int(self.n_features_in_)
         sk._n_features_out = sk.cluster_centers_.shape[0]
         sk._n_threads = 1
@@ -260,11 +270,16 @@ class SklearnInterop:
         return sk
 
     # -- pickling -------------------------------------------------------------------------------
+    #: fitted attributes that may live on a device; a pickle holds them as NumPy
+    _HOST_ON_PICKLE = _ARRAYS
+
     def __getstate__(self):
         """Device arrays as NumPy: a model fitted on a GPU loads and predicts on a machine
-        without one (predict then picks a backend for the input it gets)."""
+        without one (predict then picks a backend for the input it gets). Backends kept
+        between calls stay out (thread pools and device buffers do not pickle)."""
         state = dict(self.__dict__)
-        for name in _ARRAYS:
+        state.pop("_backend_cache", None)
+        for name in self._HOST_ON_PICKLE:
             if name in state and namespace_name(state[name]) not in ("numpy", "list"):
                 state[name] = np.asarray(to_numpy(state[name]))
                 state["_moved_to_host"] = True

@@ -2,8 +2,10 @@
 
 It checks the primitives against a brute-force float64 reference on asymmetric data (features
 on different scales and offsets, so a swapped or dropped feature fails), in float32 and
-float64, with n not a multiple of any chunk size, k from 1 to n, zero weights, and a full
-Lloyd run that must give the numpy backend's partition from the same initial centers.
+float64, with n not a multiple of any chunk size, k from 1 to n, zero weights, a full
+Lloyd run that must give the numpy backend's partition from the same initial centers, and
+MiniBatchKMeans's steps (its `lloyd_iter` on gathered batches, through `batch_backend`),
+which must give the numpy backend's centers, counts and steps.
 
     from kmeans_xp.testing import check_backend
     check_backend(MyBackend)                       # raises AssertionError on the first failure
@@ -92,6 +94,7 @@ def check_backend(cls, *, make_array=None, dtypes=(np.float32, np.float64),
             passed += check_seeding(backend, Xb, w, min(k, 6), xp, where)
         passed += check_memory_bound(backend, to_arr, dtype)
         passed += check_lloyd(backend, to_arr, dtype)
+        passed += check_minibatch(backend, to_arr, dtype)
     return passed
 
 
@@ -353,5 +356,65 @@ def check_lloyd(backend, to_arr, dtype):
             f"{where}: inertia {got.inertia_} != {ref.inertia_}"
         assert np.allclose(to_numpy(got.cluster_centers_), ref.cluster_centers_,
                            rtol=rtol * 10, atol=rtol), f"{where}: centers"
+        checked += 1
+    return checked
+
+
+def minibatch_cases(dtype):
+    """MiniBatchKMeans's test matrix: (name, kwargs, data, fit kwargs); n is no multiple of
+    the batch sizes, and the far centers are reassigned."""
+    X = asymmetric_data(2049, 3, 10, dtype=dtype, seed=8)
+    init = X[np.random.default_rng(3).choice(len(X), 10, replace=False)]
+    far = init.copy()
+    far[:2] += 1e3
+    w = np.random.default_rng(4).uniform(0.5, 2.0, len(X)).astype(dtype)
+    w[::9] = 0
+    base = dict(n_clusters=10, init=init, batch_size=200, random_state=5, max_iter=3)
+    return [
+        ("plain", base, X, {}),
+        ("weights", base, X, {"sample_weight": w}),
+        ("reassigned", {**base, "init": far, "reassignment_ratio": 0.2}, X, {}),
+        ("tol", {**base, "tol": 1e-2, "max_iter": 20}, X, {}),
+        ("k-means++", {**base, "init": "k-means++", "batch_size": 97}, X, {}),
+    ]
+
+
+def check_minibatch(backend, to_arr, dtype):
+    """MiniBatchKMeans through the backend: fit, and partial_fit over slices, give the numpy
+    backend's centers, counts and number of steps (the same batches from the same seed)."""
+    import warnings
+
+    from .minibatch import MiniBatchKMeans
+
+    name = backend.name
+    rtol = 1e-4 if dtype == np.float32 else 1e-9
+    checked = 0
+    for case, kwargs, X, fit_kw in minibatch_cases(dtype):
+        sw = fit_kw.get("sample_weight")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            ref = MiniBatchKMeans(backend="numpy", **kwargs).fit(X, **fit_kw)
+            with _registered(type(backend)):
+                got = MiniBatchKMeans(backend=name, max_memory=backend.max_memory,
+                                      **kwargs).fit(to_arr(X), sample_weight=None if sw is
+                                                    None else to_arr(sw))
+                part = MiniBatchKMeans(backend=name, max_memory=backend.max_memory, **kwargs)
+                part_ref = MiniBatchKMeans(backend="numpy", **kwargs)
+                for start in range(0, X.shape[0], 500):
+                    batch = to_arr(X[start:start + 500])
+                    part.partial_fit(batch)
+                    # a dask array is a step per block of rows
+                    for size in getattr(batch, "chunks", ((batch.shape[0],),))[0]:
+                        part_ref.partial_fit(X[start:start + size])
+                        start += size
+        where = f"{name} {np.dtype(dtype)} mini-batch case {case!r}"
+        assert got.n_steps_ == ref.n_steps_, f"{where}: {got.n_steps_} steps, not {ref.n_steps_}"
+        for a, b, what in ((got, ref, "fit"), (part, part_ref, "partial_fit")):
+            assert np.allclose(to_numpy(a.cluster_centers_), b.cluster_centers_,
+                               rtol=rtol * 100, atol=rtol * 100), f"{where}: {what} centers"
+            assert np.allclose(to_numpy(a._counts), b._counts, rtol=rtol), \
+                f"{where}: {what} counts"
+        assert abs(got.inertia_ - ref.inertia_) <= rtol * 10 * ref.inertia_, \
+            f"{where}: inertia {got.inertia_} != {ref.inertia_}"
         checked += 1
     return checked

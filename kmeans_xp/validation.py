@@ -129,12 +129,20 @@ PARAMETER_CONSTRAINTS = {
     "backend_options": [Check(lambda v: v is None or isinstance(v, dict), "None or a dict")],
     "max_memory": [Check(_is_memory, "'auto', a positive number of bytes or a string like "
                                      "'2GB'")],
+    # MiniBatchKMeans's own
+    "batch_size": [Interval(numbers.Integral, 1)],
+    "compute_labels": [Check(lambda v: isinstance(v, (bool, np.bool_)), "a bool")],
+    "max_no_improvement": [Interval(numbers.Integral, 0), Check(lambda v: v is None, "None")],
+    "init_size": [Interval(numbers.Integral, 1), Check(lambda v: v is None, "None")],
+    "reassignment_ratio": [Interval(numbers.Real, 0)],
 }
 
 
 def validate_params(params: dict, owner="KMeans"):
-    for name, constraints in PARAMETER_CONSTRAINTS.items():
-        value = params[name]
+    """Each parameter against its constraints (every estimator parameter has some: a new one
+    without them is a KeyError here, not a parameter left unchecked)."""
+    for name, value in params.items():
+        constraints = PARAMETER_CONSTRAINTS[name]
         if not any(c(value) for c in constraints):
             allowed = " or ".join(str(c) for c in constraints)
             raise invalid_parameter_error(f"The {name!r} parameter of {owner} must be "

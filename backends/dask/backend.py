@@ -29,7 +29,7 @@ from kmeans_xp.namespaces import namespace_name
 from kmeans_xp.validation import Interval
 
 from .actors import ActorEngine
-from .blocks import block_kind
+from .blocks import block_kind, first_cupy_backend
 from .cluster import Cluster, Settings, whole_rows
 from .graph import GraphEngine
 from .placement import DaskPlacement
@@ -132,6 +132,15 @@ class DaskBackend(KMeansBackend):
         if kind not in ("numpy", "cupy"):
             return f"its blocks are {kind} arrays; it computes on NumPy or CuPy blocks"
         return None
+
+    def batch_backend(self, X):
+        """MiniBatchKMeans's batches are gathered on the client and computed there by the
+        backend of X's blocks (block_backend, else numpy or the first CuPy backend), with
+        all the client's threads: a batch is a few thousand rows."""
+        from kmeans_xp.registry import get_backend
+        kind = block_kind(X) if namespace_name(X) == "dask.array" else "numpy"
+        name = self.block_backend or ("numpy" if kind == "numpy" else first_cupy_backend())
+        return get_backend(name)(max_memory=self.max_memory)
 
     def driver_rows(self, X) -> int:
         return max(int(X.shape[0]), 1)  # dask chunks the driver's passes itself
