@@ -3,7 +3,8 @@
 It checks the primitives against a brute-force float64 reference on asymmetric data (features
 on different scales and offsets, so a swapped or dropped feature fails), in float32 and
 float64, with n not a multiple of any chunk size, k from 1 to n, zero weights, and a full
-Lloyd run that must give the numpy backend's partition from the same initial centers.
+Lloyd run that must give the numpy backend's partition from the same initial centers; for
+spherical k-means, the placement's unit rows and whole `SphericalKMeans` fits likewise.
 
     from kmeans_xp.testing import check_backend
     check_backend(MyBackend)                       # raises AssertionError on the first failure
@@ -92,6 +93,8 @@ def check_backend(cls, *, make_array=None, dtypes=(np.float32, np.float64),
             passed += check_seeding(backend, Xb, w, min(k, 6), xp, where)
         passed += check_memory_bound(backend, to_arr, dtype)
         passed += check_lloyd(backend, to_arr, dtype)
+        passed += check_unit_rows(backend, to_arr, dtype)
+        passed += check_lloyd(backend, to_arr, dtype, spherical=True)
     return passed
 
 
@@ -316,24 +319,81 @@ def lloyd_cases(dtype):
     ]
 
 
-def check_lloyd(backend, to_arr, dtype):
+def spherical_cases(dtype):
+    """The spherical driver's test matrix, as `lloyd_cases`: data on one side of the origin
+    (directions in a cone, as of nonnegative features), so that centers pointing away from
+    it (`far`) lose every point and are relocated; unit rows fitted as given; d=17."""
+    X = asymmetric_data(2049, 3, 12, dtype=dtype, seed=7, offset=12.0)
+    init = X[np.random.default_rng(1).choice(len(X), 12, replace=False)]
+    w = np.random.default_rng(2).uniform(0.5, 2.0, len(X)).astype(dtype)
+    w[::7] = 0
+    far = init.copy()
+    far[:3] *= -1
+    X64 = X.astype(np.float64)
+    unit = (X64 / np.linalg.norm(X64, axis=1, keepdims=True)).astype(dtype)
+    wide = asymmetric_data(1031, 17, 6, dtype=dtype, seed=3, offset=2.0)
+    return [
+        ("plain", dict(n_clusters=12, init=init, max_iter=50), X, {}),
+        ("weights", dict(n_clusters=12, init=init, max_iter=50), X, {"sample_weight": w}),
+        ("empty clusters", dict(n_clusters=12, init=far, max_iter=50), X, {}),
+        ("tol", dict(n_clusters=12, init=init, max_iter=50, tol=1e-2), X, {}),
+        ("max_iter 1", dict(n_clusters=12, init=init, max_iter=1), X, {}),
+        ("k 1", dict(n_clusters=1, init=init[:1], max_iter=10), X, {}),
+        ("unit rows as given", dict(n_clusters=12, init=init, max_iter=50, copy_x=False),
+         unit, {}),
+        ("d 17", dict(n_clusters=9, init=wide[:9], max_iter=50), wide, {}),
+    ]
+
+
+def check_unit_rows(backend, to_arr, dtype):
+    """`placement.unit_rows` (a spherical fit's data) on the backend's input: X's rows at
+    unit norm in X's dtype, on a new array (X unchanged), and a row of norm 0 refused."""
+    from .sphere import ZeroNormError
+    X_np = asymmetric_data(3001, 5, 7, dtype=dtype, seed=5, offset=1.0)
+    X_np[17] *= dtype(1e-30)  # tiny, not zero: still a direction
+    place = backend.placement
+    where = f"{backend.name} {np.dtype(dtype)} unit_rows"
+    for X_case in (X_np, np.concatenate([X_np[:100], np.zeros((1, 5), dtype), X_np[100:]])):
+        X_user = to_arr(X_case)
+        before = np.array(to_numpy(X_user), copy=True)
+        X = place.to_backend(X_user)
+        try:
+            U = _host(place.unit_rows(X, xp=place.namespace(X)))
+        except ZeroNormError as exc:
+            assert X_case.shape[0] != X_np.shape[0], f"{where}: raised on nonzero rows: {exc}"
+            assert "[100]" in str(exc), f"{where}: the error does not name row 100: {exc}"
+            continue
+        assert X_case.shape[0] == X_np.shape[0], f"{where}: a row of norm 0 was accepted"
+        X64 = X_case.astype(np.float64)
+        ref = X64 / np.linalg.norm(X64, axis=1, keepdims=True)
+        tol = 4 * np.finfo(dtype).eps
+        assert U.shape == X_case.shape and np.allclose(U, ref, rtol=tol, atol=tol), \
+            f"{where}: rows are not X's at unit norm"
+        assert np.array_equal(to_numpy(X_user), before), f"{where}: the caller's X was written"
+    return 1
+
+
+def check_lloyd(backend, to_arr, dtype, spherical=False):
     """Whole fits from the same init give the numpy backend's partition, iterations and
-    inertia on every case of the driver's matrix."""
+    inertia on every case of the driver's matrix (`SphericalKMeans` on `spherical_cases`
+    with `spherical`, whose centers must have unit norm)."""
     import warnings
 
     from .estimator import KMeans
+    from .spherical import SphericalKMeans
 
     name = backend.name
     checked = 0
-    for case, kwargs, X, fit_kw in lloyd_cases(dtype):
+    cls, cases = (SphericalKMeans, spherical_cases) if spherical else (KMeans, lloyd_cases)
+    for case, kwargs, X, fit_kw in cases(dtype):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            ref = KMeans(backend="numpy", **kwargs).fit(X, **fit_kw)
+            ref = cls(backend="numpy", **kwargs).fit(X, **fit_kw)
             with _registered(type(backend)):
                 sw = fit_kw.get("sample_weight")
-                got = KMeans(backend=name, max_memory=backend.max_memory, **kwargs).fit(
+                got = cls(backend=name, max_memory=backend.max_memory, **kwargs).fit(
                     to_arr(X), **({} if sw is None else {"sample_weight": to_arr(sw)}))
-        where = f"{name} {np.dtype(dtype)} case {case!r}"
+        where = f"{name} {np.dtype(dtype)} {cls.__name__} case {case!r}"
         assert got.backend_ == name, f"the fit ran on {got.backend_!r}, not {name!r}"
         labels = to_numpy(got.labels_)
         assert np.array_equal(labels, ref.labels_), \
@@ -343,7 +403,10 @@ def check_lloyd(backend, to_arr, dtype):
         rtol = 1e-4 if dtype == np.float32 else 1e-9
         assert abs(got.inertia_ - ref.inertia_) <= rtol * ref.inertia_ + 1e-12, \
             f"{where}: inertia {got.inertia_} != {ref.inertia_}"
-        assert np.allclose(to_numpy(got.cluster_centers_), ref.cluster_centers_,
-                           rtol=rtol * 10, atol=rtol), f"{where}: centers"
+        centers = _host(got.cluster_centers_)
+        assert np.allclose(centers, ref.cluster_centers_, rtol=rtol * 10, atol=rtol), \
+            f"{where}: centers"
+        assert not spherical or np.allclose(np.linalg.norm(centers, axis=1), 1.0,
+                                            rtol=0, atol=rtol), f"{where}: centers not unit"
         checked += 1
     return checked

@@ -19,7 +19,6 @@ import numpy as np
 
 from kmeans_xp.backend import Placement
 from kmeans_xp.memory import compute_itemsize, driver_bytes
-from kmeans_xp.scaling import rescaled
 from kmeans_xp.namespaces import (
     DLPACK_FOREIGN,
     array_namespace,
@@ -27,6 +26,8 @@ from kmeans_xp.namespaces import (
     dlpack_source,
     foreign_device_type,
 )
+from kmeans_xp.scaling import rescaled
+from kmeans_xp.sphere import unit_rows
 
 from . import reductions
 from .budget import host_x_error
@@ -176,6 +177,17 @@ class CupyPlacement(Placement):
             return super().center_scaled(X, mean, scale, xp=xp)
         own = self._uploaded is not None and X is self._uploaded
         return rescaled(Placement.center(self, X, mean, xp=xp, in_place=own), scale, xp)
+
+    def unit_rows(self, X, *, xp):
+        """Unit rows (a spherical fit): in place on the fit's own device copy of a host X, so
+        the device holds X once; a streamed host X on a host copy, streamed as X would be."""
+        rows = self.backend.driver_rows(X)
+        if isinstance(X, np.ndarray) and self.streams(X):
+            Xu = unit_rows(X, xp, rows)
+            self._stream_choice = (id(Xu), True)
+            return Xu
+        own = self._uploaded is not None and X is self._uploaded
+        return unit_rows(X, xp, rows, in_place=own)
 
     def copy_fits(self, X) -> bool:
         """Whether a centered copy of device X fits in the device memory usable now, with
