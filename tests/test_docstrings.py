@@ -12,6 +12,7 @@ METHODS = ["fit", "predict", "fit_predict", "transform", "fit_transform", "score
            "get_params", "set_params", "set_output", "get_feature_names_out", "to_sklearn",
            "set_fit_request", "set_score_request", "get_metadata_routing"]
 OBJECTS = ["kmeans_xp.KMeans", *(f"kmeans_xp.KMeans.{m}" for m in METHODS),
+           "kmeans_xp.SphericalKMeans", *(f"kmeans_xp.SphericalKMeans.{m}" for m in METHODS),
            "kmeans_xp.estimate_memory"]
 #: numpydoc checks left out, as scikit-learn leaves them out: the extended summary, See Also,
 #: an Examples section on every method (the class and estimate_memory have one, checked
@@ -52,8 +53,9 @@ def test_sections_name_every_parameter(name):
         assert "Returns\n-------" in doc, f"{name}: no Returns section"
 
 
-def test_class_has_attributes_and_examples():
-    doc = inspect.getdoc(kmeans_xp.KMeans)
+@pytest.mark.parametrize("cls", ["KMeans", "SphericalKMeans"])
+def test_class_has_attributes_and_examples(cls):
+    doc = inspect.getdoc(getattr(kmeans_xp, cls))
     for section in ("Attributes\n----------", "Examples\n--------"):
         assert section in doc
     for attr in ("cluster_centers_", "labels_", "inertia_", "n_iter_", "n_features_in_",
@@ -65,7 +67,7 @@ def test_class_has_attributes_and_examples():
 def test_examples_run():
     """The docstrings' examples are doctests that pass."""
     import doctest
-    for obj in (kmeans_xp.KMeans, kmeans_xp.estimate_memory):
+    for obj in (kmeans_xp.KMeans, kmeans_xp.SphericalKMeans, kmeans_xp.estimate_memory):
         finder = doctest.DocTestFinder(recurse=False)
         runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
         for test in finder.find(obj, globs={}):
