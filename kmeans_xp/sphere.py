@@ -58,7 +58,7 @@ def unit_rows(X, xp, rows, *, in_place=False, first_row=0):
         u, zeros = _unit_chunk(X, xp)
         if int(zeros):
             raise zero_norm_error(X, xp, first_row)
-        return xp.astype(u, X.dtype)
+        return xp.astype(u, X.dtype, copy=False)
     out = X if in_place else xp.empty(X.shape, dtype=X.dtype, device=device(X))
     zeros = 0
     for sl in row_chunks(n, rows):

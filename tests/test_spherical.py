@@ -17,17 +17,7 @@ import pytest
 from kmeans_xp import KMeans, SphericalKMeans
 from kmeans_xp.sphere import ZeroNormError
 from kmeans_xp.testing import asymmetric_data
-
-
-def directions(n, d, k, seed, spread=0.05):
-    """Unit rows around k directions, features on different scales and offsets (asymmetric),
-    their lengths varied: a fit must not depend on them."""
-    rng = np.random.default_rng(seed)
-    scales = 1.0 + np.arange(d) * 0.7
-    mus = rng.normal(size=(k, d)) * scales + np.arange(d) * 0.5
-    mus /= np.linalg.norm(mus, axis=1, keepdims=True)
-    X = mus[rng.integers(0, k, n)] + rng.normal(size=(n, d)) * scales * spread
-    return X * rng.uniform(0.5, 20.0, size=(n, 1))
+from tests._helpers import directions
 
 
 def unit(X):

@@ -30,7 +30,7 @@ from kmeans_xp.scaling import rescaled
 from kmeans_xp.sphere import unit_rows
 
 from . import reductions
-from .budget import host_x_error
+from .budget import host_x_error, unit_copy_error
 from .common import cupy, out_of_memory_error
 from .staging import download, upload
 
@@ -187,6 +187,8 @@ class CupyPlacement(Placement):
             self._stream_choice = (id(Xu), True)
             return Xu
         own = self._uploaded is not None and X is self._uploaded
+        if not own and not self.copy_fits(X):
+            raise unit_copy_error(self.backend.name, X)
         return unit_rows(X, xp, rows, in_place=own)
 
     def copy_fits(self, X) -> bool:
