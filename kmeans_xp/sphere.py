@@ -2,12 +2,12 @@
 distances. Spherical k-means (`SphericalKMeans`) needs nothing more from the backends.
 
 For unit x and c, ||x - c||^2 = 2 - 2 cos(x, c): on unit rows the backends' squared-Euclidean
-argmin *is* the cosine assignment (largest cosine, lowest index among equals), and their
-float64 per-cluster sums give each new center's direction. So a spherical fit is THE Lloyd
-loop on a unit-row copy of X, with the driver (`kmeans_xp.lloyd`) projecting each new center
-onto the sphere: no kernel of its own on any backend.
+argmin *is* the cosine assignment (the largest cosine), and their float64 per-cluster sums
+give each new center's direction. So a spherical fit is THE Lloyd loop on a unit-row copy of
+X, with the driver (`kmeans_xp.lloyd`) projecting each new center onto the sphere: no kernel
+of its own on any backend.
 
-Below the driver and the Placement: imports nothing of the package but `chunks`.
+Below the driver and the Placement: imports only `chunks` and `namespaces`.
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ def _unit_chunk(x, xp):
     """(x's rows scaled to unit norm in float64, a 0-d count of its zero rows). Each row is
     divided by its largest |value| first, so no square overflows or underflows (float64 X
     at 1e200 or 1e-200 included); zero rows stay zero, and are counted."""
-    x = xp.astype(x, xp.float64)
+    x = xp.astype(x, xp.float64, copy=False)  # (never written)
     top = xp.max(xp.abs(x), axis=1)
     zero = top == 0
     y = x / xp.where(zero, xp.ones_like(top), top)[:, None]
@@ -34,16 +34,16 @@ def _unit_chunk(x, xp):
     return y, xp.sum(xp.astype(zero, xp.int64))
 
 
-def zero_norm_error(X, xp, first_row=0, what="X"):
+def zero_norm_error(X, xp, first_row=0):
     """The error for X's rows of norm 0, naming the first few (found again: only on error)."""
     rows = []
-    for sl in row_chunks(X.shape[0], max(1, 1 << 16)):
+    for sl in row_chunks(X.shape[0], 1 << 16):
         top = to_numpy(xp.max(xp.abs(X[sl, ...]), axis=1))
         rows.extend((np.flatnonzero(top == 0) + sl.start + first_row)[:5].tolist())
         if len(rows) >= 5:
             break
     return ZeroNormError(
-        f"{what} has rows of norm 0 (rows {rows[:5]}{', ...' if len(rows) > 5 else ''}): "
+        f"X has rows of norm 0 (rows {rows[:5]}{', ...' if len(rows) > 5 else ''}): "
         f"their cosine with any center is undefined. Drop them (e.g. "
         f"X[np.linalg.norm(X, axis=1) > 0]) before a spherical fit.")
 
@@ -95,11 +95,12 @@ def unit_centers(C, fallback, xp):
     """C's rows (means of unit rows) projected onto the unit sphere, in float64. A row of
     norm 0 (its cluster's points cancel out exactly: no direction) keeps `fallback`'s row,
     its previous center."""
-    c = xp.astype(C, xp.float64)
+    # (once per iteration in the driver, a device launch per call on a GPU: no copies)
+    c = xp.astype(C, xp.float64, copy=False)
     norm = xp.sqrt(xp.sum(c * c, axis=1))[:, None]
     nonzero = norm > 0
     return xp.where(nonzero, c / xp.where(nonzero, norm, xp.ones_like(norm)),
-                    xp.astype(fallback, xp.float64))
+                    xp.astype(fallback, xp.float64, copy=False))
 
 
 def cosine_distances(X, centers, xp, rows):

@@ -255,6 +255,11 @@ def test_params_clone_repr_and_feature_names():
     X = directions(300, 3, 5, seed=12)
     km.fit(X)
     assert km.get_feature_names_out().tolist() == [f"sphericalkmeans{i}" for i in range(5)]
+    pytest.importorskip("pandas")
+    frame = km.set_output(transform="pandas").transform(X)
+    assert list(frame.columns) == km.get_feature_names_out().tolist()
+    np.testing.assert_allclose(frame.to_numpy().min(1), 1 - (unit(X) @ unit(
+        km.cluster_centers_).T).max(1), atol=1e-12)
     assert sklearn.base.is_clusterer(km)
 
 
