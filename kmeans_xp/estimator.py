@@ -124,6 +124,7 @@ default=None
     See Also
     --------
     kmeans_xp.estimate_memory : The memory a fit needs, before it runs.
+    kmeans_xp.SphericalKMeans : The same on the unit sphere: clusters by cosine similarity.
     sklearn.cluster.KMeans : The estimator whose API and semantics this one follows.
 
     Examples
