@@ -12,7 +12,8 @@
 # firstuse (a fresh process's first fit, cold and warm kernel cache, profiled),
 # streamcheck (the streamed mean and fits of a 12 GB host X against NumPy's and in-memory),
 # streamfit (whole fits of a 12 GB host X under a 15 GiB pool limit), upload (NumPy X to the
-# device and labels back by staging chunk and buffers, and fits at n=200M from NumPy), some (the GPU tests in $TEST_FILES),
+# device and labels back by staging chunk and buffers, and fits at n=200M from NumPy), minibatch
+# (MiniBatchKMeans against scikit-learn's, on the CPU and the GPU, and over a 12 GB memmap), some (the GPU tests in $TEST_FILES),
 # pack (everything under $OUT into one session.tgz: the device returns a few files only).
 #   bash benchmarks/gpu_session.sh machine old tests new
 set -uo pipefail
@@ -146,6 +147,10 @@ sys.version.split()[0])"
       install_new
       timeout 100 python3 benchmarks/debug_free_memory.py > "$OUT/debug_free_memory.log" 2>&1
       tail -n 12 "$OUT/debug_free_memory.log" ;;
+    minibatch)
+      install_new
+      timeout ${MINIBATCH_TIMEOUT:-280} python3 benchmarks/minibatch_probe.py ${MINIBATCH_ARGS:-} --memmap-dir /tmp --out "$OUT/minibatch_probe.json" > "$OUT/minibatch_probe.log" 2>&1
+      tail -n 12 "$OUT/minibatch_probe.log" | cut -c1-300 ;;
     upload)
       install_new
       timeout ${UPLOAD_TIMEOUT:-150} python3 benchmarks/upload_probe.py ${UPLOAD_ARGS:-} --out "$OUT/upload_probe.json" > "$OUT/upload_probe.log" 2>&1

@@ -27,14 +27,14 @@ from .registry import (
     list_backends,
     register_backend,
 )
+from .spherical import SphericalKMeans
 from .validation import InvalidParameterError, NotFittedError
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "KMeans", "MiniBatchKMeans", "KMeansBackend", "AssignResult", "ReduceResult", "IterStats",
-    "Farthest",
-    "Option", "Placement", "Budget", "LloydResult",
+    "KMeans", "MiniBatchKMeans", "SphericalKMeans", "KMeansBackend", "AssignResult",
+    "ReduceResult", "IterStats", "Farthest", "Option", "Placement", "Budget", "LloydResult",
     "KMeansMemoryError", "MemoryEstimate", "estimate_memory", "list_backends", "get_backend",
     "available_backends", "register_backend", "BackendNotAvailableError", "NotFittedError",
     "WorkerLostError", "InvalidParameterError",

@@ -30,14 +30,15 @@ backend gives the same answer for the same initial centers.
                                                steps', memory.xp_seeding_bytes)
     estimate_memory   no        estimate_memory working bytes per part, before anything runs
     placement         no        estimator,     a `Placement`: a head start (`warm_up`), moving
-                                driver         X to the device and back, centering, fetching,
-                                               synchronising
+                                driver         X to the device and back, centering (unit rows
+                                               for a spherical fit), fetching, synchronising
     memory            no        everyone       a `memory.Budget`: max_memory in bytes, stages
                                                and their measured peaks, memory checks
 
 `X` handed to the primitives is what `placement.center` returned (mean-centered X in the
-backend's namespace); `sample_weight` is an (n,) array in X's namespace and dtype, or None for
-unit weights. Centers and the small results (k-sized sums, 0-d statistics) live in the
+backend's namespace; for a spherical fit, the unit rows of `placement.unit_rows`, not
+centered); `sample_weight` is an (n,) array in X's namespace and dtype, or None for unit
+weights. Centers and the small results (k-sized sums, 0-d statistics) live in the
 namespace `placement.small` puts them in (X's own by default).
 """
 from __future__ import annotations
@@ -49,6 +50,7 @@ from .chunks import count_changed, feature_mean, labelled_sq_dist, tolerance, we
 from .memory import Budget, MemoryEstimate
 from .namespaces import array_namespace, as_like, device, label_counts, namespace_name, to_numpy
 from .scaling import rescaled
+from .sphere import unit_rows
 
 
 class AssignResult(NamedTuple):
@@ -194,6 +196,12 @@ class Placement:
         """(X - mean) * scale, scale a power of two (exact): the data of a fit that rescales
         X so its squared distances stay inside its dtype (`kmeans_xp.scaling`)."""
         return rescaled(self.center(X, mean, xp=xp), scale, xp)
+
+    def unit_rows(self, X, *, xp):
+        """X's rows scaled to unit L2 norm, the data of a spherical fit (`SphericalKMeans`),
+        on an array the fit owns, never X itself (`sphere.unit_rows`, chunk by chunk); a row
+        of norm 0 raises `sphere.ZeroNormError`."""
+        return unit_rows(X, xp, self.backend.driver_rows(X))
 
     def finish(self, kept=None):
         """The fit has ended and dropped its arrays: release per-fit buffers. `kept`, the

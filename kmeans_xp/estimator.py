@@ -118,6 +118,7 @@ default=None
     See Also
     --------
     kmeans_xp.estimate_memory : The memory a fit needs, before it runs.
+    kmeans_xp.SphericalKMeans : The same on the unit sphere: clusters by cosine similarity.
     sklearn.cluster.KMeans : The estimator whose API and semantics this one follows.
 
     Examples
@@ -137,6 +138,8 @@ default=None
     """
 
     _estimator_type = "clusterer"
+    #: SphericalKMeans (kmeans_xp.spherical): unit rows, centers on the unit sphere
+    _spherical = False
 
     def __init__(self, n_clusters: int = 8, *, init: Any = "k-means++",
                  n_init: str | int = "auto", max_iter: int = 300, tol: float = 1e-4,
@@ -208,19 +211,7 @@ default=None
         sw = None if sw_host is None else place.persist(xp.asarray(sw_host, device=device(Xb)))
         place.synchronize()
         clock.lap("transfer")
-        # lazy input (dask) has its max |X| measured by to_backend, with its NaN/inf check
-        scale = pow2_scale(place.absmax if absmax is None else absmax, X.dtype, X.shape[1])
-        # on data to be rescaled, the variance of tol is taken after (it could overflow)
-        X_mean, tol = place.feature_stats(Xb, self.tol if scale == 1 else 0, xp=xp)
-        if not self.copy_x and scale == 1:
-            # X is never written (a memmap neither): the fit computes on X as given
-            X_mean = xp.zeros_like(X_mean)
-            Xc = place.center(Xb, None, xp=xp)
-        elif scale == 1:
-            Xc = place.center(Xb, place.persist(X_mean), xp=xp)
-        else:
-            Xc = place.center_scaled(Xb, place.persist(X_mean), scale, xp=xp)
-            tol = tolerance(Xc, xp.zeros_like(X_mean), self.tol, xp, backend.driver_rows(Xc))
+        Xc, X_mean, tol, scale = self._fit_data(backend, Xb, xp, absmax)
         X_mean = place.persist(X_mean)
         place.synchronize()
         clock.lap("stats")
@@ -239,6 +230,24 @@ default=None
             self._print_report()
         return self
 
+    def _fit_data(self, backend, Xb, xp, absmax):
+        """(the data the driver computes on, X's mean, the absolute tol, the power of two X
+        is scaled by): X centered (on a copy, unless copy_x=False), rescaled when its squared
+        distances would leave its dtype."""
+        place = backend.placement
+        # lazy input (dask) has its max |X| measured by to_backend, with its NaN/inf check
+        scale = pow2_scale(place.absmax if absmax is None else absmax, Xb.dtype, Xb.shape[1])
+        # on data to be rescaled, the variance of tol is taken after (it could overflow)
+        X_mean, tol = place.feature_stats(Xb, self.tol if scale == 1 else 0, xp=xp)
+        if not self.copy_x and scale == 1:
+            # X is never written (a memmap neither): the fit computes on X as given
+            return place.center(Xb, None, xp=xp), xp.zeros_like(X_mean), tol, scale
+        if scale == 1:
+            return place.center(Xb, place.persist(X_mean), xp=xp), X_mean, tol, scale
+        Xc = place.center_scaled(Xb, place.persist(X_mean), scale, xp=xp)
+        tol = tolerance(Xc, xp.zeros_like(X_mean), self.tol, xp, backend.driver_rows(Xc))
+        return Xc, X_mean, tol, scale
+
     def _run(self, backend, Xc, X_mean, sw, rs, xp, n_init, tol, given, scale):
         place = backend.placement
         best = None
@@ -256,7 +265,7 @@ default=None
             with backend.memory.stage("lloyd"):
                 result = kmeans_single_lloyd(backend, Xc, sw, centers, xp=xp,
                                              max_iter=self.max_iter, tol=tol,
-                                             verbose=self.verbose)
+                                             verbose=self.verbose, spherical=self._spherical)
             place.synchronize()
             t_init += t1 - t0
             t_lloyd += time.perf_counter() - t1

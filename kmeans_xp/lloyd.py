@@ -4,7 +4,10 @@ Mirrors scikit-learn's `_kmeans_single_lloyd`: stop on strict convergence (no la
 or when the squared center shift is <= tol; relocate empty clusters to the points farthest
 from their centers (sklearn's rules, and its guard: when every point sits on its center
 nothing moves); finish with an assignment against the final centers so `labels_ ==
-predict(X)`; inertia from direct squared differences. X arrives mean-centered.
+predict(X)`; inertia from direct squared differences. X arrives mean-centered, or, for a
+spherical fit (`spherical=True`), as unit rows: then every center the loop makes (initial,
+updated, relocated, filled from the heaviest cluster) is projected onto the unit sphere in
+`new_centers`, the one place centers are made (`kmeans_xp.sphere`).
 
 The backend computes an iteration's statistics where the data lives (`lloyd_iter`); the
 driver updates the k centers in xp code and reads one small array per iteration (shift,
@@ -21,6 +24,7 @@ import numpy as np
 
 from .namespaces import device, to_numpy
 from .progress import bar, logger
+from .sphere import unit_centers
 
 #: positions in the array the driver reads each iteration
 SHIFT, INERTIA, CHANGED, FILLED = range(4)
@@ -46,18 +50,23 @@ def _rounding(x, dtype):
     return (8 * eps) ** 2 * float(np.max(np.sum(x * x, axis=1), initial=0.0))
 
 
-def new_centers(sums, weights, centers_old, xp, *, fill_empty=True, filled=None):
+def new_centers(sums, weights, centers_old, xp, *, fill_empty=True, filled=None,
+                spherical=False):
     """Weighted means in centers_old's dtype. A cluster still empty after relocation takes
     the center of the heaviest cluster, as scikit-learn's `_average_centers` does. Without
     fill_empty an empty cluster's row is 0: the driver relocates before such centers are
     used, and leaving the fill out saves a device program's worth of launches per iteration.
-    `filled` (weights > 0), when the caller has it already."""
+    `filled` (weights > 0), when the caller has it already. `spherical`: the means projected
+    onto the unit sphere (in float64, before the rounding to centers_old's dtype); a mean of
+    norm 0 keeps its old center."""
     w = weights[:, None]
     filled = (weights > 0 if filled is None else filled)[:, None]
     means = sums / xp.where(filled, w, 1.0)
     if fill_empty:
         heaviest = xp.take(means, xp.reshape(xp.argmax(weights), (1,)), axis=0)
         means = xp.where(filled, means, heaviest)
+    if spherical:
+        means = unit_centers(means, centers_old, xp)
     return xp.astype(means, centers_old.dtype, copy=False)
 
 
@@ -87,7 +96,8 @@ def relocate_empty(backend, X, sample_weight, centers_old, labels, sums, weights
             cxp.asarray(w, dtype=cxp.float64, device=cxp_dev))
 
 
-def _update(backend, X, sample_weight, centers, centers64, it, *, xp, cxp, relocate):
+def _update(backend, X, sample_weight, centers, centers64, it, *, xp, cxp, relocate,
+            spherical):
     """(new centers, the same in float64, the small array to read) from one iteration's
     statistics. Each xp call here is a device launch on a GPU, where an iteration's pass can
     be shorter than a dozen of them: hence no copies (the statistics are float64 by
@@ -98,7 +108,8 @@ def _update(backend, X, sample_weight, centers, centers64, it, *, xp, cxp, reloc
         sums, weights = relocate_empty(backend, X, sample_weight, centers, it.labels, sums,
                                        weights, xp)
     filled = weights > 0
-    c_new = new_centers(sums, weights, centers, cxp, fill_empty=relocate, filled=filled)
+    c_new = new_centers(sums, weights, centers, cxp, fill_empty=relocate, filled=filled,
+                        spherical=spherical)
     c64 = cxp.astype(c_new, cxp.float64, copy=False)
     diff = c64 - centers64
     n_filled = cxp.sum(cxp.astype(filled, cxp.float64))
@@ -117,11 +128,15 @@ def _log(verbose, text, *args):
 
 
 def kmeans_single_lloyd(backend, X, sample_weight, centers, *, xp, max_iter, tol,
-                        verbose=0) -> LloydResult:
-    """One Lloyd run from `centers` (X's dtype) on any backend."""
+                        verbose=0, spherical=False) -> LloydResult:
+    """One Lloyd run from `centers` (X's dtype) on any backend. `spherical`: X has unit
+    rows, and the centers are projected onto the unit sphere, the initial ones too (a row
+    of norm 0 stays 0: the estimator refuses such an init)."""
     place = backend.placement
     centers = place.small(centers)
     cxp = place.namespace(centers)
+    if spherical:
+        centers = cxp.astype(unit_centers(centers, centers, cxp), centers.dtype)
     centers64 = cxp.astype(centers, cxp.float64, copy=False)
     k = centers.shape[0]
     history = {"inertia": [], "center_shift": []}
@@ -136,7 +151,7 @@ def kmeans_single_lloyd(backend, X, sample_weight, centers, *, xp, max_iter, tol
     for i in range(max_iter):
         progress.update(1)
         c_new, c64, small = _update(backend, X, sample_weight, centers, centers64, it, xp=xp,
-                                    cxp=cxp, relocate=False)
+                                    cxp=cxp, relocate=False, spherical=spherical)
         pending = place.fetch(small)
         if place.asynchronous and not relocated and iteration_s < AHEAD_MAX_ITERATION_S:
             # (after a relocation, empty clusters tend to come again: the pass issued ahead
@@ -148,7 +163,7 @@ def kmeans_single_lloyd(backend, X, sample_weight, centers, *, xp, max_iter, tol
         if relocated:
             ahead = None  # relocation changes the centers the next iteration needs
             c_new, c64, small = _update(backend, X, sample_weight, centers, centers64, it,
-                                        xp=xp, cxp=cxp, relocate=True)
+                                        xp=xp, cxp=cxp, relocate=True, spherical=spherical)
             values = place.fetch(small)()
         shift = float(values[SHIFT])
         history["inertia"].append(float(values[INERTIA]))

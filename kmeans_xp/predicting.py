@@ -74,10 +74,16 @@ class Predicting:
                 to_numpy(self._centers_fit), device=device(Xb))
         Xs, mean = xp.astype(Xb, centers.dtype, copy=False), xp.astype(mean, centers.dtype)
         scale = getattr(self, "_scale", 1.0)
+        return (backend, self._as_fitted(place, Xs, mean, xp), xp, X,
+                centers if scale == 1 else centers * scale)
+
+    def _as_fitted(self, place, X, mean, xp):
+        """X as the fit computed on it: centered and, where the fit rescaled, rescaled (as
+        the fit: on a copy the placement owns, never X itself nor a chunkwise view)."""
+        scale = getattr(self, "_scale", 1.0)
         if scale == 1:
-            return backend, place.center(Xs, mean, xp=xp), xp, X, centers
-        # (as the fit: on a copy the placement owns, never X itself nor a chunkwise view)
-        return backend, place.center_scaled(Xs, mean, scale, xp=xp), xp, X, centers * scale
+            return place.center(X, mean, xp=xp)
+        return place.center_scaled(X, mean, scale, xp=xp)
 
     @explains_memory_errors
     def predict(self, X: Any) -> Any:
@@ -181,8 +187,12 @@ class Predicting:
             sample_weight, Xc.shape[0], host_dtype_of(Xc.dtype)), device=device(Xc))
         centers = backend.placement.small(centers)  # where the driver's inertia takes them
         _, total = backend.labels_inertia(Xc, sw, centers, xp=xp)
-        total = float(to_numpy(total))
-        return -ldexp_or_inf(total, -2 * (math.frexp(getattr(self, "_scale", 1.0))[1] - 1))
+        return -self._objective(float(to_numpy(total)))
+
+    def _objective(self, sq_dist):
+        """inertia_'s units from a sum of squared distances computed as the fit computed
+        them: X's squared units (the fit's power-of-two rescaling undone)."""
+        return ldexp_or_inf(sq_dist, -2 * (math.frexp(getattr(self, "_scale", 1.0))[1] - 1))
 
 
 def _distances(X, centers, mean, xp, rows):

@@ -3,30 +3,30 @@
 It checks the primitives against a brute-force float64 reference on asymmetric data (features
 on different scales and offsets, so a swapped or dropped feature fails), in float32 and
 float64, with n not a multiple of any chunk size, k from 1 to n, zero weights, a full
-Lloyd run that must give the numpy backend's partition from the same initial centers, and
+Lloyd run that must give the numpy backend's partition from the same initial centers,
 MiniBatchKMeans's steps (its `lloyd_iter` on gathered batches, through `batch_backend`),
-which must give the numpy backend's centers, counts and steps.
+which must give the numpy backend's centers, counts and steps, and for spherical k-means,
+the placement's unit rows and whole `SphericalKMeans` fits likewise.
 
     from kmeans_xp.testing import check_backend
     check_backend(MyBackend)                       # raises AssertionError on the first failure
 """
 from __future__ import annotations
 
-import contextlib
-
 import numpy as np
 
 from .backend import KMeansBackend
 from .namespaces import to_numpy
-
-
-def asymmetric_data(n, d, k, *, dtype=np.float64, seed=0, offset=0.0):
-    """k blobs whose features have different scales and offsets (never symmetric in x<->y)."""
-    rng = np.random.default_rng(seed)
-    scales = 1.0 + np.arange(d) * 0.7
-    centers = rng.uniform(-10, 10, size=(k, d)) * scales + np.arange(d) * 3.0
-    X = centers[rng.integers(0, k, size=n)] + rng.normal(size=(n, d)) * scales * 0.8
-    return (X + offset).astype(dtype)
+from .testing_fits import (  # noqa: F401 - asymmetric_data and lloyd_cases are public here
+    _dev,
+    _host,
+    _registered,
+    asymmetric_data,
+    check_lloyd,
+    check_minibatch,
+    check_unit_rows,
+    lloyd_cases,
+)
 
 
 def _brute(X, C, labels=None, w=None):
@@ -95,6 +95,8 @@ def check_backend(cls, *, make_array=None, dtypes=(np.float32, np.float64),
         passed += check_memory_bound(backend, to_arr, dtype)
         passed += check_lloyd(backend, to_arr, dtype)
         passed += check_minibatch(backend, to_arr, dtype)
+        passed += check_unit_rows(backend, to_arr, dtype)
+        passed += check_lloyd(backend, to_arr, dtype, spherical=True)
     return passed
 
 
@@ -114,15 +116,6 @@ def _default_maker(backend):
     if backend.accepts(np.zeros((2, 2)), n_clusters=1):
         return lambda a: a
     return backend.placement.to_backend
-
-
-def _dev(x):
-    from array_api_compat import device
-    return device(x)
-
-
-def _host(a):
-    return to_numpy(a).astype(np.float64)
 
 
 class Reference:
@@ -248,26 +241,6 @@ def check_seeding(backend, X, w, k, xp, where):
     return passed
 
 
-@contextlib.contextmanager
-def _registered(cls):
-    """`cls` is what its name resolves to while the fit runs, then the registry is as it was:
-    the class under test is used even when an installed backend (a built-in, a plugin, an
-    older version of it) has the same name."""
-    from . import registry
-
-    previous = registry._runtime.get(cls.name)
-    registry._runtime[cls.name] = cls
-    registry.list_backends.cache_clear()
-    try:
-        yield
-    finally:
-        if previous is None:
-            registry._runtime.pop(cls.name, None)
-        else:
-            registry._runtime[cls.name] = previous
-        registry.list_backends.cache_clear()
-
-
 def check_memory_bound(backend, to_arr, dtype, n=20011, d=3, k=300):
     """On NumPy input: the peak of one lloyd_iter stays within the backend's own estimate
     plus its outputs (labels), under a budget small enough to force chunking."""
@@ -300,121 +273,3 @@ def check_memory_bound(backend, to_arr, dtype, n=20011, d=3, k=300):
         f"took {peak} bytes, more than its estimate {est.total} + labels")
     del it
     return 1
-
-
-#: the driver's test matrix: (name, KMeans kwargs, data maker, fit kwargs)
-def lloyd_cases(dtype):
-    X = asymmetric_data(2049, 3, 12, dtype=dtype, seed=7)
-    init = X[np.random.default_rng(1).choice(len(X), 12, replace=False)]
-    w = np.random.default_rng(2).uniform(0.5, 2.0, len(X)).astype(dtype)
-    w[::7] = 0
-    far = init.copy()
-    far[:3] += 1e3      # three centers nobody is near: empty clusters, relocation
-    # five points, each repeated (identical centers, ties in every assignment); unequal
-    # counts, so that no two points sit at exactly the same distance from a mean (that tie
-    # would be decided by the last bit of the mean, which exact and rounded sums differ in)
-    dup = np.repeat(X[:5], [40, 41, 42, 43, 44], axis=0)
-    guard = np.array([[0.0]] * 4 + [[1.0]] * 6, dtype=dtype)  # every point on a center
-    return [
-        ("relocation guard", dict(n_clusters=5, init=np.zeros((5, 1), dtype)), guard, {}),
-        ("plain", dict(n_clusters=12, init=init, max_iter=50), X, {}),
-        ("weights", dict(n_clusters=12, init=init, max_iter=50), X, {"sample_weight": w}),
-        ("empty clusters", dict(n_clusters=12, init=far, max_iter=50), X, {}),
-        ("duplicates", dict(n_clusters=8, init=dup[:8], max_iter=50), dup, {}),
-        ("tol", dict(n_clusters=12, init=init, max_iter=50, tol=1e-2), X, {}),
-        ("max_iter 1", dict(n_clusters=12, init=init, max_iter=1), X, {}),
-        ("k 1", dict(n_clusters=1, init=init[:1], max_iter=10), X, {}),
-    ]
-
-
-def check_lloyd(backend, to_arr, dtype):
-    """Whole fits from the same init give the numpy backend's partition, iterations and
-    inertia on every case of the driver's matrix."""
-    import warnings
-
-    from .estimator import KMeans
-
-    name = backend.name
-    checked = 0
-    for case, kwargs, X, fit_kw in lloyd_cases(dtype):
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            ref = KMeans(backend="numpy", **kwargs).fit(X, **fit_kw)
-            with _registered(type(backend)):
-                sw = fit_kw.get("sample_weight")
-                got = KMeans(backend=name, max_memory=backend.max_memory, **kwargs).fit(
-                    to_arr(X), **({} if sw is None else {"sample_weight": to_arr(sw)}))
-        where = f"{name} {np.dtype(dtype)} case {case!r}"
-        assert got.backend_ == name, f"the fit ran on {got.backend_!r}, not {name!r}"
-        labels = to_numpy(got.labels_)
-        assert np.array_equal(labels, ref.labels_), \
-            f"{where}: partition differs from numpy backend " \
-            f"({np.mean(labels != ref.labels_):.4%} of labels)"
-        assert got.n_iter_ == ref.n_iter_, f"{where}: n_iter {got.n_iter_} != {ref.n_iter_}"
-        rtol = 1e-4 if dtype == np.float32 else 1e-9
-        assert abs(got.inertia_ - ref.inertia_) <= rtol * ref.inertia_ + 1e-12, \
-            f"{where}: inertia {got.inertia_} != {ref.inertia_}"
-        assert np.allclose(to_numpy(got.cluster_centers_), ref.cluster_centers_,
-                           rtol=rtol * 10, atol=rtol), f"{where}: centers"
-        checked += 1
-    return checked
-
-
-def minibatch_cases(dtype):
-    """MiniBatchKMeans's test matrix: (name, kwargs, data, fit kwargs); n is no multiple of
-    the batch sizes, and the far centers are reassigned."""
-    X = asymmetric_data(2049, 3, 10, dtype=dtype, seed=8)
-    init = X[np.random.default_rng(3).choice(len(X), 10, replace=False)]
-    far = init.copy()
-    far[:2] += 1e3
-    w = np.random.default_rng(4).uniform(0.5, 2.0, len(X)).astype(dtype)
-    w[::9] = 0
-    base = dict(n_clusters=10, init=init, batch_size=200, random_state=5, max_iter=3)
-    return [
-        ("plain", base, X, {}),
-        ("weights", base, X, {"sample_weight": w}),
-        ("reassigned", {**base, "init": far, "reassignment_ratio": 0.2}, X, {}),
-        ("tol", {**base, "tol": 1e-2, "max_iter": 20}, X, {}),
-        ("k-means++", {**base, "init": "k-means++", "batch_size": 97}, X, {}),
-    ]
-
-
-def check_minibatch(backend, to_arr, dtype):
-    """MiniBatchKMeans through the backend: fit, and partial_fit over slices, give the numpy
-    backend's centers, counts and number of steps (the same batches from the same seed)."""
-    import warnings
-
-    from .minibatch import MiniBatchKMeans
-
-    name = backend.name
-    rtol = 1e-4 if dtype == np.float32 else 1e-9
-    checked = 0
-    for case, kwargs, X, fit_kw in minibatch_cases(dtype):
-        sw = fit_kw.get("sample_weight")
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            ref = MiniBatchKMeans(backend="numpy", **kwargs).fit(X, **fit_kw)
-            with _registered(type(backend)):
-                got = MiniBatchKMeans(backend=name, max_memory=backend.max_memory,
-                                      **kwargs).fit(to_arr(X), sample_weight=None if sw is
-                                                    None else to_arr(sw))
-                part = MiniBatchKMeans(backend=name, max_memory=backend.max_memory, **kwargs)
-                part_ref = MiniBatchKMeans(backend="numpy", **kwargs)
-                for start in range(0, X.shape[0], 500):
-                    batch = to_arr(X[start:start + 500])
-                    part.partial_fit(batch)
-                    # a dask array is a step per block of rows
-                    for size in getattr(batch, "chunks", ((batch.shape[0],),))[0]:
-                        part_ref.partial_fit(X[start:start + size])
-                        start += size
-        where = f"{name} {np.dtype(dtype)} mini-batch case {case!r}"
-        assert got.n_steps_ == ref.n_steps_, f"{where}: {got.n_steps_} steps, not {ref.n_steps_}"
-        for a, b, what in ((got, ref, "fit"), (part, part_ref, "partial_fit")):
-            assert np.allclose(to_numpy(a.cluster_centers_), b.cluster_centers_,
-                               rtol=rtol * 100, atol=rtol * 100), f"{where}: {what} centers"
-            assert np.allclose(to_numpy(a._counts), b._counts, rtol=rtol), \
-                f"{where}: {what} counts"
-        assert abs(got.inertia_ - ref.inertia_) <= rtol * 10 * ref.inertia_, \
-            f"{where}: inertia {got.inertia_} != {ref.inertia_}"
-        checked += 1
-    return checked

@@ -12,6 +12,17 @@ def blobs(seed=0):
     return X, X[rng.choice(len(X), 5, replace=False)]
 
 
+def directions(n, d, k, seed, spread=0.05):
+    """Rows around k directions (spherical k-means' data): features on different scales and
+    offsets (asymmetric), lengths varied from 0.5 to 20, which a spherical fit ignores."""
+    rng = np.random.default_rng(seed)
+    scales = 1.0 + np.arange(d) * 0.7
+    mus = rng.normal(size=(k, d)) * scales + np.arange(d) * 0.5
+    mus /= np.linalg.norm(mus, axis=1, keepdims=True)
+    X = mus[rng.integers(0, k, n)] + rng.normal(size=(n, d)) * scales * spread
+    return X * rng.uniform(0.5, 20.0, size=(n, 1))
+
+
 def spy_to_backend(monkeypatch, cls):
     """Record what `cls.to_backend` hands the fit (a list, filled as fits run)."""
     seen = []

@@ -13,7 +13,8 @@ METHODS = ["fit", "predict", "fit_predict", "transform", "fit_transform", "score
            "set_fit_request", "set_score_request", "get_metadata_routing"]
 OBJECTS = ["kmeans_xp.KMeans", *(f"kmeans_xp.KMeans.{m}" for m in METHODS),
            "kmeans_xp.estimate_memory", "kmeans_xp.MiniBatchKMeans",
-           *(f"kmeans_xp.MiniBatchKMeans.{m}" for m in ("fit", "partial_fit", "to_sklearn"))]
+           *(f"kmeans_xp.MiniBatchKMeans.{m}" for m in ("fit", "partial_fit", "to_sklearn")),
+           "kmeans_xp.SphericalKMeans", *(f"kmeans_xp.SphericalKMeans.{m}" for m in METHODS)]
 #: numpydoc checks left out, as scikit-learn leaves them out: the extended summary, See Also,
 #: an Examples section on every method (the class and estimate_memory have one, checked
 #: below), named returns ("self : KMeans", RT02)
@@ -53,7 +54,7 @@ def test_sections_name_every_parameter(name):
         assert "Returns\n-------" in doc, f"{name}: no Returns section"
 
 
-@pytest.mark.parametrize("cls", ["KMeans", "MiniBatchKMeans"])
+@pytest.mark.parametrize("cls", ["KMeans", "MiniBatchKMeans", "SphericalKMeans"])
 def test_class_has_attributes_and_examples(cls):
     doc = inspect.getdoc(getattr(kmeans_xp, cls))
     for section in ("Attributes\n----------", "Examples\n--------"):
@@ -67,7 +68,8 @@ def test_class_has_attributes_and_examples(cls):
 def test_examples_run():
     """The docstrings' examples are doctests that pass."""
     import doctest
-    for obj in (kmeans_xp.KMeans, kmeans_xp.MiniBatchKMeans, kmeans_xp.estimate_memory):
+    for obj in (kmeans_xp.KMeans, kmeans_xp.MiniBatchKMeans, kmeans_xp.SphericalKMeans,
+                kmeans_xp.estimate_memory):
         finder = doctest.DocTestFinder(recurse=False)
         runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
         for test in finder.find(obj, globs={}):

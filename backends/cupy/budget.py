@@ -70,6 +70,17 @@ def centered_copy_error(name, X):
         f"uncentered), or free device memory.")
 
 
+def unit_copy_error(name, X):
+    """A device X whose unit-row copy (a spherical fit) does not fit beside it."""
+    nbytes = int(np.prod(X.shape)) * compute_itemsize(X.dtype)
+    return KMeansMemoryError(
+        f"{name}: a spherical fit computes on a unit-row copy of X ({format_bytes(nbytes)}), "
+        f"and the device cannot hold it and the fit's labels beside X: "
+        f"{device_memory_state()}. Scale X's rows to unit norm yourself and fit with "
+        f"copy_x=False (X is then used as given), give X as a NumPy array (its device copy "
+        f"is normalised in place, or it streams), or free device memory.")
+
+
 class CupyBudget(Budget):
     """Device memory of one backend's fits."""
 

@@ -28,9 +28,10 @@ from kmeans_xp.namespaces import (
     foreign_device_type,
 )
 from kmeans_xp.scaling import rescaled
+from kmeans_xp.sphere import unit_rows
 
 from . import common, reductions
-from .budget import host_x_error
+from .budget import host_x_error, unit_copy_error
 from .common import cupy, out_of_memory_error
 from .staging import download, upload
 
@@ -193,6 +194,19 @@ class CupyPlacement(Placement):
             return super().center_scaled(X, mean, scale, xp=xp)
         own = self._uploaded is not None and X is self._uploaded
         return rescaled(Placement.center(self, X, mean, xp=xp, in_place=own), scale, xp)
+
+    def unit_rows(self, X, *, xp):
+        """Unit rows (a spherical fit): in place on the fit's own device copy of a host X, so
+        the device holds X once; a streamed host X on a host copy, streamed as X would be."""
+        rows = self.backend.driver_rows(X)
+        if isinstance(X, np.ndarray) and self.streams(X):
+            Xu = unit_rows(X, xp, rows)
+            self._stream_choice = (id(Xu), True)
+            return Xu
+        own = self._uploaded is not None and X is self._uploaded
+        if not own and not self.copy_fits(X):
+            raise unit_copy_error(self.backend.name, X)
+        return unit_rows(X, xp, rows, in_place=own)
 
     def copy_fits(self, X) -> bool:
         """Whether a centered copy of device X fits in the device memory usable now, with

@@ -297,3 +297,11 @@ def center_scale_block(xb, mean, scale):
     c = center_block(xb, mean)
     c *= c.dtype.type(scale)
     return c
+
+
+def unit_rows_block(xb, block_info=None):
+    """The block's rows at unit L2 norm (`kmeans_xp.sphere.unit_rows`): a row of norm 0
+    raises ZeroNormError on the worker, numbered as a row of X."""
+    from kmeans_xp.sphere import unit_rows
+    first = block_info[0]["array-location"][0][0] if block_info else 0
+    return unit_rows(xb, block_xp(xb), xb.shape[0], first_row=first)

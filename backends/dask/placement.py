@@ -17,6 +17,7 @@ from .blocks import (
     moments_block,
     running_sum_block,
     take,
+    unit_rows_block,
 )
 from .cluster import is_materialized, nonempty_rows, restore_rows, row_keys
 from .namespace import DaskNamespace
@@ -165,6 +166,14 @@ class DaskPlacement(Placement):
         Xc = X.map_blocks(center_scale_block, mean=np.asarray(to_numpy(mean)), scale=scale,
                           dtype=X.dtype, meta=X._meta)
         return self.cluster.persist_like(Xc, X)
+
+    def unit_rows(self, X, *, xp):
+        """X's rows at unit norm block by block, persisted once next to X's blocks (as
+        `center`); a row of norm 0 raises on its worker, and again here."""
+        if not _is_dask(X):
+            return super().unit_rows(X, xp=xp)
+        Xu = X.map_blocks(unit_rows_block, dtype=X.dtype, meta=X._meta)
+        return self.cluster.persist_like(Xu, X)
 
     def finish(self, kept=None):
         """After a fit: drop the handles on the persisted X, weights and actors, so the
