@@ -42,16 +42,20 @@ from kmeans_xp.validation import Interval
 from . import numpy_blocks as blocks
 
 #: Rows per GEMM sub-chunk. Each NumPy call takes the GIL for its setup and hands it over
-#: to the next waiting thread (a wake-up: tens of microseconds on the 16-core VM), so on T
+#: to the next waiting thread (a wake-up: tens of microseconds on a 16-core VM), so on T
 #: threads a sub-chunk must carry about T * SUB_NS_PER_THREAD of work, by the estimate
 #: k * (ENTRY_NS + FEATURE_NS * d) per row; on one thread its (rows, k) result stays within
-#: SUB_BYTES_PER_THREAD (L2), and it never passes TARGET_BLOCK_BYTES. Calibrated at W1 (n=2M,
-#: d=3, k=200; H200 host, 2026-12-02, cpu_probe.json): 176 ms per iteration on 16 cores with
-#: 512 KiB sub-chunks, 76 ms with 8 MiB; 307 ms on one thread with 512 KiB, 404 ms with 8 MiB
+#: SUB_BYTES_PER_THREAD (L2); never past TARGET_BLOCK_BYTES, nor below MIN_ROWS rows (a
+#: GEMM of fewer rows packs the centers for little work). Measured at W1 (n=2M, d=3, k=200;
+#: H200 host, 2026-12-02, cpu_probe.json), when a sub-chunk took four calls: 176 ms per
+#: iteration on 16 cores with 512 KiB sub-chunks, 76 ms with 8 MiB (73 us of work per
+#: thread); 307 ms on one thread with 512 KiB, 404 ms with 8 MiB. It takes two calls now
+#: (lloyd_iter), so half that work makes as many GIL hand-overs
 TARGET_BLOCK_BYTES = 8 << 20
 SUB_BYTES_PER_THREAD = 512 << 10
-SUB_NS_PER_THREAD = 73_000
+SUB_NS_PER_THREAD = 40_000
 ENTRY_NS, FEATURE_NS = 0.5, 0.02
+MIN_ROWS = 256
 #: rows and buffer bytes per thread task at most (one task per thread when n allows: a
 #: fixed, even split)
 TARGET_TASK_ROWS = 1 << 18
@@ -66,7 +70,6 @@ SORTED_SUMS_MIN_D = 16
 #: + ||c||^2 call per sub-chunk, one copy of the block); from it, K = d on X's rows as they
 #: are and ||c||^2 added in cache (one more call per sub-chunk, no copy)
 AUGMENT_MAX_D = 1 << 30
-MIN_ROWS = 64
 #: bytes of Python objects a call creates (thread pool, futures, thread-local dicts)
 PYTHON_OVERHEAD = 48 << 10
 
