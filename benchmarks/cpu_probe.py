@@ -1,16 +1,20 @@
 """CPU rows side by side on one machine: the numpy backend against scikit-learn (and faiss-cpu
-when installed), per Lloyd iteration and for k-means++, with the numpy backend's block sizes
-varied so the best can be chosen from measurements.
+when installed), per Lloyd iteration and for k-means++, with the numpy backend's knobs varied
+so the best can be chosen from measurements.
 
-    python benchmarks/cpu_probe.py --out cpu.json [--quick]
+    python benchmarks/cpu_probe.py --out cpu.json [--quick] [--old PATH/TO/old/numpy_.py]
 
 Same data, same init, tol=0 and a fixed iteration count; per iteration = fit time of `iters`
 iterations / iters (sklearn's fit includes its own validation, as ours does), median of
-`--repeats`.
+`--repeats`. W1 also runs on one core (n_threads=1 and BLAS held to one thread: the scaling
+target's denominator) and on one pool thread with BLAS left free (how earlier sessions
+measured "one thread"). `--old` times a copy of an earlier numpy_.py beside the new one in
+the same process (rows "numpy-old ..."). The last lines printed are the summary (ratios).
 """
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import statistics
@@ -21,7 +25,24 @@ import numpy as np
 WORKLOADS = {"W1": (2_000_000, 3, 200), "W2": (2_000_000, 3, 500),
              "d128": (200_000, 128, 1024)}
 if os.environ.get("KMEANS_XP_PROBE_TINY"):   # a smoke run of the script itself
-    WORKLOADS = {"W1": (20_000, 3, 20), "d128": (2_000, 128, 16)}
+    WORKLOADS = {"W1": (20_000, 3, 20), "W2": (20_000, 3, 50), "d128": (2_000, 128, 16)}
+
+#: variants of the numpy backend: label -> module attributes set for the row (the defaults
+#: are restored after it); rows of each workload
+VARIANTS = {
+    "W1": {"sums=sorted": {"SORTED_SUMS_MIN_D": 0},
+           "sub_ns=20000": {"SUB_NS_PER_THREAD": 20_000},
+           "sub_ns=80000": {"SUB_NS_PER_THREAD": 80_000},
+           "sub=8MiB": {"SUB_NS_PER_THREAD": 10**9}},
+    "W2": {"sums=sorted": {"SORTED_SUMS_MIN_D": 0},
+           "sub_ns=20000": {"SUB_NS_PER_THREAD": 20_000},
+           "sub=8MiB": {"SUB_NS_PER_THREAD": 10**9}},
+    "d128": {"gemm=K=d+add": {"AUGMENT_MAX_D": 32},
+             "sums=bincount": {"SORTED_SUMS_MIN_D": 10**9},
+             "sub=512rows": {"MIN_ROWS": 512},
+             "sub=1024rows": {"MIN_ROWS": 1024},
+             "sub=8MiB": {"SUB_NS_PER_THREAD": 10**9}},
+}
 
 
 def data(n, d, k, seed=0):
@@ -42,11 +63,30 @@ def median_time(fn, repeats, warm=True):
     return statistics.median(times)
 
 
-def lloyd_rows(X, init, iters, repeats, variants):
+def _fit(backend, X, init, iters, threads=None):
+    from kmeans_xp import KMeans
+    opts = {} if threads is None else {"n_threads": threads}
+    return lambda: KMeans(init.shape[0], init=init, max_iter=iters, tol=0, backend=backend,
+                          backend_options=opts).fit(X)
+
+
+def _patched(module, attrs, fn):
+    def run():
+        saved = {a: getattr(module, a) for a in attrs}
+        try:
+            for a, v in attrs.items():
+                setattr(module, a, v)
+            return fn()
+        finally:
+            for a, v in saved.items():
+                setattr(module, a, v)
+    return run
+
+
+def lloyd_rows(name, X, init, iters, repeats, quick, old):
     import kmeans_xp_backends.numpy_ as nb
     from sklearn.cluster import KMeans as SK
-
-    from kmeans_xp import KMeans
+    from threadpoolctl import threadpool_limits
     k = init.shape[0]
     rows = {"sklearn": median_time(lambda: SK(k, init=init, n_init=1, max_iter=iters, tol=0,
                                               algorithm="lloyd").fit(X), repeats) / iters}
@@ -58,17 +98,22 @@ def lloyd_rows(X, init, iters, repeats, variants):
         rows["faiss"] = median_time(fa, repeats) / iters
     except ImportError:
         pass
-    defaults = (nb.TARGET_BLOCK_BYTES, nb.TARGET_TASK_ROWS, nb.SORTED_SUMS_MIN_D)
-    for block_bytes, task_rows, threads, *sorted_d in variants:
-        nb.TARGET_BLOCK_BYTES, nb.TARGET_TASK_ROWS = block_bytes, task_rows
-        nb.SORTED_SUMS_MIN_D = sorted_d[0] if sorted_d else defaults[2]
-        opts = {} if threads is None else {"n_threads": threads}
-        sums = "" if not sorted_d else (" sums=sorted" if sorted_d[0] == 0 else " sums=bincount")
-        rows[f"numpy block={block_bytes >> 10}K task={task_rows} threads={threads or 'all'}"
-             f"{sums}"] = median_time(lambda: KMeans(
-                 k, init=init, max_iter=iters, tol=0, backend="numpy",
-                 backend_options=opts).fit(X), repeats) / iters
-    nb.TARGET_BLOCK_BYTES, nb.TARGET_TASK_ROWS, nb.SORTED_SUMS_MIN_D = defaults
+    backends = [("numpy", "numpy", nb)] + ([("numpy-old", old.name, old.module)] if old else [])
+    for label, backend, module in backends:
+        rows[f"{label} default threads=all"] = median_time(
+            _fit(backend, X, init, iters), repeats) / iters
+        if name == "W1":  # the scaling target's denominator: one core
+            def one_core(fit=_fit(backend, X, init, iters, threads=1)):
+                with threadpool_limits(1):
+                    return fit()
+            rows[f"{label} default threads=1 one-core"] = median_time(
+                one_core, repeats) / iters
+            rows[f"{label} default threads=1 blas=free"] = median_time(
+                _fit(backend, X, init, iters, threads=1), repeats) / iters
+    if not quick:
+        for variant, attrs in VARIANTS.get(name, {}).items():
+            rows[f"numpy {variant} threads=all"] = median_time(
+                _patched(nb, attrs, _fit("numpy", X, init, iters)), repeats) / iters
     return rows
 
 
@@ -86,31 +131,65 @@ def plusplus_rows(n, k, repeats):
                 rows=n), repeats, warm=False)}
 
 
+class _Old:
+    """An earlier numpy_.py, loaded from its file and registered as backend 'numpy-old'."""
+
+    name = "numpy-old"
+
+    def __init__(self, path):
+        from kmeans_xp import register_backend
+        spec = importlib.util.spec_from_file_location("kmeans_xp_probe_old_numpy", path)
+        self.module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(self.module)
+        cls = type("OldNumpyBackend", (self.module.NumpyBackend,), {"name": self.name})
+        register_backend(cls, replace=True)
+
+
+def summary(out):
+    lines = []
+    w = out["workloads"]
+    for name, rows in w.items():
+        ours, sk = rows.get("numpy default threads=all"), rows.get("sklearn")
+        if ours and sk:
+            old = rows.get("numpy-old default threads=all")
+            lines.append(f"{name}: numpy {ours * 1e3:.1f} ms/iter, sklearn {sk * 1e3:.1f} "
+                         f"({ours / sk:.2f}x sklearn's time)"
+                         + (f", old numpy {old * 1e3:.1f}" if old else ""))
+    w1 = w.get("W1", {})
+    if "numpy default threads=1 one-core" in w1:
+        one, many = w1["numpy default threads=1 one-core"], w1["numpy default threads=all"]
+        free = w1["numpy default threads=1 blas=free"]
+        lines.append(f"W1 scaling on {out['cores']} cores: one core {one * 1e3:.1f} ms / all "
+                     f"{many * 1e3:.1f} ms = {one / many:.2f}x (target >= 6); one pool thread "
+                     f"with BLAS free {free * 1e3:.1f} ms = {free / many:.2f}x")
+    return lines
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--out", required=True)
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--quick", action="store_true", help="defaults only, no variants")
+    ap.add_argument("--old", help="an earlier backends/numpy_.py to time beside this one")
+    ap.add_argument("--no-plusplus", action="store_true", help="skip the k-means++ rows")
     args = ap.parse_args()
-    import kmeans_xp_backends.numpy_ as nb
-    default = (nb.TARGET_BLOCK_BYTES, nb.TARGET_TASK_ROWS)
-    variants = [(*default, None), (*default, 1)]
-    if not args.quick:  # the sums both ways; the earlier 512 KiB sub-chunks
-        variants += [(*default, None, 0), (*default, None, 10**9),
-                     (512 << 10, 1 << 16, None), (4 << 20, 1 << 16, None)]
+    old = _Old(args.old) if args.old else None
     out = {"cores": len(os.sched_getaffinity(0)), "iters": args.iters, "workloads": {}}
     for name, (n, d, k) in WORKLOADS.items():
         X, init = data(n, d, k)
-        # one thread only where the scaling target is (W1): it is slow
-        mine = [v for v in variants if v[2] is None or name == "W1"]
-        out["workloads"][name] = lloyd_rows(X, init, args.iters, args.repeats, mine)
+        out["workloads"][name] = lloyd_rows(name, X, init, args.iters, args.repeats,
+                                            args.quick, old)
         print(name, json.dumps(out["workloads"][name]), flush=True)
-    pp_n, pp_k = (500_000, 500) if not os.environ.get("KMEANS_XP_PROBE_TINY") else (5000, 20)
-    out["kmeans_plusplus n=500000 k=500"] = plusplus_rows(pp_n, pp_k, 1)
-    print(json.dumps(out["kmeans_plusplus n=500000 k=500"]), flush=True)
+    if not args.no_plusplus:
+        tiny = os.environ.get("KMEANS_XP_PROBE_TINY")
+        pp_n, pp_k = (500_000, 500) if not tiny else (5000, 20)
+        out["kmeans_plusplus n=500000 k=500"] = plusplus_rows(pp_n, pp_k, 1)
+        print(json.dumps(out["kmeans_plusplus n=500000 k=500"]), flush=True)
+    out["summary"] = summary(out)
     with open(args.out, "w") as f:
         json.dump(out, f, indent=1)
+    print("\n".join(out["summary"]), flush=True)
 
 
 if __name__ == "__main__":

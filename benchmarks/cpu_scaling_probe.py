@@ -1,6 +1,9 @@
 """What limits the numpy backend on many cores: each NumPy primitive of its inner loop run by
 1..T threads on private buffers (so only the GIL, BLAS locks or the memory system can stop it
-scaling), and the whole backend's iteration at W1 by thread count.
+scaling), the d=128 kernels old and new (cluster sums: the 2-d reduceat with a cast that the
+backend used, the flat float64 reduceat it uses now; the GEMM with K = d + 1 and with K = d
+plus an add), and the whole backend's iteration at W1 and d=128 by thread count (one thread
+on one core: BLAS held to one thread as well).
 
     python benchmarks/cpu_scaling_probe.py --out cpu_scaling.json
 
@@ -9,6 +12,7 @@ Speed-up = t x (time of one thread doing r calls) / (time of t threads each doin
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import time
@@ -127,6 +131,60 @@ def _scale(pool, bufs, fn, calls, threads, repeats):
             "speedup": {t: round(t * row[threads[0]] / row[t], 2) for t in threads}}
 
 
+def d128_scaling(threads, r=12_500, d=128, k=1024, repeats=3):
+    """The d=128 kernels on one thread's block (n=200k over 16 threads): cluster sums old
+    (2-d reduceat of float32 rows with a float64 cast) and new (rows gathered, cast and
+    transposed, one flat float64 reduceat), and GEMM sub-chunks with K = d + 1 and K = d."""
+    rng = np.random.default_rng(3)
+    pool = ThreadPoolExecutor(max(threads))
+    bufs = []
+    for _ in range(max(threads)):
+        X = rng.standard_normal((r, d)).astype(np.float32)
+        L = rng.integers(0, k, r)
+        order = np.argsort(L.astype(np.uint16), kind="stable")
+        counts = np.bincount(L, minlength=k)
+        starts = (np.cumsum(counts) - counts)[counts > 0]
+        b = dict(X=X, L16=L.astype(np.uint16), order=order, starts=starts,
+                 runs=(starts + np.arange(0, d * r, r)[:, None]).ravel(),
+                 rows=np.empty((r, d), np.float32), cols=np.empty((d, r)),
+                 Xs=X[order], w=rng.random(r), L=L)
+        for sub in (256, 2048):
+            b[f"Xa{sub}"] = np.ones((sub, d + 1), np.float32)
+            b[f"D{sub}"] = np.empty((sub, k), np.float32)
+        b["aug"] = rng.standard_normal((d + 1, k)).astype(np.float32)
+        b["m2"] = np.ascontiguousarray(b["aug"][:d])
+        b["cn"] = b["aug"][d].copy()
+        b["X256"], b["X2048"] = X[:256], X[:2048]
+        bufs.append(b)
+    ops = {
+        "sums old: 2-d reduceat f32->f64": (lambda b: np.add.reduceat(
+            b["Xs"], b["starts"], axis=0, dtype=np.float64), 3),
+        "sums new: take+cast+T+flat reduceat": (lambda b: (
+            np.take(b["X"], b["order"], axis=0, out=b["rows"]),
+            np.copyto(b["cols"], b["rows"].T),
+            np.add.reduceat(b["cols"].reshape(-1), b["runs"])), 3),
+        "flat reduceat f64 alone": (lambda b: np.add.reduceat(b["cols"].reshape(-1),
+                                                              b["runs"]), 3),
+        "argsort u16 stable": (lambda b: np.argsort(b["L16"], kind="stable"), 10),
+        "bincount weights": (lambda b: np.bincount(b["L"], weights=b["w"], minlength=k), 10),
+    }
+    for sub in (256, 2048):
+        calls = 40 if sub == 256 else 5
+        ops[f"matmul K=d+1 sub={sub}"] = (
+            lambda b, s=sub: np.matmul(b[f"Xa{s}"], b["aug"], out=b[f"D{s}"]), calls)
+        ops[f"matmul K=d + add sub={sub}"] = (
+            lambda b, s=sub: (np.matmul(b[f"X{s}"], b["m2"], out=b[f"D{s}"]),
+                              np.add(b[f"D{s}"], b["cn"], out=b[f"D{s}"])), calls)
+        ops[f"argmin sub={sub}"] = (
+            lambda b, s=sub: b[f"D{s}"].argmin(axis=1), calls)
+    out = {}
+    for name, (fn, calls) in ops.items():
+        out[name] = _scale(pool, bufs, fn, calls, threads, repeats)
+        _print(name, out[name])
+    pool.shutdown()
+    return out
+
+
 def blas_threads_matmul(threads, n=65536, d=3, k=200):
     """One large GEMM with BLAS's own threads (not ours)."""
     from threadpoolctl import threadpool_limits
@@ -148,22 +206,28 @@ def blas_threads_matmul(threads, n=65536, d=3, k=200):
 
 
 def backend_scaling(threads, n, d, k, repeats=3):
+    """Best of `repeats` lloyd_iter times by thread count; one thread on one core (BLAS held
+    to one thread too, as the pool holds it for its threads)."""
     import kmeans_xp_backends.numpy_ as nb
+    from threadpoolctl import threadpool_limits
     rng = np.random.default_rng(0)
     X = (rng.standard_normal((n, d)) * np.arange(1, d + 1)).astype(np.float32)
     C = X[rng.choice(n, k, replace=False)].copy()
     out = {}
     for t in threads:
         b = nb.NumpyBackend(n_threads=t)
-        b.lloyd_iter(X, None, C, None)
-        best = float("inf")
-        for _ in range(repeats):
-            t0 = time.perf_counter()
+        with threadpool_limits(1, "blas") if t == 1 else contextlib.nullcontext():
             b.lloyd_iter(X, None, C, None)
-            best = min(best, time.perf_counter() - t0)
+            best = float("inf")
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                b.lloyd_iter(X, None, C, None)
+                best = min(best, time.perf_counter() - t0)
         b.finish()
         out[t] = best * 1e3
-        print(f"backend W1-like n={n} k={k} threads {t}: {best * 1e3:.1f} ms", flush=True)
+        print(f"backend n={n} d={d} k={k} threads {t}: {best * 1e3:.1f} ms", flush=True)
+    print(f"backend n={n} d={d} k={k}: {threads[-1]} threads {out[threads[-1]] / out[1]:.3f} "
+          f"of one thread's time ({out[1] / out[threads[-1]]:.2f}x)", flush=True)
     return out
 
 
@@ -179,7 +243,9 @@ def main():
     with threadpool_limits(1, "blas"):
         res["ops_k200_sub655"] = op_scaling(threads, 200, 655, 3, 65536)
         res["sized_k200"] = sized_scaling(threads, 200, 3, (655, 2621, 8192, 32768))
+        res["d128_k1024"] = d128_scaling(threads)
     res["blas_threads_matmul_ms"] = blas_threads_matmul(threads)
+    res["backend_ms_d128"] = backend_scaling(sorted({1, cores}), a.n // 10, 128, 1024)
     res["backend_ms"] = backend_scaling(threads, a.n, 3, 200)
     with open(a.out, "w") as f:
         json.dump(res, f, indent=1, default=str)

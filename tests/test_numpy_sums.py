@@ -1,7 +1,9 @@
 """The numpy backend's two ways to sum clusters (np.bincount per feature; rows grouped by
-label and np.add.reduceat, used from SORTED_SUMS_MIN_D features) agree, with weights and
-empty clusters, for every label key type (uint8, uint16, intp); and the result does not
-depend on the thread count."""
+label and one flat np.add.reduceat, used from SORTED_SUMS_MIN_D features) agree, with weights
+and empty clusters, for every label key type (uint8, uint16, intp); the result does not
+depend on the thread count; its two GEMM forms ([x, 1] @ [-2 C^T; ||c||^2], and x @ -2 C^T
+plus ||c||^2) give the same labels; lloyd_iter's inertia, taken from the sums, is the direct
+sum of w ||x - c||^2."""
 import numpy as np
 import pytest
 
@@ -36,3 +38,39 @@ def test_sorted_sums_do_not_depend_on_threads(monkeypatch):
     two = nb.NumpyBackend(n_threads=2).lloyd_iter(X, None, C, None)
     np.testing.assert_array_equal(one.labels, two.labels)
     np.testing.assert_allclose(one.weighted_sums, two.weighted_sums, rtol=1e-13)
+
+
+@pytest.mark.parametrize("d", [3, 40])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_gemm_forms_give_the_same_assignment(monkeypatch, d, dtype):
+    rng = np.random.default_rng(d)
+    X = (rng.standard_normal((5003, d)) * np.arange(1, d + 1) + 2).astype(dtype)
+    C = X[rng.choice(len(X), 77, replace=False)].copy()
+    got = {}
+    for max_d in (0, 10**9):  # K = d plus ||c||^2, and the augmented K = d + 1
+        monkeypatch.setattr(nb, "AUGMENT_MAX_D", max_d)
+        got[max_d] = nb.NumpyBackend(n_threads=2, max_memory="2MB").assign(X, C)
+    np.testing.assert_array_equal(got[0].labels, got[10**9].labels)
+    rtol = 1e-5 if dtype == np.float32 else 1e-12
+    np.testing.assert_allclose(got[0].min_sq_dist, got[10**9].min_sq_dist, rtol=rtol,
+                               atol=rtol * float(np.abs(X).max()) ** 2)
+
+
+@pytest.mark.parametrize("d,min_d", [(3, 10**9), (3, 0), (24, 0)])
+@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_iteration_inertia_is_the_direct_sum(monkeypatch, d, min_d, weighted, dtype):
+    """sum w ||x||^2 - 2 sum c.S + sum W ||c||^2 in float64 against the float64 sum of the
+    squared differences, with an offset (X is not centered here) and an empty cluster."""
+    monkeypatch.setattr(nb, "SORTED_SUMS_MIN_D", min_d)
+    rng = np.random.default_rng(d + min_d % 7)
+    X = (rng.standard_normal((20_011, d)) * np.arange(1, d + 1) + 30).astype(dtype)
+    C = X[rng.choice(len(X), 40, replace=False)].copy()
+    C[5] += 1e4  # nobody's nearest
+    w = rng.uniform(0.1, 3, len(X)).astype(dtype) if weighted else None
+    it = nb.NumpyBackend(n_threads=2, max_memory="4MB").lloyd_iter(X, w, C, None)
+    diff = X.astype(np.float64) - C[it.labels].astype(np.float64)
+    ww = np.ones(len(X)) if w is None else w.astype(np.float64)
+    direct = float(np.sum(np.sum(diff * diff, axis=1) * ww))
+    assert it.weight_in_clusters[5] == 0
+    assert float(it.inertia) == pytest.approx(direct, rel=1e-9)

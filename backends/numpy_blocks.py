@@ -1,0 +1,224 @@
+"""The numpy backend's work on one block of rows, run by one pool thread on its own buffers.
+
+Every call here is one NumPy call on many rows, and each is one whose loop runs without the
+GIL (read in NumPy's sources and measured on 16 cores, `benchmarks/cpu_scaling_probe.py`):
+matmul, argmin, take, argsort of small integer keys (a radix sort), casting copies, einsum,
+searchsorted, and ``np.add.reduceat`` on a *one-dimensional* float64 array. Not among them:
+np.bincount (its min/max pass and weight conversion hold the GIL), ``np.add.at``, and
+``np.add.reduceat`` on a 2-d array with fewer than 500 columns (NumPy releases the GIL there
+only past 500 outer iterations, and with a cast it copies the input first, GIL held). On many
+threads every GIL-held microsecond queues, so the per-cluster sums group the block's rows by
+label and add each feature's column in one flat reduceat (`sorted_sums`); on one thread,
+where nothing queues, d bincounts are cheaper for few features (`bincount_sums`).
+
+The inertia of an iteration needs no per-row distances: with S_j and W_j the weighted sums
+and weights of cluster j, sum_i w_i ||x_i - c_l(i)||^2 = sum_i w_i ||x_i||^2 - 2 sum_j c_j.S_j
++ sum_j W_j ||c_j||^2, all in float64 (`inertia`). So `lloyd_iter`'s GEMM sub-chunk is two
+calls (matmul, argmin); `assign` adds the take of each row's minimum.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+
+class Operands:
+    """The centers as the GEMM takes them, in X's dtype. Few features: the augmented
+    ``[-2 C^T; ||c||^2]`` (d + 1, k), so that one GEMM on ``[x, 1]`` gives ||c||^2 - 2 x.c.
+    Many: ``-2 C^T`` (d, k) on X's rows as they are, and ||c||^2 added to the GEMM's cached
+    result: no copy of X, and a GEMM of K = d. Either way the same value per entry (the
+    augmented GEMM's last step adds 1 * ||c||^2 to the same chain). ||c||^2 is summed in X's
+    dtype as scikit-learn's ``row_norms`` does, so near-ties break the same way."""
+
+    __slots__ = ("gemm", "cnorm", "augmented", "c64")
+
+    def __init__(self, centers, dtype, augmented):
+        c = np.asarray(centers, dtype=dtype)
+        d = c.shape[1]
+        self.augmented = augmented
+        self.gemm = np.empty((d + augmented, c.shape[0]), dtype=dtype)
+        np.multiply(c.T, -2, out=self.gemm[:d])
+        self.cnorm = np.einsum("ij,ij->i", c, c)
+        if augmented:
+            self.gemm[d] = self.cnorm
+        self.c64 = c.astype(np.float64)
+
+
+class Acc:
+    """One thread's float64 accumulators of a pass: sums, weights, sum of w ||x||^2, and the
+    count of changed labels."""
+
+    __slots__ = ("sums", "weights", "sq_norms", "changed")
+
+    def __init__(self, k, d):
+        self.sums = np.zeros((k, d), dtype=np.float64)
+        self.weights = np.zeros(k, dtype=np.float64)
+        self.sq_norms = 0.0
+        self.changed = 0
+
+    def merge(self, other):
+        self.sums += other.sums
+        self.weights += other.weights
+        self.sq_norms += other.sq_norms
+        self.changed += other.changed
+        return self
+
+    def inertia(self, ops):
+        """sum of w ||x - c_label||^2 from the sums (see the module's note)."""
+        c64 = ops.c64
+        cross = float(np.einsum("ij,ij->", c64, self.sums))
+        return self.sq_norms - 2.0 * cross + float(np.dot(self.weights,
+                                                          np.einsum("ij,ij->i", c64, c64)))
+
+
+def key_dtype(k):
+    """Labels as the smallest unsigned type holding them: NumPy radix-sorts 8- and 16-bit
+    integers (stable, O(n), without the GIL)."""
+    return np.uint8 if k <= 1 << 8 else np.uint16 if k <= 1 << 16 else np.intp
+
+
+def allocate(block, sub, k, d, dtype, *, augmented, sorted_sums, min_sq):
+    """One thread's buffers (allocated once per fit and reused by every pass)."""
+    b = {"D": np.empty((sub, k), dtype=dtype)}
+    if augmented:
+        b["Xa"] = np.empty((block, d + 1), dtype=dtype)
+        b["Xa"][:, d] = 1
+    if min_sq:
+        b["idx"] = np.empty(sub, dtype=np.intp)
+        b["offs"] = np.arange(sub, dtype=np.intp) * k   # row starts in the flat GEMM result
+        b["xnorm"] = np.empty(block, dtype=dtype)
+    b["w64"] = np.empty(block, dtype=np.float64)
+    b["m64"] = np.empty(block, dtype=np.float64)
+    if sorted_sums:
+        kd = key_dtype(k)
+        b["keys"] = np.empty(block, dtype=kd)
+        b["ks"] = np.empty(block, dtype=kd)
+        b["key_range"] = np.arange(k, dtype=kd)
+        b["rows"] = np.empty((block, d), dtype=dtype)
+        b["cols"] = np.empty(block * d, dtype=np.float64)
+        b["ws"] = np.empty(block, dtype=np.float64)
+    else:
+        b["xw64"] = np.empty(block, dtype=np.float64)
+    return b
+
+
+def block_row_bytes(d, itemsize, *, augmented, sorted_sums, min_sq):
+    """Bytes per block row of `allocate`'s buffers and of the transient arrays of one block
+    (argsort's order)."""
+    n = (d + 1) * itemsize if augmented else 0
+    n += (8 + itemsize) if min_sq else 0        # flat indices are per sub-chunk row
+    n += 16                                     # w64, m64
+    if sorted_sums:
+        # keys and sorted keys (at most 8 bytes each), rows in X's dtype, the float64
+        # columns, sorted weights, argsort's order
+        n += 16 + d * itemsize + 8 * d + 8 + 8
+    else:
+        n += 8
+    return n
+
+
+def assign_block(X, s0, e0, ops, labels, min_sq, bufs, sub):
+    """Labels (and, when min_sq is an array, squared distances) of rows [s0, e0)."""
+    r0 = e0 - s0
+    d = X.shape[1]
+    D = bufs["D"]
+    if ops.augmented:
+        A = bufs["Xa"]
+        A[:r0, :d] = X[s0:e0]
+    else:
+        A = X[s0:e0]
+    want = min_sq is not None
+    for s in range(0, r0, sub):
+        e = min(s + sub, r0)
+        r = e - s
+        Dv, lab = D[:r], labels[s0 + s:s0 + e]
+        np.matmul(A[s:e], ops.gemm, out=Dv)
+        if not ops.augmented:
+            np.add(Dv, ops.cnorm, out=Dv)
+        Dv.argmin(axis=1, out=lab)
+        if want:  # each row's minimum: a flat take (no take_along_axis temporaries)
+            idx = bufs["idx"][:r]
+            np.add(lab, bufs["offs"][:r], out=idx)
+            D.reshape(-1).take(idx, out=min_sq[s0 + s:s0 + e], mode="clip")
+    if want:
+        m = min_sq[s0:e0]
+        xn = bufs["xnorm"][:r0]
+        np.einsum("ij,ij->i", X[s0:e0], X[s0:e0], out=xn)
+        m += xn
+        np.maximum(m, 0, out=m)
+
+
+def block_weights(sample_weight, s0, e0, bufs):
+    """The block's weights as contiguous float64 (None: unit weights)."""
+    if sample_weight is None:
+        return None
+    w64 = bufs["w64"][:e0 - s0]
+    np.copyto(w64, sample_weight[s0:e0], casting="unsafe")
+    return w64
+
+
+def sorted_sums(Xb, lab, w64, acc, bufs, sq_norms):
+    """acc += the block's per-cluster float64 sums of w * x and of w, rows grouped by label.
+    The rows are gathered in label order (stable: row order within a cluster), cast to
+    float64 and laid out feature-major, so that one flat reduceat adds every (feature,
+    cluster) run at once. The order of additions is fixed by the block's rows, not by which
+    thread ran when. sq_norms: also add sum of w ||x||^2 into acc."""
+    r = len(lab)
+    if r == 0:
+        return
+    d = Xb.shape[1]
+    k = acc.weights.shape[0]
+    keys, ks = bufs["keys"][:r], bufs["ks"][:r]
+    np.copyto(keys, lab, casting="unsafe")
+    order = np.argsort(keys, kind="stable")
+    np.take(keys, order, out=ks)
+    starts = ks.searchsorted(bufs["key_range"])            # (k,) first row of each label
+    counts = np.empty(k, dtype=np.intp)
+    np.subtract(starts[1:], starts[:-1], out=counts[:-1])
+    counts[-1] = r - starts[-1]
+    filled = counts > 0
+    rows = bufs["rows"][:r]
+    np.take(Xb, order, axis=0, out=rows)
+    cols = bufs["cols"][:r * d].reshape(d, r)
+    np.copyto(cols, rows.T)                                 # cast and transpose
+    if w64 is None:
+        if sq_norms:
+            flat = cols.reshape(-1)
+            acc.sq_norms += float(np.dot(flat, flat))
+        acc.weights += counts
+    else:
+        ws = bufs["ws"][:r]
+        np.take(w64, order, out=ws)
+        if sq_norms:
+            m = bufs["m64"][:r]
+            np.einsum("ji,ji->i", cols, cols, out=m)
+            acc.sq_norms += float(np.dot(m, ws))
+    first = starts[filled]
+    if w64 is not None:
+        cols *= ws
+        # (in row order, as bincount_sums adds them: one call, whose min/max pass over the
+        # labels holds the GIL)
+        acc.weights += np.bincount(lab, weights=w64, minlength=k)
+    runs = (first + np.arange(0, d * r, r, dtype=np.intp)[:, None]).reshape(-1)
+    part = np.add.reduceat(cols.reshape(-1), runs)
+    acc.sums[filled] += part.reshape(d, -1).T
+
+
+def bincount_sums(Xb, lab, w64, acc, bufs, sq_norms):
+    """The same sums by one np.bincount per feature (cheaper on one thread for few
+    features; each holds the GIL for part of its pass)."""
+    r = len(lab)
+    k = acc.weights.shape[0]
+    if w64 is None:
+        acc.weights += np.bincount(lab, minlength=k)
+    else:
+        acc.weights += np.bincount(lab, weights=w64, minlength=k)
+    x64, xw = bufs["m64"][:r], bufs["xw64"][:r]
+    for j in range(Xb.shape[1]):
+        np.copyto(x64, Xb[:, j], casting="unsafe")
+        if w64 is None:
+            xw = x64
+        else:
+            np.multiply(x64, w64, out=xw)
+        if sq_norms:
+            acc.sq_norms += float(np.dot(x64, xw))
+        acc.sums[:, j] += np.bincount(lab, weights=xw, minlength=k)
