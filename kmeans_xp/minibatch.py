@@ -411,9 +411,12 @@ default=None
             rows = BatchRows(X, steps, np.asarray(to_numpy(self._X_mean)).astype(
                 host_dtype_of(X.dtype)))
             centers = place.small(on_backend(self._centers_fit, X, steps))
-            cxp = place.namespace(centers)
-            state = StepState(centers, cxp.asarray(on_backend(self._counts, X, steps),
-                                                   device=device(centers)),
+            # the counts where the centers are: cupy-fused keeps small centers on the host
+            counts = self._counts
+            counts = (np.asarray(to_numpy(counts)) if isinstance(centers, np.ndarray) else
+                      place.namespace(centers).asarray(on_backend(counts, X, steps),
+                                                       device=device(centers)))
+            state = StepState(centers, counts,
                               n_since_last_reassign=self._n_since_last_reassign)
         (_, Xb, xp), = rows.slices(n)
         w = None if sw is None else xp.asarray(sw, device=device(Xb))
