@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from kmeans_xp.rows import center_rows
+
 
 class Operands:
     """The centers as the GEMM takes them, in X's dtype. Few features: the augmented
@@ -76,24 +78,27 @@ def key_dtype(k):
     return np.uint8 if k <= 1 << 8 else np.uint16 if k <= 1 << 16 else np.intp
 
 
-def allocate(block, sub, k, d, dtype, *, augmented, sorted_sums, min_sq):
-    """One thread's buffers (allocated once per fit and reused by every pass)."""
-    b = {"D": np.empty((sub, k), dtype=dtype)}
+def allocate(block, sub, k, d, dtype, *, augmented, sorted_sums, copy_rows):
+    """One thread's buffers (allocated once per fit and reused by every pass). copy_rows:
+    X's rows are copied before use (centered from a memmap, or X not C-contiguous); the
+    augmented GEMM's buffer holds them where there is one."""
+    b = {"D": np.empty((sub, k), dtype=dtype),
+         "idx": np.empty(sub, dtype=np.intp),
+         "offs": np.arange(sub, dtype=np.intp) * k,   # row starts in the flat GEMM result
+         "xnorm": np.empty(block, dtype=dtype),
+         "w64": np.empty(block, dtype=np.float64),
+         "m64": np.empty(block, dtype=np.float64)}
     if augmented:
         b["Xa"] = np.empty((block, d + 1), dtype=dtype)
         b["Xa"][:, d] = 1
-    if min_sq:
-        b["idx"] = np.empty(sub, dtype=np.intp)
-        b["offs"] = np.arange(sub, dtype=np.intp) * k   # row starts in the flat GEMM result
-        b["xnorm"] = np.empty(block, dtype=dtype)
-    b["w64"] = np.empty(block, dtype=np.float64)
-    b["m64"] = np.empty(block, dtype=np.float64)
+    elif copy_rows:
+        b["xc"] = np.empty((block, d), dtype=dtype)
     if sorted_sums:
         kd = key_dtype(k)
         b["keys"] = np.empty(block, dtype=kd)
         b["ks"] = np.empty(block, dtype=kd)
         b["key_range"] = np.arange(k, dtype=kd)
-        b["rows"] = np.empty((block, d), dtype=dtype)
+        b["gathered"] = np.empty((block, d + augmented), dtype=dtype)
         b["cols"] = np.empty(block * d, dtype=np.float64)
         b["ws"] = np.empty(block, dtype=np.float64)
     else:
@@ -101,31 +106,43 @@ def allocate(block, sub, k, d, dtype, *, augmented, sorted_sums, min_sq):
     return b
 
 
-def block_row_bytes(d, itemsize, *, augmented, sorted_sums, min_sq):
+def block_row_bytes(d, itemsize, *, augmented, sorted_sums, copy_rows):
     """Bytes per block row of `allocate`'s buffers and of the transient arrays of one block
     (argsort's order)."""
-    n = (d + 1) * itemsize if augmented else 0
-    n += (8 + itemsize) if min_sq else 0        # flat indices are per sub-chunk row
-    n += 16                                     # w64, m64
+    n = (d + 1) * itemsize if augmented else d * itemsize if copy_rows else 0
+    n += itemsize + 16                          # ||x||^2 (assign), w64, m64
     if sorted_sums:
-        # keys and sorted keys (at most 8 bytes each), rows in X's dtype, the float64
-        # columns, sorted weights, argsort's order
-        n += 16 + d * itemsize + 8 * d + 8 + 8
+        # keys and sorted keys (at most 8 bytes each), gathered rows in X's dtype, the
+        # float64 columns, sorted weights, argsort's order
+        n += 16 + (d + 1) * itemsize + 8 * d + 8 + 8
     else:
         n += 8
     return n
 
 
-def assign_block(X, s0, e0, ops, labels, min_sq, bufs, sub):
-    """Labels (and, when min_sq is an array, squared distances) of rows [s0, e0)."""
-    r0 = e0 - s0
-    d = X.shape[1]
+def block_rows(X, mean, s0, e0, bufs, *, gemm):
+    """(rows, src): rows [s0, e0) as the kernels read them, and a C-contiguous array whose
+    first d columns are those rows (for row gathers). Copied when the augmented GEMM needs
+    them (gemm), when X is seen centered (mean: a memmap's rows, centered here, bit for bit
+    the centered copy's) or is not C-contiguous; else X's own rows."""
+    r, d = e0 - s0, X.shape[1]
+    rows = X[s0:e0]
+    if "Xa" in bufs and (gemm or mean is not None or not rows.flags.c_contiguous):
+        A = bufs["Xa"][:r]
+        center_rows(X, mean, s0, e0, A[:, :d])
+        return A[:, :d], A
+    if mean is None and rows.flags.c_contiguous:
+        return rows, rows
+    xc = center_rows(X, mean, s0, e0, bufs["xc"][:r])
+    return xc, xc
+
+
+def assign_block(rows, src, s0, ops, labels, min_sq, bufs, sub):
+    """Labels (and, when min_sq is an array, squared distances) of the block's `rows`
+    (`block_rows`), which start at row s0."""
+    r0 = rows.shape[0]
     D = bufs["D"]
-    if ops.augmented:
-        A = bufs["Xa"]
-        A[:r0, :d] = X[s0:e0]
-    else:
-        A = X[s0:e0]
+    A = src if ops.augmented else rows   # the GEMM's left operand: [x, 1] or x
     want = min_sq is not None
     for s in range(0, r0, sub):
         e = min(s + sub, r0)
@@ -140,9 +157,9 @@ def assign_block(X, s0, e0, ops, labels, min_sq, bufs, sub):
             np.add(lab, bufs["offs"][:r], out=idx)
             D.reshape(-1).take(idx, out=min_sq[s0 + s:s0 + e], mode="clip")
     if want:
-        m = min_sq[s0:e0]
+        m = min_sq[s0:s0 + r0]
         xn = bufs["xnorm"][:r0]
-        np.einsum("ij,ij->i", X[s0:e0], X[s0:e0], out=xn)
+        np.einsum("ij,ij->i", rows, rows, out=xn)
         m += xn
         np.maximum(m, 0, out=m)
 
@@ -156,7 +173,7 @@ def block_weights(sample_weight, s0, e0, bufs):
     return w64
 
 
-def sorted_sums(Xb, lab, w64, acc, bufs, sq_norms):
+def sorted_sums(Xb, src, lab, w64, acc, bufs, sq_norms):
     """acc += the block's per-cluster float64 sums of w * x and of w, rows grouped by label.
     The rows are gathered in label order (stable: row order within a cluster), cast to
     float64 and laid out feature-major, so that one flat reduceat adds every (feature,
@@ -176,10 +193,10 @@ def sorted_sums(Xb, lab, w64, acc, bufs, sq_norms):
     np.subtract(starts[1:], starts[:-1], out=counts[:-1])
     counts[-1] = r - starts[-1]
     filled = counts > 0
-    rows = bufs["rows"][:r]
-    np.take(Xb, order, axis=0, out=rows)
+    rows = bufs["gathered"][:r, :src.shape[1]]
+    np.take(src, order, axis=0, out=rows)
     cols = bufs["cols"][:r * d].reshape(d, r)
-    np.copyto(cols, rows.T)                                 # cast and transpose
+    np.copyto(cols, rows[:, :d].T)                          # cast and transpose
     if w64 is None:
         if sq_norms:
             flat = cols.reshape(-1)
@@ -203,7 +220,7 @@ def sorted_sums(Xb, lab, w64, acc, bufs, sq_norms):
     acc.sums[filled] += part.reshape(d, -1).T
 
 
-def bincount_sums(Xb, lab, w64, acc, bufs, sq_norms):
+def bincount_sums(Xb, src, lab, w64, acc, bufs, sq_norms):
     """The same sums by one np.bincount per feature (cheaper on one thread for few
     features; each holds the GIL for part of its pass)."""
     r = len(lab)

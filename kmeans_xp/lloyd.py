@@ -171,10 +171,10 @@ def kmeans_single_lloyd(backend, X, sample_weight, centers, *, xp, max_iter, tol
             X, sample_weight, centers, labels_old, xp=xp)
         ahead = None
     progress.close()
-    labels = it.labels
-    if not strict:  # a final assignment, so that labels_ == predict(X)
-        labels = ahead.labels if ahead is not None else backend.assign(X, centers,
-                                                                       xp=xp).labels
+    labels = it.labels if strict else None if ahead is None else ahead.labels
+    # (the last iterations' labels go before the final assignment: n values each)
     del it, ahead, labels_old
+    if labels is None:  # a final assignment, so that labels_ == predict(X)
+        labels = backend.assign(X, centers, xp=xp).labels
     inertia = float(to_numpy(backend.inertia(X, sample_weight, centers, labels, xp=xp)))
     return LloydResult(labels, max(inertia, 0.0), centers, i + 1, history)
