@@ -174,11 +174,14 @@ class _Plan:
                           shared_fixed + t * thread_fixed, n_samples=n, floor=1,
                           what=f"the numpy backend (k={k}, d={d}, {t} thread(s))")
         sub = min(rows, cache_rows)
-        block = (per_thread - sub * sub_row) // block_row
-        # at least one task per thread so all cores work
-        block = min(block, TARGET_TASK_ROWS, max(sub, TARGET_TASK_BYTES // block_row),
-                    max(sub, -(-n // t)), n)
-        self.block = max(block, 1)
+        cap = max(1, min((per_thread - sub * sub_row) // block_row, TARGET_TASK_ROWS,
+                         max(sub, TARGET_TASK_BYTES // block_row)))
+        if -(-n // t) > cap:
+            # equal blocks over all of X: the same ones (and so the same sums, bit for bit)
+            # for any thread count, and a short last block cannot leave a thread waiting
+            self.block = -(-n // -(-n // cap))
+        else:  # one block per thread, at least one sub-chunk's rows
+            self.block = min(max(sub, -(-n // t)), n)
         self.sub = max(1, min(sub, self.block))
         self.shared = shared_fixed
         self.per_thread = thread_fixed + self.sub * sub_row + self.block * block_row

@@ -74,3 +74,16 @@ def test_iteration_inertia_is_the_direct_sum(monkeypatch, d, min_d, weighted, dt
     direct = float(np.sum(np.sum(diff * diff, axis=1) * ww))
     assert it.weight_in_clusters[5] == 0
     assert float(it.inertia) == pytest.approx(direct, rel=1e-9)
+
+
+@pytest.mark.parametrize("n,d,k", [(50_000, 128, 1024), (200_000, 128, 1024),
+                                   (2_000_000, 3, 200), (20_003, 24, 50)])
+def test_blocks_are_equal_and_the_same_for_any_thread_count(n, d, k):
+    """Past one block per thread, X is cut in equal blocks that do not depend on the thread
+    count (so neither do the sums), and no short block leaves a thread with the tail."""
+    plans = {t: nb._Plan(n, d, k, 4, "256MB", t) for t in (1, 2, 3, 4)}
+    for t, p in plans.items():
+        tasks = -(-n // p.block)
+        assert n - (tasks - 1) * p.block >= p.block - tasks  # the last block is not short
+        if -(-n // t) > p.block:
+            assert p.block == plans[1].block
