@@ -317,12 +317,12 @@ class NumpyBackend(KMeansBackend):
 
         def job(t):
             bufs = self._buffers(plan, X.dtype, copy_rows)
-            acc = blocks.Acc(k, d) if reduce else None
+            acc = blocks.Acc(k, d, plan.sorted_sums) if reduce else None
             for i in range(t * n_tasks // threads, (t + 1) * n_tasks // threads):
                 s0, e0 = i * plan.block, min((i + 1) * plan.block, n)
                 rows, src = blocks.block_rows(X, mean, s0, e0, bufs, gemm=assign)
                 if assign:
-                    blocks.assign_block(rows, src, s0, ops, labels, min_sq, bufs, plan.sub)
+                    blocks.assign_block(rows, s0, ops, labels, min_sq, bufs, plan.sub)
                 if reduce:
                     w64 = blocks.block_weights(w, s0, e0, bufs)
                     sums(rows, src, labels[s0:e0], w64, acc, bufs, sq_norms=assign)
@@ -346,14 +346,14 @@ class NumpyBackend(KMeansBackend):
     def reduce(self, X, labels, sample_weight, n_clusters, *, xp=None):
         shape = np.empty((n_clusters, 0))
         _, _, acc, _ = self._run(X, sample_weight, shape, labels_in=labels, mode="reduce")
-        return ReduceResult(acc.sums, acc.weights)
+        return ReduceResult(acc.cluster_sums(), acc.weights)
 
     def lloyd_iter(self, X, sample_weight, centers, labels_old, *, xp=None):
         old = None if labels_old is None else np.asarray(labels_old)
         labels, _, acc, ops = self._run(X, sample_weight, centers, labels_old=old)
         changed = float(len(labels)) if old is None else float(acc.changed)
         inertia = max(acc.inertia(ops), 0.0)  # a sum of squares, whatever the rounding
-        return IterStats(labels.astype(np.int64, copy=False), acc.sums, acc.weights,
+        return IterStats(labels.astype(np.int64, copy=False), acc.cluster_sums(), acc.weights,
                          np.float64(inertia), np.float64(changed))
 
     def finish(self):

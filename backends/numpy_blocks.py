@@ -46,13 +46,15 @@ class Operands:
 
 
 class Acc:
-    """One thread's float64 accumulators of a pass: sums, weights, sum of w ||x||^2, and the
+    """One thread's float64 accumulators of a pass: sums (feature-major (d, k) where the
+    sums are made feature by feature, `sorted_sums`), weights, sum of w ||x||^2, and the
     count of changed labels."""
 
-    __slots__ = ("sums", "weights", "sq_norms", "changed")
+    __slots__ = ("sums", "weights", "sq_norms", "changed", "feature_major")
 
-    def __init__(self, k, d):
-        self.sums = np.zeros((k, d), dtype=np.float64)
+    def __init__(self, k, d, feature_major=False):
+        self.feature_major = feature_major
+        self.sums = np.zeros((d, k) if feature_major else (k, d), dtype=np.float64)
         self.weights = np.zeros(k, dtype=np.float64)
         self.sq_norms = 0.0
         self.changed = 0
@@ -64,10 +66,14 @@ class Acc:
         self.changed += other.changed
         return self
 
+    def cluster_sums(self):
+        """(k, d) float64."""
+        return np.ascontiguousarray(self.sums.T) if self.feature_major else self.sums
+
     def inertia(self, ops):
         """sum of w ||x - c_label||^2 from the sums (see the module's note)."""
         c64 = ops.c64
-        cross = float(np.einsum("ij,ij->", c64, self.sums))
+        cross = float(np.einsum("ij,ij->", c64, self.cluster_sums()))
         return self.sq_norms - 2.0 * cross + float(np.dot(self.weights,
                                                           np.einsum("ij,ij->i", c64, c64)))
 
@@ -98,7 +104,7 @@ def allocate(block, sub, k, d, dtype, *, augmented, sorted_sums, copy_rows):
         b["keys"] = np.empty(block, dtype=kd)
         b["ks"] = np.empty(block, dtype=kd)
         b["key_range"] = np.arange(k, dtype=kd)
-        b["gathered"] = np.empty((block, d + augmented), dtype=dtype)
+        b["gathered"] = np.empty(block * (d + 1), dtype=dtype)
         b["cols"] = np.empty(block * d, dtype=np.float64)
         b["ws"] = np.empty(block, dtype=np.float64)
     else:
@@ -122,27 +128,30 @@ def block_row_bytes(d, itemsize, *, augmented, sorted_sums, copy_rows):
 
 def block_rows(X, mean, s0, e0, bufs, *, gemm):
     """(rows, src): rows [s0, e0) as the kernels read them, and a C-contiguous array whose
-    first d columns are those rows (for row gathers). Copied when the augmented GEMM needs
-    them (gemm), when X is seen centered (mean: a memmap's rows, centered here, bit for bit
-    the centered copy's) or is not C-contiguous; else X's own rows."""
+    first d columns are those rows, for row gathers (X's own rows where they will do: a
+    gather from the augmented buffer's 516-byte rows, then their transposition, took 3x
+    longer at d=128). Copied into this thread's buffer when the augmented GEMM needs them
+    (gemm; `assign_block` reads the buffer), when X is seen centered (mean: a memmap's rows,
+    centered here, bit for bit the centered copy's) or is not C-contiguous."""
     r, d = e0 - s0, X.shape[1]
     rows = X[s0:e0]
-    if "Xa" in bufs and (gemm or mean is not None or not rows.flags.c_contiguous):
+    own = mean is None and rows.flags.c_contiguous
+    if "Xa" in bufs and (gemm or not own):
         A = bufs["Xa"][:r]
         center_rows(X, mean, s0, e0, A[:, :d])
-        return A[:, :d], A
-    if mean is None and rows.flags.c_contiguous:
+        return A[:, :d], rows if own else A
+    if own:
         return rows, rows
     xc = center_rows(X, mean, s0, e0, bufs["xc"][:r])
     return xc, xc
 
 
-def assign_block(rows, src, s0, ops, labels, min_sq, bufs, sub):
+def assign_block(rows, s0, ops, labels, min_sq, bufs, sub):
     """Labels (and, when min_sq is an array, squared distances) of the block's `rows`
-    (`block_rows`), which start at row s0."""
+    (`block_rows`, which filled the augmented buffer when there is one), from row s0."""
     r0 = rows.shape[0]
     D = bufs["D"]
-    A = src if ops.augmented else rows   # the GEMM's left operand: [x, 1] or x
+    A = bufs["Xa"][:r0] if ops.augmented else rows   # the GEMM's left operand: [x, 1] or x
     want = min_sq is not None
     for s in range(0, r0, sub):
         e = min(s + sub, r0)
@@ -187,14 +196,16 @@ def sorted_sums(Xb, src, lab, w64, acc, bufs, sq_norms):
     keys, ks = bufs["keys"][:r], bufs["ks"][:r]
     np.copyto(keys, lab, casting="unsafe")
     order = np.argsort(keys, kind="stable")
-    np.take(keys, order, out=ks)
+    # (takes into an `out` with mode="clip": with "raise", NumPy gathers into a new array
+    # and copies that into out, 7x slower here; the indices are valid by construction)
+    np.take(keys, order, out=ks, mode="clip")
     starts = ks.searchsorted(bufs["key_range"])            # (k,) first row of each label
     counts = np.empty(k, dtype=np.intp)
     np.subtract(starts[1:], starts[:-1], out=counts[:-1])
     counts[-1] = r - starts[-1]
     filled = counts > 0
-    rows = bufs["gathered"][:r, :src.shape[1]]
-    np.take(src, order, axis=0, out=rows)
+    rows = bufs["gathered"][:r * src.shape[1]].reshape(r, src.shape[1])
+    np.take(src, order, axis=0, out=rows, mode="clip")
     cols = bufs["cols"][:r * d].reshape(d, r)
     np.copyto(cols, rows[:, :d].T)                          # cast and transpose
     if w64 is None:
@@ -204,7 +215,7 @@ def sorted_sums(Xb, src, lab, w64, acc, bufs, sq_norms):
         acc.weights += counts
     else:
         ws = bufs["ws"][:r]
-        np.take(w64, order, out=ws)
+        np.take(w64, order, out=ws, mode="clip")
         if sq_norms:
             m = bufs["m64"][:r]
             np.einsum("ji,ji->i", cols, cols, out=m)
@@ -216,8 +227,11 @@ def sorted_sums(Xb, src, lab, w64, acc, bufs, sq_norms):
         # labels holds the GIL)
         acc.weights += np.bincount(lab, weights=w64, minlength=k)
     runs = (first + np.arange(0, d * r, r, dtype=np.intp)[:, None]).reshape(-1)
-    part = np.add.reduceat(cols.reshape(-1), runs)
-    acc.sums[filled] += part.reshape(d, -1).T
+    part = np.add.reduceat(cols.reshape(-1), runs).reshape(d, -1)
+    if len(first) == k:
+        acc.sums += part      # (feature-major: contiguous, no gather and scatter)
+    else:
+        acc.sums[:, filled] += part
 
 
 def bincount_sums(Xb, src, lab, w64, acc, bufs, sq_norms):
