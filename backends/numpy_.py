@@ -37,6 +37,7 @@ from kmeans_xp.backend import (
 )
 from kmeans_xp.memory import MemoryEstimate, chunk_rows, host_available_memory, resolve_budget
 from kmeans_xp.namespaces import DLPACK_FOREIGN, dlpack_source, foreign_device_type
+from kmeans_xp.rows import HostRows, is_memmap
 from kmeans_xp.validation import Interval
 
 from . import numpy_blocks as blocks
@@ -158,31 +159,32 @@ class _Plan:
         shared_fixed = 3 * k * (d + 1) * 8 + PYTHON_OVERHEAD
         thread_fixed = _thread_fixed_bytes(k, d)
         sub_row = k * itemsize + 16  # GEMM result row, its flat index and row offset
+        self.sorted_sums = d >= SORTED_SUMS_MIN_D
+        # (a row copy counted whether or not X needs one: the estimate is made without X)
+        block_row = blocks.block_row_bytes(d, itemsize, augmented=self.augmented,
+                                           sorted_sums=self.sorted_sums, copy_rows=True)
         # fewer threads when the budget cannot hold one row per thread
         for t in range(max(1, threads), 0, -1):
-            block_row = self._block_row(d, itemsize, t)
             per_thread = (self.budget - shared_fixed) // t - thread_fixed
             if per_thread >= sub_row + block_row or t == 1:
                 break
         self.threads = t
-        self.sorted_sums = d >= SORTED_SUMS_MIN_D
         # the most rows one thread can hold when sub-chunk == block
         rows = chunk_rows(self.budget, t * (sub_row + block_row),
                           shared_fixed + t * thread_fixed, n_samples=n, floor=1,
                           what=f"the numpy backend (k={k}, d={d}, {t} thread(s))")
         sub = min(rows, cache_rows)
-        block = (per_thread - sub * sub_row) // block_row
-        # at least one task per thread so all cores work
-        block = min(block, TARGET_TASK_ROWS, max(sub, TARGET_TASK_BYTES // block_row),
-                    max(sub, -(-n // t)), n)
-        self.block = max(block, 1)
+        cap = max(1, min((per_thread - sub * sub_row) // block_row, TARGET_TASK_ROWS,
+                         max(sub, TARGET_TASK_BYTES // block_row)))
+        if -(-n // t) > cap:
+            # equal blocks over all of X: the same ones (and so the same sums, bit for bit)
+            # for any thread count, and a short last block cannot leave a thread waiting
+            self.block = -(-n // -(-n // cap))
+        else:  # one block per thread, at least one sub-chunk's rows
+            self.block = min(max(sub, -(-n // t)), n)
         self.sub = max(1, min(sub, self.block))
         self.shared = shared_fixed
         self.per_thread = thread_fixed + self.sub * sub_row + self.block * block_row
-
-    def _block_row(self, d, itemsize, threads):
-        return blocks.block_row_bytes(d, itemsize, augmented=self.augmented,
-                                      sorted_sums=d >= SORTED_SUMS_MIN_D, min_sq=True)
 
     @property
     def total(self):
@@ -205,7 +207,9 @@ def _thread_fixed_bytes(k, d):
 
 class NumpyPlacement(Placement):
     """NumPy X as it is; lists as NumPy; a CPU torch tensor or JAX array shared through
-    DLPack (no copy), the results going back in its library (`Placement.from_backend`)."""
+    DLPack (no copy), the results going back in its library (`Placement.from_backend`). A
+    memory-mapped X is centered block by block as it is read (`HostRows`), not copied: the
+    fit holds in memory its buffers and O(n) arrays, and reads the file once per pass."""
 
     def converts_from(self, namespace, X=None):
         return namespace == "list" or (namespace in DLPACK_FOREIGN and
@@ -216,6 +220,14 @@ class NumpyPlacement(Placement):
             # the array's memory (read-only: never written)
             return np.from_dlpack(dlpack_source(X))
         return X
+
+    def namespace(self, X):
+        return super().namespace(X.data if isinstance(X, HostRows) else X)
+
+    def center(self, X, mean, *, xp, in_place=False):
+        if mean is not None and not in_place and is_memmap(X):
+            return HostRows(X, mean)
+        return super().center(X, mean, xp=xp, in_place=in_place)
 
 
 class NumpyBackend(KMeansBackend):
@@ -264,16 +276,16 @@ class NumpyBackend(KMeansBackend):
         futures = [self._pool.submit(job, t) for t in range(threads)]
         return [f.result() for f in futures]
 
-    def _buffers(self, plan, dtype):
+    def _buffers(self, plan, dtype, copy_rows):
         """This thread's buffers for `plan`, allocated once and reused across iterations."""
         key = (plan.sub, plan.block, plan.k, plan.d, np.dtype(dtype).str, plan.augmented,
-               plan.sorted_sums)
+               plan.sorted_sums, copy_rows)
         cached = getattr(self._local, "bufs", None)
         if cached is None or cached[0] != key:
             self._local.bufs = None  # drop the old ones before allocating
             cached = (key, blocks.allocate(plan.block, plan.sub, plan.k, plan.d, dtype,
                                            augmented=plan.augmented,
-                                           sorted_sums=plan.sorted_sums, min_sq=True))
+                                           sorted_sums=plan.sorted_sums, copy_rows=copy_rows))
             self._local.bufs = cached
         return cached[1]
 
@@ -281,14 +293,16 @@ class NumpyBackend(KMeansBackend):
     def _run(self, X, sample_weight, centers, *, labels_in=None, labels_old=None,
              mode="iter"):
         """One pass over X in blocks; mode "assign" (labels, distances), "reduce" (sums of
-        labels_in's clusters) or "iter" (labels, sums, inertia, changed labels). Thread t
-        takes a fixed, contiguous run of blocks and adds them in order into its own
-        accumulators, which are then added in thread order: the float64 sums do not depend
-        on which thread ran when (deterministic)."""
-        X = np.asarray(X)
+        labels_in's clusters) or "iter" (labels, sums, inertia, changed labels). X seen
+        centered (`HostRows`: a memmap) is read and centered block by block. Thread t takes
+        a fixed, contiguous run of blocks and adds them in order into its own accumulators,
+        which are then added in thread order: the float64 sums do not depend on which
+        thread ran when (deterministic)."""
+        X, mean = (X.data, X.mean) if isinstance(X, HostRows) else (np.asarray(X), None)
         n, d = X.shape
         k = centers.shape[0]
         plan = self._plan(n, d, k, X.dtype.itemsize, self.max_memory, self.threads)
+        copy_rows = mean is not None or not X.flags.c_contiguous
         assign, reduce = mode != "reduce", mode != "assign"
         ops = blocks.Operands(centers, X.dtype, plan.augmented) if assign else None
         if assign:
@@ -302,15 +316,16 @@ class NumpyBackend(KMeansBackend):
         threads = max(1, min(plan.threads, n_tasks))
 
         def job(t):
-            bufs = self._buffers(plan, X.dtype)
-            acc = blocks.Acc(k, d) if reduce else None
+            bufs = self._buffers(plan, X.dtype, copy_rows)
+            acc = blocks.Acc(k, d, plan.sorted_sums) if reduce else None
             for i in range(t * n_tasks // threads, (t + 1) * n_tasks // threads):
                 s0, e0 = i * plan.block, min((i + 1) * plan.block, n)
+                rows, src = blocks.block_rows(X, mean, s0, e0, bufs, gemm=assign)
                 if assign:
-                    blocks.assign_block(X, s0, e0, ops, labels, min_sq, bufs, plan.sub)
+                    blocks.assign_block(rows, s0, ops, labels, min_sq, bufs, plan.sub)
                 if reduce:
                     w64 = blocks.block_weights(w, s0, e0, bufs)
-                    sums(X[s0:e0], labels[s0:e0], w64, acc, bufs, sq_norms=assign)
+                    sums(rows, src, labels[s0:e0], w64, acc, bufs, sq_norms=assign)
                     if labels_old is not None:
                         acc.changed += int(np.count_nonzero(labels[s0:e0] !=
                                                             labels_old[s0:e0]))
@@ -331,14 +346,14 @@ class NumpyBackend(KMeansBackend):
     def reduce(self, X, labels, sample_weight, n_clusters, *, xp=None):
         shape = np.empty((n_clusters, 0))
         _, _, acc, _ = self._run(X, sample_weight, shape, labels_in=labels, mode="reduce")
-        return ReduceResult(acc.sums, acc.weights)
+        return ReduceResult(acc.cluster_sums(), acc.weights)
 
     def lloyd_iter(self, X, sample_weight, centers, labels_old, *, xp=None):
         old = None if labels_old is None else np.asarray(labels_old)
         labels, _, acc, ops = self._run(X, sample_weight, centers, labels_old=old)
         changed = float(len(labels)) if old is None else float(acc.changed)
         inertia = max(acc.inertia(ops), 0.0)  # a sum of squares, whatever the rounding
-        return IterStats(labels.astype(np.int64, copy=False), acc.sums, acc.weights,
+        return IterStats(labels.astype(np.int64, copy=False), acc.cluster_sums(), acc.weights,
                          np.float64(inertia), np.float64(changed))
 
     def finish(self):

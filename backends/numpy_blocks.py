@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from kmeans_xp.rows import center_rows
+
 
 class Operands:
     """The centers as the GEMM takes them, in X's dtype. Few features: the augmented
@@ -44,13 +46,15 @@ class Operands:
 
 
 class Acc:
-    """One thread's float64 accumulators of a pass: sums, weights, sum of w ||x||^2, and the
+    """One thread's float64 accumulators of a pass: sums (feature-major (d, k) where the
+    sums are made feature by feature, `sorted_sums`), weights, sum of w ||x||^2, and the
     count of changed labels."""
 
-    __slots__ = ("sums", "weights", "sq_norms", "changed")
+    __slots__ = ("sums", "weights", "sq_norms", "changed", "feature_major")
 
-    def __init__(self, k, d):
-        self.sums = np.zeros((k, d), dtype=np.float64)
+    def __init__(self, k, d, feature_major=False):
+        self.feature_major = feature_major
+        self.sums = np.zeros((d, k) if feature_major else (k, d), dtype=np.float64)
         self.weights = np.zeros(k, dtype=np.float64)
         self.sq_norms = 0.0
         self.changed = 0
@@ -62,10 +66,14 @@ class Acc:
         self.changed += other.changed
         return self
 
+    def cluster_sums(self):
+        """(k, d) float64."""
+        return np.ascontiguousarray(self.sums.T) if self.feature_major else self.sums
+
     def inertia(self, ops):
         """sum of w ||x - c_label||^2 from the sums (see the module's note)."""
         c64 = ops.c64
-        cross = float(np.einsum("ij,ij->", c64, self.sums))
+        cross = float(np.einsum("ij,ij->", c64, self.cluster_sums()))
         return self.sq_norms - 2.0 * cross + float(np.dot(self.weights,
                                                           np.einsum("ij,ij->i", c64, c64)))
 
@@ -76,24 +84,27 @@ def key_dtype(k):
     return np.uint8 if k <= 1 << 8 else np.uint16 if k <= 1 << 16 else np.intp
 
 
-def allocate(block, sub, k, d, dtype, *, augmented, sorted_sums, min_sq):
-    """One thread's buffers (allocated once per fit and reused by every pass)."""
-    b = {"D": np.empty((sub, k), dtype=dtype)}
+def allocate(block, sub, k, d, dtype, *, augmented, sorted_sums, copy_rows):
+    """One thread's buffers (allocated once per fit and reused by every pass). copy_rows:
+    X's rows are copied before use (centered from a memmap, or X not C-contiguous); the
+    augmented GEMM's buffer holds them where there is one."""
+    b = {"D": np.empty((sub, k), dtype=dtype),
+         "idx": np.empty(sub, dtype=np.intp),
+         "offs": np.arange(sub, dtype=np.intp) * k,   # row starts in the flat GEMM result
+         "xnorm": np.empty(block, dtype=dtype),
+         "w64": np.empty(block, dtype=np.float64),
+         "m64": np.empty(block, dtype=np.float64)}
     if augmented:
         b["Xa"] = np.empty((block, d + 1), dtype=dtype)
         b["Xa"][:, d] = 1
-    if min_sq:
-        b["idx"] = np.empty(sub, dtype=np.intp)
-        b["offs"] = np.arange(sub, dtype=np.intp) * k   # row starts in the flat GEMM result
-        b["xnorm"] = np.empty(block, dtype=dtype)
-    b["w64"] = np.empty(block, dtype=np.float64)
-    b["m64"] = np.empty(block, dtype=np.float64)
+    elif copy_rows:
+        b["xc"] = np.empty((block, d), dtype=dtype)
     if sorted_sums:
         kd = key_dtype(k)
         b["keys"] = np.empty(block, dtype=kd)
         b["ks"] = np.empty(block, dtype=kd)
         b["key_range"] = np.arange(k, dtype=kd)
-        b["rows"] = np.empty((block, d), dtype=dtype)
+        b["gathered"] = np.empty(block * (d + 1), dtype=dtype)
         b["cols"] = np.empty(block * d, dtype=np.float64)
         b["ws"] = np.empty(block, dtype=np.float64)
     else:
@@ -101,31 +112,46 @@ def allocate(block, sub, k, d, dtype, *, augmented, sorted_sums, min_sq):
     return b
 
 
-def block_row_bytes(d, itemsize, *, augmented, sorted_sums, min_sq):
+def block_row_bytes(d, itemsize, *, augmented, sorted_sums, copy_rows):
     """Bytes per block row of `allocate`'s buffers and of the transient arrays of one block
     (argsort's order)."""
-    n = (d + 1) * itemsize if augmented else 0
-    n += (8 + itemsize) if min_sq else 0        # flat indices are per sub-chunk row
-    n += 16                                     # w64, m64
+    n = (d + 1) * itemsize if augmented else d * itemsize if copy_rows else 0
+    n += itemsize + 16                          # ||x||^2 (assign), w64, m64
     if sorted_sums:
-        # keys and sorted keys (at most 8 bytes each), rows in X's dtype, the float64
-        # columns, sorted weights, argsort's order
-        n += 16 + d * itemsize + 8 * d + 8 + 8
+        # keys and sorted keys (at most 8 bytes each), gathered rows in X's dtype, the
+        # float64 columns, sorted weights, argsort's order
+        n += 16 + (d + 1) * itemsize + 8 * d + 8 + 8
     else:
         n += 8
     return n
 
 
-def assign_block(X, s0, e0, ops, labels, min_sq, bufs, sub):
-    """Labels (and, when min_sq is an array, squared distances) of rows [s0, e0)."""
-    r0 = e0 - s0
-    d = X.shape[1]
+def block_rows(X, mean, s0, e0, bufs, *, gemm):
+    """(rows, src): rows [s0, e0) as the kernels read them, and a C-contiguous array whose
+    first d columns are those rows, for row gathers (X's own rows where they will do: a
+    gather from the augmented buffer's 516-byte rows, then their transposition, took 3x
+    longer at d=128). Copied into this thread's buffer when the augmented GEMM needs them
+    (gemm; `assign_block` reads the buffer), when X is seen centered (mean: a memmap's rows,
+    centered here, bit for bit the centered copy's) or is not C-contiguous."""
+    r, d = e0 - s0, X.shape[1]
+    rows = X[s0:e0]
+    own = mean is None and rows.flags.c_contiguous
+    if "Xa" in bufs and (gemm or not own):
+        A = bufs["Xa"][:r]
+        center_rows(X, mean, s0, e0, A[:, :d])
+        return A[:, :d], rows if own else A
+    if own:
+        return rows, rows
+    xc = center_rows(X, mean, s0, e0, bufs["xc"][:r])
+    return xc, xc
+
+
+def assign_block(rows, s0, ops, labels, min_sq, bufs, sub):
+    """Labels (and, when min_sq is an array, squared distances) of the block's `rows`
+    (`block_rows`, which filled the augmented buffer when there is one), from row s0."""
+    r0 = rows.shape[0]
     D = bufs["D"]
-    if ops.augmented:
-        A = bufs["Xa"]
-        A[:r0, :d] = X[s0:e0]
-    else:
-        A = X[s0:e0]
+    A = bufs["Xa"][:r0] if ops.augmented else rows   # the GEMM's left operand: [x, 1] or x
     want = min_sq is not None
     for s in range(0, r0, sub):
         e = min(s + sub, r0)
@@ -140,9 +166,9 @@ def assign_block(X, s0, e0, ops, labels, min_sq, bufs, sub):
             np.add(lab, bufs["offs"][:r], out=idx)
             D.reshape(-1).take(idx, out=min_sq[s0 + s:s0 + e], mode="clip")
     if want:
-        m = min_sq[s0:e0]
+        m = min_sq[s0:s0 + r0]
         xn = bufs["xnorm"][:r0]
-        np.einsum("ij,ij->i", X[s0:e0], X[s0:e0], out=xn)
+        np.einsum("ij,ij->i", rows, rows, out=xn)
         m += xn
         np.maximum(m, 0, out=m)
 
@@ -156,7 +182,7 @@ def block_weights(sample_weight, s0, e0, bufs):
     return w64
 
 
-def sorted_sums(Xb, lab, w64, acc, bufs, sq_norms):
+def sorted_sums(Xb, src, lab, w64, acc, bufs, sq_norms):
     """acc += the block's per-cluster float64 sums of w * x and of w, rows grouped by label.
     The rows are gathered in label order (stable: row order within a cluster), cast to
     float64 and laid out feature-major, so that one flat reduceat adds every (feature,
@@ -170,16 +196,18 @@ def sorted_sums(Xb, lab, w64, acc, bufs, sq_norms):
     keys, ks = bufs["keys"][:r], bufs["ks"][:r]
     np.copyto(keys, lab, casting="unsafe")
     order = np.argsort(keys, kind="stable")
-    np.take(keys, order, out=ks)
+    # (takes into an `out` with mode="clip": with "raise", NumPy gathers into a new array
+    # and copies that into out, 7x slower here; the indices are valid by construction)
+    np.take(keys, order, out=ks, mode="clip")
     starts = ks.searchsorted(bufs["key_range"])            # (k,) first row of each label
     counts = np.empty(k, dtype=np.intp)
     np.subtract(starts[1:], starts[:-1], out=counts[:-1])
     counts[-1] = r - starts[-1]
     filled = counts > 0
-    rows = bufs["rows"][:r]
-    np.take(Xb, order, axis=0, out=rows)
+    rows = bufs["gathered"][:r * src.shape[1]].reshape(r, src.shape[1])
+    np.take(src, order, axis=0, out=rows, mode="clip")
     cols = bufs["cols"][:r * d].reshape(d, r)
-    np.copyto(cols, rows.T)                                 # cast and transpose
+    np.copyto(cols, rows[:, :d].T)                          # cast and transpose
     if w64 is None:
         if sq_norms:
             flat = cols.reshape(-1)
@@ -187,7 +215,7 @@ def sorted_sums(Xb, lab, w64, acc, bufs, sq_norms):
         acc.weights += counts
     else:
         ws = bufs["ws"][:r]
-        np.take(w64, order, out=ws)
+        np.take(w64, order, out=ws, mode="clip")
         if sq_norms:
             m = bufs["m64"][:r]
             np.einsum("ji,ji->i", cols, cols, out=m)
@@ -199,11 +227,14 @@ def sorted_sums(Xb, lab, w64, acc, bufs, sq_norms):
         # labels holds the GIL)
         acc.weights += np.bincount(lab, weights=w64, minlength=k)
     runs = (first + np.arange(0, d * r, r, dtype=np.intp)[:, None]).reshape(-1)
-    part = np.add.reduceat(cols.reshape(-1), runs)
-    acc.sums[filled] += part.reshape(d, -1).T
+    part = np.add.reduceat(cols.reshape(-1), runs).reshape(d, -1)
+    if len(first) == k:
+        acc.sums += part      # (feature-major: contiguous, no gather and scatter)
+    else:
+        acc.sums[:, filled] += part
 
 
-def bincount_sums(Xb, lab, w64, acc, bufs, sq_norms):
+def bincount_sums(Xb, src, lab, w64, acc, bufs, sq_norms):
     """The same sums by one np.bincount per feature (cheaper on one thread for few
     features; each holds the GIL for part of its pass)."""
     r = len(lab)

@@ -70,6 +70,15 @@ def _fit(backend, X, init, iters, threads=None):
                           backend_options=opts).fit(X)
 
 
+def _one_core(fit):
+    from threadpoolctl import threadpool_limits
+
+    def run():
+        with threadpool_limits(1):
+            return fit()
+    return run
+
+
 def _patched(module, attrs, fn):
     def run():
         saved = {a: getattr(module, a) for a in attrs}
@@ -86,7 +95,6 @@ def _patched(module, attrs, fn):
 def lloyd_rows(name, X, init, iters, repeats, quick, old):
     import kmeans_xp_backends.numpy_ as nb
     from sklearn.cluster import KMeans as SK
-    from threadpoolctl import threadpool_limits
     k = init.shape[0]
     rows = {"sklearn": median_time(lambda: SK(k, init=init, n_init=1, max_iter=iters, tol=0,
                                               algorithm="lloyd").fit(X), repeats) / iters}
@@ -98,16 +106,13 @@ def lloyd_rows(name, X, init, iters, repeats, quick, old):
         rows["faiss"] = median_time(fa, repeats) / iters
     except ImportError:
         pass
-    backends = [("numpy", "numpy", nb)] + ([("numpy-old", old.name, old.module)] if old else [])
-    for label, backend, module in backends:
+    backends = [("numpy", "numpy")] + ([("numpy-old", old.name)] if old else [])
+    for label, backend in backends:
         rows[f"{label} default threads=all"] = median_time(
             _fit(backend, X, init, iters), repeats) / iters
         if name == "W1":  # the scaling target's denominator: one core
-            def one_core(fit=_fit(backend, X, init, iters, threads=1)):
-                with threadpool_limits(1):
-                    return fit()
             rows[f"{label} default threads=1 one-core"] = median_time(
-                one_core, repeats) / iters
+                _one_core(_fit(backend, X, init, iters, threads=1)), repeats) / iters
             rows[f"{label} default threads=1 blas=free"] = median_time(
                 _fit(backend, X, init, iters, threads=1), repeats) / iters
     if not quick:

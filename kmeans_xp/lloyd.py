@@ -187,6 +187,7 @@ def kmeans_single_lloyd(backend, X, sample_weight, centers, *, xp, max_iter, tol
         ahead = None
     progress.close()
     labels = it.labels if strict else None if ahead is None else ahead.labels
+    # (the last iterations' labels go before the final assignment: n values each)
     del it, ahead, labels_old
     if labels is None:  # a final assignment, so that labels_ == predict(X)
         labels, inertia = backend.labels_inertia(X, sample_weight, centers, xp=xp)

@@ -1,4 +1,5 @@
-"""Shared test setup: GPU tests (marker `gpu`) skip where CuPy or a CUDA device is missing."""
+"""Shared test setup: GPU tests (marker `gpu`) skip where CuPy or a CUDA device is missing;
+slow tests (marker `slow`) run only when asked for."""
 import functools
 import os
 
@@ -19,6 +20,14 @@ def gpu_available() -> bool:
 
 
 def pytest_collection_modifyitems(config, items):
+    # slow tests (marker `slow`: minutes, gigabytes) run when asked for by -m or
+    # KMEANS_XP_SLOW=1, not in the plain `pytest` of CI
+    if "slow" not in (config.getoption("markexpr", "") or "") and \
+            not os.environ.get("KMEANS_XP_SLOW"):
+        skip_slow = pytest.mark.skip(reason="slow: run with -m slow or KMEANS_XP_SLOW=1")
+        for item in items:
+            if "slow" in item.keywords:
+                item.add_marker(skip_slow)
     if gpu_available():
         return
     skip = pytest.mark.skip(reason="needs CuPy and a CUDA GPU")

@@ -4,10 +4,9 @@ and empty clusters, for every label key type (uint8, uint16, intp); the result d
 depend on the thread count; its two GEMM forms ([x, 1] @ [-2 C^T; ||c||^2], and x @ -2 C^T
 plus ||c||^2) give the same labels; lloyd_iter's inertia, taken from the sums, is the direct
 sum of w ||x - c||^2."""
+import kmeans_xp_backends.numpy_ as nb
 import numpy as np
 import pytest
-
-import kmeans_xp_backends.numpy_ as nb
 
 
 @pytest.mark.parametrize("d,k", [(3, 7), (20, 300), (17, 70_000)])
@@ -24,7 +23,8 @@ def test_sorted_sums_match_bincount_sums(monkeypatch, d, k, weighted, dtype):
         monkeypatch.setattr(nb, "SORTED_SUMS_MIN_D", min_d)
         got[min_d] = nb.NumpyBackend(n_threads=2).reduce(X, labels, w, k)
     np.testing.assert_array_equal(got[0].weight_in_clusters, got[10**9].weight_in_clusters)
-    np.testing.assert_allclose(got[0].weighted_sums, got[10**9].weighted_sums, rtol=1e-12, atol=1e-9)
+    np.testing.assert_allclose(got[0].weighted_sums, got[10**9].weighted_sums, rtol=1e-12,
+                               atol=1e-9)
     assert not got[0].weighted_sums[min(k, n // 2):].any()
 
 
@@ -74,3 +74,16 @@ def test_iteration_inertia_is_the_direct_sum(monkeypatch, d, min_d, weighted, dt
     direct = float(np.sum(np.sum(diff * diff, axis=1) * ww))
     assert it.weight_in_clusters[5] == 0
     assert float(it.inertia) == pytest.approx(direct, rel=1e-9)
+
+
+@pytest.mark.parametrize("n,d,k", [(50_000, 128, 1024), (200_000, 128, 1024),
+                                   (2_000_000, 3, 200), (20_003, 24, 50)])
+def test_blocks_are_equal_and_the_same_for_any_thread_count(n, d, k):
+    """Past one block per thread, X is cut in equal blocks that do not depend on the thread
+    count (so neither do the sums), and no short block leaves a thread with the tail."""
+    plans = {t: nb._Plan(n, d, k, 4, "256MB", t) for t in (1, 2, 3, 4)}
+    for t, p in plans.items():
+        tasks = -(-n // p.block)
+        assert n - (tasks - 1) * p.block >= p.block - tasks  # the last block is not short
+        if -(-n // t) > p.block:
+            assert p.block == plans[1].block

@@ -1,17 +1,18 @@
-"""The sources of streaming (`streaming`): `HostRows` and `DeviceRows`, X on the host or on
-the device seen mean-centered without a centered copy; which inputs are memmaps and may be
-page-locked; pinned host buffers and the asynchronous copies between them and the device.
+"""The sources of streaming (`streaming`): `HostRows` (`kmeans_xp.rows`, shared with the
+numpy backend) and `DeviceRows`, X on the host or on the device seen mean-centered without a
+centered copy; which inputs are memmaps and may be page-locked; pinned host buffers and the
+asynchronous copies between them and the device.
 """
 from __future__ import annotations
 
 import functools
-import mmap
 import os
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
 from kmeans_xp.memory import host_available_memory
+from kmeans_xp.rows import HostRows, is_memmap
 
 from .common import cupy
 
@@ -23,52 +24,6 @@ STAGING_THREADS = max(1, min(16, os.cpu_count() or 2))
 MEMMAP_LOCK_SHARE = 0.5
 #: rows per staging thread below which fewer threads are used
 STAGING_MIN_ROWS = 1 << 16
-
-
-class HostRows:
-    """X on the host seen mean-centered (X - mean), without a centered copy of X.
-
-    Row selections (`X[rows]`, `X[rows, ...]`, `X[rows, :]`, `np.take(X, idx, axis=0)`) give
-    centered NumPy arrays, as `X - mean` would, row for row and bit for bit; `np.asarray`
-    makes the full centered copy (transform does, its output is n x k anyway). The streaming
-    backend reads `data` and `mean` and centers each chunk on the device."""
-
-    ndim = 2
-    device = "cpu"
-
-    def __init__(self, data, mean):
-        self.data = data
-        self.mean = self._asarray(mean, dtype=data.dtype)
-        self.shape = data.shape
-        self.dtype = data.dtype
-
-    _asarray = staticmethod(np.asarray)
-
-    def __len__(self):
-        return self.shape[0]
-
-    def __getitem__(self, key):
-        if isinstance(key, tuple):
-            if len(key) == 2 and (key[1] is Ellipsis or key[1] == slice(None)):
-                key = key[0]
-            else:
-                raise TypeError(f"{type(self).__name__} selects whole rows, not {key!r}")
-        return self.data[key] - self.mean
-
-    def take(self, indices, axis=None, out=None, mode="raise"):
-        if axis != 0 or out is not None:
-            raise TypeError(f"{type(self).__name__}.take gathers rows: axis=0, no out")
-        return self._gather(indices, mode) - self.mean
-
-    def _gather(self, indices, mode):
-        return np.take(self.data, indices, axis=0, mode=mode)
-
-    def __array__(self, dtype=None, copy=None):
-        centered = np.subtract(self.data, self.mean)
-        return centered if dtype is None else centered.astype(dtype, copy=False)
-
-    def __repr__(self):
-        return f"{type(self).__name__}(shape={self.shape}, dtype={self.dtype})"
 
 
 class DeviceRows(HostRows):
@@ -90,16 +45,6 @@ class DeviceRows(HostRows):
 
     def __array__(self, dtype=None, copy=None):
         raise TypeError("DeviceRows lives on the device: select its rows (X[rows]) instead")
-
-
-def is_memmap(X) -> bool:
-    """Whether X's memory is a mapped file (np.memmap or a view of an mmap)."""
-    a = X
-    while a is not None:
-        if isinstance(a, (np.memmap, mmap.mmap)):
-            return True
-        a = getattr(a, "base", None)
-    return False
 
 
 #: the host's available memory (MemAvailable), or None where it cannot be read
