@@ -8,10 +8,10 @@ import traceback
 import cupy as cp
 import numpy as np
 from cupy.cuda.memory_hook import MemoryHook
+from kmeans_xp_backends.cupy import placement
 
 from kmeans_xp import KMeans
 from kmeans_xp.testing import asymmetric_data
-from kmeans_xp_backends.cupy import placement
 
 pool = cp.get_default_memory_pool()
 X = cp.asarray(asymmetric_data(1_000_003, 3, 10, dtype=np.float32, seed=5))

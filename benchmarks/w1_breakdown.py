@@ -6,10 +6,10 @@ import statistics
 import time
 
 import cupy as cp
+from kmeans_xp_backends.cupy import fused, host_centers, placement
 from regression_probe import WORKLOADS, data  # (this script's folder is on sys.path)
 
 from kmeans_xp import KMeans
-from kmeans_xp_backends.cupy import fused, host_centers, placement
 
 spent = collections.defaultdict(float)
 

@@ -13,7 +13,6 @@ import json
 import statistics
 
 import cupy as cp
-
 from regression_probe import WORKLOADS, data  # (this script's folder is on sys.path)
 
 from kmeans_xp import KMeans

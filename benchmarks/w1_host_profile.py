@@ -7,10 +7,10 @@ import time
 
 import cupy as cp
 import numpy as np
+from kmeans_xp_backends.cupy.fused import CupyFusedBackend
 from regression_probe import WORKLOADS, data  # (this script's folder is on sys.path)
 
 from kmeans_xp import KMeans
-from kmeans_xp_backends.cupy.fused import CupyFusedBackend
 
 X, init = data(*WORKLOADS["W1"])
 Xg = cp.asarray(X)

@@ -7,11 +7,11 @@ import time
 import cupy as cp
 import numpy as np
 from host_calls import host_us_per_call  # (this script's folder is on sys.path)
+from kmeans_xp_backends.cupy import fused, host_centers, placement
 from regression_probe import WORKLOADS, data
 
 import kmeans_xp.lloyd as lloyd
 from kmeans_xp import KMeans
-from kmeans_xp_backends.cupy import fused, host_centers, placement
 
 events, depth = [], [0]
 

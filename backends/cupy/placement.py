@@ -6,7 +6,8 @@ once, or, when its fit would not fit in the device memory usable now (stream="au
 asked (stream=True), stays on the host and is streamed through the GPU on every pass
 (`streaming.HostRows`). A device X is centered on a copy, or, when that copy and the labels
 would not fit beside it (or with stream=True), chunk by chunk as it streams through the same
-pipeline from device memory (`streaming.DeviceRows`): the device holds X once. Centers and the driver's small arrays always live on the device.
+pipeline from device memory (`streaming.DeviceRows`): the device holds X once. Centers and
+the driver's small arrays always live on the device.
 Work is queued on the device (`asynchronous`): `fetch` copies the driver's per-iteration
 statistics into pinned host memory behind a CUDA event, so the next iteration is queued
 before they are read.

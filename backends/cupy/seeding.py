@@ -34,8 +34,8 @@ def _fits(n_local_trials, d, itemsize) -> bool:
 def device_seeding_bytes(n, d, k, itemsize):
     """Device bytes of k-means++ by `DeviceSeeding` (None where it leaves it to the xp
     steps): per sample the running distances and their float64 weighted values, and with
-    weights their float64 copy, its scan and a temporary; every random number and draw by weight (16 bytes each); the
-    reduction's partials and the scan's scratch."""
+    weights their float64 copy, its scan and a temporary; every random number and draw by
+    weight (16 bytes each); the reduction's partials and the scan's scratch."""
     from kmeans_xp.init import local_trials
     trials = local_trials(k)
     if not _fits(trials, d, itemsize):
