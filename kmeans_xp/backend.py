@@ -68,7 +68,8 @@ class IterStats(NamedTuple):
     labels: Any               # (n,) a new array each call (the driver keeps the last one)
     weighted_sums: Any        # (k, d) float64
     weight_in_clusters: Any   # (k,) float64
-    inertia: Any              # 0-d float64: sum of w * min_sq_dist of this assignment
+    inertia: Any              # 0-d float64: sum of w * ||x - c_label||^2 of this
+                              # assignment (its min_sq_dist, or the same from the sums)
     n_changed: Any            # 0-d float64: labels != labels_old (n when labels_old is None)
 
 
