@@ -298,17 +298,19 @@ def run_steps(backend, rows, draws, state, random_state, *, n_steps, batch_size,
 
 def labels_and_inertia(rows, backend, centers, sample_weight, chunk_rows):
     """(labels of all of X against `centers`, in the backend's namespace; their weighted
-    inertia), one pass over X in chunks of `chunk_rows` rows: X is never centered whole."""
-    labels, total = [], 0.0
+    inertia), one pass over X in chunks of `chunk_rows` rows, each the backend's
+    `labels_inertia`: X is never centered whole, and the total is read once."""
+    labels, total = [], None
     for sl, part, xp in rows.slices(chunk_rows):
-        lab = backend.assign(part, centers, xp=xp).labels
         w = None
         if sample_weight is not None:
             w = xp.asarray(sample_weight[sl], device=device(part))
-        total += float(to_numpy(backend.inertia(part, w, centers, lab, xp=xp)))
+        lab, inertia = backend.labels_inertia(part, w, centers, xp=xp)
+        total = inertia if total is None else total + inertia
         labels.append(lab)
     lxp = array_namespace(labels[0])
-    return (labels[0] if len(labels) == 1 else lxp.concat(labels)), max(total, 0.0)
+    return ((labels[0] if len(labels) == 1 else lxp.concat(labels)),
+            max(float(to_numpy(total)), 0.0))
 
 
 def on_backend(a, X, backend):
