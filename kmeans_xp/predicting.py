@@ -142,8 +142,12 @@ class Predicting:
         Xb = xp.asarray(Xb)  # an array even where the backend streams rows
         centers = xp.asarray(to_numpy(self.cluster_centers_), device=device(Xb))
         out = backend.placement.from_backend(
-            _distances(Xb, centers, mean, xp, backend.driver_rows(Xb)), like=X)
+            self._distances(Xb, centers, mean, xp, backend.driver_rows(Xb)), like=X)
         return self._wrap_output(out, X_user)
+
+    def _distances(self, X, centers, mean, xp, rows):
+        """transform's (n, k) distances of X (as given) to the fitted centers."""
+        return _distances(X, centers, mean, xp, rows)
 
     def fit_transform(self, X: Any, y: Any = None, sample_weight: Any = None) -> Any:
         """Compute the clustering and transform X to the cluster-distance space.

@@ -12,8 +12,6 @@ from typing import Any
 import numpy as np
 
 from .estimator import KMeans
-from .memory import explains_memory_errors
-from .namespaces import device, to_numpy
 from .sphere import ZeroNormError, check_unit_rows, cosine_distances
 
 
@@ -168,7 +166,6 @@ default=None
         # unit x and c: ||x - c||^2 = 2 (1 - cos)
         return sq_dist / 2
 
-    @explains_memory_errors
     def transform(self, X: Any) -> Any:
         """Transform X to the cluster-distance space: cosine distances to the centers.
 
@@ -183,13 +180,10 @@ default=None
             ``1 - cos(x, center)``, in [0, 2], for each sample and center, in X's
             namespace (or a DataFrame after ``set_output(transform="pandas")``).
         """
-        X_user = X
-        backend, Xb, xp, X, _ = self._prepare(X, "transform", center=False)
-        Xb = xp.asarray(Xb)  # an array even where the backend streams rows
-        centers = xp.asarray(to_numpy(self.cluster_centers_), device=device(Xb))
-        out = backend.placement.from_backend(
-            cosine_distances(Xb, centers, xp, backend.driver_rows(Xb)), like=X)
-        return self._wrap_output(out, X_user)
+        return super().transform(X)
+
+    def _distances(self, X, centers, mean, xp, rows):
+        return cosine_distances(X, centers, xp, rows)
 
     def fit_transform(self, X: Any, y: Any = None, sample_weight: Any = None) -> Any:
         """Compute the clustering and transform X to cosine distances to the centers.
