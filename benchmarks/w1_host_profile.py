@@ -37,7 +37,7 @@ try:
     Xc = Xg - Xg.mean(axis=0)
     c = np.ascontiguousarray(init - X.mean(axis=0))
     it = be.lloyd_iter(Xc, None, c, None)
-    for label, sync in (("lloyd_iter only (reads, host centers)", False),):
+    for label, _sync in (("lloyd_iter only (reads, host centers)", False),):
         t0 = time.perf_counter()
         for _ in range(200):
             it = be.lloyd_iter(Xc, None, c, it.labels)

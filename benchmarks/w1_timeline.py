@@ -43,7 +43,7 @@ for n in ("_update", "kmeans_single_lloyd", "relocate_empty"):
 
 X, init = data(*WORKLOADS["W1"])
 Xg = cp.asarray(X)
-for r in range(6):
+for _r in range(6):
     events.clear()
     km = KMeans(200, init=init, n_init=1, max_iter=10, tol=0, backend="cupy-fused").fit(Xg)
 print("timings_ (ms):", {k: round(v * 1e3, 3) for k, v in km.timings_.items()})
