@@ -328,7 +328,7 @@ def test_kernels_of_a_group_compile_in_one_nvrtc_run(monkeypatch):
     assert made == [
         ("seeding_draw", "seeding_potentials<double>", "seeding_update<double>"),
         ("weighted_total<double>", "count_changed", "column_absmax<double>",
-         "fixed_point_scales", "count_labels"),
+         "fixed_point_scales", "count_labels", "column_moments<double>"),
         ("store_labels<int>",), ("assign_small<float, 3, 4, true>",)]
 
 
@@ -415,3 +415,20 @@ def test_warm_up_compiles_ahead_what_the_fit_asks_for(emulated_cupy, name, d, k,
         sorted(x for x in asked if not covered(*x))
     used = {(f, names) for f, names in groups if any(f == af and n in names for af, n in asked)}
     assert used == groups, sorted(groups - used)
+
+
+def test_device_feature_stats_are_the_numpy_backends(fake_cupy):
+    """A float32 device X's mean from the column_moments kernel (partials added on the host)
+    is the numpy backend's bit for bit, and tol (one pass, about the first rows' mean) its
+    two-pass float64 one, at an offset that would spoil a naive sum of squares."""
+    from kmeans_xp import get_backend as gb
+    from kmeans_xp.chunks import feature_mean, tolerance
+    X = asymmetric_data(70_001, 3, 5, dtype=np.float32, seed=2) + np.float32(1e4)
+    backend = gb("cupy-kernels")()  # (its placement holds it weakly)
+    place = backend.placement
+    mean, tol = place.feature_stats(X, 1e-4, xp=np)
+    ref_mean = feature_mean(X, np)
+    assert mean.dtype == np.float32
+    np.testing.assert_array_equal(mean, ref_mean)
+    assert tol == pytest.approx(tolerance(X, ref_mean, 1e-4, np, 1 << 14), rel=1e-9)
+    assert place.feature_stats(X, 0, xp=np)[1] == 0.0

@@ -147,7 +147,7 @@ def cuda_files() -> list[str]:
 #: first time on the H200 host); any other instance is compiled alone
 TOGETHER = {
     "stats.cu": ("weighted_total<{t}>", "count_changed", "column_absmax<{t}>",
-                 "fixed_point_scales", "count_labels"),
+                 "fixed_point_scales", "count_labels", "column_moments<{t}>"),
     "direct.cu": ("direct_inertia<{t}>", "labelled_sq_dist<{t}>", "relocation_keys<{t}>"),
     "seeding.cu": ("seeding_draw", "seeding_potentials<{t}>", "seeding_update<{t}>"),
     "fused_sums.cu": ("accumulate_shared<{t}>", "accumulate_global<{t}>", "finalize_sums"),

@@ -415,21 +415,18 @@ def store_labels(lab, old, out, changed):
 
 
 def _column_stats(Xd, acc):
-    """Column sums of the chunk, and squares about the first chunk's mean (its shift)."""
+    """Column sums of the chunk, and squares about the first chunk's mean (its shift), kept
+    on the device (no sync per chunk)."""
     cp = common.cupy()
     m, d = Xd.shape
     if m == 0:
         return
-    grid = max(-(-d // BLOCK), min(-(-m * d // BLOCK), 4 * 132))
-    stride = grid * BLOCK // d * d
-    part = cp.empty((2, stride), dtype=cp.float64)
-    fn = common.raw_kernel("stats.cu", f"column_moments<{common.ctype(Xd.dtype)}>")
     if "shift" not in acc:
-        common.launch(fn, grid, (Xd, np.int64(m * d), np.int32(d), NULL, part[0], part[1]))
+        part = reductions.moments_partials(Xd, None)
         acc["shift"] = part[0].reshape(-1, d).sum(axis=0) / m
         acc["sum"] = cp.zeros(d, dtype=cp.float64)
         acc["sq"] = cp.zeros(d, dtype=cp.float64)
-    common.launch(fn, grid, (Xd, np.int64(m * d), np.int32(d), acc["shift"], part[0], part[1]))
+    part = reductions.moments_partials(Xd, acc["shift"])
     acc["sum"] += part[0].reshape(-1, d).sum(axis=0)
     acc["sq"] += part[1].reshape(-1, d).sum(axis=0)
 
