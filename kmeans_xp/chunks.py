@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 from array_api_compat import is_numpy_namespace
 
-from .namespaces import device, to_numpy
+from .namespaces import device, operand, to_numpy
 
 #: fewest rows a thread of `map_rows` gets (below that, threads cost more than they give)
 MIN_THREAD_ROWS = 8192
@@ -101,7 +101,8 @@ def _c_contiguous(A) -> bool:
 def feature_mean(X, xp):
     """Per-feature mean: X's float64 `column_sums` divided by n, then cast to X's dtype, so
     every backend centers X the same way."""
-    return xp.astype(column_sums(X, xp) / X.shape[0], X.dtype)
+    sums = column_sums(X, xp)
+    return xp.astype(sums / operand(X.shape[0], sums, xp), X.dtype)
 
 
 def tolerance(X, mean, tol, xp, rows) -> float:
@@ -116,7 +117,8 @@ def tolerance(X, mean, tol, xp, rows) -> float:
         c = xp.astype(X[sl, ...], xp.float64) - mean64
         a, b = column_sums(c * c, xp), column_sums(c, xp)
         sq, shift = (a, b) if sq is None else (sq + a, shift + b)
-    n = X.shape[0]
-    var = sq / n - (shift / n) ** 2   # the mean's rounding, removed
+    n = operand(X.shape[0], sq, xp)
+    rounding = shift / n
+    var = sq / n - rounding * rounding   # the mean's rounding, removed
     # d values, averaged on the host: a GPU library's first full reduction compiles for seconds
     return float(np.mean(to_numpy(var))) * tol

@@ -9,7 +9,7 @@ import warnings
 import numpy as np
 
 from . import init as _init
-from .namespaces import device
+from .namespaces import device, operand
 from .predicting import require_known_shape
 from .progress import bar
 from .scaling import host_dtype_of
@@ -95,8 +95,8 @@ class Fitting:
         k = self.n_clusters
         rows = backend.driver_rows(Xb)
         if given is not None:
-            c = xp.asarray(given.astype(host_dtype_of(Xb.dtype)), device=device(Xb))
-            return (c - X_mean) * scale
+            c = xp.asarray(given.astype(host_dtype_of(Xb.dtype)), device=device(Xb)) - X_mean
+            return c if scale == 1 else c * operand(scale, c, xp)
         if self.init == "random":
             return _init.random_init(Xb, k, sample_weight=sw, random_state=rs, xp=xp)[0]
         persist = backend.placement.persist

@@ -10,7 +10,7 @@ import math
 import numpy as np
 
 from .chunks import column_sums, map_rows, row_chunks
-from .namespaces import to_numpy
+from .namespaces import operand, to_numpy
 
 
 def sq_dist(Xc, P, xp):
@@ -78,7 +78,7 @@ def _draw_by_weight(cum_w, u, xp, n):
     """_draw on the weights alone; unit weights (cum_w None): floor(u * n), the same index."""
     if cum_w is not None:
         return _draw(cum_w, u, xp, n)
-    idx = xp.astype(xp.floor(u * n), xp.int64)
+    idx = xp.astype(xp.floor(u * operand(n, u, xp)), xp.int64)
     return xp.minimum(idx, n - 1)
 
 

@@ -107,7 +107,7 @@ def _update(backend, X, sample_weight, centers, centers64, it, *, xp, cxp, reloc
     if relocate:
         sums, weights = relocate_empty(backend, X, sample_weight, centers, it.labels, sums,
                                        weights, xp)
-    filled = weights > 0
+    filled = weights > cxp.zeros((), dtype=weights.dtype, device=device(weights))  # (operand)
     c_new = new_centers(sums, weights, centers, cxp, fill_empty=relocate, filled=filled,
                         spherical=spherical)
     c64 = cxp.astype(c_new, cxp.float64, copy=False)
