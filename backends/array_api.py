@@ -53,8 +53,8 @@ class ArrayAPIBackend(KMeansBackend):
         rows = cls._rows(n_samples, n_features, n_clusters, itemsize, max_memory)
         parts = {"chunk_buffers": rows * cls._row_bytes(n_clusters, n_features, itemsize),
                  "sums": 2 * n_clusters * (n_features + 1) * 8,
-                 # labels and distances per chunk, then concatenated
-                 "assign_outputs": 2 * n_samples * (8 + itemsize)}
+                 # labels (int32) and distances per chunk, then concatenated
+                 "assign_outputs": 2 * n_samples * (4 + itemsize)}
         return MemoryEstimate(parts, sum(parts.values()), rows)
 
     def _chunks(self, X, k):
@@ -70,12 +70,13 @@ class ArrayAPIBackend(KMeansBackend):
         for sl in self._chunks(X, centers.shape[0]):
             Xc = X[sl, ...]
             dist = c_norm[None, :] - 2 * (Xc @ centers.T)
-            labels.append(xp.argmin(dist, axis=1))
+            # int32, the user's labels (`kmeans_xp.backend`'s "Labels"), chunk by chunk
+            labels.append(xp.astype(xp.argmin(dist, axis=1), xp.int32))
             best = xp.min(dist, axis=1) + xp.sum(Xc * Xc, axis=1)
             mins.append(xp.where(best < 0, xp.zeros_like(best), best))
         labels = xp.concat(labels) if len(labels) > 1 else labels[0]
         mins = xp.concat(mins) if len(mins) > 1 else mins[0]
-        return AssignResult(xp.astype(labels, xp.int64), mins)
+        return AssignResult(labels, mins)
 
     def reduce(self, X, labels, sample_weight, n_clusters, *, xp=None):
         xp = xp or array_namespace(X)

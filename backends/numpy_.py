@@ -16,6 +16,11 @@ it: the kernels make few, long calls whose loops release it (`numpy_blocks` says
 BLAS is held to one thread inside the pool (threadpoolctl, a dependency; without it BLAS
 threads would run inside each pool thread). All buffers are allocated once per thread and
 reused across iterations, so an iteration allocates only its labels and a few k-sized arrays.
+
+Labels: an iteration's in the smallest type that holds k (`compact_labels_dtype`: 1 byte a
+row up to 256 clusters), so the driver's two generations take 2 n bytes, not 16 n; `assign`
+and the final pass (`labels_inertia`) write int32, the user's type. The final pass keeps no
+distances: its inertia, by differences, is summed per block as it labels.
 """
 from __future__ import annotations
 
@@ -34,6 +39,7 @@ from kmeans_xp.backend import (
     Option,
     Placement,
     ReduceResult,
+    compact_labels_dtype,
 )
 from kmeans_xp.memory import MemoryEstimate, chunk_rows, host_available_memory, resolve_budget
 from kmeans_xp.namespaces import DLPACK_FOREIGN, dlpack_source, foreign_device_type
@@ -158,7 +164,9 @@ class _Plan:
         # (k, d) + (k,), and Python objects (pool, futures)
         shared_fixed = 3 * k * (d + 1) * 8 + PYTHON_OVERHEAD
         thread_fixed = _thread_fixed_bytes(k, d)
-        sub_row = k * itemsize + 16  # GEMM result row, its flat index and row offset
+        # GEMM result row, its flat index and row offset, and x - c_label in X's dtype and
+        # in float64 (final pass)
+        sub_row = (k + d) * itemsize + (8 * d if itemsize != 8 else 0) + 16
         self.sorted_sums = d >= SORTED_SUMS_MIN_D
         # (a row copy counted whether or not X needs one: the estimate is made without X)
         block_row = blocks.block_row_bytes(d, itemsize, augmented=self.augmented,
@@ -257,6 +265,8 @@ class NumpyBackend(KMeansBackend):
                         n_threads=None):
         threads = _n_threads(n_threads)
         plan = cls._plan(n_samples, n_features, n_clusters, itemsize, max_memory, threads)
+        # min_sq_dist: `assign`'s distances (k-means||, predict); a fit's final pass keeps
+        # none. Labels are the driver's part (`memory.driver_bytes`)
         parts = {"chunk_buffers": plan.threads * plan.per_thread, "shared": plan.shared,
                  "min_sq_dist": n_samples * itemsize}
         # chunk_rows: the rows one thread holds at a time (its task); the GEMM runs on
@@ -292,24 +302,29 @@ class NumpyBackend(KMeansBackend):
     # -- the contract -----------------------------------------------------------------------
     def _run(self, X, sample_weight, centers, *, labels_in=None, labels_old=None,
              mode="iter"):
-        """One pass over X in blocks; mode "assign" (labels, distances), "reduce" (sums of
-        labels_in's clusters) or "iter" (labels, sums, inertia, changed labels). X seen
-        centered (`HostRows`: a memmap) is read and centered block by block. Thread t takes
-        a fixed, contiguous run of blocks and adds them in order into its own accumulators,
-        which are then added in thread order: the float64 sums do not depend on which
-        thread ran when (deterministic)."""
+        """One pass over X in blocks; mode "assign" (int32 labels, distances), "reduce"
+        (sums of labels_in's clusters), "iter" (compact labels, sums, inertia, changed
+        labels), "final" (int32 labels and their inertia by differences) or "inertia"
+        (labels_in's inertia by differences). X seen centered (`HostRows`: a memmap) is
+        read and centered block by block. Thread t takes a fixed, contiguous run of blocks
+        and adds them in order into its own accumulators, which are then added in thread
+        order: the float64 sums do not depend on which thread ran when (deterministic)."""
         X, mean = (X.data, X.mean) if isinstance(X, HostRows) else (np.asarray(X), None)
         n, d = X.shape
         k = centers.shape[0]
         plan = self._plan(n, d, k, X.dtype.itemsize, self.max_memory, self.threads)
         copy_rows = mean is not None or not X.flags.c_contiguous
-        assign, reduce = mode != "reduce", mode != "assign"
+        assign = mode in ("assign", "iter", "final")
+        reduce = mode in ("reduce", "iter")
+        direct = mode in ("final", "inertia")   # inertia by differences
         ops = blocks.Operands(centers, X.dtype, plan.augmented) if assign else None
+        c = ops.c if assign else np.asarray(centers, dtype=X.dtype) if direct else None
         if assign:
-            labels = np.empty(n, dtype=np.intp)
+            labels = np.empty(n, dtype=compact_labels_dtype(k) if mode == "iter" else
+                              np.int32)
             min_sq = np.empty(n, dtype=X.dtype) if mode == "assign" else None
         else:
-            labels, min_sq = np.asarray(labels_in, dtype=np.intp), None
+            labels, min_sq = np.asarray(labels_in), None
         w = None if sample_weight is None else np.asarray(sample_weight)
         sums = blocks.sorted_sums if plan.sorted_sums else blocks.bincount_sums
         n_tasks = -(-n // plan.block)
@@ -317,18 +332,25 @@ class NumpyBackend(KMeansBackend):
 
         def job(t):
             bufs = self._buffers(plan, X.dtype, copy_rows)
-            acc = blocks.Acc(k, d, plan.sorted_sums) if reduce else None
+            acc = blocks.Acc(k, d, plan.sorted_sums)
             for i in range(t * n_tasks // threads, (t + 1) * n_tasks // threads):
                 s0, e0 = i * plan.block, min((i + 1) * plan.block, n)
                 rows, src = blocks.block_rows(X, mean, s0, e0, bufs, gemm=assign)
-                if assign:
-                    blocks.assign_block(rows, s0, ops, labels, min_sq, bufs, plan.sub)
+                if assign:  # the block's labels (intp), then stored in the output's type
+                    lab = bufs["lab"][:e0 - s0]
+                    blocks.assign_block(rows, ops, lab, None if min_sq is None else
+                                        min_sq[s0:e0], bufs, plan.sub)
+                    np.copyto(labels[s0:e0], lab, casting="unsafe")
+                else:
+                    lab = blocks.block_labels(labels, s0, e0, bufs)
+                w64 = blocks.block_weights(w, s0, e0, bufs) if reduce or direct else None
                 if reduce:
-                    w64 = blocks.block_weights(w, s0, e0, bufs)
-                    sums(rows, src, labels[s0:e0], w64, acc, bufs, sq_norms=assign)
+                    sums(rows, src, lab, w64, acc, bufs, sq_norms=assign)
                     if labels_old is not None:
-                        acc.changed += int(np.count_nonzero(labels[s0:e0] !=
-                                                            labels_old[s0:e0]))
+                        acc.changed += int(np.count_nonzero(lab != labels_old[s0:e0]))
+                if direct:
+                    dist = blocks.sq_dist_block(rows, lab, c, bufs, plan.sub)
+                    acc.direct += float(dist.sum() if w64 is None else np.dot(dist, w64))
             return acc
 
         # (BLAS held to one thread, shared by every fit of the process)
@@ -341,7 +363,7 @@ class NumpyBackend(KMeansBackend):
 
     def assign(self, X, centers, *, xp=None):
         labels, min_sq, _, _ = self._run(X, None, centers, mode="assign")
-        return AssignResult(labels.astype(np.int64, copy=False), min_sq)
+        return AssignResult(labels, min_sq)
 
     def reduce(self, X, labels, sample_weight, n_clusters, *, xp=None):
         shape = np.empty((n_clusters, 0))
@@ -353,8 +375,19 @@ class NumpyBackend(KMeansBackend):
         labels, _, acc, ops = self._run(X, sample_weight, centers, labels_old=old)
         changed = float(len(labels)) if old is None else float(acc.changed)
         inertia = max(acc.inertia(ops), 0.0)  # a sum of squares, whatever the rounding
-        return IterStats(labels.astype(np.int64, copy=False), acc.cluster_sums(), acc.weights,
-                         np.float64(inertia), np.float64(changed))
+        return IterStats(labels, acc.cluster_sums(), acc.weights, np.float64(inertia),
+                         np.float64(changed))
+
+    def inertia(self, X, sample_weight, centers, labels, *, xp=None):
+        """By differences, block by block (no n distances)."""
+        _, _, acc, _ = self._run(X, sample_weight, centers, labels_in=labels, mode="inertia")
+        return np.float64(acc.direct)
+
+    def labels_inertia(self, X, sample_weight, centers, *, xp=None):
+        """One pass: int32 labels, and their inertia by differences summed per block while
+        labelling (no n distances: the final pass of a fit on a memmap stays in budget)."""
+        labels, _, acc, _ = self._run(X, sample_weight, centers, mode="final")
+        return labels, np.float64(acc.direct)
 
     def finish(self):
         """End of a fit: drop every thread's buffers and stop the pool (a later call on this

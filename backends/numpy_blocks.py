@@ -14,7 +14,13 @@ where nothing queues, d bincounts are cheaper for few features (`bincount_sums`)
 The inertia of an iteration needs no per-row distances: with S_j and W_j the weighted sums
 and weights of cluster j, sum_i w_i ||x_i - c_l(i)||^2 = sum_i w_i ||x_i||^2 - 2 sum_j c_j.S_j
 + sum_j W_j ||c_j||^2, all in float64 (`inertia`). So `lloyd_iter`'s GEMM sub-chunk is two
-calls (matmul, argmin); `assign` adds the take of each row's minimum.
+calls (matmul, argmin); `assign` adds the take of each row's minimum. The inertia of a
+fit's final assignment (and `inertia`) is by differences, ||x - c_label||^2 per row in
+float64 (`sq_dist_block`), summed per block: no n distances are kept.
+
+A block's labels are computed (argmin) and read by the sums as intp in the thread's buffer
+("lab"), then stored in the pass's output, in the type the backend keeps them in (compact
+between iterations: an argmin into uint8 goes through an intp temporary of its own).
 """
 from __future__ import annotations
 
@@ -31,7 +37,7 @@ class Operands:
     augmented GEMM's last step adds 1 * ||c||^2 to the same chain). ||c||^2 is summed in X's
     dtype as scikit-learn's ``row_norms`` does, so near-ties break the same way."""
 
-    __slots__ = ("gemm", "cnorm", "augmented", "c64")
+    __slots__ = ("gemm", "cnorm", "augmented", "c64", "c")
 
     def __init__(self, centers, dtype, augmented):
         c = np.asarray(centers, dtype=dtype)
@@ -43,14 +49,15 @@ class Operands:
         if augmented:
             self.gemm[d] = self.cnorm
         self.c64 = c.astype(np.float64)
+        self.c = c
 
 
 class Acc:
     """One thread's float64 accumulators of a pass: sums (feature-major (d, k) where the
-    sums are made feature by feature, `sorted_sums`), weights, sum of w ||x||^2, and the
-    count of changed labels."""
+    sums are made feature by feature, `sorted_sums`), weights, sum of w ||x||^2, the count
+    of changed labels, and sum of w ||x - c_label||^2 by differences (`direct`)."""
 
-    __slots__ = ("sums", "weights", "sq_norms", "changed", "feature_major")
+    __slots__ = ("sums", "weights", "sq_norms", "changed", "feature_major", "direct")
 
     def __init__(self, k, d, feature_major=False):
         self.feature_major = feature_major
@@ -58,12 +65,14 @@ class Acc:
         self.weights = np.zeros(k, dtype=np.float64)
         self.sq_norms = 0.0
         self.changed = 0
+        self.direct = 0.0
 
     def merge(self, other):
         self.sums += other.sums
         self.weights += other.weights
         self.sq_norms += other.sq_norms
         self.changed += other.changed
+        self.direct += other.direct
         return self
 
     def cluster_sums(self):
@@ -89,11 +98,15 @@ def allocate(block, sub, k, d, dtype, *, augmented, sorted_sums, copy_rows):
     X's rows are copied before use (centered from a memmap, or X not C-contiguous); the
     augmented GEMM's buffer holds them where there is one."""
     b = {"D": np.empty((sub, k), dtype=dtype),
+         "diff": np.empty((sub, d), dtype=dtype),    # x - c_label (`sq_dist_block`)
          "idx": np.empty(sub, dtype=np.intp),
+         "lab": np.empty(block, dtype=np.intp),      # the block's labels
          "offs": np.arange(sub, dtype=np.intp) * k,   # row starts in the flat GEMM result
          "xnorm": np.empty(block, dtype=dtype),
          "w64": np.empty(block, dtype=np.float64),
          "m64": np.empty(block, dtype=np.float64)}
+    if np.dtype(dtype) != np.float64:
+        b["diff64"] = np.empty((sub, d), dtype=np.float64)
     if augmented:
         b["Xa"] = np.empty((block, d + 1), dtype=dtype)
         b["Xa"][:, d] = 1
@@ -116,7 +129,7 @@ def block_row_bytes(d, itemsize, *, augmented, sorted_sums, copy_rows):
     """Bytes per block row of `allocate`'s buffers and of the transient arrays of one block
     (argsort's order)."""
     n = (d + 1) * itemsize if augmented else d * itemsize if copy_rows else 0
-    n += itemsize + 16                          # ||x||^2 (assign), w64, m64
+    n += itemsize + 24                          # ||x||^2 (assign), w64, m64, intp labels
     if sorted_sums:
         # keys and sorted keys (at most 8 bytes each), gathered rows in X's dtype, the
         # float64 columns, sorted weights, argsort's order
@@ -146,9 +159,9 @@ def block_rows(X, mean, s0, e0, bufs, *, gemm):
     return xc, xc
 
 
-def assign_block(rows, s0, ops, labels, min_sq, bufs, sub):
-    """Labels (and, when min_sq is an array, squared distances) of the block's `rows`
-    (`block_rows`, which filled the augmented buffer when there is one), from row s0."""
+def assign_block(rows, ops, labels, min_sq, bufs, sub):
+    """Labels (intp, the block's) and, when min_sq is an array, squared distances of the
+    block's `rows` (`block_rows`, which filled the augmented buffer when there is one)."""
     r0 = rows.shape[0]
     D = bufs["D"]
     A = bufs["Xa"][:r0] if ops.augmented else rows   # the GEMM's left operand: [x, 1] or x
@@ -156,7 +169,7 @@ def assign_block(rows, s0, ops, labels, min_sq, bufs, sub):
     for s in range(0, r0, sub):
         e = min(s + sub, r0)
         r = e - s
-        Dv, lab = D[:r], labels[s0 + s:s0 + e]
+        Dv, lab = D[:r], labels[s:e]
         np.matmul(A[s:e], ops.gemm, out=Dv)
         if not ops.augmented:
             np.add(Dv, ops.cnorm, out=Dv)
@@ -164,13 +177,39 @@ def assign_block(rows, s0, ops, labels, min_sq, bufs, sub):
         if want:  # each row's minimum: a flat take (no take_along_axis temporaries)
             idx = bufs["idx"][:r]
             np.add(lab, bufs["offs"][:r], out=idx)
-            D.reshape(-1).take(idx, out=min_sq[s0 + s:s0 + e], mode="clip")
+            D.reshape(-1).take(idx, out=min_sq[s:e], mode="clip")
     if want:
-        m = min_sq[s0:s0 + r0]
         xn = bufs["xnorm"][:r0]
         np.einsum("ij,ij->i", rows, rows, out=xn)
-        m += xn
-        np.maximum(m, 0, out=m)
+        min_sq += xn
+        np.maximum(min_sq, 0, out=min_sq)
+
+
+def block_labels(labels, s0, e0, bufs):
+    """Rows [s0, e0) of `labels` (any integer type) as the block's intp labels."""
+    lab = bufs["lab"][:e0 - s0]
+    np.copyto(lab, labels[s0:e0], casting="unsafe")
+    return lab
+
+
+def sq_dist_block(rows, lab, c, bufs, sub):
+    """(r,) float64 ||x - c_label||^2 of the block's rows, by differences: x - c in X's
+    dtype, as the driver's `chunks.labelled_sq_dist`, squared and added in float64. In the
+    thread's "m64" buffer. (Cast by a copy: an einsum that casts, or a subtraction of mixed
+    types, allocates NumPy's casting buffers on every call.)"""
+    r0 = rows.shape[0]
+    out = bufs["m64"][:r0]
+    for s in range(0, r0, sub):
+        e = min(s + sub, r0)
+        diff = bufs["diff"][:e - s]
+        np.take(c, lab[s:e], axis=0, out=diff, mode="clip")
+        np.subtract(rows[s:e], diff, out=diff)
+        if diff.dtype != np.float64:
+            diff64 = bufs["diff64"][:e - s]
+            np.copyto(diff64, diff)
+            diff = diff64
+        np.einsum("ij,ij->i", diff, diff, out=out[s:e])
+    return out
 
 
 def block_weights(sample_weight, s0, e0, bufs):

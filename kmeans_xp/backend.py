@@ -35,6 +35,17 @@ backend gives the same answer for the same initial centers.
     memory            no        everyone       a `memory.Budget`: max_memory in bytes, stages
                                                and their measured peaks, memory checks
 
+Labels: an integer array of values in [0, k), in any integer dtype that holds k. Between
+its own passes a backend may keep them compact (`compact_labels_dtype`: uint8 up to 256
+clusters, uint16 up to 65536, else int32: the numpy backend's `lloyd_iter` labels, a CuPy
+backend's streamed label store), the driver only compares and keeps them. What the user gets
+(labels_, predict, in every namespace) is int32, scikit-learn's dtype: the first-party
+backends' signed labels are int32 (numpy's `assign` and `labels_inertia`, array-api's
+`assign`, CuPy's, dask's label blocks), and `placement.from_backend` widens unsigned ones to
+int32 (`user_labels`: e.g. the last iteration's when a run converges strictly). A
+third-party backend should do the same (signed labels of another type reach the user as
+they are).
+
 `X` handed to the primitives is what `placement.center` returned (mean-centered X in the
 backend's namespace; for a spherical fit, the unit rows of `placement.unit_rows`, not
 centered); `sample_weight` is an (n,) array in X's namespace and dtype, or None for unit
@@ -46,15 +57,39 @@ from __future__ import annotations
 import inspect
 from typing import Any, ClassVar, NamedTuple
 
+import numpy as np
+
 from .chunks import count_changed, feature_mean, labelled_sq_dist, tolerance, weighted_total
 from .memory import Budget, MemoryEstimate
 from .namespaces import array_namespace, as_like, device, label_counts, namespace_name, to_numpy
 from .scaling import rescaled
 from .sphere import unit_rows
 
+#: the labels a user gets from a backend that chooses their type (`user_labels`)
+LABELS_DTYPE = np.dtype(np.int32)
+
+
+def compact_labels_dtype(k):
+    """The smallest dtype that holds labels 0..k-1: uint8, uint16, else int32."""
+    if k <= 1 << 8:
+        return np.dtype(np.uint8)
+    return np.dtype(np.uint16) if k <= 1 << 16 else LABELS_DTYPE
+
+
+def user_labels_dtype(dtype):
+    """The dtype labels of `dtype` reach the user in: unsigned (compact) ones as int32."""
+    return LABELS_DTYPE if isinstance(dtype, np.dtype) and dtype.kind == "u" else dtype
+
+
+def user_labels(arr):
+    """Labels as the user gets them: a NumPy or CuPy array of unsigned (compact) labels
+    widened to int32; anything else as it is."""
+    dtype = getattr(arr, "dtype", None)
+    return arr if user_labels_dtype(dtype) is dtype else arr.astype(LABELS_DTYPE)
+
 
 class AssignResult(NamedTuple):
-    labels: Any          # (n,) integer index of the nearest center
+    labels: Any          # (n,) integer index of the nearest center (see "Labels" above)
     min_sq_dist: Any     # (n,) squared distance to it, clamped at 0
 
 
@@ -65,7 +100,8 @@ class ReduceResult(NamedTuple):
 
 class IterStats(NamedTuple):
     """One Lloyd iteration's results, computed where the data lives."""
-    labels: Any               # (n,) a new array each call (the driver keeps the last one)
+    labels: Any               # (n,) a new array each call (the driver keeps the last one);
+                              # may be compact (`compact_labels_dtype`)
     weighted_sums: Any        # (k, d) float64
     weight_in_clusters: Any   # (k,) float64
     inertia: Any              # 0-d float64: sum of w * ||x - c_label||^2 of this
@@ -149,8 +185,9 @@ class Placement:
 
     def from_backend(self, arr, like):
         """arr in the namespace and device of `like` (the user's input); default: as given,
-        or as a torch tensor on `like`'s device when `like` is one (`namespaces.as_like`)."""
-        return as_like(arr, like)
+        or as a torch tensor on `like`'s device when `like` is one (`namespaces.as_like`).
+        Compact (unsigned) labels widen to int32 (`user_labels`)."""
+        return as_like(user_labels(arr), like)
 
     def namespace(self, X):
         """The namespace the driver computes with on X (the output of `to_backend`)."""

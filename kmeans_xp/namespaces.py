@@ -104,8 +104,22 @@ def label_counts(labels, n_clusters):
     elif name == "torch":
         counts = labels.bincount(minlength=n_clusters)
     else:
-        counts = np.bincount(to_numpy(labels), minlength=n_clusters)
+        counts = _host_counts(to_numpy(labels), n_clusters)
     return to_numpy(counts)
+
+
+#: rows per np.bincount of `label_counts` on the host: it converts labels of any other type
+#: (int32, compact uint8) to an intp copy, 8 bytes a row, per call
+COUNT_ROWS = 1 << 16
+
+
+def _host_counts(labels, n_clusters):
+    if labels.dtype == np.intp or labels.shape[0] <= COUNT_ROWS:
+        return np.bincount(labels, minlength=n_clusters)
+    counts = np.zeros(n_clusters, dtype=np.intp)
+    for s in range(0, labels.shape[0], COUNT_ROWS):
+        counts += np.bincount(labels[s:s + COUNT_ROWS], minlength=n_clusters)
+    return counts
 
 
 def xp_float_dtype(xp, dtype_name: str):

@@ -188,7 +188,10 @@ def test_array_api_results_in_callers_namespace_and_device(dev):
                       ("fit_predict", KMeans(6, init=init).fit_predict(X))]:
         assert isinstance(arr, type(X)), f"{name} is {type(arr)}"
         assert arr.device == expect_dev, f"{name} on {arr.device}"
-    assert km.labels_.dtype == xps.int64 and km.cluster_centers_.dtype == xps.float64
+    # int32 labels, as the numpy backend's and scikit-learn's (`kmeans_xp.backend`'s
+    # "Labels"; sklearn's check_array_api_input compares the dtypes)
+    assert km.labels_.dtype == xps.int32 and km.cluster_centers_.dtype == xps.float64
+    assert km.predict(X).dtype == xps.int32
     assert km.transform(X).shape == (1031, 6)
     np.testing.assert_array_equal(np.from_dlpack(km.labels_), ref.labels_)
     np.testing.assert_allclose(np.from_dlpack(km.cluster_centers_), ref.cluster_centers_,

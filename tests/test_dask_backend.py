@@ -483,7 +483,7 @@ def test_actors_engine_label_blocks_anywhere_and_lifetime(client):
     away = client.submit(actor_output, a["key"], a["address"], gen, 0, 0, workers=[other],
                          allow_other_workers=False, pure=False).result()
     np.testing.assert_array_equal(here, away)
-    assert away.dtype == np.int64 and len(away) == 100
+    assert away.dtype == np.int32 and len(away) == 100
     kept = actors.lloyd_iter(Xd, wd, init, first.labels, xp=xp)  # still held: still there
     assert float(kept.n_changed) == 0
     np.testing.assert_array_equal(first.labels.compute(), kept.labels.compute())

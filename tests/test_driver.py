@@ -135,21 +135,22 @@ def test_issuing_ahead_gives_the_drivers_answer(dtype, always_ahead):
 def test_long_iterations_are_read_before_the_next_is_issued(monkeypatch, limit):
     """Past AHEAD_MAX_ITERATION_S the driver waits for an iteration's statistics before it
     issues the next (a pass lost to a relocation would cost more than the wait saves), and
-    the final assignment is a separate `assign`; the answer is the same either way."""
+    the final assignment is a separate pass (`labels_inertia`); the answer is the same
+    either way."""
     from kmeans_xp import lloyd, registry
     monkeypatch.setattr(lloyd, "AHEAD_MAX_ITERATION_S", limit)
     X = asymmetric_data(5003, 3, 10, seed=2)
     registry.register_backend(AsyncNumpy)
     assigns = []
-    monkeypatch.setattr(AsyncNumpy, "assign", lambda self, *a, **kw: assigns.append(1) or
-                        NumpyBackend.assign(self, *a, **kw))
+    monkeypatch.setattr(AsyncNumpy, "labels_inertia", lambda self, *a, **kw:
+                        assigns.append(1) or NumpyBackend.labels_inertia(self, *a, **kw))
     try:
         AsyncNumpy.calls = 0
         ref = KMeans(10, init=X[:10].copy(), max_iter=4, tol=0, backend="numpy").fit(X)
         km = KMeans(10, init=X[:10].copy(), max_iter=4, tol=0, backend="numpy-async").fit(X)
         np.testing.assert_array_equal(km.labels_, ref.labels_)
         # ahead: 4 iterations + the final assignment as a 5th lloyd_iter; read first: 4
-        # iterations, and the final labels from one `assign`
+        # iterations, and the final labels from one `labels_inertia`
         expect_calls, expect_assigns = (4 + 1, 0) if limit else (4, 1)
         assert (AsyncNumpy.calls, len(assigns)) == (expect_calls, expect_assigns)
     finally:

@@ -173,8 +173,9 @@ def test_a_library_out_of_memory_error_leaves_as_ours_with_the_fit_memory_freed(
         from kmeans_xp import predicting
         monkeypatch.setattr(predicting, "_distances", out_of_memory)
     else:
-        monkeypatch.setattr(NumpyBackend, "lloyd_iter" if where == "fit" else "assign",
-                            out_of_memory)
+        # (score's labels and inertia come from one pass, `labels_inertia`)
+        monkeypatch.setattr(NumpyBackend, {"fit": "lloyd_iter", "score": "labels_inertia"}
+                            .get(where, "assign"), out_of_memory)
     with pytest.raises(KMeansMemoryError, match=rf"KMeans.{where} ran out of memory "
                                                 r"\(.*DeviceOOM: out of memory allocating"
                                                 r".*max_memory") as info:

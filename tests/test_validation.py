@@ -206,12 +206,14 @@ def test_input_conversion(make, dtype):
     init = ref[[0, 20, 40]]
     km = KMeans(3, init=init).fit(data)
     assert km.cluster_centers_.dtype == dtype
-    assert isinstance(km.cluster_centers_, np.ndarray) and km.labels_.dtype == np.int64
+    # (the numpy backend's labels are scikit-learn's int32, predict's as labels_)
+    assert isinstance(km.cluster_centers_, np.ndarray) and km.labels_.dtype == np.int32
     assert km.n_features_in_ == 3
     # same answer as float64 data computed directly (to float32 precision where used)
     ref_km = KMeans(3, init=init).fit(ref.astype(dtype))
     np.testing.assert_array_equal(km.labels_, ref_km.labels_)
     np.testing.assert_array_equal(km.predict(data), km.labels_)
+    assert km.predict(data).dtype == km.labels_.dtype
     assert km.transform(data).dtype == dtype
 
 

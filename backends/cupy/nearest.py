@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from kmeans_xp.backend import compact_labels_dtype
+
 from . import common
 from .common import BLOCK, NULL, ctype, cupy
 from .einsum_order import einsum_order, norm_mode
@@ -188,9 +190,6 @@ def row_argmin_shifted(dist, c_norm, col0, first, run_min, labels):
 
 
 def label_store_dtype(k):
-    """The smallest unsigned (or int32) dtype that holds labels 0..k-1."""
-    if k <= 1 << 8:
-        return np.dtype(np.uint8)
-    if k <= 1 << 16:
-        return np.dtype(np.uint16)
-    return np.dtype(np.int32)
+    """The smallest unsigned (or int32) dtype that holds labels 0..k-1 (the contract's
+    `compact_labels_dtype`)."""
+    return compact_labels_dtype(k)

@@ -18,7 +18,7 @@ import weakref
 
 import numpy as np
 
-from kmeans_xp.backend import Placement
+from kmeans_xp.backend import Placement, user_labels, user_labels_dtype
 from kmeans_xp.memory import compute_itemsize, driver_bytes
 from kmeans_xp.namespaces import (
     DLPACK_FOREIGN,
@@ -109,15 +109,16 @@ class CupyPlacement(Placement):
         if arr is None:
             return arr
         if foreign_device_type(like) is not None:
-            return as_like(_signed(arr), like)  # a CUDA result through DLPack, a host one copied
+            # a CUDA result through DLPack, a host one copied
+            return as_like(user_labels(arr), like)
         if isinstance(arr, cp.ndarray) and not isinstance(like, cp.ndarray) \
                 and hasattr(arr, "get"):
             # compact labels cross the bus before they widen, widened by the copy threads
             # (a widening pass of its own took 1 s of a 1e9-row fit's 1.4 s copy back)
-            return download(cp, arr, dtype=_signed_dtype(arr.dtype))
+            return download(cp, arr, dtype=user_labels_dtype(arr.dtype))
         if isinstance(like, cp.ndarray) and isinstance(arr, np.ndarray):
             arr = cp.asarray(arr)  # centers kept on the host go back as the caller's type
-        return _signed(arr)
+        return user_labels(arr)  # streamed labels live in compact unsigned types
 
     def namespace(self, X):
         from .streaming import DeviceRows, HostRows
@@ -286,12 +287,3 @@ class CupyPlacement(Placement):
             kept[k] = cp.asarray(kept[k])
         return kept
 
-
-def _signed_dtype(dtype):
-    """Labels as int32, as scikit-learn's: streamed labels live in compact unsigned types."""
-    return np.dtype(np.int32) if dtype.kind == "u" else dtype
-
-
-def _signed(arr):
-    dtype = getattr(arr, "dtype", None)
-    return arr if dtype is None or _signed_dtype(dtype) == dtype else arr.astype(np.int32)

@@ -32,11 +32,11 @@ import weakref
 
 import numpy as np
 
-from kmeans_xp.backend import AssignResult, Farthest, IterStats, WorkerLostError
+from kmeans_xp.backend import LABELS_DTYPE, AssignResult, Farthest, IterStats, WorkerLostError
 
 from .blocks import (
     add_vectors,
-    as_int64,
+    as_user_labels,
     assign_block,
     block_meta,
     cupy,
@@ -137,13 +137,13 @@ class BlockActor:
                                f"of them)") from None
 
     def output(self, generation, j, which):
-        """Block j's labels (which=0, as int64) or distances (1) of call `generation`."""
+        """Block j's labels (which=0, as int32) or distances (1) of call `generation`."""
         out = self._call(generation)[j][which]
-        return as_int64(out) if which == 0 else out
+        return as_user_labels(out) if which == 0 else out
 
 
 def actor_output(actor_key, address, generation, j, which):
-    """A block of an actor's labels (which=0, int64) or distances (1). Scheduled on the
+    """A block of an actor's labels (which=0, int32) or distances (1). Scheduled on the
     actor's worker, where it reads the actor's array in place; anywhere else (a graph
     optimisation that dropped the worker restriction) it asks the actor over the network."""
     from distributed import get_worker
@@ -423,7 +423,7 @@ class ActorEngine:
         tag = f"{gen}-{uuid.uuid4().hex[:12]}"
         out = []
         for w in which:
-            dtype = np.dtype(np.int64) if w == 0 else state["dtype"]
+            dtype = LABELS_DTYPE if w == 0 else state["dtype"]
             name = f"kmeans-actor-{'labels' if w == 0 else 'min-sq'}-{tag}"
             layer, where = {}, {}
             for a in state["actors"]:

@@ -18,6 +18,7 @@ import time
 
 import numpy as np
 
+from kmeans_xp.backend import LABELS_DTYPE
 from kmeans_xp.namespaces import to_numpy
 
 #: local backends tried, in order, on CuPy blocks
@@ -114,8 +115,9 @@ def _operands(xb, wb, centers, labels, kind):
     return wb, c, labels
 
 
-def as_int64(labels):
-    return labels if labels.dtype == np.int64 else labels.astype(np.int64)
+def as_user_labels(labels):
+    """A block's labels as the user gets them: int32 (`kmeans_xp.backend`'s "Labels")."""
+    return labels if labels.dtype == LABELS_DTYPE else labels.astype(LABELS_DTYPE)
 
 
 def _timed(spec, timed, fn):
@@ -162,7 +164,7 @@ def iterate_step(xb, wb, centers, labels_old, spec, timed=False):
 def iterate_block(xb, wb, labels_old, centers, spec, timed=False):
     """A graph task: (labels, stats as float64 NumPy, timing or None); the labels stay where
     the block is (in the local backend's integer type, as the next iteration takes them;
-    `labels_out` hands them out as int64), the k x d stats travel."""
+    `labels_out` hands them out as int32), the k x d stats travel."""
     labels, stats, info = iterate_step(xb, wb, centers, labels_old, spec, timed)
     return labels, to_numpy(stats), info
 
@@ -247,8 +249,8 @@ def moments_block(xb, mean):
 
 
 def labels_out(result):
-    """The labels of a block task's result as int64 (the labels arrays' blocks)."""
-    return as_int64(result[0])
+    """The labels of a block task's result as int32 (the labels arrays' blocks)."""
+    return as_user_labels(result[0])
 
 
 def take(result, index):

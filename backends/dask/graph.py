@@ -23,7 +23,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from kmeans_xp.backend import AssignResult, Farthest, IterStats, ReduceResult
+from kmeans_xp.backend import LABELS_DTYPE, AssignResult, Farthest, IterStats, ReduceResult
 
 from .blocks import (
     add_vectors,
@@ -91,13 +91,13 @@ class GraphEngine:
         k, d = centers.shape
         (labels,), total = self.run(
             X, iterate_block, (centers, self.settings.spec(X), self.settings.timings),
-            weights=sample_weight, labels=labels_old, outputs=((0, np.int64),), small=1,
+            weights=sample_weight, labels=labels_old, outputs=((0, LABELS_DTYPE),), small=1,
             combine="add", size=k * (d + 1) + 2, timing=2 if self.settings.timings else None)
         return IterStats(labels, *unpack_stats(total, k, d))
 
     def assign(self, X, centers):
         arrays, _ = self.run(X, assign_block, (host_centers(centers), self.settings.spec(X)),
-                             columns=False, outputs=((0, np.int64), (1, X.dtype)))
+                             columns=False, outputs=((0, LABELS_DTYPE), (1, X.dtype)))
         return AssignResult(*arrays)
 
     def reduce(self, X, labels, sample_weight, n_clusters):
