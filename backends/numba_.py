@@ -219,6 +219,7 @@ class NumbaBackend(KMeansBackend):
         if plan.wide:
             _load_blas()
         sums = weights = None
+        inertia = changed = 0.0
         with _launch(plan.threads, plan.wide and plan.threads > 1 and flags & ASSIGN):
             kernel(data, mean, w, g, cn, c64, labels, old, min_sq, part_sums, part_w,
                    part_stats, flags, plan.task_rows, plan.tile)
@@ -226,10 +227,9 @@ class NumbaBackend(KMeansBackend):
                 sums = np.empty((k, d))
                 weights = np.empty(k)
                 K.merge_partials(part_sums, part_w, sums, weights)
-        inertia = changed = 0.0
-        for t in range(plan.n_tasks):  # task order
-            inertia += float(part_stats[t, 0])
-            changed += float(part_stats[t, 1])
+            for t in range(plan.n_tasks):  # task order (read before another call reuses them)
+                inertia += float(part_stats[t, 0])
+                changed += float(part_stats[t, 1])
         return labels, (min_sq if flags & MIN_SQ else None), sums, weights, inertia, changed
 
     # -- the contract -----------------------------------------------------------------------
