@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import contextlib
 import numbers
-import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -47,6 +46,7 @@ from kmeans_xp.rows import HostRows, is_memmap
 from kmeans_xp.validation import Interval
 
 from . import numpy_blocks as blocks
+from .cpu_threads import BLAS_ONE_THREAD, blas_controller, thread_count
 
 #: Rows per GEMM sub-chunk. Each NumPy call takes the GIL for its setup and hands it over
 #: to the next waiting thread (a wake-up: tens of microseconds on a 16-core VM), so on T
@@ -79,73 +79,6 @@ SORTED_SUMS_MIN_D = 16
 AUGMENT_MAX_D = 1 << 30
 #: bytes of Python objects a call creates (thread pool, futures, thread-local dicts)
 PYTHON_OVERHEAD = 48 << 10
-
-
-def _n_threads(requested):
-    if requested is not None:
-        return max(1, int(requested))
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:
-        return os.cpu_count() or 1
-
-
-def _blas_controller():
-    """threadpoolctl's controller, else False (a library it cannot introspect).
-    Made once per process: it imports and inspects the loaded BLAS libraries."""
-    global _CONTROLLER
-    if _CONTROLLER is None:
-        try:
-            from threadpoolctl import ThreadpoolController
-            _CONTROLLER = ThreadpoolController()
-        except Exception:  # not installed, or a library it cannot introspect
-            _CONTROLLER = False
-    return _CONTROLLER
-
-
-class _BlasOneThread:
-    """BLAS held to one thread while any pass of any fit needs it, restored when the last one
-    ends. threadpoolctl's limits are process-wide, and since 3.8 only the thread that set a
-    limit may change it again (others silently do nothing): so one thread of ours sets and
-    restores it, counting the passes in between. Two fits in two threads, each entering and
-    leaving its own limit, left BLAS at one thread for good."""
-
-    def __init__(self):
-        self._lock = threading.Lock()
-        self._users = 0
-        self._limit = None
-        self._thread = None
-
-    def _on_own_thread(self, fn):
-        if self._thread is None:
-            self._thread = ThreadPoolExecutor(1, thread_name_prefix="kmeans_xp-blas")
-        return self._thread.submit(fn).result()
-
-    def __enter__(self):
-        with self._lock:
-            if self._users == 0:
-                controller = _blas_controller()
-                if controller:
-                    def limit():
-                        lim = controller.limit(limits=1, user_api="blas")
-                        lim.__enter__()   # owns the limit until __exit__ (threadpoolctl 3.8)
-                        return lim
-                    self._limit = self._on_own_thread(limit)
-            self._users += 1
-        return self
-
-    def __exit__(self, *exc):
-        with self._lock:
-            self._users -= 1
-            if self._users == 0 and self._limit is not None:
-                lim, self._limit = self._limit, None
-                self._on_own_thread(lambda: lim.__exit__(None, None, None))
-
-
-_BLAS_ONE_THREAD = _BlasOneThread()
-
-
-_CONTROLLER = None
 
 
 class _Plan:
@@ -248,12 +181,12 @@ class NumpyBackend(KMeansBackend):
 
     def __init__(self, max_memory="auto", **options):
         super().__init__(max_memory, **options)
-        self.threads = _n_threads(self.n_threads)
+        self.threads = thread_count(self.n_threads)
         self._pool = None
         self._pool_threads = 0
         self._local = threading.local()
         if self.threads > 1:
-            _blas_controller()  # once, before any fit is measured
+            blas_controller()  # once, before any fit is measured
 
     # -- memory -----------------------------------------------------------------------------
     @classmethod
@@ -263,7 +196,7 @@ class NumpyBackend(KMeansBackend):
     @classmethod
     def estimate_memory(cls, n_samples, n_features, n_clusters, *, itemsize, max_memory="auto",
                         n_threads=None):
-        threads = _n_threads(n_threads)
+        threads = thread_count(n_threads)
         plan = cls._plan(n_samples, n_features, n_clusters, itemsize, max_memory, threads)
         # min_sq_dist: `assign`'s distances (k-means||, predict); a fit's final pass keeps
         # none. Labels are the driver's part (`memory.driver_bytes`)
@@ -354,7 +287,7 @@ class NumpyBackend(KMeansBackend):
             return acc
 
         # (BLAS held to one thread, shared by every fit of the process)
-        with _BLAS_ONE_THREAD if assign and threads > 1 else contextlib.nullcontext():
+        with BLAS_ONE_THREAD if assign and threads > 1 else contextlib.nullcontext():
             accs = self._spawn(job, threads)
         total = None
         for a in accs:  # thread order

@@ -1,6 +1,6 @@
-"""CPU rows side by side on one machine: the numpy backend against scikit-learn (and faiss-cpu
-when installed), per Lloyd iteration and for k-means++, with the numpy backend's knobs varied
-so the best can be chosen from measurements.
+"""CPU rows side by side on one machine: the numpy backend and the numba backend (when numba
+is installed) against scikit-learn (and faiss-cpu when installed), per Lloyd iteration and for
+k-means++, with the numpy backend's knobs varied so the best can be chosen from measurements.
 
     python benchmarks/cpu_probe.py --out cpu.json [--quick] [--old PATH/TO/old/numpy_.py]
 
@@ -106,7 +106,8 @@ def lloyd_rows(name, X, init, iters, repeats, quick, old):
         rows["faiss"] = median_time(fa, repeats) / iters
     except ImportError:
         pass
-    backends = [("numpy", "numpy")] + ([("numpy-old", old.name)] if old else [])
+    backends = [("numpy", "numpy")] + ([("numba", "numba")] if _has_numba() else []) + (
+        [("numpy-old", old.name)] if old else [])
     for label, backend in backends:
         rows[f"{label} default threads=all"] = median_time(
             _fit(backend, X, init, iters), repeats) / iters
@@ -120,6 +121,10 @@ def lloyd_rows(name, X, init, iters, repeats, quick, old):
             rows[f"numpy {variant} threads=all"] = median_time(
                 _patched(nb, attrs, _fit("numpy", X, init, iters)), repeats) / iters
     return rows
+
+
+def _has_numba():
+    return importlib.util.find_spec("numba") is not None
 
 
 def plusplus_rows(n, k, repeats):
@@ -160,13 +165,21 @@ def summary(out):
             lines.append(f"{name}: numpy {ours * 1e3:.1f} ms/iter, sklearn {sk * 1e3:.1f} "
                          f"({ours / sk:.2f}x sklearn's time)"
                          + (f", old numpy {old * 1e3:.1f}" if old else ""))
+        nb = rows.get("numba default threads=all")
+        if nb and sk:
+            best = min(sk, rows.get("faiss", sk))
+            lines.append(f"{name}: numba {nb * 1e3:.1f} ms/iter: {nb / sk:.2f}x sklearn's time, "
+                         f"{nb / best:.2f}x the faster of sklearn and faiss-cpu "
+                         f"({best * 1e3:.1f}), {nb / ours:.2f}x the numpy backend's")
     w1 = w.get("W1", {})
-    if "numpy default threads=1 one-core" in w1:
-        one, many = w1["numpy default threads=1 one-core"], w1["numpy default threads=all"]
-        free = w1["numpy default threads=1 blas=free"]
-        lines.append(f"W1 scaling on {out['cores']} cores: one core {one * 1e3:.1f} ms / all "
-                     f"{many * 1e3:.1f} ms = {one / many:.2f}x (target >= 6); one pool thread "
-                     f"with BLAS free {free * 1e3:.1f} ms = {free / many:.2f}x")
+    for label in ("numpy", "numba"):
+        if f"{label} default threads=1 one-core" not in w1:
+            continue
+        one, many = w1[f"{label} default threads=1 one-core"], w1[f"{label} default threads=all"]
+        free = w1[f"{label} default threads=1 blas=free"]
+        lines.append(f"W1 {label} scaling on {out['cores']} cores: one core {one * 1e3:.1f} ms / "
+                     f"all {many * 1e3:.1f} ms = {one / many:.2f}x (target >= 6); one pool "
+                     f"thread with BLAS free {free * 1e3:.1f} ms = {free / many:.2f}x")
     return lines
 
 

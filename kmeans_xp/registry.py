@@ -33,6 +33,7 @@ class BuiltinSpec(NamedTuple):
 
 BUILTIN_BACKENDS = {
     "numpy": BuiltinSpec("numpy", "kmeans_xp_backends.numpy_:NumpyBackend", "", False),
+    "numba": BuiltinSpec("numba", "kmeans_xp_backends.numba_:NumbaBackend", "numba", False),
     "array-api": BuiltinSpec("array_api_compat", "kmeans_xp_backends.array_api:ArrayAPIBackend",
                              "", False),
     "cupy-kernels": BuiltinSpec("cupy", "kmeans_xp_backends.cupy.kernels:CupyKernelsBackend",
@@ -44,9 +45,11 @@ BUILTIN_BACKENDS = {
     "dask": BuiltinSpec("dask.array", "kmeans_xp_backends.dask.backend:DaskBackend", "dask", False),
 }
 
+#: what "auto" tries on the CPU, in order: the compiled numba backend where numba is installed
+AUTO_CPU = ("numba", "numpy")
 #: what "auto" tries, in order, for each input namespace
 AUTO_PREFERENCE = {
-    "numpy": ("numpy",),
+    "numpy": AUTO_CPU,
     "cupy": ("cupy-fused", "cupy-chunked", "cupy-kernels", "array-api"),
     "dask.array": ("dask",),
 }
@@ -54,7 +57,7 @@ AUTO_PREFERENCE = {
 #: through DLPack); other devices (mps, xpu, tpu) get the array-api backend
 AUTO_DLPACK_PREFERENCE = {
     "cuda": (*AUTO_PREFERENCE["cupy"],),
-    "cpu": ("numpy", "array-api"),
+    "cpu": (*AUTO_CPU, "array-api"),
 }
 #: NumPy input at least this large (n * k * d) goes to a GPU backend under "auto" when one works
 AUTO_GPU_MIN_WORK = 2 * 10**8
@@ -338,10 +341,10 @@ def select_backend(backend, X, *, n_clusters, sample_weight=None, backend_option
     if ns in ("numpy", "list"):
         n, d = (len(X), len(X[0]) if len(X) else 0) if ns == "list" else X.shape[:2]
         if n * n_clusters * max(d, 1) >= AUTO_GPU_MIN_WORK:
-            candidates = [*AUTO_GPU_FOR_HOST, "numpy"]
+            candidates = [*AUTO_GPU_FOR_HOST, *AUTO_CPU]
             why = f"NumPy input with n*k*d = {n * n_clusters * d:.2g} >= {AUTO_GPU_MIN_WORK:.0e}"
         else:
-            candidates = ["numpy"]
+            candidates = list(AUTO_CPU)
     candidates = _narrow_first(candidates, X)
     reasons, short_of_memory = [], None
     for name in candidates:  # only these are looked at: a NumPy fit never probes a GPU

@@ -8,6 +8,7 @@ from kmeans_xp_backends.numpy_ import NumpyBackend
 from kmeans_xp import AssignResult, KMeans, KMeansBackend, ReduceResult, registry
 from kmeans_xp.backend import Placement
 from kmeans_xp.testing import asymmetric_data, check_backend
+from tests._helpers import AUTO_CPU
 
 
 @pytest.fixture(autouse=True)
@@ -221,7 +222,7 @@ def test_predict_in_another_namespace_after_auto_fit():
     for it, and answers in that namespace."""
     X_np = asymmetric_data(509, 3, 4, seed=3)
     km = KMeans(4, random_state=0).fit(X_np)
-    assert km.backend_ == "numpy"
+    assert km.backend_ == AUTO_CPU
     X = xps.asarray(X_np)
     labels = km.predict(X)
     assert isinstance(labels, type(X))

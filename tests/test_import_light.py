@@ -1,9 +1,12 @@
-"""`import kmeans_xp` and a NumPy fit import no CuPy, Dask, torch, matplotlib or sklearn."""
+"""`import kmeans_xp` and a NumPy fit import no CuPy, Dask, torch, matplotlib or sklearn; numba
+only when a fit runs on the numba backend, and estimating its memory imports none of it."""
 import json
 import os
 import subprocess
 import sys
 import textwrap
+
+from tests._helpers import AUTO_CPU
 
 HEAVY = ["cupy", "dask", "torch", "matplotlib", "sklearn", "jax"]
 
@@ -11,7 +14,9 @@ FIT = """
 import json, sys
 import numpy as np
 import kmeans_xp
-loaded = {"import": sorted(m for m in HEAVY if m in sys.modules)}
+loaded = {"import": sorted(m for m in HEAVY + ["numba"] if m in sys.modules)}
+kmeans_xp.estimate_memory(10**6, 3, 200, dtype="float32", backend="numba")
+loaded["estimate"] = sorted(m for m in HEAVY + ["numba"] if m in sys.modules)
 X = np.random.default_rng(0).normal(size=(503, 3)).astype(np.float32)
 km = kmeans_xp.KMeans(3, random_state=0).fit(X)
 km.predict(X); km.transform(X); km.score(X)
@@ -33,8 +38,8 @@ def _run(code, env_extra=None):
 
 def test_import_and_numpy_fit_stay_light():
     loaded = _run(FIT + "print(json.dumps(loaded))")
-    assert loaded["backend"] == "numpy"
-    assert loaded["import"] == [], loaded
+    assert loaded["backend"] == AUTO_CPU  # numba where installed, else numpy
+    assert loaded["import"] == [] and loaded["estimate"] == [], loaded
     assert loaded["fit"] == [], loaded
 
 

@@ -1,4 +1,5 @@
-"""JAX arrays (CPU) through DLPack: the numpy backend under "auto", no copy of X, results
+"""JAX arrays (CPU) through DLPack: the numba backend (numpy without numba) under "auto", no
+copy of X, results
 as JAX arrays; without x64 the array-api backend refuses them, saying why. Skipped without
 JAX."""
 import numpy as np
@@ -6,7 +7,7 @@ import pytest
 
 from kmeans_xp import KMeans
 from kmeans_xp.testing import asymmetric_data
-from tests._helpers import spy_to_backend
+from tests._helpers import AUTO_CPU, spy_to_backend
 
 jax = pytest.importorskip("jax")
 jnp = pytest.importorskip("jax.numpy")
@@ -20,7 +21,7 @@ def test_cpu_jax_array_fits_on_numpy_without_a_copy(monkeypatch):
     from kmeans_xp_backends import numpy_
     seen = spy_to_backend(monkeypatch, numpy_.NumpyPlacement)
     km = KMeans(7, init=init).fit(Xj)
-    assert km.backend_ == "numpy" and "jax input on cpu" in km.backend_reason_
+    assert km.backend_ == AUTO_CPU and "jax input on cpu" in km.backend_reason_
     assert np.shares_memory(seen[0], np.asarray(Xj))  # the array's own memory
     assert isinstance(km.labels_, jax.Array) and isinstance(km.cluster_centers_, jax.Array)
     np.testing.assert_array_equal(np.asarray(km.labels_), ref.labels_)

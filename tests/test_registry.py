@@ -14,8 +14,9 @@ from kmeans_xp_backends.numpy_ import NumpyBackend
 import kmeans_xp
 from kmeans_xp import KMeans, KMeansBackend, registry
 from kmeans_xp.testing import asymmetric_data
+from tests._helpers import AUTO_CPU
 
-BUILTINS = ["numpy", "array-api", "cupy-kernels", "cupy-chunked", "cupy-fused", "dask"]
+BUILTINS = ["numpy", "numba", "array-api", "cupy-kernels", "cupy-chunked", "cupy-fused", "dask"]
 X = asymmetric_data(301, 3, 4, seed=3)
 
 
@@ -61,6 +62,15 @@ def test_dask_listed_unavailable_without_dask():
     info = kmeans_xp.list_backends()["dask"]
     assert not info.available and not info.gpu
     assert "dask" in info.reason and info.install == "pip install 'kmeans_xp[dask]'"
+
+
+def test_numba_listed_unavailable_without_numba():
+    if _has("numba"):
+        pytest.skip("numba is installed here")
+    info = kmeans_xp.list_backends()["numba"]
+    assert not info.available and not info.gpu
+    assert info.reason == "numba is not installed"
+    assert info.install == "pip install 'kmeans_xp[numba]'"
 
 
 def test_list_backends_is_cached():
@@ -279,13 +289,13 @@ def test_lists_become_numpy_before_a_backend_is_chosen():
 
 def test_auto_records_why():
     km = KMeans(3, random_state=0).fit(X)
-    assert km.backend_ == "numpy"
+    assert km.backend_ == AUTO_CPU  # numba where installed, else numpy
     assert km.backend_reason_.startswith("auto: numpy input")
     km = KMeans(3, random_state=0).fit(xps.asarray(X))
     assert km.backend_ == "array-api"
     assert km.backend_reason_.startswith("auto: array_api_strict input")
     km = KMeans(3, random_state=0).fit(X.tolist())
-    assert km.backend_ == "numpy" and "auto:" in km.backend_reason_
+    assert km.backend_ == AUTO_CPU and "auto:" in km.backend_reason_
 
 
 def test_auto_for_big_host_input_without_gpu_says_so():
@@ -293,7 +303,7 @@ def test_auto_for_big_host_input_without_gpu_says_so():
         pytest.skip("a GPU backend is available here")
     big = np.broadcast_to(np.zeros(1, np.float32), (10**6, 3))  # shape only, no memory
     backend, why = registry.select_backend("auto", big, n_clusters=100)
-    assert backend.name == "numpy"
+    assert backend.name == AUTO_CPU
     assert "n*k*d" in why and "cupy-fused" in why and "numpy" in why
 
 
@@ -425,6 +435,7 @@ def test_auto_passes_over_a_backend_the_fit_would_not_fit_in(monkeypatch):
     kmeans_xp.register_backend(Cramped)
     monkeypatch.setattr(registry, "AUTO_GPU_FOR_HOST", ("cramped",))
     monkeypatch.setattr(registry, "AUTO_GPU_MIN_WORK", 1)
+    monkeypatch.setattr(registry, "AUTO_CPU", ("numpy",))  # (numba would have room too)
     X = asymmetric_data(2001, 3, 5, seed=1)
     km = KMeans(5, random_state=0).fit(X)
     assert km.backend_ == "numpy"

@@ -4,6 +4,7 @@ Same init array, `algorithm="lloyd"`, `n_init=1`: the partition must be the same
 the inertia equal to 1e-7 (float64) / 1e-4 (float32) relative, and n_iter_ the same. Sizes
 are never multiples of 64/256/1024 so chunk edges are exercised.
 """
+import importlib.util
 import warnings
 
 import numpy as np
@@ -15,6 +16,9 @@ from kmeans_xp import KMeans
 from kmeans_xp.testing import asymmetric_data
 
 RTOL = {np.float64: 1e-7, np.float32: 1e-4}
+#: the CPU backends held to sklearn's answers (numba where it is installed)
+CPU_BACKENDS = ["numpy", pytest.param("numba", marks=pytest.mark.skipif(
+    importlib.util.find_spec("numba") is None, reason="numba is not installed"))]
 
 
 def _init_rows(X, k, seed):
@@ -63,45 +67,49 @@ CASES = [
 ]
 
 
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 @pytest.mark.parametrize("n,d,k", CASES)
-def test_same_init_same_result(n, d, k, dtype):
+def test_same_init_same_result(n, d, k, dtype, backend):
     X = asymmetric_data(n, d, max(1, min(k, 20)), dtype=dtype, seed=n + d + k)
     init = _init_rows(X, k, seed=k)
-    ref, got = _both(X, init)
+    ref, got = _both(X, init, backend=backend)
     assert got.labels_.shape == (n,)
     assert got.cluster_centers_.dtype == dtype
     _assert_agree(ref, got, dtype)
 
 
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
-def test_sample_weight(dtype):
+def test_sample_weight(dtype, backend):
     n, d, k = 1537, 3, 11
     X = asymmetric_data(n, d, k, dtype=dtype, seed=3)
     rng = np.random.default_rng(3)
     w = rng.uniform(0.1, 5.0, size=n)
     w[rng.random(n) < 0.05] = 0.0
     init = _init_rows(X, k, seed=4)
-    ref, got = _both(X, init, sample_weight=w)
+    ref, got = _both(X, init, sample_weight=w, backend=backend)
     _assert_agree(ref, got, dtype)
     # weights matter: an unweighted fit from the same init differs
     plain = KMeans(k, init=init, backend="numpy").fit(X)
     assert plain.inertia_ != pytest.approx(got.inertia_, rel=1e-3)
 
 
-def test_float32_with_large_offset():
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
+def test_float32_with_large_offset(backend):
     """float32 data far from the origin: mean-centering keeps the precision sklearn has."""
     n, d, k = 2311, 3, 9
     X = asymmetric_data(n, d, k, dtype=np.float32, seed=11, offset=1e5)
     assert X.dtype == np.float32 and X.mean() > 9e4
     init = _init_rows(X, k, seed=5)
-    ref, got = _both(X, init)
+    ref, got = _both(X, init, backend=backend)
     _assert_agree(ref, got, np.float32)
 
 
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
 @pytest.mark.parametrize("weighted", [False, True])
 @pytest.mark.parametrize("n_empty", [1, 3])
-def test_empty_cluster_relocation_matches_sklearn(n_empty, weighted):
+def test_empty_cluster_relocation_matches_sklearn(n_empty, weighted, backend):
     """Centers far from every point lose all their points and are relocated, farthest point
     first, as sklearn does."""
     X = asymmetric_data(1201, 3, 6, seed=21)
@@ -110,24 +118,26 @@ def test_empty_cluster_relocation_matches_sklearn(n_empty, weighted):
     for j, c in zip([2, 5, 6][:n_empty], far):
         init[j] = c  # nobody is closest to these at first
     w = np.random.default_rng(0).uniform(0.5, 2, len(X)) if weighted else None
-    ref, got = _both(X, init, sample_weight=w)
+    ref, got = _both(X, init, sample_weight=w, backend=backend)
     _assert_agree(ref, got, np.float64)
     assert len(np.unique(got.labels_)) == 8
 
 
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
 @pytest.mark.parametrize("max_iter", [1, 2, 5])
-def test_max_iter_and_tol_zero(max_iter):
+def test_max_iter_and_tol_zero(max_iter, backend):
     X = asymmetric_data(1999, 5, 20, seed=8)
     init = _init_rows(X, 20, seed=8)
-    ref, got = _both(X, init, max_iter=max_iter, tol=0.0)
+    ref, got = _both(X, init, max_iter=max_iter, tol=0.0, backend=backend)
     _assert_agree(ref, got, np.float64)
     assert got.n_iter_ == max_iter
 
 
-def test_strict_convergence_with_tol_zero():
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
+def test_strict_convergence_with_tol_zero(backend):
     X = asymmetric_data(603, 2, 4, seed=9)
     init = _init_rows(X, 4, seed=9)
-    ref, got = _both(X, init, tol=0.0)
+    ref, got = _both(X, init, tol=0.0, backend=backend)
     _assert_agree(ref, got, np.float64)
     assert got.n_iter_ < 300
 

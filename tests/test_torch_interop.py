@@ -1,4 +1,5 @@
-"""torch tensors in and out (issue 15): a CPU tensor goes to the numpy backend under "auto"
+"""torch tensors in and out (issue 15): a CPU tensor goes to the numba backend (numpy where
+numba is not installed) under "auto"
 and a CUDA tensor to the CuPy backends, both shared through DLPack (no copy of X); labels_,
 cluster_centers_, predict and transform come back as tensors on the input's device.
 
@@ -10,7 +11,7 @@ import pytest
 from kmeans_xp import KMeans
 from kmeans_xp.registry import select_backend
 from kmeans_xp.testing import asymmetric_data
-from tests._helpers import spy_to_backend
+from tests._helpers import AUTO_CPU, spy_to_backend
 
 torch = pytest.importorskip("torch")
 
@@ -19,12 +20,12 @@ def _data(n=3000, d=3, k=6, seed=0):
     return asymmetric_data(n, d, k, dtype=np.float32, seed=seed)
 
 
-def test_auto_picks_numpy_for_cpu_tensor_same_result_as_numpy():
+def test_auto_picks_a_cpu_backend_for_cpu_tensor_same_result_as_numpy_input():
     X = _data()
     t = torch.from_numpy(X.copy())
     km_t = KMeans(6, random_state=0).fit(t)
     km_n = KMeans(6, random_state=0).fit(X)
-    assert km_t.backend_ == "numpy"
+    assert km_t.backend_ == AUTO_CPU == km_n.backend_
     assert "torch input on cpu" in km_t.backend_reason_
     assert isinstance(km_t.labels_, torch.Tensor) and km_t.labels_.device.type == "cpu"
     assert isinstance(km_t.cluster_centers_, torch.Tensor)
@@ -87,7 +88,7 @@ def test_float64_tensor_and_sample_weight_tensor():
     km_t = KMeans(6, random_state=0).fit(torch.from_numpy(X.copy()),
                                          sample_weight=torch.from_numpy(w))
     km_n = KMeans(6, random_state=0).fit(X, sample_weight=w)
-    assert km_t.backend_ == "numpy"
+    assert km_t.backend_ == AUTO_CPU
     assert km_t.cluster_centers_.dtype == torch.float64
     np.testing.assert_array_equal(km_t.labels_.numpy(), km_n.labels_)
     np.testing.assert_array_equal(km_t.cluster_centers_.numpy(), km_n.cluster_centers_)

@@ -1,0 +1,88 @@
+"""Threads of the CPU backends (numpy, numba): the cores they may use, and BLAS held to one
+thread while their own threads call it (one BLAS thread pool inside each of T threads would
+run T x T threads)."""
+from __future__ import annotations
+
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+
+def thread_count(requested=None) -> int:
+    """`requested`, else the cores this process may run on."""
+    if requested is not None:
+        return max(1, int(requested))
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+_CONTROLLER = None
+
+
+def blas_controller():
+    """threadpoolctl's controller, else False (a library it cannot introspect). Made once per
+    process (it imports and inspects the loaded BLAS libraries), and again after
+    `BlasOneThread.include_new_libraries`."""
+    global _CONTROLLER
+    if _CONTROLLER is None:
+        try:
+            from threadpoolctl import ThreadpoolController
+            _CONTROLLER = ThreadpoolController()
+        except Exception:  # not installed, or a library it cannot introspect
+            _CONTROLLER = False
+    return _CONTROLLER
+
+
+class BlasOneThread:
+    """BLAS held to one thread while any pass of any fit needs it, restored when the last one
+    ends. threadpoolctl's limits are process-wide, and since 3.8 only the thread that set a
+    limit may change it again (others silently do nothing): so one thread of ours sets and
+    restores it, counting the passes in between. Two fits in two threads, each entering and
+    leaving its own limit, left BLAS at one thread for good."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._users = 0
+        self._limit = None
+        self._thread = None
+        self._stale = False
+
+    def _on_own_thread(self, fn):
+        if self._thread is None:
+            self._thread = ThreadPoolExecutor(1, thread_name_prefix="kmeans_xp-blas")
+        return self._thread.submit(fn).result()
+
+    def include_new_libraries(self):
+        """A BLAS library was loaded after the controller was made (SciPy's, which numba
+        calls): the next limit looks at the loaded libraries again."""
+        with self._lock:
+            self._stale = True
+
+    def __enter__(self):
+        global _CONTROLLER
+        with self._lock:
+            if self._users == 0:
+                if self._stale:
+                    _CONTROLLER, self._stale = None, False
+                controller = blas_controller()
+                if controller:
+                    def limit():
+                        lim = controller.limit(limits=1, user_api="blas")
+                        lim.__enter__()   # owns the limit until __exit__ (threadpoolctl 3.8)
+                        return lim
+                    self._limit = self._on_own_thread(limit)
+            self._users += 1
+        return self
+
+    def __exit__(self, *exc):
+        with self._lock:
+            self._users -= 1
+            if self._users == 0 and self._limit is not None:
+                lim, self._limit = self._limit, None
+                self._on_own_thread(lambda: lim.__exit__(None, None, None))
+
+
+#: the one instance all CPU backends share
+BLAS_ONE_THREAD = BlasOneThread()

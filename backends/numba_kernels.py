@@ -1,0 +1,288 @@
+"""The numba backend's compiled pass over X's rows: nearest center, float64 per-cluster sums,
+inertia and changed labels, fused, parallel over fixed row tasks (`pass_rows`).
+
+Work split: X is cut into `n_tasks` contiguous tasks of `task_rows` rows (chosen from n, k, d
+and the budget, never from the thread count); `prange` runs the tasks on numba's threads, and
+each task writes its own float64 partial sums into row t of the partial arrays, which
+`merge_partials` adds in task order. So the sums are the same bit for bit whichever thread
+ran which task, and however many threads there are.
+
+Within a task, tiles of `tile` rows, each centered as it is read (`mean`: a memory-mapped X
+seen centered, bit for bit `X - mean`):
+
+- narrow (d <= 4): the tile is transposed into a zero-padded (4, tile) buffer;
+  for each group of four centers every row's four distances are computed in registers and
+  compared in center order; the loop over the tile's rows vectorizes (SIMD over rows);
+- wide: one BLAS GEMM per tile, ``(-2 C) @ tile^T`` -> (k, rows), then the running minimum
+  over centers, again vectorized over rows (numba's np.dot calls SciPy's BLAS; the caller
+  holds BLAS to one thread while the threads run).
+
+Distances are ``||c||^2 - 2 x.c`` as the numpy backend's augmented GEMM gives them: the
+products summed in feature order with fused multiply-adds (fastmath's "contract" only, no
+reassociation: what BLAS kernels do), ``||c||^2`` added last, in X's dtype. The lowest index
+wins a tie (strict <), as argmin. The inertia is sum w ||x - c_label||^2 by differences in
+float64 (``c64``), not from the expansion.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+#: what `pass_rows` does (bit flags)
+ASSIGN, MIN_SQ, SUMS, INERTIA, CHANGED = 1, 2, 4, 8, 16
+
+_OPTS = dict(cache=True, nogil=True, error_model="numpy")
+#: the distance kernels' products are fused into the running sums (FMA), as BLAS does
+_FMA = dict(_OPTS, fastmath={"contract"})
+
+
+@njit(**_OPTS)
+def _load_narrow(X, mean, s0, r, xt):
+    """Rows [s0, s0 + r) of X (minus mean when given) into xt's first d rows, transposed."""
+    d = X.shape[1]
+    centered = mean.shape[0] > 0
+    for i in range(r):
+        for f in range(d):
+            v = X[s0 + i, f]
+            xt[f, i] = v - mean[f] if centered else v
+
+
+@njit(**_OPTS)
+def _load_wide(X, mean, s0, r, A):
+    """Rows [s0, s0 + r) of X (minus mean when given) into A's first r rows."""
+    d = X.shape[1]
+    centered = mean.shape[0] > 0
+    for i in range(r):
+        for f in range(d):
+            v = X[s0 + i, f]
+            A[i, f] = v - mean[f] if centered else v
+
+
+@njit(**_FMA)
+def _nearest_narrow(xt, r, g, cn, best, idx):
+    """best/idx of the tile's r rows (xt: (4, tile), zero rows past d) against the centers
+    (g: (4, k) = -2 C^T zero-padded, cn: ||c||^2)."""
+    k = cn.shape[0]
+    x0, x1, x2, x3 = xt[0], xt[1], xt[2], xt[3]
+    zero = cn[0] - cn[0]   # +0 in X's dtype (a float literal would make the sums float64)
+    for i in range(r):
+        best[i] = np.inf
+        idx[i] = 0
+    j = 0
+    while j + 4 <= k:
+        a0, a1, a2, a3, ac = g[0, j], g[1, j], g[2, j], g[3, j], cn[j]
+        b0, b1, b2, b3, bc = g[0, j + 1], g[1, j + 1], g[2, j + 1], g[3, j + 1], cn[j + 1]
+        c0, c1, c2, c3, cc = g[0, j + 2], g[1, j + 2], g[2, j + 2], g[3, j + 2], cn[j + 2]
+        e0, e1, e2, e3, ec = g[0, j + 3], g[1, j + 3], g[2, j + 3], g[3, j + 3], cn[j + 3]
+        ja, jb, jc, je = np.int32(j), np.int32(j + 1), np.int32(j + 2), np.int32(j + 3)
+        for i in range(r):
+            u0, u1, u2, u3 = x0[i], x1[i], x2[i], x3[i]
+            b, bi = best[i], idx[i]
+            # (each product added to the running sum by one FMA, from +0, as BLAS does:
+            # ``u0 * a0 + u1 * a1`` could fuse either product)
+            v = u0 * a0 + zero
+            v = u1 * a1 + v
+            v = u2 * a2 + v
+            v = u3 * a3 + v
+            v = v + ac
+            lt = v < b
+            b, bi = (v, ja) if lt else (b, bi)
+            v = u0 * b0 + zero
+            v = u1 * b1 + v
+            v = u2 * b2 + v
+            v = u3 * b3 + v
+            v = v + bc
+            lt = v < b
+            b, bi = (v, jb) if lt else (b, bi)
+            v = u0 * c0 + zero
+            v = u1 * c1 + v
+            v = u2 * c2 + v
+            v = u3 * c3 + v
+            v = v + cc
+            lt = v < b
+            b, bi = (v, jc) if lt else (b, bi)
+            v = u0 * e0 + zero
+            v = u1 * e1 + v
+            v = u2 * e2 + v
+            v = u3 * e3 + v
+            v = v + ec
+            lt = v < b
+            b, bi = (v, je) if lt else (b, bi)
+            best[i] = b
+            idx[i] = bi
+        j += 4
+    while j < k:
+        a0, a1, a2, a3, ac = g[0, j], g[1, j], g[2, j], g[3, j], cn[j]
+        ja = np.int32(j)
+        for i in range(r):
+            v = x0[i] * a0 + zero
+            v = x1[i] * a1 + v
+            v = x2[i] * a2 + v
+            v = x3[i] * a3 + v
+            v = v + ac
+            b = best[i]
+            lt = v < b
+            best[i] = v if lt else b
+            idx[i] = ja if lt else idx[i]
+        j += 1
+
+
+@njit(**_FMA)
+def _nearest_wide(A, r, g, cn, dbuf, best, idx):
+    """best/idx of A's first r rows against the centers (g: (k, d) = -2 C, cn: ||c||^2):
+    one GEMM into dbuf as (k, r), then the running minimum over centers."""
+    k = cn.shape[0]
+    D = dbuf[:k * r].reshape((k, r))
+    np.dot(g, A[:r].T, D)
+    for i in range(r):
+        best[i] = np.inf
+        idx[i] = 0
+    for j in range(k):
+        c = cn[j]
+        jj = np.int32(j)
+        Dj = D[j]
+        for i in range(r):
+            v = Dj[i] + c
+            b = best[i]
+            lt = v < b
+            best[i] = v if lt else b
+            idx[i] = jj if lt else idx[i]
+
+
+@njit(**_OPTS)
+def _min_sq(rows, r, b0, best, min_sq):
+    """min_sq[b0 + i] = best[i] + ||x_i||^2, clamped at 0, in X's dtype: products and sums
+    in order, without FMA (the numpy backend's values: np.einsum's ||x||^2 for up to 3
+    features, added to the GEMM's minimum)."""
+    d = rows.shape[1]
+    for i in range(r):
+        v = rows[i, 0]
+        s = v * v
+        for f in range(1, d):
+            v = rows[i, f]
+            s = s + v * v
+        m = best[i] + s
+        min_sq[b0 + i] = max(m, 0)
+
+
+@njit(**_OPTS)
+def _tile_results(rows, r, b0, best, idx, flags, w, labels, labels_old, min_sq, sums,
+                  weights, c64, stats):
+    """What a pass asks of the tile's r rows from b0 (rows[i, f]: the tile as the kernel read
+    it, centered), their nearest centers in best/idx when the pass assigns (see
+    `pass_narrow`); stats[0] += inertia, stats[1] += changed labels."""
+    d = rows.shape[1]
+    if flags & ASSIGN:
+        for i in range(r):
+            labels[b0 + i] = idx[i]
+    if flags & MIN_SQ:
+        _min_sq(rows, r, b0, best, min_sq)
+    has_w = w.shape[0] > 0
+    want_sums = (flags & SUMS) != 0
+    want_inertia = (flags & INERTIA) != 0
+    if want_sums or want_inertia:
+        inertia = 0.0
+        for i in range(r):
+            lab = labels[b0 + i]
+            wi = np.float64(w[b0 + i]) if has_w else 1.0
+            if want_sums:
+                weights[lab] += wi
+                for f in range(d):
+                    sums[lab, f] += wi * np.float64(rows[i, f])
+            if want_inertia:
+                dist = 0.0
+                for f in range(d):
+                    diff = np.float64(rows[i, f]) - c64[lab, f]
+                    dist += diff * diff
+                inertia += wi * dist
+        stats[0] += inertia
+    if flags & CHANGED:
+        changed = 0
+        for i in range(r):
+            changed += labels_old[b0 + i] != labels[b0 + i]
+        stats[1] += changed
+
+
+@njit(**_OPTS)
+def _start(sums, weights, stats, flags):
+    if flags & SUMS:
+        sums[:] = 0.0
+        weights[:] = 0.0
+    stats[:] = 0.0
+
+
+@njit(**_OPTS)
+def _task_narrow(X, mean, w, g, cn, c64, labels, labels_old, min_sq, sums, weights, stats,
+                 flags, s0, e0, tile):
+    """Rows [s0, e0) of one task into its own accumulators, d <= 4."""
+    xt = np.zeros((g.shape[0], tile), X.dtype)   # (zero rows past d)
+    best = np.empty(tile, X.dtype)
+    idx = np.empty(tile, np.int32)
+    rows = xt.T[:, :X.shape[1]]
+    _start(sums, weights, stats, flags)
+    for b0 in range(s0, e0, tile):
+        r = min(tile, e0 - b0)
+        _load_narrow(X, mean, b0, r, xt)
+        if flags & ASSIGN:
+            _nearest_narrow(xt, r, g, cn, best, idx)
+        _tile_results(rows, r, b0, best, idx, flags, w, labels, labels_old, min_sq, sums,
+                      weights, c64, stats)
+
+
+@njit(**_OPTS)
+def _task_wide(X, mean, w, g, cn, c64, labels, labels_old, min_sq, sums, weights, stats,
+               flags, s0, e0, tile):
+    """Rows [s0, e0) of one task into its own accumulators, any d (one GEMM per tile)."""
+    k = cn.shape[0]
+    A = np.empty((tile, X.shape[1]), X.dtype)
+    dbuf = np.empty(k * tile if flags & ASSIGN else 1, X.dtype)
+    best = np.empty(tile, X.dtype)
+    idx = np.empty(tile, np.int32)
+    _start(sums, weights, stats, flags)
+    for b0 in range(s0, e0, tile):
+        r = min(tile, e0 - b0)
+        _load_wide(X, mean, b0, r, A)
+        if flags & ASSIGN:
+            _nearest_wide(A, r, g, cn, dbuf, best, idx)
+        _tile_results(A, r, b0, best, idx, flags, w, labels, labels_old, min_sq, sums,
+                      weights, c64, stats)
+
+
+@njit(parallel=True, **_OPTS)
+def pass_narrow(X, mean, w, g, cn, c64, labels, labels_old, min_sq, part_sums, part_w,
+                part_stats, flags, task_rows, tile):
+    """One pass over X of at most 4 features (see the module's note); g: (4, k) = -2 C^T,
+    zero rows past d. flags: ASSIGN (labels from the centers, else `labels` is read),
+    MIN_SQ (min_sq = ||x - c||^2 by the expansion, clamped at 0), SUMS (part_sums[t],
+    part_w[t]: float64 sums of w x and w per cluster), INERTIA (part_stats[t, 0]: sum of
+    w ||x - c64_label||^2), CHANGED (part_stats[t, 1]: labels != labels_old). mean, w,
+    labels_old, min_sq: empty when not used (w empty: unit weights)."""
+    n = X.shape[0]
+    for t in prange(part_stats.shape[0]):
+        _task_narrow(X, mean, w, g, cn, c64, labels, labels_old, min_sq, part_sums[t],
+                     part_w[t], part_stats[t], flags, t * task_rows,
+                     min(n, (t + 1) * task_rows), tile)
+
+
+@njit(parallel=True, **_OPTS)
+def pass_wide(X, mean, w, g, cn, c64, labels, labels_old, min_sq, part_sums, part_w,
+              part_stats, flags, task_rows, tile):
+    """`pass_narrow` for any number of features, g: (k, d) = -2 C."""
+    n = X.shape[0]
+    for t in prange(part_stats.shape[0]):
+        _task_wide(X, mean, w, g, cn, c64, labels, labels_old, min_sq, part_sums[t],
+                   part_w[t], part_stats[t], flags, t * task_rows,
+                   min(n, (t + 1) * task_rows), tile)
+
+
+@njit(parallel=True, **_OPTS)
+def merge_partials(part_sums, part_w, sums, weights):
+    """sums, weights = the tasks' partial sums added in task order (parallel over clusters)."""
+    n_tasks, k, d = part_sums.shape
+    for j in prange(k):
+        sums[j] = 0.0
+        weights[j] = 0.0
+        for t in range(n_tasks):
+            for f in range(d):
+                sums[j, f] += part_sums[t, j, f]
+            weights[j] += part_w[t, j]

@@ -1,0 +1,163 @@
+"""The numba backend: the contract, the numpy backend's partition, sums that do not depend on
+the thread count, a memory-mapped X, and "auto" choosing it only where numba is installed."""
+import importlib.util
+
+import numpy as np
+import pytest
+
+from kmeans_xp import KMeans, registry
+from kmeans_xp.testing import asymmetric_data, check_backend
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("numba") is None,
+                                reason="numba is not installed")
+
+
+@pytest.fixture(autouse=True)
+def _clean_registry():
+    yield
+    registry._runtime.clear()
+    registry.list_backends.cache_clear()
+
+
+def _backend():
+    from kmeans_xp_backends.numba_ import NumbaBackend
+    return NumbaBackend
+
+
+def test_passes_contract():
+    assert check_backend(_backend()) > 50
+
+
+def test_one_thread_passes_contract():
+    class OneThread(_backend()):
+        name = "numba-one-thread"
+
+        def __init__(self, max_memory="auto"):
+            super().__init__(max_memory, n_threads=1)
+
+    assert check_backend(OneThread) > 50
+
+
+def test_gemm_path_passes_contract_at_every_d(monkeypatch):
+    """The wide path (a BLAS GEMM per tile) taken for any d, the narrow one's cases too."""
+    import kmeans_xp_backends.numba_ as nb
+    monkeypatch.setattr(nb, "NARROW_D", 0)
+
+    class Gemm(nb.NumbaBackend):
+        name = "numba-gemm"
+
+    assert check_backend(Gemm) > 50
+
+
+def _iteration(backend_cls, X, C, w, **options):
+    be = backend_cls(**options)
+    return be.lloyd_iter(X, w, C, None)
+
+
+@pytest.mark.parametrize("d", [3, 40])
+def test_sums_do_not_depend_on_the_thread_count(d):
+    """Fixed tasks, merged in task order: float64 sums equal bit for bit on 1, 2 and 3
+    threads, and from one call to the next."""
+    X = asymmetric_data(50_021, d, 12, dtype=np.float32, seed=4)
+    X -= X.mean(axis=0)
+    C = X[:30].copy()
+    w = np.random.default_rng(0).uniform(0.5, 2, len(X)).astype(np.float32)
+    runs = [_iteration(_backend(), X, C, w, n_threads=t) for t in (1, 2, 3, 2)]
+    for it in runs[1:]:
+        np.testing.assert_array_equal(it.labels, runs[0].labels)
+        assert np.array_equal(it.weighted_sums, runs[0].weighted_sums)
+        assert np.array_equal(it.weight_in_clusters, runs[0].weight_in_clusters)
+        assert it.inertia == runs[0].inertia
+
+
+def test_the_split_is_the_same_for_any_thread_count():
+    from kmeans_xp_backends.numba_ import _Plan
+    for n, d, k in [(2_000_000, 3, 200), (200_000, 128, 1024), (20011, 3, 300), (97, 1, 1)]:
+        plans = [_Plan(n, d, k, 4, "auto", t) for t in (1, 2, 16, 64)]
+        assert len({(p.n_tasks, p.task_rows) for p in plans}) == 1, (n, d, k)
+        p = plans[0]
+        assert p.n_tasks * p.task_rows >= n > (p.n_tasks - 1) * p.task_rows
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("d", [1, 2, 3, 4, 5, 17])
+def test_partition_equals_the_numpy_backends(dtype, d):
+    X = asymmetric_data(30_011, d, 40, dtype=dtype, seed=d)
+    init = X[np.random.default_rng(d).choice(len(X), 40, replace=False)]
+    w = np.random.default_rng(1).uniform(0.5, 2.0, len(X)).astype(dtype)
+    ref = KMeans(40, init=init, max_iter=30, backend="numpy").fit(X, sample_weight=w)
+    got = KMeans(40, init=init, max_iter=30, backend="numba").fit(X, sample_weight=w)
+    np.testing.assert_array_equal(got.labels_, ref.labels_)
+    assert got.n_iter_ == ref.n_iter_
+    rtol = 1e-5 if dtype == np.float32 else 1e-12
+    np.testing.assert_allclose(got.cluster_centers_, ref.cluster_centers_, rtol=rtol,
+                               atol=rtol)
+    assert got.inertia_ == pytest.approx(ref.inertia_, rel=rtol)
+
+
+def test_exact_ties_go_to_the_lowest_index_as_on_the_numpy_backend():
+    """Integer points and centers: distances are exact, so ties are real ties."""
+    rng = np.random.default_rng(3)
+    X = rng.integers(-4, 5, size=(4001, 3)).astype(np.float32)
+    C = np.repeat(rng.integers(-4, 5, size=(9, 3)), 2, axis=0).astype(np.float32)
+    from kmeans_xp_backends.numpy_ import NumpyBackend
+    ref = NumpyBackend().assign(X, C)
+    got = _backend()().assign(X, C)
+    np.testing.assert_array_equal(got.labels, ref.labels)
+    np.testing.assert_array_equal(got.min_sq_dist, ref.min_sq_dist)
+    assert np.all(got.labels % 2 == 0)  # of two equal centers, the first
+
+
+def test_memmap_fit_equals_in_memory_fit(tmp_path):
+    X = asymmetric_data(20_011, 3, 8, dtype=np.float32, seed=5, offset=50.0)
+    path = tmp_path / "X.f32"
+    X.tofile(path)
+    mm = np.memmap(path, dtype=np.float32, mode="r", shape=X.shape)
+    init = X[:8].copy()
+    ref = KMeans(8, init=init, backend="numba").fit(X)
+    got = KMeans(8, init=init, backend="numba").fit(mm)
+    np.testing.assert_array_equal(got.labels_, ref.labels_)
+    np.testing.assert_array_equal(got.cluster_centers_, ref.cluster_centers_)
+
+
+def test_strided_and_fortran_input():
+    X = asymmetric_data(5003, 6, 7, seed=6)
+    init = X[:7].copy()
+    ref = KMeans(7, init=init, backend="numba").fit(X)
+    for other in (np.asfortranarray(X), np.repeat(X, 2, axis=1)[:, ::2]):
+        km = KMeans(7, init=init, backend="numba").fit(other)
+        np.testing.assert_array_equal(km.labels_, ref.labels_)
+
+
+def test_refuses_what_it_cannot_compute():
+    be = _backend()()
+    assert "float32 and float64" in be.reject_reason(np.zeros((3, 2), np.int32), n_clusters=2)
+    assert be.reject_reason(np.zeros((3, 2), np.float32), n_clusters=2) is None
+    assert "float16" in be.reject_reason(np.zeros((3, 2), np.float16), n_clusters=2)
+
+
+def test_auto_picks_numba_where_installed_and_numpy_where_not(monkeypatch):
+    X = asymmetric_data(2001, 3, 5, seed=1)
+    km = KMeans(5, random_state=0).fit(X)
+    assert km.backend_ == "numba" and km.backend_reason_.startswith("auto: numpy input")
+    spec = registry.BUILTIN_BACKENDS["numba"]
+    monkeypatch.setitem(registry.BUILTIN_BACKENDS, "numba",
+                        spec._replace(requires="numba_is_not_installed_here"))
+    registry.list_backends.cache_clear()
+    km_np = KMeans(5, random_state=0).fit(X)
+    assert km_np.backend_ == "numpy"
+    np.testing.assert_array_equal(km_np.labels_, km.labels_)
+
+
+def test_estimate_bounds_the_plan():
+    from kmeans_xp_backends.numba_ import _Plan
+
+    from kmeans_xp import estimate_memory
+    for n, d, k, mem in [(2_000_000, 3, 500, "auto"), (200_000, 128, 1024, "auto"),
+                         (20011, 3, 300, "2MB"), (200_000, 128, 1024, "8MB")]:
+        est = estimate_memory(n, d, k, backend="numba", max_memory=mem)
+        plan = _Plan(n, d, k, 4, mem, 16)
+        assert est.parts["task_sums"] == plan.accumulators
+        if mem != "auto":
+            from kmeans_xp.memory import parse_memory
+            assert plan.total <= parse_memory(mem), (n, d, k, mem)
