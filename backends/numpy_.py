@@ -71,6 +71,16 @@ SORTED_SUMS_MIN_D = 16
 #: + ||c||^2 call per sub-chunk, one copy of the block); from it, K = d on X's rows as they
 #: are and ||c||^2 added in cache (one more call per sub-chunk, no copy)
 AUGMENT_MAX_D = 1 << 30
+#: from this many features, on more than one thread, a pass labels X first, in chunks of
+#: threads x sub rows: each chunk's GEMM is one call on BLAS's own threads (from the calling
+#: thread, outside the pool), then the pool adds ||c||^2 and takes the argmin of its rows, sub
+#: rows a thread (`_assign_by_chunks`); the blocks then only sum. The chunk takes X's rows as
+#: they are (K = d). Same labels; off by default (benchmarks/cpu_probe.py's variants)
+BLAS_GEMM_MIN_D = 1 << 30
+#: the label-grouped sums cast and transpose this many features at a time into float64
+#: columns (a group's columns stay in cache for the dot and the reduceat, and the buffer is
+#: block x group, not block x d); 0: all d at once. Same sums, bit for bit
+SORTED_SUMS_GROUP = 0
 #: bytes of Python objects a call creates (thread pool, futures, thread-local dicts)
 PYTHON_OVERHEAD = 48 << 10
 
@@ -147,11 +157,15 @@ class _Plan:
     need."""
 
     __slots__ = ("sub", "block", "threads", "budget", "per_thread", "shared", "k", "d",
-                 "itemsize", "augmented", "sorted_sums")
+                 "itemsize", "augmented", "sorted_sums", "by_chunks", "group")
 
     def __init__(self, n, d, k, itemsize, max_memory, threads):
         self.k, self.d, self.itemsize = k, d, itemsize
-        self.augmented = d < AUGMENT_MAX_D
+        # (by chunks, the threads x sub-rows GEMM result is one shared buffer instead of one
+        # per thread: the same bytes)
+        self.by_chunks = d >= BLAS_GEMM_MIN_D and threads > 1
+        self.augmented = d < AUGMENT_MAX_D and not self.by_chunks
+        self.group = min(d, SORTED_SUMS_GROUP) if SORTED_SUMS_GROUP > 0 else d
         self.budget = resolve_budget(max_memory, host_available_memory(), cap=1 << 30)
         cache_rows = _sub_rows(d, k, itemsize, threads)
         # shared by all threads: the centers' operands and float64 copy, the summed result
@@ -162,7 +176,8 @@ class _Plan:
         self.sorted_sums = d >= SORTED_SUMS_MIN_D
         # (a row copy counted whether or not X needs one: the estimate is made without X)
         block_row = blocks.block_row_bytes(d, itemsize, augmented=self.augmented,
-                                           sorted_sums=self.sorted_sums, copy_rows=True)
+                                           sorted_sums=self.sorted_sums, copy_rows=True,
+                                           group=self.group)
         # fewer threads when the budget cannot hold one row per thread
         for t in range(max(1, threads), 0, -1):
             per_thread = (self.budget - shared_fixed) // t - thread_fixed
@@ -279,15 +294,45 @@ class NumpyBackend(KMeansBackend):
     def _buffers(self, plan, dtype, copy_rows):
         """This thread's buffers for `plan`, allocated once and reused across iterations."""
         key = (plan.sub, plan.block, plan.k, plan.d, np.dtype(dtype).str, plan.augmented,
-               plan.sorted_sums, copy_rows)
+               plan.sorted_sums, copy_rows, plan.by_chunks, plan.group)
         cached = getattr(self._local, "bufs", None)
         if cached is None or cached[0] != key:
             self._local.bufs = None  # drop the old ones before allocating
-            cached = (key, blocks.allocate(plan.block, plan.sub, plan.k, plan.d, dtype,
-                                           augmented=plan.augmented,
-                                           sorted_sums=plan.sorted_sums, copy_rows=copy_rows))
+            bufs = blocks.allocate(plan.block, plan.sub, plan.k, plan.d, dtype,
+                                   augmented=plan.augmented, sorted_sums=plan.sorted_sums,
+                                   copy_rows=copy_rows, group=plan.group)
+            if plan.by_chunks and not copy_rows:
+                del bufs["D"]  # (never written: the chunks' result is shared)
+            cached = (key, bufs)
             self._local.bufs = cached
         return cached[1]
+
+    def _assign_by_chunks(self, X, ops, labels, min_sq, plan, threads):
+        """`BLAS_GEMM_MIN_D`: X's labels (and distances where min_sq is an array), chunk by
+        chunk of threads x plan.sub rows: the chunk's GEMM is one call on BLAS's own threads,
+        from this thread; then each pool thread adds ||c||^2 to sub rows of the result and
+        takes their argmin (`numpy_blocks.assign_rows`). The shared result buffer is kept on
+        this thread's local state (dropped by `finish`)."""
+        n, k = X.shape[0], plan.k
+        rows = threads * plan.sub
+        key = (rows, k, X.dtype.str)
+        cached = getattr(self._local, "chunk", None)
+        if cached is None or cached[0] != key:
+            self._local.chunk = None
+            cached = (key, np.empty((rows, k), dtype=X.dtype))
+            self._local.chunk = cached
+        D = cached[1]
+        for c0 in range(0, n, rows):
+            c1 = min(c0 + rows, n)
+            np.matmul(X[c0:c1], ops.gemm, out=D[:c1 - c0])
+
+            def job(t, c0=c0, c1=c1):
+                s, e = c0 + t * plan.sub, min(c0 + (t + 1) * plan.sub, c1)
+                if s < e:
+                    blocks.assign_rows(D[s - c0:e - c0], X[s:e], ops, labels[s:e],
+                                       None if min_sq is None else min_sq[s:e],
+                                       self._buffers(plan, X.dtype, False))
+            self._spawn(job, threads)
 
     # -- the contract -----------------------------------------------------------------------
     def _run(self, X, sample_weight, centers, *, labels_in=None, labels_old=None,
@@ -314,14 +359,18 @@ class NumpyBackend(KMeansBackend):
         sums = blocks.sorted_sums if plan.sorted_sums else blocks.bincount_sums
         n_tasks = -(-n // plan.block)
         threads = max(1, min(plan.threads, n_tasks))
+        by_chunks = assign and plan.by_chunks and not copy_rows
+        if by_chunks:  # the labels first (BLAS_GEMM_MIN_D); the blocks below only sum
+            self._assign_by_chunks(X, ops, labels, min_sq, plan, threads)
+        gemm = assign and not by_chunks
 
         def job(t):
             bufs = self._buffers(plan, X.dtype, copy_rows)
             acc = blocks.Acc(k, d, plan.sorted_sums) if reduce else None
             for i in range(t * n_tasks // threads, (t + 1) * n_tasks // threads):
                 s0, e0 = i * plan.block, min((i + 1) * plan.block, n)
-                rows, src = blocks.block_rows(X, mean, s0, e0, bufs, gemm=assign)
-                if assign:
+                rows, src = blocks.block_rows(X, mean, s0, e0, bufs, gemm=gemm)
+                if gemm:
                     blocks.assign_block(rows, s0, ops, labels, min_sq, bufs, plan.sub)
                 if reduce:
                     w64 = blocks.block_weights(w, s0, e0, bufs)

@@ -84,7 +84,7 @@ def key_dtype(k):
     return np.uint8 if k <= 1 << 8 else np.uint16 if k <= 1 << 16 else np.intp
 
 
-def allocate(block, sub, k, d, dtype, *, augmented, sorted_sums, copy_rows):
+def allocate(block, sub, k, d, dtype, *, augmented, sorted_sums, copy_rows, group=None):
     """One thread's buffers (allocated once per fit and reused by every pass). copy_rows:
     X's rows are copied before use (centered from a memmap, or X not C-contiguous); the
     augmented GEMM's buffer holds them where there is one."""
@@ -105,22 +105,23 @@ def allocate(block, sub, k, d, dtype, *, augmented, sorted_sums, copy_rows):
         b["ks"] = np.empty(block, dtype=kd)
         b["key_range"] = np.arange(k, dtype=kd)
         b["gathered"] = np.empty(block * (d + 1), dtype=dtype)
-        b["cols"] = np.empty(block * d, dtype=np.float64)
+        b["group"] = group = group or d    # features cast at a time (`sorted_sums`)
+        b["cols"] = np.empty(block * group, dtype=np.float64)
         b["ws"] = np.empty(block, dtype=np.float64)
     else:
         b["xw64"] = np.empty(block, dtype=np.float64)
     return b
 
 
-def block_row_bytes(d, itemsize, *, augmented, sorted_sums, copy_rows):
+def block_row_bytes(d, itemsize, *, augmented, sorted_sums, copy_rows, group=None):
     """Bytes per block row of `allocate`'s buffers and of the transient arrays of one block
     (argsort's order)."""
     n = (d + 1) * itemsize if augmented else d * itemsize if copy_rows else 0
     n += itemsize + 16                          # ||x||^2 (assign), w64, m64
     if sorted_sums:
         # keys and sorted keys (at most 8 bytes each), gathered rows in X's dtype, the
-        # float64 columns, sorted weights, argsort's order
-        n += 16 + (d + 1) * itemsize + 8 * d + 8 + 8
+        # float64 columns (of a group of features), sorted weights, argsort's order
+        n += 16 + (d + 1) * itemsize + 8 * (group or d) + 8 + 8
     else:
         n += 8
     return n
@@ -184,10 +185,11 @@ def block_weights(sample_weight, s0, e0, bufs):
 
 def sorted_sums(Xb, src, lab, w64, acc, bufs, sq_norms):
     """acc += the block's per-cluster float64 sums of w * x and of w, rows grouped by label.
-    The rows are gathered in label order (stable: row order within a cluster), cast to
-    float64 and laid out feature-major, so that one flat reduceat adds every (feature,
-    cluster) run at once. The order of additions is fixed by the block's rows, not by which
-    thread ran when. sq_norms: also add sum of w ||x||^2 into acc."""
+    The rows are gathered in label order (stable: row order within a cluster), then cast to
+    float64 and laid out feature-major, a group of features at a time (bufs["group"], all d
+    by default), so that one flat reduceat adds every (feature, cluster) run of the group at
+    once. The order of additions is fixed by the block's rows, not by which thread ran when,
+    nor by the group size. sq_norms: also add sum of w ||x||^2 into acc."""
     r = len(lab)
     if r == 0:
         return
@@ -206,32 +208,37 @@ def sorted_sums(Xb, src, lab, w64, acc, bufs, sq_norms):
     filled = counts > 0
     rows = bufs["gathered"][:r * src.shape[1]].reshape(r, src.shape[1])
     np.take(src, order, axis=0, out=rows, mode="clip")
-    cols = bufs["cols"][:r * d].reshape(d, r)
-    np.copyto(cols, rows[:, :d].T)                          # cast and transpose
     if w64 is None:
-        if sq_norms:
-            flat = cols.reshape(-1)
-            acc.sq_norms += float(np.dot(flat, flat))
         acc.weights += counts
     else:
         ws = bufs["ws"][:r]
         np.take(w64, order, out=ws, mode="clip")
-        if sq_norms:
-            m = bufs["m64"][:r]
-            np.einsum("ji,ji->i", cols, cols, out=m)
-            acc.sq_norms += float(np.dot(m, ws))
-    first = starts[filled]
-    if w64 is not None:
-        cols *= ws
         # (in row order, as bincount_sums adds them: one call, whose min/max pass over the
         # labels holds the GIL)
         acc.weights += np.bincount(lab, weights=w64, minlength=k)
-    runs = (first + np.arange(0, d * r, r, dtype=np.intp)[:, None]).reshape(-1)
-    part = np.add.reduceat(cols.reshape(-1), runs).reshape(d, -1)
-    if len(first) == k:
-        acc.sums += part      # (feature-major: contiguous, no gather and scatter)
-    else:
-        acc.sums[:, filled] += part
+    first = starts[filled]
+    g = bufs["group"]
+    runs = (first + np.arange(0, min(g, d) * r, r, dtype=np.intp)[:, None]).reshape(-1)
+    for j0 in range(0, d, g):
+        j1 = min(j0 + g, d)
+        cols = bufs["cols"][:r * (j1 - j0)].reshape(j1 - j0, r)
+        np.copyto(cols, rows[:, j0:j1].T)                   # cast and transpose
+        if sq_norms:
+            if w64 is None:
+                flat = cols.reshape(-1)
+                acc.sq_norms += float(np.dot(flat, flat))
+            else:
+                m = bufs["m64"][:r]
+                np.einsum("ji,ji->i", cols, cols, out=m)
+                acc.sq_norms += float(np.dot(m, ws))
+        if w64 is not None:
+            cols *= ws
+        part = np.add.reduceat(cols.reshape(-1), runs[:(j1 - j0) * len(first)])
+        part = part.reshape(j1 - j0, -1)
+        if len(first) == k:
+            acc.sums[j0:j1] += part   # (feature-major: contiguous, no gather and scatter)
+        else:
+            acc.sums[j0:j1, filled] += part
 
 
 def bincount_sums(Xb, src, lab, w64, acc, bufs, sq_norms):
@@ -253,3 +260,24 @@ def bincount_sums(Xb, src, lab, w64, acc, bufs, sq_norms):
         if sq_norms:
             acc.sq_norms += float(np.dot(x64, xw))
         acc.sums[:, j] += np.bincount(lab, weights=xw, minlength=k)
+
+
+def assign_rows(D, rows, ops, labels, min_sq, bufs):
+    """Labels (and, when min_sq is an array, squared distances) of `rows` from their GEMM
+    result D = rows @ ops.gemm (K = d), computed elsewhere (`NumpyBackend._assign_by_chunks`):
+    ||c||^2 added in place, then the argmin, as `assign_block` does for its own sub-chunks.
+    At most bufs' sub rows."""
+    r = rows.shape[0]
+    np.add(D, ops.cnorm, out=D)
+    lab = labels if labels.dtype == np.intp else bufs["idx"][:r]
+    D.argmin(axis=1, out=lab)
+    if lab is not labels:
+        np.copyto(labels, lab, casting="unsafe")
+    if min_sq is not None:
+        idx = bufs["idx"][:r]
+        np.add(lab, bufs["offs"][:r], out=idx)
+        D.reshape(-1).take(idx, out=min_sq, mode="clip")
+        xn = bufs["xnorm"][:r]
+        np.einsum("ij,ij->i", rows, rows, out=xn)
+        min_sq += xn
+        np.maximum(min_sq, 0, out=min_sq)
