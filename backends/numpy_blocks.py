@@ -106,7 +106,7 @@ def allocate(block, sub, k, d, dtype, *, augmented, sorted_sums, copy_rows, grou
         b["key_range"] = np.arange(k, dtype=kd)
         b["gathered"] = np.empty(block * (d + 1), dtype=dtype)
         b["group"] = group = group or d    # features cast at a time (`sorted_sums`)
-        b["cols"] = np.empty(block * group, dtype=np.float64)
+        b["cols"] = np.empty(block * group + 1, dtype=np.float64)   # (+ a 0: `sorted_sums`)
         b["ws"] = np.empty(block, dtype=np.float64)
     else:
         b["xw64"] = np.empty(block, dtype=np.float64)
@@ -216,29 +216,33 @@ def sorted_sums(Xb, src, lab, w64, acc, bufs, sq_norms):
         # (in row order, as bincount_sums adds them: one call, whose min/max pass over the
         # labels holds the GIL)
         acc.weights += np.bincount(lab, weights=w64, minlength=k)
-    first = starts[filled]
+    # one run per (feature, cluster), empty clusters' too: a run that starts where the next
+    # one does is one element, zeroed by `keep` (a scatter of the filled clusters' sums cost
+    # more than their reduceat); a trailing empty cluster's run starts past the group's
+    # values, on a 0 appended to them
+    keep = filled.astype(np.float64)
     g = bufs["group"]
-    runs = (first + np.arange(0, min(g, d) * r, r, dtype=np.intp)[:, None]).reshape(-1)
+    runs = (starts + np.arange(0, min(g, d) * r, r, dtype=np.intp)[:, None]).reshape(-1)
     for j0 in range(0, d, g):
         j1 = min(j0 + g, d)
-        cols = bufs["cols"][:r * (j1 - j0)].reshape(j1 - j0, r)
+        flat = bufs["cols"][:r * (j1 - j0) + 1]
+        flat[-1] = 0.0
+        cols = flat[:-1].reshape(j1 - j0, r)
         np.copyto(cols, rows[:, j0:j1].T)                   # cast and transpose
         if sq_norms:
             if w64 is None:
-                flat = cols.reshape(-1)
-                acc.sq_norms += float(np.dot(flat, flat))
+                v = cols.reshape(-1)
+                acc.sq_norms += float(np.dot(v, v))
             else:
                 m = bufs["m64"][:r]
                 np.einsum("ji,ji->i", cols, cols, out=m)
                 acc.sq_norms += float(np.dot(m, ws))
         if w64 is not None:
             cols *= ws
-        part = np.add.reduceat(cols.reshape(-1), runs[:(j1 - j0) * len(first)])
-        part = part.reshape(j1 - j0, -1)
-        if len(first) == k:
-            acc.sums[j0:j1] += part   # (feature-major: contiguous, no gather and scatter)
-        else:
-            acc.sums[j0:j1, filled] += part
+        part = np.add.reduceat(flat, runs[:(j1 - j0) * k]).reshape(j1 - j0, k)
+        if not filled.all():
+            part *= keep
+        acc.sums[j0:j1] += part       # (feature-major: contiguous)
 
 
 def bincount_sums(Xb, src, lab, w64, acc, bufs, sq_norms):

@@ -9,8 +9,11 @@ the time threads wait (for the GIL, or for the last block). Array methods (``D.a
 "rest". The wrappers add about a microsecond of Python per call.
 
     python benchmarks/numpy_stages.py d128 [--threads 1] [--iters 5] [--set NAME=VALUE ...]
+        [--clock cpu]
 
-(--threads 1 also holds BLAS to one thread: one core.) `breakdown` is what cpu_probe.py calls.
+(--threads 1 also holds BLAS to one thread: one core. --clock cpu: each thread's CPU time
+instead of wall time, steadier on a machine shared with other work, blind to waits.)
+`breakdown` is what cpu_probe.py calls.
 """
 from __future__ import annotations
 
@@ -29,7 +32,8 @@ KERNELS = ("block_rows", "assign_block", "block_weights", "sorted_sums", "bincou
 class _Sink:
     """Seconds per name, one dict per thread (no lost updates between threads)."""
 
-    def __init__(self):
+    def __init__(self, clock=time.perf_counter):
+        self.clock = clock
         self._local = threading.local()
         self._all = []
         self._lock = threading.Lock()
@@ -64,11 +68,12 @@ class _Timed:
         self._obj, self._name, self._sink = obj, name, sink
 
     def __call__(self, *args, **kwargs):
-        t0 = time.perf_counter()
+        clock = self._sink.clock
+        t0 = clock()
         try:
             return self._obj(*args, **kwargs)
         finally:
-            self._sink.add(self._name, time.perf_counter() - t0)
+            self._sink.add(self._name, clock() - t0)
 
     def __getattr__(self, attr):
         v = getattr(self._obj, attr)
@@ -122,13 +127,13 @@ def _patched(attrs):
     return ctx()
 
 
-def breakdown(X, centers, threads=None, iters=5, attrs=None):
-    """{"threads", "wall_ms", "stages": {name: thread-ms}} per lloyd_iter (from the same
-    centers each time) on `threads` pool threads (None: all cores); threads=1 holds BLAS to
-    one thread as well."""
+def breakdown(X, centers, threads=None, iters=5, attrs=None, clock="wall"):
+    """{"threads", "wall_ms", "clock", "stages": {name: thread-ms}} per lloyd_iter (from
+    the same centers each time) on `threads` pool threads (None: all cores); threads=1 holds
+    BLAS to one thread as well. clock "cpu": stages in each thread's CPU time."""
     import kmeans_xp_backends.numpy_ as nb
     from threadpoolctl import threadpool_limits
-    sink = _Sink()
+    sink = _Sink(time.thread_time if clock == "cpu" else time.perf_counter)
     one_core = threadpool_limits(1) if threads == 1 else contextlib.nullcontext()
     with one_core, _patched(attrs or {}):
         be = nb.NumpyBackend(n_threads=threads)
@@ -141,7 +146,7 @@ def breakdown(X, centers, threads=None, iters=5, attrs=None):
             wall = (time.perf_counter() - t0) / iters
         be.finish()
     stages = {k: v / iters * 1e3 for k, v in sorted(sink.totals().items(), key=lambda kv: -kv[1])}
-    return {"threads": be.threads, "wall_ms": wall * 1e3, "stages": stages}
+    return {"threads": be.threads, "wall_ms": wall * 1e3, "clock": clock, "stages": stages}
 
 
 def describe(row):
@@ -154,7 +159,8 @@ def describe(row):
         in_kernels += st[k]
         parts.append(f"{k} {st[k]:.1f}")
     calls = ", ".join(f"{k} {v:.1f}" for k, v in st.items() if k not in KERNELS and v >= 0.05)
-    return (f"threads={t}: wall {wall:.1f} ms/iter, thread-ms/iter: " + ", ".join(parts)
+    what = "thread CPU ms/iter" if row.get("clock") == "cpu" else "thread-ms/iter"
+    return (f"threads={t}: wall {wall:.1f} ms/iter, {what}: " + ", ".join(parts)
             + f"; waiting or outside the kernels {t * wall - in_kernels:.1f}"
             + f" [NumPy calls: {calls}]")
 
@@ -170,11 +176,12 @@ def main():
     ap.add_argument("--iters", type=int, default=5)
     ap.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                     help="a numpy_ module constant for this run (an int)")
+    ap.add_argument("--clock", choices=("wall", "cpu"), default="wall")
     args = ap.parse_args()
     attrs = {a.split("=")[0]: int(a.split("=")[1]) for a in args.set}
     X, init = data(*WORKLOADS[args.workload])
     print(args.workload, attrs or "", describe(breakdown(X, init, args.threads, args.iters,
-                                                         attrs)))
+                                                         attrs, args.clock)))
 
 
 if __name__ == "__main__":
