@@ -32,16 +32,23 @@ if os.environ.get("KMEANS_XP_PROBE_TINY"):   # a smoke run of the script itself
 #: gives the default's labels (tests/test_numpy_variants.py)
 SORTED = {"SORTED_SUMS_MIN_D": 0}                  # label-grouped sums for every d
 CHUNKS = {"BLAS_GEMM_MIN_D": 0}                    # chunk GEMMs on BLAS's threads
+SUB16 = {"SUB_NS_PER_THREAD": 10**9, "TARGET_BLOCK_BYTES": 16 << 20}
+#: (label-grouped sums for d < 16 reach another partition than the default's in the contract's
+#: float64 'duplicates' case: tests/test_numpy_variants.py KNOWN_DIFFERENCES)
 VARIANTS = {
-    "W1": {"sums=sorted (all d)": SORTED,
-           "sums=sorted sub_ns=80000": {**SORTED, "SUB_NS_PER_THREAD": 80_000},
+    "W1": {"sums=sorted (all d; partition differs on a tie case)": SORTED,
+           "sums=sorted, sub_ns=80000": {**SORTED, "SUB_NS_PER_THREAD": 80_000},
            "sub_ns=80000": {"SUB_NS_PER_THREAD": 80_000},
            "sub=8MiB": {"SUB_NS_PER_THREAD": 10**9},
+           "sub=16MiB": SUB16,
            "gemm=BLAS-threaded chunks (K=d), argmin on the pool": CHUNKS,
+           "gemm=BLAS-threaded chunks, sub_ns=20000 (half-size chunks)":
+               {**CHUNKS, "SUB_NS_PER_THREAD": 20_000},
            "gemm=BLAS-threaded chunks, sums=sorted": {**CHUNKS, **SORTED}},
-    "W2": {"sums=sorted (all d)": SORTED,
+    "W2": {"sums=sorted (all d; partition differs on a tie case)": SORTED,
            "sub_ns=80000": {"SUB_NS_PER_THREAD": 80_000},
            "sub=8MiB": {"SUB_NS_PER_THREAD": 10**9},
+           "sub=16MiB": SUB16,
            "gemm=BLAS-threaded chunks (K=d), argmin on the pool": CHUNKS},
     "d128": {"gemm=K=d+add (no [x, 1] copy)": {"AUGMENT_MAX_D": 32},
              "sub=128rows (512 KiB result)": {"MIN_ROWS": 128, "SUB_NS_PER_THREAD": 1},
@@ -52,12 +59,14 @@ VARIANTS = {
              "gemm=BLAS-threaded chunks of 16x1024 rows": {**CHUNKS, "MIN_ROWS": 1024},
              "sums: 16 features cast at a time": {"SORTED_SUMS_GROUP": 16},
              "sums: 32 features cast at a time": {"SORTED_SUMS_GROUP": 32},
+             "sub=8MiB, sums: 16 features at a time": {"SUB_NS_PER_THREAD": 10**9,
+                                                       "SORTED_SUMS_GROUP": 16},
              "gemm=K=d+add, sums: 16 features at a time": {"AUGMENT_MAX_D": 32,
                                                           "SORTED_SUMS_GROUP": 16}},
 }
 #: variants that change the one-thread path too, so the W1 scaling target would be measured
 #: against their own one-core time: that row as well ("threads=1 one-core")
-ONE_CORE_VARIANTS = {"W1": ("sums=sorted (all d)",)}
+ONE_CORE_VARIANTS = {"W1": ("sums=sorted (all d; partition differs on a tie case)",)}
 #: workloads whose iteration is broken down by stage (benchmarks/numpy_stages.py) on all
 #: cores and on one, default constants
 STAGES = ("W1", "d128")
