@@ -73,9 +73,9 @@ SORTED_SUMS_MIN_D = 16
 AUGMENT_MAX_D = 1 << 30
 #: from this many features, on more than one thread, a pass labels X first, in chunks of
 #: threads x sub rows: each chunk's GEMM is one call on BLAS's own threads (from the calling
-#: thread, outside the pool), then the pool adds ||c||^2 and takes the argmin of its rows, sub
-#: rows a thread (`_assign_by_chunks`); the blocks then only sum. The chunk takes X's rows as
-#: they are (K = d). Same labels; off by default (benchmarks/cpu_probe.py's variants)
+#: thread, outside the pool), then the pool takes the argmin of its rows, sub rows a thread,
+#: and copies the next chunk's rows into the GEMM's [x, 1] buffer (`_assign_by_chunks`); the
+#: blocks then only sum. Same labels; off by default (benchmarks/cpu_probe.py's variants)
 BLAS_GEMM_MIN_D = 1 << 30
 #: the label-grouped sums cast and transpose this many features at a time into float64
 #: columns (a group's columns stay in cache for the dot and the reduceat, and the buffer is
@@ -161,10 +161,10 @@ class _Plan:
 
     def __init__(self, n, d, k, itemsize, max_memory, threads):
         self.k, self.d, self.itemsize = k, d, itemsize
-        # (by chunks, the threads x sub-rows GEMM result is one shared buffer instead of one
-        # per thread: the same bytes)
+        # (by chunks, the threads x sub-rows GEMM result and [x, 1] rows are shared buffers
+        # instead of one per thread: no more bytes)
         self.by_chunks = d >= BLAS_GEMM_MIN_D and threads > 1
-        self.augmented = d < AUGMENT_MAX_D and not self.by_chunks
+        self.augmented = d < AUGMENT_MAX_D
         self.group = min(d, SORTED_SUMS_GROUP) if SORTED_SUMS_GROUP > 0 else d
         self.budget = resolve_budget(max_memory, host_available_memory(), cap=1 << 30)
         cache_rows = _sub_rows(d, k, itemsize, threads)
@@ -302,7 +302,9 @@ class NumpyBackend(KMeansBackend):
                                    augmented=plan.augmented, sorted_sums=plan.sorted_sums,
                                    copy_rows=copy_rows, group=plan.group)
             if plan.by_chunks and not copy_rows:
-                del bufs["D"]  # (never written: the chunks' result is shared)
+                # (never written: the chunks' GEMM operand and result are shared)
+                bufs.pop("D")
+                bufs.pop("Xa", None)
             cached = (key, bufs)
             self._local.bufs = cached
         return cached[1]
@@ -310,29 +312,46 @@ class NumpyBackend(KMeansBackend):
     def _assign_by_chunks(self, X, ops, labels, min_sq, plan, threads):
         """`BLAS_GEMM_MIN_D`: X's labels (and distances where min_sq is an array), chunk by
         chunk of threads x plan.sub rows: the chunk's GEMM is one call on BLAS's own threads,
-        from this thread; then each pool thread adds ||c||^2 to sub rows of the result and
-        takes their argmin (`numpy_blocks.assign_rows`). The shared result buffer is kept on
-        this thread's local state (dropped by `finish`)."""
-        n, k = X.shape[0], plan.k
-        rows = threads * plan.sub
-        key = (rows, k, X.dtype.str)
+        from this thread; then each pool thread takes the argmin of sub rows of the result
+        (`numpy_blocks.assign_rows`) and, for the augmented GEMM, copies its share of the
+        next chunk's rows into the [x, 1] operand (read by this chunk's GEMM, so free). The
+        shared buffers are kept on this thread's local state (dropped by `finish`)."""
+        n, d, k, sub = X.shape[0], X.shape[1], plan.k, plan.sub
+        rows = min(threads * sub, n)
+        key = (rows, d, k, X.dtype.str, ops.augmented)
         cached = getattr(self._local, "chunk", None)
         if cached is None or cached[0] != key:
             self._local.chunk = None
-            cached = (key, np.empty((rows, k), dtype=X.dtype))
+            A = None
+            if ops.augmented:
+                A = np.empty((rows, d + 1), dtype=X.dtype)
+                A[:, d] = 1
+            cached = (key, np.empty((rows, k), dtype=X.dtype), A)
             self._local.chunk = cached
-        D = cached[1]
+        _, D, A = cached
+
+        def rows_of(t, c0):   # thread t's rows of the chunk from row c0
+            return c0 + t * sub, min(c0 + (t + 1) * sub, n, c0 + rows)
+
+        def fill(t, c0):
+            s, e = rows_of(t, c0)
+            if A is not None and s < e:
+                np.copyto(A[s - c0:e - c0, :d], X[s:e])
+
+        def job(t, c0, nxt):
+            s, e = rows_of(t, c0)
+            if s < e:
+                blocks.assign_rows(D[s - c0:e - c0], X[s:e], ops, labels[s:e],
+                                   None if min_sq is None else min_sq[s:e],
+                                   self._buffers(plan, X.dtype, False))
+            if nxt < n:
+                fill(t, nxt)
+
+        self._spawn(lambda t: fill(t, 0), threads)
         for c0 in range(0, n, rows):
             c1 = min(c0 + rows, n)
-            np.matmul(X[c0:c1], ops.gemm, out=D[:c1 - c0])
-
-            def job(t, c0=c0, c1=c1):
-                s, e = c0 + t * plan.sub, min(c0 + (t + 1) * plan.sub, c1)
-                if s < e:
-                    blocks.assign_rows(D[s - c0:e - c0], X[s:e], ops, labels[s:e],
-                                       None if min_sq is None else min_sq[s:e],
-                                       self._buffers(plan, X.dtype, False))
-            self._spawn(job, threads)
+            np.matmul(X[c0:c1] if A is None else A[:c1 - c0], ops.gemm, out=D[:c1 - c0])
+            self._spawn(lambda t, c0=c0: job(t, c0, c0 + rows), threads)
 
     # -- the contract -----------------------------------------------------------------------
     def _run(self, X, sample_weight, centers, *, labels_in=None, labels_old=None,

@@ -268,11 +268,12 @@ def bincount_sums(Xb, src, lab, w64, acc, bufs, sq_norms):
 
 def assign_rows(D, rows, ops, labels, min_sq, bufs):
     """Labels (and, when min_sq is an array, squared distances) of `rows` from their GEMM
-    result D = rows @ ops.gemm (K = d), computed elsewhere (`NumpyBackend._assign_by_chunks`):
-    ||c||^2 added in place, then the argmin, as `assign_block` does for its own sub-chunks.
-    At most bufs' sub rows."""
+    result D, computed elsewhere (`NumpyBackend._assign_by_chunks`) on [x, 1] or on x (then
+    ||c||^2 is added here), as `assign_block` does for its own sub-chunks. At most bufs' sub
+    rows."""
     r = rows.shape[0]
-    np.add(D, ops.cnorm, out=D)
+    if not ops.augmented:
+        np.add(D, ops.cnorm, out=D)
     lab = labels if labels.dtype == np.intp else bufs["idx"][:r]
     D.argmin(axis=1, out=lab)
     if lab is not labels:

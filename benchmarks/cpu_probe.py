@@ -41,7 +41,7 @@ VARIANTS = {
            "sub_ns=80000": {"SUB_NS_PER_THREAD": 80_000},
            "sub=8MiB": {"SUB_NS_PER_THREAD": 10**9},
            "sub=16MiB": SUB16,
-           "gemm=BLAS-threaded chunks (K=d), argmin on the pool": CHUNKS,
+           "gemm=BLAS-threaded chunks, argmin on the pool": CHUNKS,
            "gemm=BLAS-threaded chunks, sub_ns=20000 (half-size chunks)":
                {**CHUNKS, "SUB_NS_PER_THREAD": 20_000},
            "gemm=BLAS-threaded chunks, sums=sorted": {**CHUNKS, **SORTED}},
@@ -49,7 +49,7 @@ VARIANTS = {
            "sub_ns=80000": {"SUB_NS_PER_THREAD": 80_000},
            "sub=8MiB": {"SUB_NS_PER_THREAD": 10**9},
            "sub=16MiB": SUB16,
-           "gemm=BLAS-threaded chunks (K=d), argmin on the pool": CHUNKS},
+           "gemm=BLAS-threaded chunks, argmin on the pool": CHUNKS},
     "d128": {"gemm=K=d+add (no [x, 1] copy)": {"AUGMENT_MAX_D": 32},
              "sub=128rows (512 KiB result)": {"MIN_ROWS": 128, "SUB_NS_PER_THREAD": 1},
              "sub=512rows": {"MIN_ROWS": 512},
