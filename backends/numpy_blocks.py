@@ -217,10 +217,10 @@ def sorted_sums(Xb, src, lab, w64, acc, bufs, sq_norms):
         # labels holds the GIL)
         acc.weights += np.bincount(lab, weights=w64, minlength=k)
     # one run per (feature, cluster), empty clusters' too: a run that starts where the next
-    # one does is one element, zeroed by `keep` (a scatter of the filled clusters' sums cost
-    # more than their reduceat); a trailing empty cluster's run starts past the group's
-    # values, on a 0 appended to them
-    keep = filled.astype(np.float64)
+    # one does is one element, left out of the sum by `where` (a scatter of the filled
+    # clusters' sums cost more than their reduceat); a trailing empty cluster's run starts
+    # past the group's values, on a 0 appended to them
+    where = True if filled.all() else filled
     g = bufs["group"]
     runs = (starts + np.arange(0, min(g, d) * r, r, dtype=np.intp)[:, None]).reshape(-1)
     for j0 in range(0, d, g):
@@ -240,9 +240,8 @@ def sorted_sums(Xb, src, lab, w64, acc, bufs, sq_norms):
         if w64 is not None:
             cols *= ws
         part = np.add.reduceat(flat, runs[:(j1 - j0) * k]).reshape(j1 - j0, k)
-        if not filled.all():
-            part *= keep
-        acc.sums[j0:j1] += part       # (feature-major: contiguous)
+        out = acc.sums[j0:j1]         # (feature-major: contiguous)
+        np.add(out, part, out=out, where=where)
 
 
 def bincount_sums(Xb, src, lab, w64, acc, bufs, sq_norms):

@@ -61,6 +61,8 @@ VARIANTS = {
              "sums: 32 features cast at a time": {"SORTED_SUMS_GROUP": 32},
              "sub=8MiB, sums: 16 features at a time": {"SUB_NS_PER_THREAD": 10**9,
                                                        "SORTED_SUMS_GROUP": 16},
+             "sub=8MiB, sums: 32 features at a time": {"SUB_NS_PER_THREAD": 10**9,
+                                                       "SORTED_SUMS_GROUP": 32},
              "gemm=K=d+add, sums: 16 features at a time": {"AUGMENT_MAX_D": 32,
                                                           "SORTED_SUMS_GROUP": 16}},
 }
