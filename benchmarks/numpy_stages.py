@@ -4,7 +4,8 @@ each per-block kernel of backends/numpy_blocks.py, and each NumPy function it ca
 it and summed over threads, per iteration; beside the iteration's wall time. On one thread
 the sum is the iteration; on T threads, a stage whose thread-time grows past its one-thread
 time is what contends (the GIL, memory bandwidth, BLAS), and T x wall minus all stages is
-the time threads wait (for the GIL, or for the last block). Array methods (``D.argmin``,
+the time threads wait (for the GIL, or for the last block); "calls" counts the NumPy
+functions called, each of which takes the GIL at least once. Array methods (``D.argmin``,
 ``keys.searchsorted``, ``cols *= ws``) are not NumPy functions: they stay in their kernel's
 "rest". The wrappers add about a microsecond of Python per call.
 
@@ -45,6 +46,8 @@ class _Sink:
             with self._lock:
                 self._all.append(d)
         d[name] = d.get(name, 0.0) + dt
+        if name not in KERNELS:
+            d[None] = d.get(None, 0) + 1    # NumPy calls
 
     def clear(self):
         for d in self._all:
@@ -145,8 +148,11 @@ def breakdown(X, centers, threads=None, iters=5, attrs=None, clock="wall"):
                 labels = be.lloyd_iter(X, None, centers, labels).labels
             wall = (time.perf_counter() - t0) / iters
         be.finish()
-    stages = {k: v / iters * 1e3 for k, v in sorted(sink.totals().items(), key=lambda kv: -kv[1])}
-    return {"threads": be.threads, "wall_ms": wall * 1e3, "clock": clock, "stages": stages}
+    totals = sink.totals()
+    calls = totals.pop(None, 0) / iters
+    stages = {k: v / iters * 1e3 for k, v in sorted(totals.items(), key=lambda kv: -kv[1])}
+    return {"threads": be.threads, "wall_ms": wall * 1e3, "clock": clock,
+            "calls_per_iter": calls, "stages": stages}
 
 
 def describe(row):
@@ -160,7 +166,8 @@ def describe(row):
         parts.append(f"{k} {st[k]:.1f}")
     calls = ", ".join(f"{k} {v:.1f}" for k, v in st.items() if k not in KERNELS and v >= 0.05)
     what = "thread CPU ms/iter" if row.get("clock") == "cpu" else "thread-ms/iter"
-    return (f"threads={t}: wall {wall:.1f} ms/iter, {what}: " + ", ".join(parts)
+    return (f"threads={t}: wall {wall:.1f} ms/iter, {row.get('calls_per_iter', 0):.0f} "
+            f"calls/iter, {what}: " + ", ".join(parts)
             + f"; waiting or outside the kernels {t * wall - in_kernels:.1f}"
             + f" [NumPy calls: {calls}]")
 
