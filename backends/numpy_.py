@@ -74,7 +74,7 @@ AUGMENT_MAX_D = 1 << 30
 #: from this many features, on more than one thread, a pass labels X first, in chunks of
 #: threads x sub rows: each chunk's GEMM is one call on BLAS's own threads (from the calling
 #: thread, outside the pool), then the pool takes the argmin of its rows, sub rows a thread,
-#: and copies the next chunk's rows into the GEMM's [x, 1] buffer (`_assign_by_chunks`); the
+#: and copies the next chunk's rows into the GEMM's [x, 1] buffer (`assign_by_chunks`); the
 #: blocks then only sum. Same labels; off by default (benchmarks/cpu_probe.py's variants)
 BLAS_GEMM_MIN_D = 1 << 30
 #: the label-grouped sums cast and transpose this many features at a time into float64
@@ -309,50 +309,6 @@ class NumpyBackend(KMeansBackend):
             self._local.bufs = cached
         return cached[1]
 
-    def _assign_by_chunks(self, X, ops, labels, min_sq, plan, threads):
-        """`BLAS_GEMM_MIN_D`: X's labels (and distances where min_sq is an array), chunk by
-        chunk of threads x plan.sub rows: the chunk's GEMM is one call on BLAS's own threads,
-        from this thread; then each pool thread takes the argmin of sub rows of the result
-        (`numpy_blocks.assign_rows`) and, for the augmented GEMM, copies its share of the
-        next chunk's rows into the [x, 1] operand (read by this chunk's GEMM, so free). The
-        shared buffers are kept on this thread's local state (dropped by `finish`)."""
-        n, d, k, sub = X.shape[0], X.shape[1], plan.k, plan.sub
-        rows = min(threads * sub, n)
-        key = (rows, d, k, X.dtype.str, ops.augmented)
-        cached = getattr(self._local, "chunk", None)
-        if cached is None or cached[0] != key:
-            self._local.chunk = None
-            A = None
-            if ops.augmented:
-                A = np.empty((rows, d + 1), dtype=X.dtype)
-                A[:, d] = 1
-            cached = (key, np.empty((rows, k), dtype=X.dtype), A)
-            self._local.chunk = cached
-        _, D, A = cached
-
-        def rows_of(t, c0):   # thread t's rows of the chunk from row c0
-            return c0 + t * sub, min(c0 + (t + 1) * sub, n, c0 + rows)
-
-        def fill(t, c0):
-            s, e = rows_of(t, c0)
-            if A is not None and s < e:
-                np.copyto(A[s - c0:e - c0, :d], X[s:e])
-
-        def job(t, c0, nxt):
-            s, e = rows_of(t, c0)
-            if s < e:
-                blocks.assign_rows(D[s - c0:e - c0], X[s:e], ops, labels[s:e],
-                                   None if min_sq is None else min_sq[s:e],
-                                   self._buffers(plan, X.dtype, False))
-            if nxt < n:
-                fill(t, nxt)
-
-        self._spawn(lambda t: fill(t, 0), threads)
-        for c0 in range(0, n, rows):
-            c1 = min(c0 + rows, n)
-            np.matmul(X[c0:c1] if A is None else A[:c1 - c0], ops.gemm, out=D[:c1 - c0])
-            self._spawn(lambda t, c0=c0: job(t, c0, c0 + rows), threads)
-
     # -- the contract -----------------------------------------------------------------------
     def _run(self, X, sample_weight, centers, *, labels_in=None, labels_old=None,
              mode="iter"):
@@ -380,7 +336,8 @@ class NumpyBackend(KMeansBackend):
         threads = max(1, min(plan.threads, n_tasks))
         by_chunks = assign and plan.by_chunks and not copy_rows
         if by_chunks:  # the labels first (BLAS_GEMM_MIN_D); the blocks below only sum
-            self._assign_by_chunks(X, ops, labels, min_sq, plan, threads)
+            blocks.assign_by_chunks(X, ops, labels, min_sq, plan.sub, threads, self._spawn,
+                                    lambda: self._buffers(plan, X.dtype, False), self._local)
         gemm = assign and not by_chunks
 
         def job(t):

@@ -1,4 +1,5 @@
-"""The numpy backend's work on one block of rows, run by one pool thread on its own buffers.
+"""The numpy backend's work on one block of rows, run by one pool thread on its own buffers
+(and, behind BLAS_GEMM_MIN_D, a pass's labels chunk by chunk: `assign_by_chunks`).
 
 Every call here is one NumPy call on many rows, and each is one whose loop runs without the
 GIL (read in NumPy's sources and measured on 16 cores, `benchmarks/cpu_scaling_probe.py`):
@@ -265,9 +266,53 @@ def bincount_sums(Xb, src, lab, w64, acc, bufs, sq_norms):
         acc.sums[:, j] += np.bincount(lab, weights=xw, minlength=k)
 
 
+def assign_by_chunks(X, ops, labels, min_sq, sub, threads, spawn, bufs, state):
+    """`BLAS_GEMM_MIN_D`: X's labels (and distances where min_sq is an array), chunk by chunk
+    of threads x sub rows: the chunk's GEMM is one call on BLAS's own threads, from the
+    calling thread; then spawn(job, threads) has each pool thread take the argmin of sub rows
+    of the result (`assign_rows`, with its bufs()) and, for the augmented GEMM, copy its share
+    of the next chunk's rows into the [x, 1] operand (read by this chunk's GEMM, so free).
+    The shared buffers are kept as state.chunk (the caller's thread-local state)."""
+    n, d, k = X.shape[0], X.shape[1], ops.gemm.shape[1]
+    rows = min(threads * sub, n)
+    key = (rows, d, k, X.dtype.str, ops.augmented)
+    cached = getattr(state, "chunk", None)
+    if cached is None or cached[0] != key:
+        state.chunk = None
+        A = None
+        if ops.augmented:
+            A = np.empty((rows, d + 1), dtype=X.dtype)
+            A[:, d] = 1
+        cached = (key, np.empty((rows, k), dtype=X.dtype), A)
+        state.chunk = cached
+    _, D, A = cached
+
+    def rows_of(t, c0):   # thread t's rows of the chunk from row c0
+        return c0 + t * sub, min(c0 + (t + 1) * sub, n, c0 + rows)
+
+    def fill(t, c0):
+        s, e = rows_of(t, c0)
+        if A is not None and s < e:
+            np.copyto(A[s - c0:e - c0, :d], X[s:e])
+
+    def job(t, c0):
+        s, e = rows_of(t, c0)
+        if s < e:
+            assign_rows(D[s - c0:e - c0], X[s:e], ops, labels[s:e],
+                        None if min_sq is None else min_sq[s:e], bufs())
+        if c0 + rows < n:
+            fill(t, c0 + rows)
+
+    spawn(lambda t: fill(t, 0), threads)
+    for c0 in range(0, n, rows):
+        c1 = min(c0 + rows, n)
+        np.matmul(X[c0:c1] if A is None else A[:c1 - c0], ops.gemm, out=D[:c1 - c0])
+        spawn(lambda t, c0=c0: job(t, c0), threads)
+
+
 def assign_rows(D, rows, ops, labels, min_sq, bufs):
     """Labels (and, when min_sq is an array, squared distances) of `rows` from their GEMM
-    result D, computed elsewhere (`NumpyBackend._assign_by_chunks`) on [x, 1] or on x (then
+    result D, computed elsewhere (`assign_by_chunks`) on [x, 1] or on x (then
     ||c||^2 is added here), as `assign_block` does for its own sub-chunks. At most bufs' sub
     rows."""
     r = rows.shape[0]
