@@ -77,6 +77,13 @@ SORTED_SUMS_MIN_D = 16
 #: + ||c||^2 call per sub-chunk, one copy of the block); from it, K = d on X's rows as they
 #: are and ||c||^2 added in cache (one more call per sub-chunk, no copy)
 AUGMENT_MAX_D = 1 << 30
+#: the label-grouped sums cast and transpose this many features at a time into float64
+#: columns (a group's columns stay in cache for the dot and the reduceat, and the buffer is
+#: block x group, not block x d); 0: all d at once. Same sums, bit for bit. d=128 on the
+#: H200 host's 16 cores (cpu_probe_call3.json): 149 ms per iteration all at once, 136 with
+#: 16, 145 with 32. (Chunk GEMMs threaded by BLAS itself, argmin on the pool, ran 2.2-3.9x
+#: slower than the per-thread GEMMs at W1, W2 and d=128 there: not kept)
+SORTED_SUMS_GROUP = 16
 #: bytes of Python objects a call creates (thread pool, futures, thread-local dicts)
 PYTHON_OVERHEAD = 48 << 10
 
@@ -86,11 +93,12 @@ class _Plan:
     need."""
 
     __slots__ = ("sub", "block", "threads", "budget", "per_thread", "shared", "k", "d",
-                 "itemsize", "augmented", "sorted_sums")
+                 "itemsize", "augmented", "sorted_sums", "group")
 
     def __init__(self, n, d, k, itemsize, max_memory, threads):
         self.k, self.d, self.itemsize = k, d, itemsize
         self.augmented = d < AUGMENT_MAX_D
+        self.group = min(d, SORTED_SUMS_GROUP) if SORTED_SUMS_GROUP > 0 else d
         self.budget = resolve_budget(max_memory, host_available_memory(), cap=1 << 30)
         cache_rows = _sub_rows(d, k, itemsize, threads)
         # shared by all threads: the centers' operands and float64 copy, the summed result
@@ -103,7 +111,8 @@ class _Plan:
         self.sorted_sums = d >= SORTED_SUMS_MIN_D
         # (a row copy counted whether or not X needs one: the estimate is made without X)
         block_row = blocks.block_row_bytes(d, itemsize, augmented=self.augmented,
-                                           sorted_sums=self.sorted_sums, copy_rows=True)
+                                           sorted_sums=self.sorted_sums, copy_rows=True,
+                                           group=self.group)
         # fewer threads when the budget cannot hold one row per thread
         for t in range(max(1, threads), 0, -1):
             per_thread = (self.budget - shared_fixed) // t - thread_fixed
@@ -222,13 +231,14 @@ class NumpyBackend(KMeansBackend):
     def _buffers(self, plan, dtype, copy_rows):
         """This thread's buffers for `plan`, allocated once and reused across iterations."""
         key = (plan.sub, plan.block, plan.k, plan.d, np.dtype(dtype).str, plan.augmented,
-               plan.sorted_sums, copy_rows)
+               plan.sorted_sums, copy_rows, plan.group)
         cached = getattr(self._local, "bufs", None)
         if cached is None or cached[0] != key:
             self._local.bufs = None  # drop the old ones before allocating
-            cached = (key, blocks.allocate(plan.block, plan.sub, plan.k, plan.d, dtype,
-                                           augmented=plan.augmented,
-                                           sorted_sums=plan.sorted_sums, copy_rows=copy_rows))
+            bufs = blocks.allocate(plan.block, plan.sub, plan.k, plan.d, dtype,
+                                   augmented=plan.augmented, sorted_sums=plan.sorted_sums,
+                                   copy_rows=copy_rows, group=plan.group)
+            cached = (key, bufs)
             self._local.bufs = cached
         return cached[1]
 

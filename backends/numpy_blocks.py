@@ -93,7 +93,7 @@ def key_dtype(k):
     return np.uint8 if k <= 1 << 8 else np.uint16 if k <= 1 << 16 else np.intp
 
 
-def allocate(block, sub, k, d, dtype, *, augmented, sorted_sums, copy_rows):
+def allocate(block, sub, k, d, dtype, *, augmented, sorted_sums, copy_rows, group=None):
     """One thread's buffers (allocated once per fit and reused by every pass). copy_rows:
     X's rows are copied before use (centered from a memmap, or X not C-contiguous); the
     augmented GEMM's buffer holds them where there is one."""
@@ -118,22 +118,23 @@ def allocate(block, sub, k, d, dtype, *, augmented, sorted_sums, copy_rows):
         b["ks"] = np.empty(block, dtype=kd)
         b["key_range"] = np.arange(k, dtype=kd)
         b["gathered"] = np.empty(block * (d + 1), dtype=dtype)
-        b["cols"] = np.empty(block * d, dtype=np.float64)
+        b["group"] = group = group or d    # features cast at a time (`sorted_sums`)
+        b["cols"] = np.empty(block * group + 1, dtype=np.float64)   # (+ a 0: `sorted_sums`)
         b["ws"] = np.empty(block, dtype=np.float64)
     else:
         b["xw64"] = np.empty(block, dtype=np.float64)
     return b
 
 
-def block_row_bytes(d, itemsize, *, augmented, sorted_sums, copy_rows):
+def block_row_bytes(d, itemsize, *, augmented, sorted_sums, copy_rows, group=None):
     """Bytes per block row of `allocate`'s buffers and of the transient arrays of one block
     (argsort's order)."""
     n = (d + 1) * itemsize if augmented else d * itemsize if copy_rows else 0
     n += itemsize + 24                          # ||x||^2 (assign), w64, m64, intp labels
     if sorted_sums:
         # keys and sorted keys (at most 8 bytes each), gathered rows in X's dtype, the
-        # float64 columns, sorted weights, argsort's order
-        n += 16 + (d + 1) * itemsize + 8 * d + 8 + 8
+        # float64 columns (of a group of features), sorted weights, argsort's order
+        n += 16 + (d + 1) * itemsize + 8 * (group or d) + 8 + 8
     else:
         n += 8
     return n
@@ -223,10 +224,11 @@ def block_weights(sample_weight, s0, e0, bufs):
 
 def sorted_sums(Xb, src, lab, w64, acc, bufs, sq_norms):
     """acc += the block's per-cluster float64 sums of w * x and of w, rows grouped by label.
-    The rows are gathered in label order (stable: row order within a cluster), cast to
-    float64 and laid out feature-major, so that one flat reduceat adds every (feature,
-    cluster) run at once. The order of additions is fixed by the block's rows, not by which
-    thread ran when. sq_norms: also add sum of w ||x||^2 into acc."""
+    The rows are gathered in label order (stable: row order within a cluster), then cast to
+    float64 and laid out feature-major, a group of features at a time (bufs["group"], all d
+    by default), so that one flat reduceat adds every (feature, cluster) run of the group at
+    once. The order of additions is fixed by the block's rows, not by which thread ran when,
+    nor by the group size. sq_norms: also add sum of w ||x||^2 into acc."""
     r = len(lab)
     if r == 0:
         return
@@ -245,32 +247,40 @@ def sorted_sums(Xb, src, lab, w64, acc, bufs, sq_norms):
     filled = counts > 0
     rows = bufs["gathered"][:r * src.shape[1]].reshape(r, src.shape[1])
     np.take(src, order, axis=0, out=rows, mode="clip")
-    cols = bufs["cols"][:r * d].reshape(d, r)
-    np.copyto(cols, rows[:, :d].T)                          # cast and transpose
     if w64 is None:
-        if sq_norms:
-            flat = cols.reshape(-1)
-            acc.sq_norms += float(np.dot(flat, flat))
         acc.weights += counts
     else:
         ws = bufs["ws"][:r]
         np.take(w64, order, out=ws, mode="clip")
-        if sq_norms:
-            m = bufs["m64"][:r]
-            np.einsum("ji,ji->i", cols, cols, out=m)
-            acc.sq_norms += float(np.dot(m, ws))
-    first = starts[filled]
-    if w64 is not None:
-        cols *= ws
         # (in row order, as bincount_sums adds them: one call, whose min/max pass over the
         # labels holds the GIL)
         acc.weights += np.bincount(lab, weights=w64, minlength=k)
-    runs = (first + np.arange(0, d * r, r, dtype=np.intp)[:, None]).reshape(-1)
-    part = np.add.reduceat(cols.reshape(-1), runs).reshape(d, -1)
-    if len(first) == k:
-        acc.sums += part      # (feature-major: contiguous, no gather and scatter)
-    else:
-        acc.sums[:, filled] += part
+    # one run per (feature, cluster), empty clusters' too: a run that starts where the next
+    # one does is one element, left out of the sum by `where` (a scatter of the filled
+    # clusters' sums cost more than their reduceat); a trailing empty cluster's run starts
+    # past the group's values, on a 0 appended to them
+    where = True if filled.all() else filled
+    g = bufs["group"]
+    runs = (starts + np.arange(0, min(g, d) * r, r, dtype=np.intp)[:, None]).reshape(-1)
+    for j0 in range(0, d, g):
+        j1 = min(j0 + g, d)
+        flat = bufs["cols"][:r * (j1 - j0) + 1]
+        flat[-1] = 0.0
+        cols = flat[:-1].reshape(j1 - j0, r)
+        np.copyto(cols, rows[:, j0:j1].T)                   # cast and transpose
+        if sq_norms:
+            if w64 is None:
+                v = cols.reshape(-1)
+                acc.sq_norms += float(np.dot(v, v))
+            else:
+                m = bufs["m64"][:r]
+                np.einsum("ji,ji->i", cols, cols, out=m)
+                acc.sq_norms += float(np.dot(m, ws))
+        if w64 is not None:
+            cols *= ws
+        part = np.add.reduceat(flat, runs[:(j1 - j0) * k]).reshape(j1 - j0, k)
+        out = acc.sums[j0:j1]         # (feature-major: contiguous)
+        np.add(out, part, out=out, where=where)
 
 
 def bincount_sums(Xb, src, lab, w64, acc, bufs, sq_norms):

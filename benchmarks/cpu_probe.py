@@ -27,22 +27,34 @@ WORKLOADS = {"W1": (2_000_000, 3, 200), "W2": (2_000_000, 3, 500),
 if os.environ.get("KMEANS_XP_PROBE_TINY"):   # a smoke run of the script itself
     WORKLOADS = {"W1": (20_000, 3, 20), "W2": (20_000, 3, 50), "d128": (2_000, 128, 16)}
 
-#: variants of the numpy backend: label -> module attributes set for the row (the defaults
-#: are restored after it); rows of each workload
+#: variants of the numpy backend: label -> module attributes of kmeans_xp_backends.numpy_ set
+#: for the row (the defaults are restored after it); rows of each workload. Every variant
+#: gives the default's labels (tests/test_numpy_variants.py)
+SORTED = {"SORTED_SUMS_MIN_D": 0}                  # label-grouped sums for every d
+SUB16 = {"SUB_NS_PER_THREAD": 10**9, "TARGET_BLOCK_BYTES": 16 << 20}
+#: (label-grouped sums for d < 16 reach another partition than the default's in the contract's
+#: float64 'duplicates' case: tests/test_numpy_variants.py KNOWN_DIFFERENCES). Chunk GEMMs
+#: threaded by BLAS itself ran 2.2-3.9x slower on the H200 host (cpu_probe_call3.json of
+#: benchmarks/results/h200-2026-12-02f) and are gone
 VARIANTS = {
-    "W1": {"sums=sorted": {"SORTED_SUMS_MIN_D": 0},
-           "sub_ns=20000": {"SUB_NS_PER_THREAD": 20_000},
-           "sub_ns=80000": {"SUB_NS_PER_THREAD": 80_000},
+    "W1": {"sums=sorted (all d; partition differs on a tie case)": SORTED,
+           "sub=8MiB": {"SUB_NS_PER_THREAD": 10**9},
+           "sub=16MiB": SUB16},
+    "W2": {"sums=sorted (all d; partition differs on a tie case)": SORTED,
            "sub=8MiB": {"SUB_NS_PER_THREAD": 10**9}},
-    "W2": {"sums=sorted": {"SORTED_SUMS_MIN_D": 0},
-           "sub_ns=20000": {"SUB_NS_PER_THREAD": 20_000},
-           "sub=8MiB": {"SUB_NS_PER_THREAD": 10**9}},
-    "d128": {"gemm=K=d+add": {"AUGMENT_MAX_D": 32},
-             "sums=bincount": {"SORTED_SUMS_MIN_D": 10**9},
-             "sub=512rows": {"MIN_ROWS": 512},
+    "d128": {"gemm=K=d+add (no [x, 1] copy)": {"AUGMENT_MAX_D": 32},
              "sub=1024rows": {"MIN_ROWS": 1024},
-             "sub=8MiB": {"SUB_NS_PER_THREAD": 10**9}},
+             "sub=8MiB": {"SUB_NS_PER_THREAD": 10**9},
+             "sums: all features cast at once": {"SORTED_SUMS_GROUP": 0},
+             "sums: 32 features cast at a time": {"SORTED_SUMS_GROUP": 32},
+             "sums: 8 features cast at a time": {"SORTED_SUMS_GROUP": 8}},
 }
+#: variants that change the one-thread path too, so the W1 scaling target would be measured
+#: against their own one-core time: that row as well ("threads=1 one-core")
+ONE_CORE_VARIANTS = {"W1": ("sums=sorted (all d; partition differs on a tie case)",)}
+#: workloads whose iteration is broken down by stage (benchmarks/numpy_stages.py) on all
+#: cores and on one, default constants
+STAGES = ("W1", "d128")
 
 
 def data(n, d, k, seed=0):
@@ -120,6 +132,10 @@ def lloyd_rows(name, X, init, iters, repeats, quick, old):
         for variant, attrs in VARIANTS.get(name, {}).items():
             rows[f"numpy {variant} threads=all"] = median_time(
                 _patched(nb, attrs, _fit("numpy", X, init, iters)), repeats) / iters
+            if variant in ONE_CORE_VARIANTS.get(name, ()):
+                rows[f"numpy {variant} threads=1 one-core"] = median_time(_patched(
+                    nb, attrs, _one_core(_fit("numpy", X, init, iters, threads=1))),
+                    repeats) / iters
     return rows
 
 
@@ -165,13 +181,24 @@ def summary(out):
             lines.append(f"{name}: numpy {ours * 1e3:.1f} ms/iter, sklearn {sk * 1e3:.1f} "
                          f"({ours / sk:.2f}x sklearn's time)"
                          + (f", old numpy {old * 1e3:.1f}" if old else ""))
+        best = min(((v, k) for k, v in rows.items() if k.startswith("numpy ")
+                    and k.endswith(" threads=all")), default=None)
+        if best and sk:
+            lines.append(f"{name}: fastest numpy row {best[1][6:-12]!r} {best[0] * 1e3:.1f} "
+                         f"ms/iter ({best[0] / sk:.2f}x sklearn's time)")
         nb = rows.get("numba default threads=all")
         if nb and sk:
-            best = min(sk, rows.get("faiss", sk))
+            ref = min(sk, rows.get("faiss", sk))
             lines.append(f"{name}: numba {nb * 1e3:.1f} ms/iter: {nb / sk:.2f}x sklearn's time, "
-                         f"{nb / best:.2f}x the faster of sklearn and faiss-cpu "
-                         f"({best * 1e3:.1f}), {nb / ours:.2f}x the numpy backend's")
+                         f"{nb / ref:.2f}x the faster of sklearn and faiss-cpu "
+                         f"({ref * 1e3:.1f}), {nb / ours:.2f}x the numpy backend's")
     w1 = w.get("W1", {})
+    for variant in ONE_CORE_VARIANTS.get("W1", ()):
+        one = w1.get(f"numpy {variant} threads=1 one-core")
+        many = w1.get(f"numpy {variant} threads=all")
+        if one and many:
+            lines.append(f"W1 scaling of {variant!r}: one core {one * 1e3:.1f} ms / all "
+                         f"{many * 1e3:.1f} ms = {one / many:.2f}x (target >= 6)")
     for label in ("numpy", "numba"):
         if f"{label} default threads=1 one-core" not in w1:
             continue
@@ -191,6 +218,8 @@ def main():
     ap.add_argument("--quick", action="store_true", help="defaults only, no variants")
     ap.add_argument("--old", help="an earlier backends/numpy_.py to time beside this one")
     ap.add_argument("--no-plusplus", action="store_true", help="skip the k-means++ rows")
+    ap.add_argument("--no-stages", action="store_true",
+                    help="skip the stage breakdowns (numpy_stages.py) of " + ", ".join(STAGES))
     args = ap.parse_args()
     old = _Old(args.old) if args.old else None
     out = {"cores": len(os.sched_getaffinity(0)), "iters": args.iters, "workloads": {}}
@@ -199,6 +228,12 @@ def main():
         out["workloads"][name] = lloyd_rows(name, X, init, args.iters, args.repeats,
                                             args.quick, old)
         print(name, json.dumps(out["workloads"][name]), flush=True)
+        if name in STAGES and not args.no_stages:
+            from numpy_stages import breakdown, describe
+            out.setdefault("stages", {})[name] = rows = [
+                breakdown(X, init, threads) for threads in (None, 1)]
+            for row in rows:
+                print(name, "stages", describe(row), flush=True)
     if not args.no_plusplus:
         tiny = os.environ.get("KMEANS_XP_PROBE_TINY")
         pp_n, pp_k = (500_000, 500) if not tiny else (5000, 20)
