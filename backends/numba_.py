@@ -27,7 +27,7 @@ import numpy as np
 
 from kmeans_xp.backend import AssignResult, IterStats, KMeansBackend, Option, ReduceResult
 from kmeans_xp.memory import MemoryEstimate, chunk_rows, host_available_memory, resolve_budget
-from kmeans_xp.rows import HostRows
+from kmeans_xp.rows import HostRows, is_memmap
 from kmeans_xp.validation import Interval
 
 from .cpu_threads import BLAS_ONE_THREAD, thread_count
@@ -148,13 +148,35 @@ class _Partials:
         return self.arrays
 
 
+class NumbaPlacement(NumpyPlacement):
+    """NumpyPlacement, and a head start: the kernels a fit will run compiled (or loaded from
+    numba's cache) on another thread while X is validated, centered and seeded."""
+
+    def warm_up(self, X, n_clusters, init):
+        if not isinstance(X, np.ndarray) or X.ndim != 2 or X.shape[0] == 0:
+            return
+        rows = X[:64]
+        # what the fit computes on: a centered copy (X's layout), or a memmap's own rows
+        sample = HostRows(rows, rows[0]) if is_memmap(X) else rows - rows[0]
+        centers = np.ascontiguousarray(rows[:max(1, min(n_clusters, rows.shape[0]))])
+        # (not a daemon: the interpreter waits for a compile rather than stop it midway)
+        threading.Thread(target=self._compile, args=(sample, centers),
+                         name="kmeans_xp-numba-compile").start()
+
+    def _compile(self, sample, centers):
+        try:
+            self.backend.lloyd_iter(sample, None, centers, None)
+        except Exception:  # noqa: BLE001 - only a head start: the fit compiles what it runs
+            pass
+
+
 class NumbaBackend(KMeansBackend):
     name = "numba"
     namespaces = frozenset({"numpy"})
     device = "cpu"
     options = {"n_threads": Option(None, None, Interval(numbers.Integral, 1),
                                    doc="numba threads over row tasks (default: usable cores)")}
-    placement_class = NumpyPlacement
+    placement_class = NumbaPlacement
 
     def __init__(self, max_memory="auto", **options):
         super().__init__(max_memory, **options)
