@@ -101,15 +101,17 @@ class _Plan:
                           what=f"the numba backend (k={k}, d={d})")
         self.tile = max(1, min(ideal, rows, n))
         scratch = self.tile * row
-        t = max(1, min(threads, (budget - self.shared - acc) // scratch))
-        self.threads = t
-        self.scratch = t * scratch
-        room = (budget - self.shared - self.scratch) // acc
-        limit = max(1, min(MAX_TASKS, room, max(1, min(budget // 4, ACCUMULATOR_BYTES) // acc)))
+        # the tasks first, from the budget left beside one thread: the split (and so the
+        # sums' bits) never depends on the thread count; threads take what is left
+        room = (budget - self.shared - scratch) // acc
+        limit = max(1, min(MAX_TASKS, room, min(budget // 4, ACCUMULATOR_BYTES) // acc))
         n_tasks = max(1, min(limit, -(-n // MIN_TASK_ROWS)))
         self.task_rows = -(-n // n_tasks)
         self.n_tasks = -(-n // self.task_rows)
         self.accumulators = self.n_tasks * acc
+        self.threads = max(1, min(threads, (budget - self.shared - self.accumulators)
+                                  // scratch))
+        self.scratch = self.threads * scratch
 
     @property
     def total(self):

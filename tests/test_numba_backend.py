@@ -72,9 +72,11 @@ def test_sums_do_not_depend_on_the_thread_count(d):
 
 def test_the_split_is_the_same_for_any_thread_count():
     from kmeans_xp_backends.numba_ import _Plan
-    for n, d, k in [(2_000_000, 3, 200), (200_000, 128, 1024), (20011, 3, 300), (97, 1, 1)]:
-        plans = [_Plan(n, d, k, 4, "auto", t) for t in (1, 2, 16, 64)]
-        assert len({(p.n_tasks, p.task_rows) for p in plans}) == 1, (n, d, k)
+    for n, d, k, mem in [(2_000_000, 3, 200, "auto"), (200_000, 128, 1024, "auto"),
+                         (20011, 3, 300, "2MB"), (97, 1, 1, "auto"),
+                         (200_000, 128, 1024, "8MB"), (2_000_000, 3, 5000, "3MB")]:
+        plans = [_Plan(n, d, k, 4, mem, t) for t in (1, 2, 16, 64)]
+        assert len({(p.n_tasks, p.task_rows) for p in plans}) == 1, (n, d, k, mem)
         p = plans[0]
         assert p.n_tasks * p.task_rows >= n > (p.n_tasks - 1) * p.task_rows
 
