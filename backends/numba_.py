@@ -51,17 +51,13 @@ OVERHEAD = 64 << 10
 #: module's import need no numba)
 ASSIGN, MIN_SQ, SUMS, INERTIA, CHANGED = 1, 2, 4, 8, 16
 
-_kernels_module = None
 _LAUNCH = threading.Lock()
 
 
 def _kernels():
     """numba_kernels, imported on first use (numba is imported then, not with kmeans_xp)."""
-    global _kernels_module
-    if _kernels_module is None:
-        from . import numba_kernels
-        _kernels_module = numba_kernels
-    return _kernels_module
+    from . import numba_kernels
+    return numba_kernels
 
 
 _wide_ready = False
@@ -158,8 +154,14 @@ class NumbaPlacement(NumpyPlacement):
         if not isinstance(X, np.ndarray) or X.ndim != 2 or X.shape[0] == 0:
             return
         rows = X[:64]
-        # what the fit computes on: a centered copy (X's layout), or a memmap's own rows
-        sample = HostRows(rows, rows[0]) if is_memmap(X) else rows - rows[0]
+        # what the fit computes on, typed alike: a memmap's own rows, or a centered copy of
+        # X (in X's layout: numba compiles one version per layout)
+        if is_memmap(X):
+            sample = HostRows(rows, rows[0])
+        elif X.flags.c_contiguous or X.flags.f_contiguous:
+            sample = np.asarray(rows - rows[0], order="F" if X.flags.f_contiguous else "C")
+        else:
+            return
         centers = np.ascontiguousarray(rows[:max(1, min(n_clusters, rows.shape[0]))])
         # (not a daemon: the interpreter waits for a compile rather than stop it midway)
         threading.Thread(target=self._compile, args=(sample, centers),

@@ -131,6 +131,13 @@ def test_strided_and_fortran_input():
         np.testing.assert_array_equal(km.labels_, ref.labels_)
 
 
+def test_the_flags_are_the_kernels():
+    import kmeans_xp_backends.numba_ as nb
+    import kmeans_xp_backends.numba_kernels as nk
+    names = ("ASSIGN", "MIN_SQ", "SUMS", "INERTIA", "CHANGED")
+    assert [getattr(nb, f) for f in names] == [getattr(nk, f) for f in names]
+
+
 def test_refuses_what_it_cannot_compute():
     be = _backend()()
     assert "float32 and float64" in be.reject_reason(np.zeros((3, 2), np.int32), n_clusters=2)
