@@ -27,7 +27,7 @@ import numpy as np
 
 from kmeans_xp.backend import AssignResult, IterStats, KMeansBackend, Option, ReduceResult
 from kmeans_xp.memory import MemoryEstimate, chunk_rows, host_available_memory, resolve_budget
-from kmeans_xp.rows import HostRows
+from kmeans_xp.rows import HostRows, is_memmap
 from kmeans_xp.validation import Interval
 
 from .cpu_threads import BLAS_ONE_THREAD, thread_count
@@ -51,17 +51,13 @@ OVERHEAD = 64 << 10
 #: module's import need no numba)
 ASSIGN, MIN_SQ, SUMS, INERTIA, CHANGED = 1, 2, 4, 8, 16
 
-_kernels_module = None
 _LAUNCH = threading.Lock()
 
 
 def _kernels():
     """numba_kernels, imported on first use (numba is imported then, not with kmeans_xp)."""
-    global _kernels_module
-    if _kernels_module is None:
-        from . import numba_kernels
-        _kernels_module = numba_kernels
-    return _kernels_module
+    from . import numba_kernels
+    return numba_kernels
 
 
 _wide_ready = False
@@ -101,15 +97,17 @@ class _Plan:
                           what=f"the numba backend (k={k}, d={d})")
         self.tile = max(1, min(ideal, rows, n))
         scratch = self.tile * row
-        t = max(1, min(threads, (budget - self.shared - acc) // scratch))
-        self.threads = t
-        self.scratch = t * scratch
-        room = (budget - self.shared - self.scratch) // acc
-        limit = max(1, min(MAX_TASKS, room, max(1, min(budget // 4, ACCUMULATOR_BYTES) // acc)))
+        # the tasks first, from the budget left beside one thread: the split (and so the
+        # sums' bits) never depends on the thread count; threads take what is left
+        room = (budget - self.shared - scratch) // acc
+        limit = max(1, min(MAX_TASKS, room, min(budget // 4, ACCUMULATOR_BYTES) // acc))
         n_tasks = max(1, min(limit, -(-n // MIN_TASK_ROWS)))
         self.task_rows = -(-n // n_tasks)
         self.n_tasks = -(-n // self.task_rows)
         self.accumulators = self.n_tasks * acc
+        self.threads = max(1, min(threads, (budget - self.shared - self.accumulators)
+                                  // scratch))
+        self.scratch = self.threads * scratch
 
     @property
     def total(self):
@@ -148,13 +146,41 @@ class _Partials:
         return self.arrays
 
 
+class NumbaPlacement(NumpyPlacement):
+    """NumpyPlacement, and a head start: the kernels a fit will run compiled (or loaded from
+    numba's cache) on another thread while X is validated, centered and seeded."""
+
+    def warm_up(self, X, n_clusters, init):
+        if not isinstance(X, np.ndarray) or X.ndim != 2 or X.shape[0] == 0:
+            return
+        rows = X[:64]
+        # what the fit computes on, typed alike: a memmap's own rows, or a centered copy of
+        # X (in X's layout: numba compiles one version per layout)
+        if is_memmap(X):
+            sample = HostRows(rows, rows[0])
+        elif X.flags.c_contiguous or X.flags.f_contiguous:
+            sample = np.asarray(rows - rows[0], order="F" if X.flags.f_contiguous else "C")
+        else:
+            return
+        centers = np.ascontiguousarray(rows[:max(1, min(n_clusters, rows.shape[0]))])
+        # (not a daemon: the interpreter waits for a compile rather than stop it midway)
+        threading.Thread(target=self._compile, args=(sample, centers),
+                         name="kmeans_xp-numba-compile").start()
+
+    def _compile(self, sample, centers):
+        try:
+            self.backend.lloyd_iter(sample, None, centers, None)
+        except Exception:  # noqa: BLE001 - only a head start: the fit compiles what it runs
+            pass
+
+
 class NumbaBackend(KMeansBackend):
     name = "numba"
     namespaces = frozenset({"numpy"})
     device = "cpu"
     options = {"n_threads": Option(None, None, Interval(numbers.Integral, 1),
                                    doc="numba threads over row tasks (default: usable cores)")}
-    placement_class = NumpyPlacement
+    placement_class = NumbaPlacement
 
     def __init__(self, max_memory="auto", **options):
         super().__init__(max_memory, **options)

@@ -1,5 +1,6 @@
 """The numba backend's compiled pass over X's rows: nearest center, float64 per-cluster sums,
-inertia and changed labels, fused, parallel over fixed row tasks (`pass_rows`).
+inertia and changed labels, fused, parallel over fixed row tasks (`pass_narrow` for d <= 4,
+`pass_wide` for any d).
 
 Work split: X is cut into `n_tasks` contiguous tasks of `task_rows` rows (chosen from n, k, d
 and the budget, never from the thread count); `prange` runs the tasks on numba's threads, and
@@ -28,7 +29,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-#: what `pass_rows` does (bit flags)
+#: what a pass does (bit flags)
 ASSIGN, MIN_SQ, SUMS, INERTIA, CHANGED = 1, 2, 4, 8, 16
 
 _OPTS = dict(cache=True, nogil=True, error_model="numpy")

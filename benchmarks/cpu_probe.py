@@ -56,6 +56,18 @@ ONE_CORE_VARIANTS = {"W1": ("sums=sorted (all d; partition differs on a tie case
 #: cores and on one, default constants
 STAGES = ("W1", "d128")
 
+#: variants of the numba backend (module kmeans_xp_backends.numba_), as VARIANTS
+NUMBA_VARIANTS = {
+    "W1": {"tile=128": {"NARROW_TILE": 128}, "tile=512": {"NARROW_TILE": 512},
+           "tasks<=16": {"MAX_TASKS": 16}, "tasks<=256": {"MAX_TASKS": 256}},
+    "W2": {"tile=128": {"NARROW_TILE": 128}, "tile=512": {"NARROW_TILE": 512}},
+    "d128": {"tile=256KiB": {"WIDE_TILE_BYTES": 256 << 10},
+             "tile=512KiB": {"WIDE_TILE_BYTES": 512 << 10},
+             "tile=2MiB": {"WIDE_TILE_BYTES": 2 << 20},
+             "tasks<=16": {"MAX_TASKS": 16}, "tasks<=128 64MiB": {
+                 "MAX_TASKS": 128, "ACCUMULATOR_BYTES": 64 << 20}},
+}
+
 
 def data(n, d, k, seed=0):
     rng = np.random.default_rng(seed)
@@ -136,6 +148,11 @@ def lloyd_rows(name, X, init, iters, repeats, quick, old):
                 rows[f"numpy {variant} threads=1 one-core"] = median_time(_patched(
                     nb, attrs, _one_core(_fit("numpy", X, init, iters, threads=1))),
                     repeats) / iters
+        if _has_numba():
+            import kmeans_xp_backends.numba_ as nu
+            for variant, attrs in NUMBA_VARIANTS.get(name, {}).items():
+                rows[f"numba {variant} threads=all"] = median_time(
+                    _patched(nu, attrs, _fit("numba", X, init, iters)), repeats) / iters
     return rows
 
 

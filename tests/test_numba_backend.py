@@ -72,9 +72,11 @@ def test_sums_do_not_depend_on_the_thread_count(d):
 
 def test_the_split_is_the_same_for_any_thread_count():
     from kmeans_xp_backends.numba_ import _Plan
-    for n, d, k in [(2_000_000, 3, 200), (200_000, 128, 1024), (20011, 3, 300), (97, 1, 1)]:
-        plans = [_Plan(n, d, k, 4, "auto", t) for t in (1, 2, 16, 64)]
-        assert len({(p.n_tasks, p.task_rows) for p in plans}) == 1, (n, d, k)
+    for n, d, k, mem in [(2_000_000, 3, 200, "auto"), (200_000, 128, 1024, "auto"),
+                         (20011, 3, 300, "2MB"), (97, 1, 1, "auto"),
+                         (200_000, 128, 1024, "8MB"), (2_000_000, 3, 5000, "3MB")]:
+        plans = [_Plan(n, d, k, 4, mem, t) for t in (1, 2, 16, 64)]
+        assert len({(p.n_tasks, p.task_rows) for p in plans}) == 1, (n, d, k, mem)
         p = plans[0]
         assert p.n_tasks * p.task_rows >= n > (p.n_tasks - 1) * p.task_rows
 
@@ -127,6 +129,13 @@ def test_strided_and_fortran_input():
     for other in (np.asfortranarray(X), np.repeat(X, 2, axis=1)[:, ::2]):
         km = KMeans(7, init=init, backend="numba").fit(other)
         np.testing.assert_array_equal(km.labels_, ref.labels_)
+
+
+def test_the_flags_are_the_kernels():
+    import kmeans_xp_backends.numba_ as nb
+    import kmeans_xp_backends.numba_kernels as nk
+    names = ("ASSIGN", "MIN_SQ", "SUMS", "INERTIA", "CHANGED")
+    assert [getattr(nb, f) for f in names] == [getattr(nk, f) for f in names]
 
 
 def test_refuses_what_it_cannot_compute():

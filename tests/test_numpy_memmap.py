@@ -1,13 +1,14 @@
-"""The numpy backend on a numpy.memmap reads X block by block (`kmeans_xp.rows.HostRows`):
-no centered copy, no n x d temporary. The anonymous memory of a fit (RssAnon, sampled in a
-thread; and the NumPy allocations tracemalloc sees) stays within max_memory (the backend's
-buffers are planned inside it), plus labels_ (int32, the output), the compact labels of the
-last two iterations (1 byte a row each up to 256 clusters; gone before the final pass writes
-labels_, which keeps no distances) and a few MiB of Python objects; a centered copy would add
-n * d * 4 bytes and fail. The answer is the in-memory fit's, and
-the file is never written. The n = 1e8 case (a 1.2 GB file) is marked slow."""
+"""The numpy backend (and the numba backend) on a numpy.memmap reads X block by block
+(`kmeans_xp.rows.HostRows`): no centered copy, no n x d temporary. The anonymous memory of a
+fit (RssAnon, sampled in a thread; and the NumPy allocations tracemalloc sees) stays within
+max_memory (the backend's buffers are planned inside it), plus labels_ (int32, the output),
+the compact labels of the last two iterations (1 byte a row each up to 256 clusters; gone
+before the final pass writes labels_, which keeps no distances) and a few MiB of Python
+objects; a centered copy would add n * d * 4 bytes and fail. The answer is the in-memory
+fit's, and the file is never written. The n = 1e8 case (a 1.2 GB file) is marked slow."""
 import ctypes
 import hashlib
+import importlib.util
 import threading
 import time
 import tracemalloc
@@ -95,10 +96,10 @@ def _allowed(n, k, max_memory, init_bytes=0):
     return max_memory + max(labels_out + iterations, init_bytes) + SLACK
 
 
-def _fit_and_compare(path, n, d, k, init, max_memory, **kw):
+def _fit_and_compare(path, n, d, k, init, max_memory, backend="numpy", **kw):
     X = np.memmap(path, dtype=np.float32, mode="r+", shape=(n, d))
     before = _digest(path)
-    km = KMeans(k, init=init, backend="numpy", max_memory=max_memory, random_state=0, **kw)
+    km = KMeans(k, init=init, backend=backend, max_memory=max_memory, random_state=0, **kw)
     km.fit(np.array(X[:5000]))  # the thread pool, BLAS, imports: not the fit's memory
     with _PeakAnon() as peak:
         km.fit(X)
@@ -106,7 +107,7 @@ def _fit_and_compare(path, n, d, k, init, max_memory, **kw):
     labels, inertia = np.asarray(km.labels_), km.inertia_
     centers, n_iter = km.cluster_centers_, km.n_iter_
     del km
-    ref = KMeans(k, init=init, backend="numpy", max_memory=max_memory, random_state=0,
+    ref = KMeans(k, init=init, backend=backend, max_memory=max_memory, random_state=0,
                  **kw).fit(np.array(X))
     np.testing.assert_array_equal(labels, ref.labels_)
     assert n_iter == ref.n_iter_
@@ -115,14 +116,16 @@ def _fit_and_compare(path, n, d, k, init, max_memory, **kw):
     return peak
 
 
+@pytest.mark.parametrize("backend", ["numpy", pytest.param("numba", marks=pytest.mark.skipif(
+    importlib.util.find_spec("numba") is None, reason="numba is not installed"))])
 @pytest.mark.parametrize("init", ["array", "k-means++"])
-def test_memmap_fit_reads_blocks_and_gives_the_in_memory_fit(tmp_path, init):
+def test_memmap_fit_reads_blocks_and_gives_the_in_memory_fit(tmp_path, init, backend):
     n, d, k = 4_000_000, 3, 16
     path = tmp_path / "X.f32"
     centers = _write(path, n, d, k)
     max_memory = 8 << 20
     peak = _fit_and_compare(path, n, d, k, centers if init == "array" else init, max_memory,
-                            max_iter=4, tol=1e-4)
+                            backend=backend, max_iter=4, tol=1e-4)
     copy = n * d * 4
     # (k-means++'s running distances, their float64 cumulative sums and the next ones,
     # 20 n bytes measured, are gone before Lloyd's label arrays come; but glibc keeps much
