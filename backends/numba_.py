@@ -25,7 +25,15 @@ import threading
 
 import numpy as np
 
-from kmeans_xp.backend import AssignResult, IterStats, KMeansBackend, Option, ReduceResult
+from kmeans_xp.backend import (
+    LABELS_DTYPE,
+    AssignResult,
+    IterStats,
+    KMeansBackend,
+    Option,
+    ReduceResult,
+    compact_labels_dtype,
+)
 from kmeans_xp.memory import MemoryEstimate, chunk_rows, host_available_memory, resolve_budget
 from kmeans_xp.rows import HostRows, is_memmap
 from kmeans_xp.validation import Interval
@@ -164,12 +172,15 @@ class NumbaPlacement(NumpyPlacement):
             return
         centers = np.ascontiguousarray(rows[:max(1, min(n_clusters, rows.shape[0]))])
         # (not a daemon: the interpreter waits for a compile rather than stop it midway)
-        threading.Thread(target=self._compile, args=(sample, centers),
+        threading.Thread(target=self._compile, args=(sample, centers, n_clusters),
                          name="kmeans_xp-numba-compile").start()
 
-    def _compile(self, sample, centers):
-        try:
-            self.backend.lloyd_iter(sample, None, centers, None)
+    def _compile(self, sample, centers, n_clusters):
+        b = self.backend
+        try:  # the iterations' compact labels for n_clusters, then the final pass's int32
+            b._pass(sample, None, centers, ASSIGN | SUMS | INERTIA,
+                    store=compact_labels_dtype(n_clusters))
+            b.labels_inertia(sample, None, centers)
         except Exception:  # noqa: BLE001 - only a head start: the fit compiles what it runs
             pass
 
@@ -212,9 +223,12 @@ class NumbaBackend(KMeansBackend):
         return MemoryEstimate(parts, sum(parts.values()), plan.task_rows)
 
     # -- one pass ---------------------------------------------------------------------------
-    def _pass(self, X, sample_weight, centers, flags, *, labels=None, labels_old=None):
+    def _pass(self, X, sample_weight, centers, flags, *, labels=None, labels_old=None,
+              store=LABELS_DTYPE):
         """(labels, min_sq, sums, weights, inertia, changed) of one pass over X (see
-        `numba_kernels.pass_narrow`); what `flags` does not ask for is None."""
+        `numba_kernels.pass_narrow`); what `flags` does not ask for is None. New labels are
+        of dtype `store`; labels and labels_old given are read as they are (the kernels
+        compile once per labels dtype: the iterations' compact one and int32)."""
         K = _kernels()
         data, mean = (X.data, X.mean) if isinstance(X, HostRows) else (X, None)
         data = np.asarray(data)   # (a memmap as a plain view of its pages: read as touched)
@@ -234,11 +248,11 @@ class NumbaBackend(KMeansBackend):
             np.multiply(C.T, -2, out=g[:d])
         c64 = C.astype(np.float64)
         if flags & ASSIGN:
-            labels = np.empty(n, dtype=np.int64)
+            labels = np.empty(n, dtype=store)
         else:
-            labels = np.ascontiguousarray(labels, dtype=np.int64)
-        old = (np.empty(0, dtype=np.int64) if not flags & CHANGED
-               else np.ascontiguousarray(labels_old, dtype=np.int64))
+            labels = np.ascontiguousarray(labels)
+        old = (np.empty(0, dtype=labels.dtype) if not flags & CHANGED
+               else np.ascontiguousarray(labels_old, dtype=labels.dtype))
         min_sq = np.empty(n, dtype=dtype) if flags & MIN_SQ else empty
         part_sums, part_w, part_stats = self._partials.get(plan.n_tasks, k, d)
         kernel = K.pass_wide if plan.wide else K.pass_narrow
@@ -272,7 +286,8 @@ class NumbaBackend(KMeansBackend):
     def lloyd_iter(self, X, sample_weight, centers, labels_old, *, xp=None):
         flags = ASSIGN | SUMS | INERTIA | (0 if labels_old is None else CHANGED)
         labels, _, sums, weights, inertia, changed = self._pass(
-            X, sample_weight, centers, flags, labels_old=labels_old)
+            X, sample_weight, centers, flags, labels_old=labels_old,
+            store=compact_labels_dtype(centers.shape[0]))
         if labels_old is None:
             changed = float(labels.shape[0])
         return IterStats(labels, sums, weights, np.float64(inertia), np.float64(changed))

@@ -1,6 +1,6 @@
 """The numpy backend's labels: compact between iterations (the smallest type that holds k),
-int32 for the user (labels_, predict, fit_predict) whichever way the fit ends, and a final
-pass that keeps no n distances."""
+int32 for the user (labels_, predict, fit_predict) whichever way the fit ends (on every CPU
+backend), and a final pass that keeps no n distances."""
 import tracemalloc
 
 import numpy as np
@@ -44,14 +44,19 @@ def test_iteration_labels_compact_assign_and_final_int32(k):
     assert it2.n_changed == np.count_nonzero(it2.labels != it.labels)
 
 
+@pytest.mark.parametrize("backend", ["numpy", "numba", "array-api"])
+@pytest.mark.parametrize("k", [4, 300])   # compact labels of one and of two bytes
 @pytest.mark.parametrize("max_iter", [1, 300])  # ends on max_iter / on strict convergence
-def test_fit_labels_are_int32_as_predict(max_iter):
+def test_fit_labels_are_int32_as_predict(backend, k, max_iter):
+    if backend == "numba":
+        pytest.importorskip("numba")
     X = asymmetric_data(5003, 3, 4, seed=1)
-    km = KMeans(4, init=X[:4].copy(), max_iter=max_iter, tol=0, backend="numpy").fit(X)
+    kw = dict(init=X[:k].copy(), backend=backend)
+    km = KMeans(k, max_iter=max_iter, tol=0, **kw).fit(X)
     assert km.labels_.dtype == np.int32
     assert km.predict(X).dtype == np.int32
     np.testing.assert_array_equal(km.predict(X), km.labels_)
-    assert KMeans(4, init=X[:4].copy(), backend="numpy").fit_predict(X).dtype == np.int32
+    assert KMeans(k, **kw).fit_predict(X).dtype == np.int32
 
 
 def test_final_pass_keeps_no_distances():
