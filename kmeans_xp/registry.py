@@ -61,6 +61,11 @@ AUTO_DLPACK_PREFERENCE = {
 }
 #: NumPy input at least this large (n * k * d) goes to a GPU backend under "auto" when one works
 AUTO_GPU_MIN_WORK = 2 * 10**8
+#: below this n * k * d, "auto" leaves the numba backend out on the CPU: a process's first
+#: numba fit imports numba and SciPy (0.8 s with its kernels cached on disk, about 10 s in a
+#: new environment), more than the numpy backend's whole fit takes there (W1, n*k*d = 1.2e9:
+#: 93 against 30 ms per iteration on 16 cores, 303 against 59 on 2)
+AUTO_NUMBA_MIN_WORK = 10**8
 AUTO_GPU_FOR_HOST = ("cupy-fused", "cupy-chunked", "cupy-kernels")
 #: X with at most this many features goes to cupy-kernels before cupy-chunked (when cupy-fused
 #: does not take it): direct distances beat a cuBLAS GEMM of K = d there. H200, d=3, per
@@ -345,7 +350,7 @@ def select_backend(backend, X, *, n_clusters, sample_weight=None, backend_option
             why = f"NumPy input with n*k*d = {n * n_clusters * d:.2g} >= {AUTO_GPU_MIN_WORK:.0e}"
         else:
             candidates = list(AUTO_CPU)
-    candidates = _narrow_first(candidates, X)
+    candidates = _narrow_first(_small_work_skips_numba(candidates, X, ns, n_clusters), X)
     reasons, short_of_memory = [], None
     for name in candidates:  # only these are looked at: a NumPy fit never probes a GPU
         reason = _reject_reason(name, X, n_clusters, sample_weight)
@@ -368,6 +373,22 @@ def select_backend(backend, X, *, n_clusters, sample_weight=None, backend_option
                                 f"{'; '.join(reasons)}") from short_of_memory
     raise ValueError(f"no installed backend takes this {ns} input ({'; '.join(reasons)}). "
                      f"Installed: {available_backends()}.")
+
+
+def _small_work_skips_numba(candidates, X, ns, n_clusters):
+    """Candidates without numba where n * k * d < AUTO_NUMBA_MIN_WORK."""
+    if "numba" not in candidates:
+        return candidates
+    if ns == "list":
+        n, d = len(X), len(X[0]) if len(X) and hasattr(X[0], "__len__") else 1
+    else:
+        shape = tuple(getattr(X, "shape", ()))
+        if len(shape) != 2:
+            return candidates
+        n, d = shape
+    if n * n_clusters * max(d, 1) >= AUTO_NUMBA_MIN_WORK:
+        return candidates
+    return [c for c in candidates if c != "numba"]
 
 
 def _reject_reason(name, X, n_clusters, sample_weight):

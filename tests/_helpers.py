@@ -1,10 +1,10 @@
 """Small helpers shared by test modules (data, spies)."""
-import importlib.util
 
 import numpy as np
 
-#: the backend "auto" picks for NumPy input on the CPU: numba where it is installed
-AUTO_CPU = "numba" if importlib.util.find_spec("numba") is not None else "numpy"
+#: the backend "auto" picks for NumPy input on the CPU below registry.AUTO_NUMBA_MIN_WORK (the
+#: tests' sizes); numba from there where it is installed (test_numba_backend.py)
+AUTO_CPU = "numpy"
 
 
 def blobs(seed=0):

@@ -147,8 +147,12 @@ def test_refuses_what_it_cannot_compute():
 
 def test_auto_picks_numba_where_installed_and_numpy_where_not(monkeypatch):
     X = asymmetric_data(2001, 3, 5, seed=1)
+    small = KMeans(5, random_state=0).fit(X)   # n*k*d below AUTO_NUMBA_MIN_WORK
+    assert small.backend_ == "numpy"
+    monkeypatch.setattr(registry, "AUTO_NUMBA_MIN_WORK", X.shape[0] * 5 * 3)
     km = KMeans(5, random_state=0).fit(X)
     assert km.backend_ == "numba" and km.backend_reason_.startswith("auto: numpy input")
+    np.testing.assert_array_equal(small.labels_, km.labels_)
     spec = registry.BUILTIN_BACKENDS["numba"]
     monkeypatch.setitem(registry.BUILTIN_BACKENDS, "numba",
                         spec._replace(requires="numba_is_not_installed_here"))
