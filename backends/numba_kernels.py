@@ -59,10 +59,23 @@ def _load_wide(X, mean, s0, r, A):
             A[i, f] = v - mean[f] if centered else v
 
 
+@njit(inline="always", **_FMA)
+def _closer(u0, u1, u2, u3, a0, a1, a2, a3, ac, zero, b, bi, j):
+    """(distance, index) of center j against the best so far (b, bi): -2 x.c + ||c||^2 with
+    each product added to the running sum by one FMA, from +0, as BLAS does (``u0 * a0 +
+    u1 * a1`` could fuse either product); ties keep the lower index, as argmin."""
+    v = u0 * a0 + zero
+    v = u1 * a1 + v
+    v = u2 * a2 + v
+    v = u3 * a3 + v
+    v = v + ac
+    return (v, j) if v < b else (b, bi)
+
+
 @njit(**_FMA)
 def _nearest_narrow(xt, r, g, cn, best, idx):
     """best/idx of the tile's r rows (xt: (4, tile), zero rows past d) against the centers
-    (g: (4, k) = -2 C^T zero-padded, cn: ||c||^2)."""
+    (g: (4, k) = -2 C^T zero-padded, cn: ||c||^2), four centers at a time in registers."""
     k = cn.shape[0]
     x0, x1, x2, x3 = xt[0], xt[1], xt[2], xt[3]
     zero = cn[0] - cn[0]   # +0 in X's dtype (a float literal would make the sums float64)
@@ -78,37 +91,10 @@ def _nearest_narrow(xt, r, g, cn, best, idx):
         ja, jb, jc, je = np.int32(j), np.int32(j + 1), np.int32(j + 2), np.int32(j + 3)
         for i in range(r):
             u0, u1, u2, u3 = x0[i], x1[i], x2[i], x3[i]
-            b, bi = best[i], idx[i]
-            # (each product added to the running sum by one FMA, from +0, as BLAS does:
-            # ``u0 * a0 + u1 * a1`` could fuse either product)
-            v = u0 * a0 + zero
-            v = u1 * a1 + v
-            v = u2 * a2 + v
-            v = u3 * a3 + v
-            v = v + ac
-            lt = v < b
-            b, bi = (v, ja) if lt else (b, bi)
-            v = u0 * b0 + zero
-            v = u1 * b1 + v
-            v = u2 * b2 + v
-            v = u3 * b3 + v
-            v = v + bc
-            lt = v < b
-            b, bi = (v, jb) if lt else (b, bi)
-            v = u0 * c0 + zero
-            v = u1 * c1 + v
-            v = u2 * c2 + v
-            v = u3 * c3 + v
-            v = v + cc
-            lt = v < b
-            b, bi = (v, jc) if lt else (b, bi)
-            v = u0 * e0 + zero
-            v = u1 * e1 + v
-            v = u2 * e2 + v
-            v = u3 * e3 + v
-            v = v + ec
-            lt = v < b
-            b, bi = (v, je) if lt else (b, bi)
+            b, bi = _closer(u0, u1, u2, u3, a0, a1, a2, a3, ac, zero, best[i], idx[i], ja)
+            b, bi = _closer(u0, u1, u2, u3, b0, b1, b2, b3, bc, zero, b, bi, jb)
+            b, bi = _closer(u0, u1, u2, u3, c0, c1, c2, c3, cc, zero, b, bi, jc)
+            b, bi = _closer(u0, u1, u2, u3, e0, e1, e2, e3, ec, zero, b, bi, je)
             best[i] = b
             idx[i] = bi
         j += 4
@@ -116,15 +102,8 @@ def _nearest_narrow(xt, r, g, cn, best, idx):
         a0, a1, a2, a3, ac = g[0, j], g[1, j], g[2, j], g[3, j], cn[j]
         ja = np.int32(j)
         for i in range(r):
-            v = x0[i] * a0 + zero
-            v = x1[i] * a1 + v
-            v = x2[i] * a2 + v
-            v = x3[i] * a3 + v
-            v = v + ac
-            b = best[i]
-            lt = v < b
-            best[i] = v if lt else b
-            idx[i] = ja if lt else idx[i]
+            best[i], idx[i] = _closer(x0[i], x1[i], x2[i], x3[i], a0, a1, a2, a3, ac, zero,
+                                      best[i], idx[i], ja)
         j += 1
 
 
