@@ -10,7 +10,7 @@ import math
 import numpy as np
 
 from .chunks import column_sums, map_rows, row_chunks
-from .namespaces import operand, to_numpy
+from .namespaces import to_numpy
 
 
 def sq_dist(Xc, P, xp):
@@ -74,12 +74,14 @@ def _draw(cum, u, xp, n):
     return xp.minimum(idx, n - 1)
 
 
-def _draw_by_weight(cum_w, u, xp, n):
-    """_draw on the weights alone; unit weights (cum_w None): floor(u * n), the same index."""
+def _draw_by_weight(cum_w, u, u_host, xp, n):
+    """_draw on the weights alone; unit weights (cum_w None): floor(u * n), the same index,
+    from the host copy of the uniforms (no device kernels: their first compile took 1.07 s of
+    a GPU's cold first fit) moved to u's device."""
     if cum_w is not None:
         return _draw(cum_w, u, xp, n)
-    idx = xp.astype(xp.floor(u * operand(n, u, xp)), xp.int64)
-    return xp.minimum(idx, n - 1)
+    idx = np.minimum(np.floor(u_host * n).astype(np.int64), n - 1)
+    return xp.asarray(idx, device=_device(u))
 
 
 def _weights64(sample_weight, X, xp):
@@ -163,9 +165,9 @@ def kmeans_plusplus(X, n_clusters, *, sample_weight, random_state, xp, rows,
     # same stream as drawing them step by step): a host-to-device copy per center would wait
     # for the device each time. The draws by weight alone (used where no potential is left)
     # are made for all of them at once too.
-    u_all = random_state.uniform(size=1 + (n_clusters - 1) * L)
-    u_all = xp.asarray(np.reshape(u_all, (-1,)), dtype=xp.float64, device=dev)
-    by_weight = _draw_by_weight(cum_w, u_all, xp, n)
+    u_host = np.reshape(random_state.uniform(size=1 + (n_clusters - 1) * L), (-1,))
+    u_all = xp.asarray(u_host, dtype=xp.float64, device=dev)
+    by_weight = _draw_by_weight(cum_w, u_all, u_host, xp, n)
     chosen = [by_weight[:1]]
     closest = steps.first(chosen[0])
     for c in range(1, n_clusters):
