@@ -121,7 +121,7 @@ class FakeCupy(types.ModuleType):
         self.pinned_pool = FakePool()
         for name in ("int32", "int64", "uint8", "uint16", "uint32", "uint64", "float32",
                      "float64", "ndarray", "ascontiguousarray", "stack", "asarray",
-                     "concatenate", "where", "inf", "cumsum"):
+                     "concatenate", "where", "inf", "cumsum", "add", "greater_equal"):
             setattr(self, name, getattr(np, name))
         self.asnumpy = np.asarray
         self.get_default_memory_pool = lambda: self.pool

@@ -161,7 +161,9 @@ class TopKeys:
         cp = cupy()
         order = cp.argsort(-keys)[: self.m]           # stable: lower index first among equals
         k = keys[order].astype(cp.float64)
-        i = order.astype(cp.int64) + offset
+        # (CuPy's ufuncs called with a Python scalar: its operators would hand one to
+        # NumPy's dispatch, which imports cupyx; tests/test_cupy_host_operands.py)
+        i = cp.add(order.astype(cp.int64), offset)
         if self.keys is not None:
             k, i = cp.concatenate([self.keys, k]), cp.concatenate([self.index, i])
             top = cp.argsort(-k)[: self.m]            # earlier rows first among equals
@@ -170,7 +172,8 @@ class TopKeys:
 
     def result(self):
         """(keys, index) of the points with a positive weight (key >= 0)."""
-        keep = self.keys >= 0
+        cp = cupy()
+        keep = cp.greater_equal(self.keys, 0)
         return self.keys[keep], self.index[keep]
 
 
