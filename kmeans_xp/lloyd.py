@@ -97,7 +97,7 @@ def relocate_empty(backend, X, sample_weight, centers_old, labels, sums, weights
 
 
 def _update(backend, X, sample_weight, centers, centers64, it, *, xp, cxp, relocate,
-            spherical):
+            spherical, zero):
     """(new centers, the same in float64, the small array to read) from one iteration's
     statistics. Each xp call here is a device launch on a GPU, where an iteration's pass can
     be shorter than a dozen of them: hence no copies (the statistics are float64 by
@@ -107,7 +107,7 @@ def _update(backend, X, sample_weight, centers, centers64, it, *, xp, cxp, reloc
     if relocate:
         sums, weights = relocate_empty(backend, X, sample_weight, centers, it.labels, sums,
                                        weights, xp)
-    filled = weights > cxp.zeros((), dtype=weights.dtype, device=device(weights))  # (operand)
+    filled = weights > zero   # (a 0-d float64 operand on the centers' device, made once)
     c_new = new_centers(sums, weights, centers, cxp, fill_empty=relocate, filled=filled,
                         spherical=spherical)
     c64 = cxp.astype(c_new, cxp.float64, copy=False)
@@ -138,6 +138,7 @@ def kmeans_single_lloyd(backend, X, sample_weight, centers, *, xp, max_iter, tol
     if spherical:
         centers = cxp.astype(unit_centers(centers, centers, cxp), centers.dtype)
     centers64 = cxp.astype(centers, cxp.float64, copy=False)
+    zero = cxp.zeros((), dtype=cxp.float64, device=device(centers64))
     k = centers.shape[0]
     history = {"inertia": [], "center_shift": []}
     strict = False
@@ -151,7 +152,8 @@ def kmeans_single_lloyd(backend, X, sample_weight, centers, *, xp, max_iter, tol
     for i in range(max_iter):
         progress.update(1)
         c_new, c64, small = _update(backend, X, sample_weight, centers, centers64, it, xp=xp,
-                                    cxp=cxp, relocate=False, spherical=spherical)
+                                    cxp=cxp, relocate=False, spherical=spherical,
+                                    zero=zero)
         pending = place.fetch(small)
         if place.asynchronous and not relocated and iteration_s < AHEAD_MAX_ITERATION_S:
             # (after a relocation, empty clusters tend to come again: the pass issued ahead
@@ -163,7 +165,8 @@ def kmeans_single_lloyd(backend, X, sample_weight, centers, *, xp, max_iter, tol
         if relocated:
             ahead = None  # relocation changes the centers the next iteration needs
             c_new, c64, small = _update(backend, X, sample_weight, centers, centers64, it,
-                                        xp=xp, cxp=cxp, relocate=True, spherical=spherical)
+                                        xp=xp, cxp=cxp, relocate=True, spherical=spherical,
+                                        zero=zero)
             values = place.fetch(small)()
         shift = float(values[SHIFT])
         history["inertia"].append(float(values[INERTIA]))
