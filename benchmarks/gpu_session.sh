@@ -14,6 +14,8 @@
 # streamfit (whole fits of a 12 GB host X under a 15 GiB pool limit), upload (NumPy X to the
 # device and labels back by staging chunk and buffers, and fits at n=200M from NumPy), minibatch
 # (MiniBatchKMeans against scikit-learn's, on the CPU and the GPU, and over a 12 GB memmap), some (the GPU tests in $TEST_FILES),
+# fused (probe_fused.py, $FUSED_ARGS), ncu (Nsight Compute on the small-d kernel, $NCU_OPTS),
+# mma (mma_probe.py, the tensor-core kernels, $MMA_ARGS),
 # pack (everything under $OUT into one session.tgz: the device returns a few files only).
 #   bash benchmarks/gpu_session.sh machine old tests new
 set -uo pipefail
@@ -155,6 +157,24 @@ sys.version.split()[0])"
       install_new
       timeout ${UPLOAD_TIMEOUT:-150} python3 benchmarks/upload_probe.py ${UPLOAD_ARGS:-} --out "$OUT/upload_probe.json" > "$OUT/upload_probe.log" 2>&1
       tail -n 4 "$OUT/upload_probe.log" | cut -c1-400 ;;
+    fused)
+      install_new
+      timeout ${FUSED_TIMEOUT:-240} python3 benchmarks/probe_fused.py "$OUT/probe_fused$pass.json" ${FUSED_ARGS:-} > "$OUT/probe_fused$pass.log" 2>&1
+      grep -v "^ *fit:" "$OUT/probe_fused$pass.log" | cut -c1-150 | tail -n 30 ;;
+    ncu)
+      install_new
+      for o in ${NCU_OPTS:-'{}' '{"center_group":1}'}; do
+        (cd benchmarks && timeout ${NCU_TIMEOUT:-120} ncu --clock-control none \
+          --kernel-name regex:assign_small --launch-skip 1 --launch-count 1 \
+          --section SpeedOfLight --section Occupancy --section WarpStateStats \
+          --section SchedulerStats --section InstructionStats --section ComputeWorkloadAnalysis \
+          python3 ncu_small.py "$o" ${NCU_SHAPE:-}) >> "$OUT/ncu_small.txt" 2>&1
+      done
+      grep -E "^  [a-z_]+<|Issue Slots Busy|Executed Ipc Active|Achieved Occupancy|Duration|Registers Per|Theoretical Occ|No Eligible|Stall" "$OUT/ncu_small.txt" | head -n 40 ;;
+    mma)
+      install_new
+      timeout ${MMA_TIMEOUT:-200} python3 benchmarks/mma_probe.py "$OUT/mma_probe$pass.json" ${MMA_ARGS:-} > "$OUT/mma_probe$pass.log" 2>&1
+      tail -n 25 "$OUT/mma_probe$pass.log" | cut -c1-200 ;;
     cpu)
       install_new
       python3 benchmarks/cpu_probe.py ${CPU_ARGS:-} --out "$OUT/cpu_probe.json" > "$OUT/cpu_probe.log" 2>&1

@@ -1,6 +1,6 @@
 """Timing probe for `cupy-fused`: ms per Lloyd iteration on the issue's workloads (float32).
 
-    python benchmarks/probe_fused.py OUT.json [--quick]
+    python benchmarks/probe_fused.py OUT.json [--quick] [--only=W1,W3]
 
 W1 n=2M d=3 k=200, W2 n=2M d=3 k=500, W3 n=20M d=3 k=1000, W5 n=1M d=128 k=4096, each for a
 few backend options (fused or split passes; fp32, tf32 through cuBLAS, tf32 fused). One
@@ -29,10 +29,12 @@ WORKLOADS = {
     "W3": (20_000_000, 3, 1000),
     "W5": (1_000_000, 128, 4096),
 }
+_SMALL = [{}, {"center_group": 1}, {"center_group": 8}, {"center_group": 32},
+          {"points_per_thread": 8}, {"fuse": False}, {"fuse": False, "points_per_thread": 8}]
 VARIANTS = {
-    "W1": [{}, {"fuse": False}, {"points_per_thread": 8}],
-    "W2": [{}, {"fuse": False}],
-    "W3": [{}, {"fuse": False}],
+    "W1": _SMALL,
+    "W2": _SMALL,
+    "W3": _SMALL,
     "W5": [{}, {"precision": "tf32", "tf32_kernel": "cublas"}, {"precision": "tf32"}],
 }
 TARGET_MS = {"W1": 0.5, "W2": 0.6, "W3": 8.0, "W5": 30.0, "W5-tf32": 12.0}
@@ -114,6 +116,8 @@ def main(argv):
 
     out_path = argv[1] if len(argv) > 1 else "probe_fused.json"
     quick = "--quick" in argv
+    only = next((a.split("=", 1)[1].split(",") for a in argv if a.startswith("--only=")),
+                list(WORKLOADS))
     props = cp.cuda.runtime.getDeviceProperties(0)
     meta = {
         "gpu": props["name"].decode() if isinstance(props["name"], bytes) else props["name"],
@@ -126,6 +130,8 @@ def main(argv):
     print(f"{meta['gpu']}  cupy {meta['cupy']}  CUDA runtime {meta['cuda_runtime']}")
     results = []
     for wl, (n, d, k) in WORKLOADS.items():
+        if wl not in only:
+            continue
         if quick:
             n = n // 10
         X, init = make_data(cp, n, d, k)
@@ -144,7 +150,8 @@ def main(argv):
             row = {
                 "workload": wl, "n": n, "d": d, "k": k, "options": opts,
                 "path": plan.path, "fused": plan.fuse, "sums": plan.acc_mode,
-                "points_per_thread": plan.P, "assign_grid": plan.assign_grid,
+                "points_per_thread": plan.P, "center_group": plan.G,
+                "assign_grid": plan.assign_grid,
                 "ms_per_iteration": ms, "runs_ms": runs, "lloyd_iter_device_ms": iter_ms,
                 "assign_only_ms": assign_ms, "driver_share_ms": ms - iter_ms,
                 "pairs_per_s": n * k / (ms * 1e-3),

@@ -37,7 +37,7 @@ def test_distance_arithmetic_is_explicit_about_rounding():
     additions written as intrinsics (NVRTC contracts plain a * b + c by default; the modules
     are also compiled with --fmad=false)."""
     head = common.source("nearest.cu")
-    body = head[head.index("nearest_in_tiles("):head.index("sq_norm_seq(")]
+    body = head[head.index("center_distance("):head.index("sq_norm_seq(")]
     assert "fma_rn(" in body and "add_rn(acc, op[" in body
     assert "__fmaf_rn" in head and "__fadd_rn" in head and "__fma_rn" in head
     assert "--fmad=false" in common.NVRTC_OPTIONS

@@ -262,3 +262,43 @@ def test_seeding_draw_is_searchsorted_on_the_cumulative_sum(emu, seg, segments):
     emu.launch("seeding_draw", 16, (values, np.int64(n), np.int64(seg), np.zeros(segments),
                                     np.int64(segments), u, by_weight, cand))
     np.testing.assert_array_equal(cand, by_weight)
+
+
+@pytest.mark.parametrize("dtype", [F32, F64])
+@pytest.mark.parametrize("d,k,tc", [(3, 37, 2048), (3, 100, 24), (2, 70, 33), (1, 17, 2048)])
+def test_grouped_argmin_is_the_sequential_rule(emu, dtype, d, k, tc):
+    """assign_small with G centers to an argmin group (a minimum per pair, the index found
+    afterwards) gives the per-center loop's labels and distances bit for bit (G = 1), and
+    numpy's first minimum: integer data, so distances are exact and ties everywhere (equal
+    centers inside one group and across groups, the minimum in a group's middle), k not a
+    multiple of G, tiles of tc centers that groups do not divide (the search then reads the
+    centers from global memory), and rows whose distances overflow to inf or NaN."""
+    rng = np.random.default_rng(d * 100 + k)
+    P = 4 if d * dtype.itemsize <= 32 else 2
+    n = 2 * BLOCK * P + 77
+    X = rng.integers(-4, 5, (n, d)).astype(dtype)
+    C = rng.integers(-4, 5, (k, d)).astype(dtype)
+    C[k // 2] = C[1]
+    C[k - 1] = C[k // 3]
+    big = np.finfo(dtype).max / 4
+    X[5] = big
+    X[6, 0] = -big
+    ops = _host_operands(C, dtype)
+    S = ops.size // k
+    outs = {}
+    for G in (1, 8, 16, 32):
+        labels = np.full(n, -1, dtype=np.int32)
+        min_sq = np.zeros(n, dtype=dtype)
+        partials, counter = np.zeros(3), np.zeros(1, dtype=np.uint64)
+        emu.emu.launch("fused_small.cu", f"assign_small<{CTYPE[dtype]},{d},{P},false,{G}>", 3,
+                       (X, NULL, ops, np.int32(n), np.int32(k), np.int32(tc), NULL, labels,
+                        min_sq, partials, counter, NULL, NULL, np.float64(1.0)),
+                       smem=min(tc, k) * S * dtype.itemsize)
+        outs[G] = labels, min_sq
+    for G in (8, 16, 32):
+        np.testing.assert_array_equal(outs[G][0], outs[1][0], err_msg=f"labels, G={G}")
+        np.testing.assert_array_equal(outs[G][1].view(np.uint8), outs[1][1].view(np.uint8),
+                                      err_msg=f"min_sq bits, G={G}")
+    ref, _ = _numpy_assign(X[7:], C)
+    np.testing.assert_array_equal(outs[1][0][7:], ref)
+    assert not np.all(np.isfinite(outs[1][1][5:7]))  # the overflow rows did overflow

@@ -82,7 +82,7 @@ class _Workspace:
         self.fn_finalize = fp.kernel("finalize_sums")
         self.finalize_grid = max(1, min(fp.cdiv(k * (d + 1), BLOCK), dev.sms * 8))
         if plan.path == "small":
-            names = fp.small_kernel_names(self.dtype_name, d, plan.P)
+            names = fp.small_kernel_names(self.dtype_name, d, plan.P, plan.G)
             self.fn_fused, self.fn_assign = fp.kernel(names[0]), fp.kernel(names[1])
 
 
@@ -114,7 +114,7 @@ class FusedPlacement(CupyPlacement):
 class CupyFusedBackend(CupyBackendBase):
     """Fused RawKernel backend; options: precision ("fp32" or "tf32"), tf32_kernel ("fused" or
     "cublas", with tf32), fuse ("auto", True, False: sums inside the small-d assignment
-    pass), points_per_thread (small-d kernel), free_memory."""
+    pass), points_per_thread and center_group (small-d kernel), free_memory."""
 
     name = "cupy-fused"
     placement_class = FusedPlacement
@@ -126,6 +126,8 @@ class CupyFusedBackend(CupyBackendBase):
                               "kernel with the argmin fused, or cuBLAS GEMM per chunk + argmin"),
         "fuse": Option("auto", "auto", True, False, doc="sums inside the small-d pass"),
         "points_per_thread": Option(None, None, 1, 2, 4, 8, doc="small-d kernel"),
+        "center_group": Option(None, None, 1, 8, 16, 32, doc="small-d kernel: centers per "
+                               "argmin group (1: compare and select per center)"),
     }
 
     def __init__(self, max_memory="auto", **options):
@@ -181,6 +183,7 @@ class CupyFusedBackend(CupyBackendBase):
         """The plan from the shape alone (`_plan_for` fits its grids to the kernels)."""
         return fp.plan(n, d, k, dtype_name, fp.device_facts(self._cp.cuda.Device().id),
                        precision=self.precision, fuse=self.fuse, P=self.points_per_thread,
+                       G=self.center_group,
                        budget=self.memory.bytes(), tf32_kernel=self.tf32_kernel)
 
     def fit_kernels(self, n, d, k, dtype, *, seeding=None):

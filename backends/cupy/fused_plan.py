@@ -22,6 +22,9 @@ from .common import BLOCK, cupy
 
 #: largest d compiled as a template parameter (one module per (dtype, d))
 SMALL_D_MAX = 16
+#: centers per group of the small-d kernel's argmin (common.cuh NEAREST_GROUP): a minimum per
+#: pair, the index per group; 1 is the per-center compare-and-select loop
+CENTER_GROUP = 8
 #: shared memory given to one tile of centers in the small-d kernel
 CENTER_TILE_BYTES = 32 * 1024
 #: "auto" fuses the sums into the small-d pass while the block's shared memory (center tile +
@@ -52,10 +55,10 @@ def ops_stride(dtype_name: str, d: int) -> int:
     return ((d + 1) * itemsize + 15) // 16 * 16 // itemsize
 
 
-def small_kernel_names(dtype_name: str, d: int, P: int) -> tuple:
+def small_kernel_names(dtype_name: str, d: int, P: int, G: int = None) -> tuple:
     """(fused sums, assignment only) instances of assign_small (cuda/fused_small.cu)."""
-    t = _CTYPE[dtype_name]
-    return (f"assign_small<{t},{d},{P},true>", f"assign_small<{t},{d},{P},false>")
+    t, G = _CTYPE[dtype_name], G or CENTER_GROUP
+    return (f"assign_small<{t},{d},{P},true,{G}>", f"assign_small<{t},{d},{P},false,{G}>")
 
 
 def gemm_kernel_name(dtype_name: str, vec: bool) -> str:
@@ -98,7 +101,7 @@ def fit_kernel_names(p, dtype_name: str, d: int) -> list:
     use). The workspace looks up both small-d kernels: the fused pass and the bare one."""
     t = _CTYPE[dtype_name]
     if p.path == "small":
-        names = list(small_kernel_names(dtype_name, d, p.P))
+        names = list(small_kernel_names(dtype_name, d, p.P, p.G))
     elif p.path == "gemm":  # vectorised loads when d fills 16-byte vectors (X is aligned)
         names = [gemm_kernel_name(dtype_name, d % (16 // (4 if t == "float" else 8)) == 0)]
     else:
@@ -164,6 +167,7 @@ class Plan(NamedTuple):
     path: str          # "small", "gemm", "tf32" (cuBLAS + argmin) or "tf32mma"
     fuse: bool         # sums accumulated inside the small-d assignment pass
     P: int             # points per thread (small)
+    G: int             # centers per argmin group (small)
     tc: int            # centers per shared-memory tile (small)
     assign_smem: int
     assign_grid: int
@@ -178,8 +182,8 @@ class Plan(NamedTuple):
     fixed_bytes: dict  # working memory by part
 
 
-def plan(n, d, k, dtype_name, dev, *, precision="fp32", fuse="auto", P=None, budget=None,
-         tf32_kernel="fused") -> Plan:
+def plan(n, d, k, dtype_name, dev, *, precision="fp32", fuse="auto", P=None, G=None,
+         budget=None, tf32_kernel="fused") -> Plan:
     itemsize = 4 if dtype_name == "float32" else 8
     sums_smem = k * (d + 1) * 16 + (d + 1) * 8
     if precision == "tf32" or d > SMALL_D_MAX:
@@ -230,14 +234,14 @@ def plan(n, d, k, dtype_name, dev, *, precision="fp32", fuse="auto", P=None, bud
     }
     if path == "tf32":
         parts["tf32_distance_chunk"] = chunk_rows * kpad * 4
-    return Plan(path, fused, P, tc, assign_smem, assign_grid, layout, S, kpad, acc_mode,
-                acc_smem, acc_grid, n_partials, chunk_rows, parts)
+    return Plan(path, fused, P, G or CENTER_GROUP, tc, assign_smem, assign_grid, layout, S,
+                kpad, acc_mode, acc_smem, acc_grid, n_partials, chunk_rows, parts)
 
 
 def one_wave(p: Plan, n, d, dtype_name, dev) -> Plan:
     """Grid-stride grids sized to what is resident at once on this GPU (compiles the kernel)."""
     if p.path == "small":
-        names = small_kernel_names(dtype_name, d, p.P)
+        names = small_kernel_names(dtype_name, d, p.P, p.G)
         fn = kernel(names[0] if p.fuse else names[1])
         per_sm = blocks_per_sm(fn, p.assign_smem)
         grid = max(1, min(cdiv(n, BLOCK * p.P), dev.sms * per_sm))

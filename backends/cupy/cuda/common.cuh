@@ -127,15 +127,39 @@ __device__ __forceinline__ void ldg_vec(const T* __restrict__ p, int count,
 // first minimum of fma-chain(x_j * -2c_j, j = 0..D-1, from 0) + ||c||^2: the rounding
 // OpenBLAS's GEMM gives numpy's `X @ (-2 C).T + ||c||^2`; ties go to the lower index.
 // Every thread of the block must call it (it synchronises when the centers are tiled).
-template <typename T, int D, int P>
+//
+// G > 1 (why: a compare and two selects per pair are three ALU-pipe instructions, which bound
+// the loop at d <= 16): per group of G centers only the minimum (one FMNMX a pair), a compare
+// and two selects per group, then, once per point, the first center of its best group whose
+// distance equals the minimum, recomputed with the same intrinsics (same bits). The result is
+// the sequential rule's: the best group is the first group holding the minimum (a later group
+// with an equal minimum does not replace it), and its first center with that distance is the
+// first such center overall. G = 1 is the per-center loop itself.
+constexpr int NEAREST_GROUP = 8;
+
+template <typename T, int D>
+__device__ __forceinline__ T center_distance(const T (&x)[D], const T (&op)[ops_stride<T>(D)]) {
+    T acc = (T)0;
+#pragma unroll
+    for (int j = 0; j < D; ++j) acc = fma_rn(x[j], op[j], acc);
+    return add_rn(acc, op[D]);
+}
+
+__device__ __forceinline__ float min_of(float a, float b) { return fminf(a, b); }
+__device__ __forceinline__ double min_of(double a, double b) { return fmin(a, b); }
+
+template <typename T, int D, int P, int G = NEAREST_GROUP>
 __device__ __forceinline__ void nearest_in_tiles(const T (&x)[P][D], const T* __restrict__ ops,
                                                  int k, int tc, bool resident, T* tile,
                                                  T (&best)[P], int (&bidx)[P]) {
     constexpr int S = ops_stride<T>(D);
+    // a whole group unrolled while the points' and one center's registers stay small; wider
+    // rows (float64, larger d) would spill with every center of the group loaded ahead
+    constexpr int GROUP_UNROLL = P * D * (int)sizeof(T) <= 64 ? G : 2;
 #pragma unroll
     for (int p = 0; p < P; ++p) {
         best[p] = pos_inf<T>();
-        bidx[p] = 0;
+        bidx[p] = 0;  // with G > 1: the best group's first center until the search below
     }
     for (int c0 = 0; c0 < k; c0 += tc) {
         const int nc = min(tc, k - c0);
@@ -144,21 +168,72 @@ __device__ __forceinline__ void nearest_in_tiles(const T (&x)[P][D], const T* __
             for (int e = threadIdx.x; e < nc * S; e += BLOCK) tile[e] = ops[(i64)c0 * S + e];
             __syncthreads();
         }
+        if constexpr (G == 1) {
 #pragma unroll 2
-        for (int c = 0; c < nc; ++c) {
-            T op[S];
-            lds_vec<T, S>(tile + c * S, op);
+            for (int c = 0; c < nc; ++c) {
+                T op[S];
+                lds_vec<T, S>(tile + c * S, op);
 #pragma unroll
-            for (int p = 0; p < P; ++p) {
-                T acc = (T)0;
-#pragma unroll
-                for (int j = 0; j < D; ++j) acc = fma_rn(x[p][j], op[j], acc);
-                const T dist = add_rn(acc, op[D]);
-                if (dist < best[p]) {  // strict: the first of equal centers wins
-                    best[p] = dist;
-                    bidx[p] = c0 + c;
+                for (int p = 0; p < P; ++p) {
+                    const T dist = center_distance<T, D>(x[p], op);
+                    if (dist < best[p]) {  // strict: the first of equal centers wins
+                        best[p] = dist;
+                        bidx[p] = c0 + c;
+                    }
                 }
             }
+        } else {
+            for (int g0 = 0; g0 < nc; g0 += G) {
+                T m[P];
+#pragma unroll
+                for (int p = 0; p < P; ++p) m[p] = pos_inf<T>();
+                if (g0 + G <= nc) {
+#pragma unroll GROUP_UNROLL
+                    for (int c = 0; c < G; ++c) {
+                        T op[S];
+                        lds_vec<T, S>(tile + (g0 + c) * S, op);
+#pragma unroll
+                        for (int p = 0; p < P; ++p)
+                            m[p] = min_of(m[p], center_distance<T, D>(x[p], op));
+                    }
+                } else {
+                    for (int c = 0; c < nc - g0; ++c) {
+                        T op[S];
+                        lds_vec<T, S>(tile + (g0 + c) * S, op);
+#pragma unroll
+                        for (int p = 0; p < P; ++p)
+                            m[p] = min_of(m[p], center_distance<T, D>(x[p], op));
+                    }
+                }
+#pragma unroll
+                for (int p = 0; p < P; ++p)
+                    if (m[p] < best[p]) {
+                        best[p] = m[p];
+                        bidx[p] = c0 + g0;
+                    }
+            }
+        }
+    }
+    if constexpr (G > 1) {
+#pragma unroll
+        for (int p = 0; p < P; ++p) {
+            // no minimum below +inf (every distance inf or NaN): center 0, as the sequential
+            // rule; else the first center of the group with the minimum's bits
+            const T b = best[p];
+            const int g = bidx[p];
+            int c = 0;
+            T dist = b;
+            if (b < pos_inf<T>()) {
+                const T* row = resident ? tile + g * S : ops + (i64)g * S;
+                do {  // == also for -0 and +0, as the sequential strict <
+                    T op[S];
+                    lds_vec<T, S>(row + c * S, op);
+                    dist = center_distance<T, D>(x[p], op);
+                } while (dist != b && ++c < G && g + c < k);
+            }
+            const bool hit = b < pos_inf<T>() && dist == b;  // always, given the same operations
+            bidx[p] = hit ? g + c : (b < pos_inf<T>() ? g : 0);
+            best[p] = hit ? dist : b;
         }
     }
 }

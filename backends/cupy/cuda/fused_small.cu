@@ -1,11 +1,11 @@
 // cupy-fused, d <= 16: distance + argmin with d known at compile time, P points per thread
-// (common.cuh's tiled skeleton), the centers' operands (layout 0) through shared memory in
-// tiles of tc; with FUSE the per-cluster sums are privatised in shared memory (fixed point) in
-// the same pass and flushed once per block. Per block: the inertia partial of the assignment
+// (common.cuh's tiled skeleton, G centers to a group), the centers' operands (layout 0)
+// through shared memory in tiles of tc; with FUSE the per-cluster sums are privatised in
+// shared memory (fixed point) in the same pass and flushed once per block. Per block: the inertia partial of the assignment
 // and the labels changed against labels_old (when given) added to *counter.
 #include "common.cuh"
 
-template <typename T, int D, int P, bool FUSE>
+template <typename T, int D, int P, bool FUSE, int G>
 __global__ void __launch_bounds__(BLOCK)
 assign_small(const T* __restrict__ X, const T* __restrict__ W, const T* __restrict__ ops,
              int n, int k, int tc, const int* __restrict__ labels_old, int* __restrict__ labels,
@@ -47,7 +47,7 @@ assign_small(const T* __restrict__ X, const T* __restrict__ W, const T* __restri
         }
         T best[P];
         int bidx[P];
-        nearest_in_tiles<T, D, P>(x, ops, k, tc, resident, tile, best, bidx);
+        nearest_in_tiles<T, D, P, G>(x, ops, k, tc, resident, tile, best, bidx);
 
 #pragma unroll
         for (int p = 0; p < P; ++p) {
