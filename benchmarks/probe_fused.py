@@ -35,7 +35,9 @@ VARIANTS = {
     "W1": _SMALL,
     "W2": _SMALL,
     "W3": _SMALL,
-    "W5": [{}, {"precision": "tf32", "tf32_kernel": "cublas"}, {"precision": "tf32"}],
+    "W5": [{}, {"gemm_kernel": "3xtf32"}, {"precision": "tf32"},
+           {"precision": "tf32", "tf32_kernel": "fused-v1"},
+           {"precision": "tf32", "tf32_kernel": "cublas"}],
 }
 TARGET_MS = {"W1": 0.5, "W2": 0.6, "W3": 8.0, "W5": 30.0, "W5-tf32": 12.0}
 

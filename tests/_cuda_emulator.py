@@ -17,7 +17,8 @@ passes its bytes right on the GPU too.
 So the kernels' logic (indexing, tiles, grid-stride loops, warp reductions, tie rules, last-block
 reductions) and their arithmetic are checked bit for bit against NumPy without a GPU. Launch
 configuration, occupancy and speed are not. Needs g++ (C++20) and <ucontext.h>; callers skip
-without it. The TF32 tensor-core file (inline PTX) is not emulated.
+without it. The v1 TF32 tensor-core file (fused_tf32.cu, inline PTX) is not emulated; the v2
+one (fused_mma.cu) is: its PTX sits behind KMEANS_MMA_EMULATED, defined here by the ISA.
 """
 from __future__ import annotations
 
@@ -58,6 +59,7 @@ static emu_dim threadIdx, blockIdx, blockDim, gridDim;
 static unsigned char* emu_dynamic_smem = nullptr;
 
 struct alignas(16) float4 { float x, y, z, w; };
+struct alignas(8) float2 { float x, y; };
 struct alignas(16) double2 { double x, y; };
 
 template <class T> inline T min(T a, T b) { return b < a ? b : a; }
@@ -131,6 +133,17 @@ inline bool __all_sync(unsigned, bool p) {
     return all;
 }
 
+// Bulk warp exchange (the tensor-core emulation below): each lane publishes up to 32 bytes,
+// one warp barrier, then reads any lane's; the halves alternate as emu_exchange's do.
+static std::vector<unsigned char> emu_wslots;  // 2 x 32 lanes x 32 bytes per warp
+inline const unsigned char* emu_publish(const void* v, size_t bytes) {
+    const int me = threadIdx.x, warp = me >> 5;
+    const size_t half = (emu_xcount[me]++ & 1) ? emu_wslots.size() / 2 : 0;
+    std::memcpy(&emu_wslots[half + (size_t)me * 32], v, bytes);
+    emu_wait(emu_warp_bar[warp]);
+    return &emu_wslots[half + (size_t)warp * 32 * 32];
+}
+
 inline double atomicAdd(double* p, double v) { double old = *p; *p = old + v; return old; }
 inline unsigned long long atomicAdd(unsigned long long* p, unsigned long long v) {
     unsigned long long old = *p; *p = old + v; return old;
@@ -153,7 +166,61 @@ inline double __ll2double_rn(long long v) { return (double)v; }
 inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; }
 inline double __longlong_as_double(long long i) { double f; std::memcpy(&f, &i, 8); return f; }
 inline long long __double_as_longlong(double f) { long long i; std::memcpy(&i, &f, 8); return i; }
+inline float __uint_as_float(unsigned i) { float f; std::memcpy(&f, &i, 4); return f; }
+inline unsigned __float_as_uint(float f) { unsigned i; std::memcpy(&i, &f, 4); return i; }
 template <class T> inline T __ldg(const T* p) { return *p; }
+
+// The PTX of the tensor-core kernels (cuda/fused_mma.cu), by the PTX ISA's definitions:
+// shared addresses are offsets into the dynamic shared memory; ldmatrix .x4 .b16 gives lane
+// L word L%4 of the row whose address lane 8i + L/4 gave, for matrix i; mma m16n8k8 .tf32
+// takes the fragments A a0 (g,t), a1 (g+8,t), a2 (g,t+4), a3 (g+8,t+4), B b0 (k=t,n=g),
+// b1 (k=t+4,n=g), C c0 (g,2t), c1 (g,2t+1), c2 (g+8,2t), c3 (g+8,2t+1) (g = lane/4,
+// t = lane%4), ignores the operands' low 13 bits and here sums in k order in FP32 (the
+// hardware's order and rounding inside one mma may differ); cp.async copies at once (the
+// wait is then trivially satisfied; the kernel's barriers still order stage reuse).
+#define KMEANS_MMA_EMULATED 1
+inline unsigned smem_u32(const void* p) {
+    return (unsigned)(reinterpret_cast<const unsigned char*>(p) - emu_dynamic_smem);
+}
+inline void ldsm_x4(unsigned (&r)[4], unsigned addr) {
+    const unsigned char* s = emu_publish(&addr, 4);
+    const int lane = threadIdx.x & 31;
+    for (int i = 0; i < 4; ++i) {
+        unsigned row;
+        std::memcpy(&row, s + (size_t)(8 * i + lane / 4) * 32, 4);
+        std::memcpy(&r[i], emu_dynamic_smem + row + 4 * (lane % 4), 4);
+    }
+}
+inline void mma_tf32_16x8x8(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+    const unsigned mine[6] = {a[0], a[1], a[2], a[3], b0, b1};
+    const unsigned char* s = emu_publish(mine, sizeof mine);
+    auto word = [&](int lane, int reg) {
+        unsigned w;
+        std::memcpy(&w, s + (size_t)lane * 32 + 4 * reg, 4);
+        return __uint_as_float(w & 0xffffe000u);
+    };
+    const int lane = threadIdx.x & 31, g = lane / 4, t = lane % 4;
+    for (int i = 0; i < 4; ++i) {
+        const int row = g + 8 * (i / 2), col = 2 * t + i % 2;
+        float sum = c[i];
+        for (int k = 0; k < 8; ++k) {
+            const float av = word((row % 8) * 4 + k % 4, (row >= 8) + 2 * (k >= 4));
+            const float bv = word(col * 4 + k % 4, 4 + (k >= 4));
+            sum = std::fmaf(av, bv, sum);
+        }
+        c[i] = sum;
+    }
+}
+inline void cp_async16(unsigned dst, const void* src, bool valid) {
+    if (valid) std::memcpy(emu_dynamic_smem + dst, src, 16);
+    else std::memset(emu_dynamic_smem + dst, 0, 16);
+}
+inline void cp_async4(unsigned dst, const void* src, bool valid) {
+    if (valid) std::memcpy(emu_dynamic_smem + dst, src, 4);
+    else std::memset(emu_dynamic_smem + dst, 0, 4);
+}
+inline void cp_async_commit() {}
+template <int N> inline void cp_async_wait() {}
 template <class T> inline T __ldcg(const T* p) { return *p; }
 
 template <class F>
@@ -172,6 +239,7 @@ void emu_launch(int grid, int block, size_t smem, F body) {
     emu_started.assign(block, 0);
     emu_slots.assign(2 * (size_t)((block + 31) / 32 * 32), 0);
     emu_xcount.assign(block, 0);
+    emu_wslots.assign(2 * (size_t)((block + 31) / 32 * 32) * 32, 0);
     for (int b = 0; b < grid; ++b) {
         blockIdx.x = b;
         emu_block_bar = emu_barrier{block, 0, 0};

@@ -75,7 +75,8 @@ def _functions(report):
 
 def test_every_instance_compiles_for_sm90(ptxas_report):
     funcs = _functions(ptxas_report)
-    for kernel in ("assign_small", "assign_gemm", "assign_tf32", "accumulate_shared",
+    for kernel in ("assign_small", "assign_gemm", "assign_tf32", "assign_mma",
+                   "accumulate_shared",
                    "finalize_sums", "pack_centers", "relocation_keys", "direct_inertia",
                    "argmin_rows", "nearest_small", "nearest_tiled", "nearest_mem",
                    "cluster_sums_shared", "row_argmin_shifted", "weighted_total",
@@ -109,3 +110,28 @@ def test_float32_large_d_kernels_do_not_spill(ptxas_report):
     assert len(hot) == 4, sorted(funcs)
     spilling = {f: v for f, v in hot.items() if v[1] > 0 or v[0] > 128}
     assert not spilling, f"float32 large-d assignment kernels spill: {spilling}"
+
+
+def test_tensor_core_v2_kernels_do_not_spill(ptxas_report):
+    """The v2 tensor-core kernels (cuda/fused_mma.cu: TF32 and 3xTF32, X resident or
+    K-streamed, 16- or 4-byte copies) run one 256-thread block per SM (64 x 64 warp tiles:
+    128 accumulators a thread), so up to 255 registers, and must not spill."""
+    funcs = _functions(ptxas_report)
+    mma = {f: v for f, v in funcs.items() if "assign_mma" in f}
+    assert len(mma) == 8, sorted(funcs)
+    spilling = {f: v for f, v in mma.items() if v[1] > 0 or v[0] > 255}
+    assert not spilling, f"tensor-core v2 kernels spill: {spilling}"
+
+
+def test_tensor_core_module_compiles_below_sm80(tmp_path):
+    """Below sm_80 the PTX is guarded out (the host never launches these kernels there), so
+    the module still builds for every GPU CuPy may compile it for."""
+    file = common.CUDA_DIR / "fused_mma.cu"
+    names = [n for f, n in fused_plan.kernel_instances() if f == "fused_mma.cu"]
+    refs = ", ".join(f"(void*)&{n}" for n in names)
+    src = tmp_path / "mma75.cu"
+    src.write_text(f'#include "{file}"\nvoid* kmeans_xp_instances[] = {{{refs}}};\n')
+    proc = subprocess.run([NVCC, "-arch=sm_75", "-std=c++17", "-fmad=false", "-cubin",
+                           f"-I{common.CUDA_DIR}", "-o", str(tmp_path / "mma75.cubin"), str(src)],
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-4000:]

@@ -13,6 +13,7 @@ their partitions differ (a last-bit difference in one center can move a near tie
 few points); float64 fits, and float32 fits with d <= 3, must give numpy's partition."""
 import numpy as np
 import pytest
+from kmeans_xp_backends.cupy import fused_plan
 from kmeans_xp_backends.numpy_ import NumpyBackend
 from sklearn.metrics import adjusted_rand_score
 
@@ -121,23 +122,34 @@ def test_large_k_matches_numpy(cp, n, d, k, dtype):
     _check_primitives(cp, n, d, k, dtype)
 
 
-def _check_primitives(cp, n, d, k, dtype):
-    where = f"n={n} d={d} k={k} {np.dtype(dtype)}"
+def _check_primitives(cp, n, d, k, dtype, **options):
+    where = f"n={n} d={d} k={k} {np.dtype(dtype)} {options or ''}"
     X, C, w = _problem(n, d, k, dtype, seed=d + k)
     ref = NumpyBackend(n_threads=4)
     ref_lab, ref_min = ref.assign(X, C)
-    be = _backend()
+    be = _backend(**options)
     Xg, Cg, wg = cp.asarray(X), cp.asarray(C), cp.asarray(w)
 
     lab, msq = be.assign(Xg, Cg)
     lab, msq = lab.get(), msq.get()
+    split = options.get("gemm_kernel", "auto") == "3xtf32" or (
+        options.get("gemm_kernel", "auto") == "auto" and d <= fused_plan.MMA3_AUTO_MAX_D)
+    if split and d > 16 and dtype == np.float32:
+        assert be._ws.plan.path == "mma3", f"{where}: not the 3xTF32 kernel"
     assert lab.dtype == np.int32 and msq.dtype == dtype
     _assert_same_argmin(X, C, lab, ref_lab, dtype, where)
     same = lab == ref_lab
     eps = np.finfo(dtype).eps
     scale = (X.astype(np.float64) ** 2).sum(1) + (C.astype(np.float64) ** 2).sum(1)[lab]
     assert np.all(msq >= 0)
-    assert np.all(np.abs(msq[same] - ref_min[same]) <= 16 * eps * scale[same]), \
+    tol = 16 * eps * scale[same]
+    if split and d > fused_plan.MMA3_AUTO_MAX_D:  # the tensor cores' FP32 accumulation over a
+        # long K: the a-priori bound of any order of the d products and norms (both sides)
+        g = (d + 2) * eps / 2 / (1 - (d + 2) * eps / 2)
+        nx = np.sqrt((X.astype(np.float64) ** 2).sum(1))[same]
+        nc = np.sqrt((C.astype(np.float64) ** 2).sum(1))[lab[same]]
+        tol = 2 * g * (nx ** 2 + 2 * nx * nc + nc ** 2)
+    assert np.all(np.abs(msq[same] - ref_min[same]) <= tol), \
         f"{where}: min_sq_dist differs from numpy's"
 
     sums, weights = be.reduce(Xg, cp.asarray(ref_lab), wg, k)
@@ -164,6 +176,32 @@ def _check_primitives(cp, n, d, k, dtype):
     assert float(it2.n_changed) == np.count_nonzero(lab2 != lab), f"{where}: n_changed"
     assert np.array_equal(it2.weight_in_clusters.get(), np.bincount(lab2, minlength=k)), \
         f"{where}: unit weights (None)"
+
+
+@pytest.mark.parametrize("d", [33, 128, 150, 1024])
+@pytest.mark.parametrize("k", [1, 13, 300, 4097])
+def test_3xtf32_primitives_match_numpy(cp, d, k):
+    """gemm_kernel="3xtf32": the tensor cores in split precision (cuda/fused_mma.cu), X
+    resident (d = 33, 128) or K-streamed (150, 1024), labels numpy's up to near ties."""
+    n = _n_for(d, k) if k < 4000 else 3001 if d < 1024 else 1031
+    _check_primitives(cp, n, d, k, np.float32, gemm_kernel="3xtf32")
+
+
+@pytest.mark.parametrize("d,k", [(33, 13), (128, 300), (128, 4097)])
+def test_simt_primitives_match_numpy(cp, d, k):
+    """gemm_kernel="simt": the SIMT kernel (cuda/fused_gemm.cu), which "auto" keeps for
+    float64 and d > 160."""
+    n = _n_for(d, k) if k < 4000 else 3001
+    _check_primitives(cp, n, d, k, np.float32, gemm_kernel="simt")
+
+
+@pytest.mark.parametrize("d,k", [(33, 25), (128, 10), (128, 300)])
+def test_3xtf32_fit_partition_equals_numpy(cp, d, k):
+    X = asymmetric_data(6007, d, k, dtype=np.float32, seed=d * 7 + k)
+    w = np.random.default_rng(k).uniform(0.5, 2, len(X)).astype(np.float32)
+    init = X[np.random.default_rng(d).choice(len(X), k, replace=False)]
+    _compare_fits(cp, X, w, init, np.float32, {"gemm_kernel": "3xtf32"},
+                  f"3xtf32 d={d} k={k}")
 
 
 @pytest.mark.parametrize("fuse", ["auto", False])
@@ -263,7 +301,7 @@ def test_fused_and_split_passes_agree(cp):
     assert a.cluster_centers_.tobytes() == b.cluster_centers_.tobytes()
 
 
-@pytest.mark.parametrize("kernel", ["cublas", "fused"])
+@pytest.mark.parametrize("kernel", ["cublas", "fused", "fused-v1"])
 def test_tf32_option_close_to_fp32(cp, kernel):
     X = asymmetric_data(20011, 128, 64, dtype=np.float32, seed=3)
     init = X[np.random.default_rng(3).choice(len(X), 64, replace=False)]
@@ -281,9 +319,10 @@ def test_tf32_option_close_to_fp32(cp, kernel):
             cp.asarray(X[:100].astype(np.float64)))
 
 
-@pytest.mark.parametrize("kernel", ["cublas", "fused"])
+@pytest.mark.parametrize("kernel", ["cublas", "fused", "fused-v1"])
 @pytest.mark.parametrize("n,d,k", [(3001, 128, 300), (2999, 33, 1000), (20011, 20, 129),
-                                   (1031, 1024, 77)])
+                                   (1031, 1024, 77), (2053, 128, 1), (4099, 160, 300),
+                                   (1031, 5, 3), (517, 64, 4097)])
 def test_tf32_assignment_within_tf32_rounding(cp, kernel, n, d, k):
     """Every tf32 label is the exact argmin or a center whose exact distance is within the
     TF32 rounding bound: inputs cut to TF32's 10-bit fraction (u = 2^-10 covers truncation,
@@ -291,11 +330,13 @@ def test_tf32_assignment_within_tf32_rounding(cp, kernel, n, d, k):
     at most 2u (1 + u) of itself, plus FP32 accumulation (gamma_d) and ||c||^2 (gamma_d |c|^2,
     FP32). Covers the fused kernel's fragment layout, its K tail
     (d = 33, 20: not a multiple of 16 or 4, so the scalar loads), row and column tails (n, k
-    not multiples of 128), and min_sq_dist."""
+    not multiples of 128), and min_sq_dist. The v2 kernel ("fused") at d = 160, 1024 streams
+    X's K slices (past its resident limit); k = 1 and 4097: one and many column blocks."""
     X, C, w = _problem(n, d, k, np.float32, seed=d + k)
     be = _backend(precision="tf32", tf32_kernel=kernel)
     lab, msq = be.assign(cp.asarray(X), cp.asarray(C))
     lab, msq = lab.get(), msq.get()
+    assert be._ws.plan.path == {"fused": "mma", "fused-v1": "tf32mma", "cublas": "tf32"}[kernel]
     X64, C64 = X.astype(np.float64), C.astype(np.float64)
     rows = max(1, int(4e6 // (k * d)))  # exact distances in float64, ~32 MB at a time
     exact = np.concatenate([((X64[i:i + rows, None, :] - C64[None]) ** 2).sum(-1)
@@ -326,6 +367,8 @@ def test_options_are_validated(cp):
         _backend(precision="bf16")
     with pytest.raises(ValueError, match="tf32_kernel"):
         _backend(precision="tf32", tf32_kernel="wmma")
+    with pytest.raises(ValueError, match="gemm_kernel"):
+        _backend(gemm_kernel="4xtf32")
 
 
 @pytest.mark.parametrize("n,d,k", [(2_000_003, 3, 200), (300_007, 128, 512),

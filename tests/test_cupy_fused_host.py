@@ -58,7 +58,7 @@ def test_every_kernel_the_backend_launches_has_a_file_and_an_instance():
     used = set(re.findall(r'fp\.kernel\(f?"([a-z_]+)[<"]', text))
     assert {"pack_centers", "finalize_sums", "accumulate_shared", "column_absmax"} <= used
     names = fused_plan.all_kernel_names()
-    for name in used | {"assign_small", "assign_gemm", "assign_tf32"}:
+    for name in used | {"assign_small", "assign_gemm", "assign_tf32", "assign_mma"}:
         assert name in fused_plan.KERNEL_FILES, name
         assert any(n.split("<")[0] == name for n in names), name
     for dt in ("float32", "float64"):

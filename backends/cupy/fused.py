@@ -10,10 +10,13 @@ size n x k exists anywhere; working memory is O(k d + blocks). The driver (kmean
 updates the centers, relocates empty clusters (`farthest`) and reads one small array per
 iteration, which it fetches while the next iteration runs.
 
-Paths (chosen per problem, `fused_plan.plan`): small (d <= 16), gemm (d > 16), and
+Paths (chosen per problem, `fused_plan.plan`): small (d <= 16), gemm (d > 16; on float32 up to
+d=160 the tensor-core kernel in split precision, 3xTF32, else or with gemm_kernel="simt" the
+SIMT kernel), and
 precision="tf32" (float32 on TF32 tensor cores; not bit-exact FP32), tf32_kernel "fused" (our
-mma.sync kernel with the argmin in its epilogue) or "cublas" (cuBLAS GEMM per row chunk +
-a warp-per-row argmin).
+v2 mma.sync kernel with the argmin in its epilogue, cuda/fused_mma.cu), "fused-v1" (the first
+one, cuda/fused_tf32.cu, kept to compare) or "cublas" (cuBLAS GEMM per row chunk + a
+warp-per-row argmin).
 
 Determinism: the same input gives bit-identical labels, centers, inertia and history run to
 run on the same GPU. Per-cluster sums are accumulated in 64-bit fixed point (two words per
@@ -61,6 +64,10 @@ class _Workspace:
         if plan.layout == 0:
             self.ops = cp.zeros(k * plan.S, dtype=X.dtype)
             self.cnorm = cp.zeros(1, dtype=X.dtype)
+        elif plan.layout in (3, 4):  # rows of the tensor-core operands; padding stays zero
+            parts = 2 if plan.layout == 4 else 1
+            self.ops = cp.zeros(parts * plan.kpad * plan.S, dtype=X.dtype)
+            self.cnorm = cp.full(plan.kpad, np.inf, dtype=X.dtype)  # padding never wins
         else:
             self.ops = cp.zeros(d * plan.kpad, dtype=X.dtype)
             self.cnorm = cp.full(plan.kpad, np.inf, dtype=X.dtype)  # padding never wins
@@ -112,9 +119,10 @@ class FusedPlacement(CupyPlacement):
 
 
 class CupyFusedBackend(CupyBackendBase):
-    """Fused RawKernel backend; options: precision ("fp32" or "tf32"), tf32_kernel ("fused" or
-    "cublas", with tf32), fuse ("auto", True, False: sums inside the small-d assignment
-    pass), points_per_thread and center_group (small-d kernel), free_memory."""
+    """Fused RawKernel backend; options: precision ("fp32" or "tf32"), tf32_kernel ("fused",
+    "fused-v1" or "cublas", with tf32), gemm_kernel ("auto", "simt" or "3xtf32": the exact
+    d > 16 path on float32), fuse ("auto", True, False: sums inside the small-d assignment pass),
+    points_per_thread and center_group (small-d kernel), free_memory."""
 
     name = "cupy-fused"
     placement_class = FusedPlacement
@@ -122,8 +130,14 @@ class CupyFusedBackend(CupyBackendBase):
         **BASE_OPTIONS,
         "precision": Option("fp32", "fp32", "tf32", doc="'fp32' (exact, default) or 'tf32' "
                             "(tensor cores, float32 input, not bit-exact)"),
-        "tf32_kernel": Option("fused", "fused", "cublas", doc="with tf32: our tensor-core "
-                              "kernel with the argmin fused, or cuBLAS GEMM per chunk + argmin"),
+        "tf32_kernel": Option("fused", "fused", "fused-v1", "cublas", doc="with tf32: our "
+                              "tensor-core kernel with the argmin fused (v2; 'fused-v1' the "
+                              "first one), or cuBLAS GEMM per chunk + argmin"),
+        "gemm_kernel": Option("auto", "auto", "simt", "3xtf32", doc="precision='fp32', "
+                              "d > 16, float32: the SIMT FMA kernel, or the tensor cores in "
+                              "split precision (3xTF32: FP32-accurate, labels equal up to near "
+                              "ties); 'auto': 3xTF32 up to d=160; float64 and GPUs before "
+                              "compute capability 8.0 use the SIMT kernel"),
         "fuse": Option("auto", "auto", True, False, doc="sums inside the small-d pass"),
         "points_per_thread": Option(None, None, 1, 2, 4, 8, doc="small-d kernel"),
         "center_group": Option(None, None, 1, 8, 16, 32, doc="small-d kernel: centers per "
@@ -166,7 +180,8 @@ class CupyFusedBackend(CupyBackendBase):
     # -- memory ---------------------------------------------------------------------------------
     @classmethod
     def estimate_memory(cls, n_samples, n_features, n_clusters, *, itemsize,
-                        max_memory="auto", precision="fp32", tf32_kernel="fused", **_):
+                        max_memory="auto", precision="fp32", tf32_kernel="fused",
+                        gemm_kernel="auto", **_):
         """Device bytes of the backend's own part of a fit (the driver's arrays are counted by
         the core): X on the device (`data`), the plan's working buffers, and the chunk of
         relocation keys `farthest` ranks when a cluster is empty."""
@@ -174,7 +189,8 @@ class CupyFusedBackend(CupyBackendBase):
         dtype_name = "float32" if itemsize == 4 else "float64"
         budget = None if max_memory == "auto" else resolve_budget(max_memory, 0)
         plan = fp.plan(n_samples, n_features, n_clusters, dtype_name, fp.NOMINAL,
-                       precision=precision, budget=budget, tf32_kernel=tf32_kernel)
+                       precision=precision, budget=budget, tf32_kernel=tf32_kernel,
+                       gemm_kernel=gemm_kernel)
         parts = {"data": n_samples * n_features * itemsize, **plan.fixed_bytes,
                  "relocation": min(n_samples, FARTHEST_ROWS) * (2 * itemsize + 24)}
         return MemoryEstimate(parts, sum(parts.values()), plan.chunk_rows)
@@ -183,8 +199,8 @@ class CupyFusedBackend(CupyBackendBase):
         """The plan from the shape alone (`_plan_for` fits its grids to the kernels)."""
         return fp.plan(n, d, k, dtype_name, fp.device_facts(self._cp.cuda.Device().id),
                        precision=self.precision, fuse=self.fuse, P=self.points_per_thread,
-                       G=self.center_group,
-                       budget=self.memory.bytes(), tf32_kernel=self.tf32_kernel)
+                       G=self.center_group, budget=self.memory.bytes(),
+                       tf32_kernel=self.tf32_kernel, gemm_kernel=self.gemm_kernel)
 
     def fit_kernels(self, n, d, k, dtype, *, seeding=None):
         name = str(np.dtype(dtype))
@@ -291,13 +307,18 @@ class CupyFusedBackend(CupyBackendBase):
             launch(ws.fn_fused if fuse else ws.fn_assign, p.assign_grid,
                    (X, w, ws.ops, _i32(ws.n), _i32(ws.k), _i32(p.tc), *tail, *extra),
                    shared_mem=smem)
-        elif p.path in ("gemm", "tf32mma"):
+        elif p.path in ("gemm", "tf32mma", "mma", "mma3"):
             vec = ws.d % (16 // ws.T.itemsize) == 0 and device_ptr(X) % 16 == 0
-            name = (fp.gemm_kernel_name(ws.dtype_name, vec) if p.path == "gemm"
-                    else f"assign_tf32<{'true' if vec else 'false'}>")
+            if p.path == "gemm":
+                name, smem = fp.gemm_kernel_name(ws.dtype_name, vec), 0
+            elif p.path == "tf32mma":
+                name, smem = f"assign_tf32<{'true' if vec else 'false'}>", fp.TF32_MMA_SMEM
+            else:  # the v2 tensor-core kernel: TF32 (mma) or 3xTF32 (mma3)
+                name = fp.mma_kernel_name(p.path == "mma3", p.resident, vec)
+                smem = p.assign_smem
             launch(fp.kernel(name), p.assign_grid,
                    (X, w, ws.ops, ws.cnorm, _i32(ws.n), _i32(ws.d), _i32(p.kpad), *tail),
-                   shared_mem=fp.TF32_MMA_SMEM if p.path == "tf32mma" else 0)
+                   shared_mem=smem)
         else:
             self._assign_tf32(ws, w, tail)
         if accumulate and not (p.path == "small" and p.fuse):

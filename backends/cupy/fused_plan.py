@@ -8,8 +8,16 @@ Paths:
   gemm   d > 16: register-blocked SIMT GEMM tile with the argmin in its epilogue; sums in a
          second kernel.
   tf32   precision="tf32", tf32_kernel="cublas": cuBLAS GEMM under TF32 per row chunk + a
-         warp-per-row argmin. tf32mma (tf32_kernel="fused"): our tensor-core kernel with the
-         argmin in its epilogue. Not bit-exact FP32.
+         warp-per-row argmin. tf32mma (tf32_kernel="fused-v1"): our first tensor-core kernel
+         (cuda/fused_tf32.cu) with the argmin in its epilogue. Not bit-exact FP32.
+  mma    precision="tf32", tf32_kernel="fused" (the default): the v2 tensor-core kernel
+         (cuda/fused_mma.cu: X rows resident in shared memory, operands pre-rounded, cp.async
+         stages). Not bit-exact FP32.
+  mma3   precision="fp32", float32, d > 16, gemm_kernel "3xtf32" or "auto" (the default, up to
+         d = MMA3_AUTO_MAX_D): the same kernel in split precision (3xTF32), FP32-accurate;
+         labels agree with the SIMT kernel's up to near ties.
+Where the v2 kernel's shared memory does not fit the GPU (or it lacks TF32 tensor cores), mma
+falls back on tf32mma and mma3 on gemm: same semantics, another speed.
 """
 from __future__ import annotations
 
@@ -38,6 +46,13 @@ TF32_CHUNK_CAP = 1 << 30
 #: 128 x 20 words, two B tiles 16 x 136 words, 2 x 128 x 20 words of best/index)
 TF32_MMA_ROWS = 128
 TF32_MMA_SMEM = (2 * 128 * 20 + 2 * 16 * 136 + 2 * 128 * 20) * 4
+#: the v2 tensor-core kernel (cuda/fused_mma.cu): points per block, centers per column block,
+#: pipeline stages, rows of the running best
+MMA_ROWS, MMA_COLS, MMA_STAGES = 256, 128, 3
+#: gemm_kernel="auto" takes 3xTF32 up to this d (measured on the H200 at d = 64, 128: 1.6x the
+#: SIMT kernel, the same labels; at d = 1024 its FP32 accumulation on the tensor cores gives
+#: min_sq_dist looser than 16 eps of numpy's, so larger d keeps the SIMT kernel)
+MMA3_AUTO_MAX_D = 160
 _CTYPE = {"float32": "float", "float64": "double"}
 
 
@@ -68,10 +83,32 @@ def gemm_kernel_name(dtype_name: str, vec: bool) -> str:
     return f"assign_gemm<{_CTYPE[dtype_name]},{tm},{tn},{'true' if vec else 'false'}>"
 
 
+def mma_dk(d: int) -> int:
+    """Row stride (words) of the v2 kernel's centers' operands: d padded to the mma's K of 8."""
+    return (d + 7) // 8 * 8
+
+
+def mma_smem(d: int, split: bool, resident: bool) -> int:
+    """Dynamic shared memory (bytes) of assign_mma (the formula in cuda/fused_mma.cu): the
+    centers' stages, X's rows (resident) or stages, the running best and its index."""
+    bk = 16 if split else 32
+    sb = bk + 4
+    b_words = MMA_STAGES * (2 if split else 1) * MMA_COLS * sb
+    a_words = MMA_ROWS * (mma_dk(d) + 4) if resident else MMA_STAGES * MMA_ROWS * sb
+    return 4 * (b_words + a_words + 2 * MMA_ROWS * 8)
+
+
+def mma_kernel_name(split: bool, resident: bool, vec: bool) -> str:
+    """An instance of assign_mma: 3xTF32 or TF32, X resident or K-streamed, 16-byte loads."""
+    b = {True: "true", False: "false"}
+    return f"assign_mma<{int(split)},{b[resident]},{b[vec]}>"
+
+
 #: file of each kernel template
 KERNEL_FILES = {
     "assign_small": "fused_small.cu", "assign_gemm": "fused_gemm.cu",
     "assign_tf32": "fused_tf32.cu", "argmin_rows": "fused_tf32.cu",
+    "assign_mma": "fused_mma.cu",
     "accumulate_shared": "fused_sums.cu", "accumulate_global": "fused_sums.cu",
     "finalize_sums": "fused_sums.cu", "pack_centers": "centers.cu",
     "column_absmax": "stats.cu", "fixed_point_scales": "stats.cu",
@@ -87,7 +124,9 @@ def kernel(name: str):
 
 def common_kernel_names(dtype_name: str) -> tuple:
     t = _CTYPE[dtype_name]
-    tf32 = (("argmin_rows<float>", "assign_tf32<true>", "assign_tf32<false>")
+    mma = tuple(mma_kernel_name(s, r, v) for s in (False, True) for r in (True, False)
+                for v in (True, False))
+    tf32 = (("argmin_rows<float>", "assign_tf32<true>", "assign_tf32<false>", *mma)
             if dtype_name == "float32" else ())
     return (gemm_kernel_name(dtype_name, True), gemm_kernel_name(dtype_name, False), *tf32,
             f"accumulate_shared<{t}>", f"accumulate_global<{t}>", "finalize_sums",
@@ -104,6 +143,8 @@ def fit_kernel_names(p, dtype_name: str, d: int) -> list:
         names = list(small_kernel_names(dtype_name, d, p.P, p.G))
     elif p.path == "gemm":  # vectorised loads when d fills 16-byte vectors (X is aligned)
         names = [gemm_kernel_name(dtype_name, d % (16 // (4 if t == "float" else 8)) == 0)]
+    elif p.path == "mma3":  # the exact path's kernel (the tf32 ones compile on first use)
+        names = [mma_kernel_name(True, p.resident, d % 4 == 0)]
     else:
         names = []
     names += ["finalize_sums", f"pack_centers<{t}>", f"column_absmax<{t}>"]
@@ -130,6 +171,7 @@ class DeviceFacts(NamedTuple):
     sms: int
     smem_block: int   # opt-in shared memory per block
     smem_sm: int      # shared memory per multiprocessor
+    cc: int = 90      # compute capability, 10 * major + minor
 
 
 @functools.lru_cache(maxsize=None)
@@ -138,7 +180,8 @@ def device_facts(device_id: int) -> DeviceFacts:
     get = rt.deviceGetAttribute
     return DeviceFacts(get(rt.cudaDevAttrMultiProcessorCount, device_id),
                        get(rt.cudaDevAttrMaxSharedMemoryPerBlockOptin, device_id),
-                       get(rt.cudaDevAttrMaxSharedMemoryPerMultiprocessor, device_id))
+                       get(rt.cudaDevAttrMaxSharedMemoryPerMultiprocessor, device_id),
+                       int(cupy().cuda.Device(device_id).compute_capability))
 
 
 #: a nominal device for estimate_memory, which runs before any device is touched (H200)
@@ -164,14 +207,15 @@ def cdiv(a, b):
 
 # -- the plan -----------------------------------------------------------------------------------
 class Plan(NamedTuple):
-    path: str          # "small", "gemm", "tf32" (cuBLAS + argmin) or "tf32mma"
+    path: str          # "small", "gemm", "tf32" (cuBLAS + argmin), "tf32mma", "mma", "mma3"
     fuse: bool         # sums accumulated inside the small-d assignment pass
     P: int             # points per thread (small)
     G: int             # centers per argmin group (small)
     tc: int            # centers per shared-memory tile (small)
     assign_smem: int
     assign_grid: int
-    layout: int        # 0: ops (k, S); 1: -2C^T (d, kpad) + ||c||^2 (kpad)
+    layout: int        # 0: ops (k, S); 1: -2C^T (d, kpad) + ||c||^2 (kpad); 3/4: tf32(-2C)
+                       # (kpad, S) [+ its small part], ||c||^2 (kpad) (pack_centers)
     S: int
     kpad: int
     acc_mode: str      # "fused", "shared" or "global"
@@ -180,23 +224,46 @@ class Plan(NamedTuple):
     n_partials: int    # per-block inertia partials of one assignment pass
     chunk_rows: int    # tf32: rows per GEMM chunk (n otherwise)
     fixed_bytes: dict  # working memory by part
+    resident: bool = False  # mma, mma3: X's rows resident in shared memory (else K-streamed)
+
+
+def mma_fit(d, split, dev):
+    """(resident, shared bytes) of the v2 kernel on this GPU, or None where it cannot run:
+    no TF32 tensor cores, or not even the K-streamed variant's shared memory fits."""
+    if dev.cc < 80:
+        return None
+    room = dev.smem_block - 1024  # the kernel's static shared memory, with a margin
+    for resident in (True, False):
+        smem = mma_smem(d, split, resident)
+        if smem <= room:
+            return resident, smem
+    return None
 
 
 def plan(n, d, k, dtype_name, dev, *, precision="fp32", fuse="auto", P=None, G=None,
-         budget=None, tf32_kernel="fused") -> Plan:
+         budget=None, tf32_kernel="fused", gemm_kernel="auto") -> Plan:
     itemsize = 4 if dtype_name == "float32" else 8
     sums_smem = k * (d + 1) * 16 + (d + 1) * 8
+    resident = False
     if precision == "tf32" or d > SMALL_D_MAX:
         if precision == "tf32":
-            path = "tf32mma" if tf32_kernel == "fused" else "tf32"
-        else:
-            path = "gemm"
+            path = {"fused": "mma", "fused-v1": "tf32mma", "cublas": "tf32"}[tf32_kernel]
+        else:  # 3xTF32 applies to float32 (float64 has no tensor-core split here)
+            split = gemm_kernel == "3xtf32" or (gemm_kernel == "auto" and d <= MMA3_AUTO_MAX_D)
+            path = "mma3" if split and dtype_name == "float32" else "gemm"
+        fit = mma_fit(d, path == "mma3", dev) if path in ("mma", "mma3") else None
+        if path in ("mma", "mma3") and fit is None:  # same semantics, the older kernel
+            path = "tf32mma" if path == "mma" else "gemm"
         layout, S = 1, 0
         tm, tn = GEMM_TILES[dtype_name]
-        kpad = cdiv(k, 16 * tn) * 16 * tn   # a multiple of 128 (both GEMM kernels' BN)
+        kpad = cdiv(k, 16 * tn) * 16 * tn   # a multiple of 128 (every GEMM kernel's BN)
         fused, P, tc, assign_smem = False, 1, 0, 0
+        if fit is not None and path in ("mma", "mma3"):
+            resident, assign_smem = fit
+            layout, S = (4 if path == "mma3" else 3), mma_dk(d)
         assign_grid = {"gemm": cdiv(n, 16 * tm), "tf32mma": cdiv(n, TF32_MMA_ROWS),
-                       "tf32": dev.sms * 8}[path]
+                       "tf32": dev.sms * 8, "mma": cdiv(n, MMA_ROWS),
+                       "mma3": cdiv(n, MMA_ROWS)}[path]
     else:
         path, layout, S, kpad = "small", 0, ops_stride(dtype_name, d), k
         P = P or points_per_thread(dtype_name, d)
@@ -225,7 +292,8 @@ def plan(n, d, k, dtype_name, dev, *, precision="fp32", fuse="auto", P=None, G=N
         chunk_rows = int(max(1, min(n, room // per_row)))
         n_chunks = cdiv(n, chunk_rows)
     n_partials = assign_grid * n_chunks
-    ops = (k * S if layout == 0 else d * kpad + kpad) * itemsize
+    ops = {0: k * S, 1: d * kpad + kpad, 3: kpad * S + kpad,
+           4: 2 * kpad * S + kpad}[layout] * itemsize
     parts = {
         "sum_accumulators": k * (d + 1) * 16,
         "center_operands": ops,
@@ -235,7 +303,7 @@ def plan(n, d, k, dtype_name, dev, *, precision="fp32", fuse="auto", P=None, G=N
     if path == "tf32":
         parts["tf32_distance_chunk"] = chunk_rows * kpad * 4
     return Plan(path, fused, P, G or CENTER_GROUP, tc, assign_smem, assign_grid, layout, S,
-                kpad, acc_mode, acc_smem, acc_grid, n_partials, chunk_rows, parts)
+                kpad, acc_mode, acc_smem, acc_grid, n_partials, chunk_rows, parts, resident)
 
 
 def one_wave(p: Plan, n, d, dtype_name, dev) -> Plan:

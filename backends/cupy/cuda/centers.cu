@@ -3,7 +3,10 @@
 // uses, so that the expansion ||c||^2 - 2 x.c rounds as the numpy backend's and near-ties break
 // alike. Layouts: 0: ops (k, S) rows [-2c_0 .. -2c_{d-1}, ||c||^2, 0...] (small d, cupy-kernels);
 // 1: -2C^T (d, kpad) in ops and ||c||^2 in cnorm (the GEMM-like kernels); 2: ||c||^2 alone in
-// cnorm (cupy-chunked, whose GEMM takes C itself).
+// cnorm (cupy-chunked, whose GEMM takes C itself); 3: the tensor-core kernels' (fused_mma.cu,
+// float only): rows of S = roundup(d, 8) words per center, tf32(-2c) (kpad rows, the padding
+// zero), ||c||^2 in cnorm; 4: as 3, then kpad more rows of the small part tf32(-2c - big) of
+// the 3xTF32 split. Rounded here once, so the kernels' inner loops convert nothing.
 #include "common.cuh"
 
 // norm_mode (detected on the host from numpy itself, kmeans_xp_backends.cupy.einsum_order):
@@ -66,6 +69,16 @@ pack_centers(const T* __restrict__ C, int k, int d, int layout, int S, int kpad,
             for (int j = 0; j < d; ++j) ops[(i64)c * S + j] = mul_rn((T)-2, row[j]);
             ops[(i64)c * S + d] = cn;
             for (int j = d + 1; j < S; ++j) ops[(i64)c * S + j] = (T)0;
+        } else if (layout >= 3) {
+            if constexpr (sizeof(T) == 4) {  // (the host asks for it with float only)
+                for (int j = 0; j < d; ++j) {
+                    const T v = mul_rn((T)-2, row[j]);
+                    const T big = tf32_rna(v);
+                    ops[(i64)c * S + j] = big;
+                    if (layout == 4) ops[((i64)kpad + c) * S + j] = tf32_rna(sub_rn(v, big));
+                }
+            }
+            cnorm[c] = cn;
         } else {
             if (layout == 1)
                 for (int j = 0; j < d; ++j) ops[(i64)j * kpad + c] = mul_rn((T)-2, row[j]);

@@ -47,6 +47,14 @@ template <> __device__ __forceinline__ double pos_inf<double>() {
     return __longlong_as_double(0x7ff0000000000000LL);
 }
 
+// x rounded to TF32 (10 fraction bits) to nearest, ties away from zero: what PTX's
+// cvt.rna.tf32.f32 gives a finite x, in two integer operations that every GPU (and the CPU
+// emulator of the tests) has, so the centers' operands (pack_centers) and the points' (the
+// tensor-core kernels) round alike. The low 13 bits come back zero.
+__device__ __forceinline__ float tf32_rna(float x) {
+    return __uint_as_float((__float_as_uint(x) + 0x1000u) & 0xffffe000u);
+}
+
 // Weight of point i; W null means unit weights.
 template <typename T>
 __device__ __forceinline__ T weight_at(const T* __restrict__ W, i64 i) {
@@ -373,9 +381,9 @@ __device__ __forceinline__ void store_block_totals(double inertia, unsigned chan
 }
 
 // The epilogue of the GEMM-like assignment kernels (SIMT and TF32): per row of the block, the
-// lexicographic (dist, index) minimum over its 16 candidate cells (disjoint column sets), then
+// lexicographic (dist, index) minimum over its NC candidate cells (disjoint column sets), then
 // the point's label, distance, inertia and changed count, and the block's totals.
-template <typename T, int BM, int RS>
+template <typename T, int BM, int RS, int NC = 16>
 __device__ __forceinline__ void finish_rows(const T* rbest, const int* ridx, i64 row0, int n,
                                             int d, const T* __restrict__ X,
                                             const T* __restrict__ W,
@@ -391,7 +399,7 @@ __device__ __forceinline__ void finish_rows(const T* rbest, const int* ridx, i64
         if (gx >= n) continue;
         T b = rbest[r * RS];
         int bi = ridx[r * RS];
-        for (int t = 1; t < 16; ++t) {
+        for (int t = 1; t < NC; ++t) {
             const T v = rbest[r * RS + t];
             const int vi = ridx[r * RS + t];
             if (v < b || (v == b && vi < bi)) { b = v; bi = vi; }

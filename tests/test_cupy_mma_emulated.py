@@ -1,0 +1,137 @@
+"""cupy-fused's v2 tensor-core kernel (cuda/fused_mma.cu) run on the CPU through the NumPy
+stand-in for CuPy (tests/_fake_cupy.py) and the kernel emulator (tests/_cuda_emulator.py, which
+defines mma.sync, ldmatrix and cp.async by the PTX ISA): its tiling, the resident and K-streamed
+X paths, 16- and 4-byte copies, the K, row and column tails, the pre-rounded operands of
+pack_centers (layouts 3 and 4) and the epilogue. precision="tf32" labels must be the exact
+argmin up to TF32's rounding; gemm_kernel="3xtf32" labels must be numpy's up to near ties (the
+same bound as tests/test_cupy_fused.py). What the GPU adds (the hardware's fragment layouts,
+its accumulation order, launch limits, speed) is left to the gpu tests. Skipped without g++."""
+import numpy as np
+import pytest
+from kmeans_xp_backends.cupy import fused_plan
+from kmeans_xp_backends.numpy_ import NumpyBackend
+
+from kmeans_xp.testing import asymmetric_data
+from tests._cuda_emulator import EmulatedKernels
+
+pytestmark = pytest.mark.skipif(not EmulatedKernels.available(), reason="needs g++")
+
+
+def _problem(n, d, k, seed=0):
+    X = asymmetric_data(n, d, max(1, min(k, 20)), dtype=np.float32, seed=seed)
+    X -= X.mean(axis=0)
+    rng = np.random.default_rng(seed + 1)
+    C = X[rng.choice(n, k, replace=k > n)] + rng.normal(size=(k, d)).astype(np.float32) * 0.05
+    if k > 4:
+        C[k // 2] = C[1]  # equal centers: the lower index must win
+    return np.ascontiguousarray(X), np.ascontiguousarray(C.astype(np.float32))
+
+
+def _near_tie(X, C, a, b):
+    """As tests/test_cupy_fused.py's: two float32 expansions may order a and b differently."""
+    d = X.shape[1]
+    u = np.finfo(np.float32).eps / 2
+    gamma = (d + 2) * u / (1 - (d + 2) * u)
+    X64, C64 = X.astype(np.float64), C.astype(np.float64)
+    da, db = ((X64 - C64[a]) ** 2).sum(1), ((X64 - C64[b]) ** 2).sum(1)
+    nx = np.sqrt((X64 ** 2).sum(1))
+    na2, nb2 = (C64[a] ** 2).sum(1), (C64[b] ** 2).sum(1)
+    bound = gamma * (2 * nx * (np.sqrt(na2) + np.sqrt(nb2)) + na2 + nb2)
+    return np.abs(da - db) <= bound + 1e-12 * (nx ** 2 + na2 + nb2)
+
+
+def _assign(X, C, **options):
+    from kmeans_xp_backends.cupy.fused import CupyFusedBackend
+    be = CupyFusedBackend(**options)
+    lab, msq = be.assign(X, C)
+    return be, np.asarray(lab), np.asarray(msq)
+
+
+# (n, d, k): one and several row blocks (BM = 256), column tails (kpad = 128 multiples), k = 1,
+# d not a multiple of 8 or 4 (K tail, 4-byte copies), d past the resident limit (K-streamed)
+CASES = [(300, 20, 129), (257, 33, 13), (513, 128, 300), (100, 5, 1), (131, 152, 40),
+         (131, 201, 7), (260, 160, 131)]
+
+
+@pytest.mark.parametrize("n,d,k", CASES)
+def test_tf32_v2_labels_within_tf32_rounding(emulated_cupy, n, d, k):
+    X, C = _problem(n, d, k, seed=d + k)
+    be, lab, msq = _assign(X, C, precision="tf32")
+    p = be._ws.plan
+    assert p.path == "mma" and p.layout == 3
+    assert p.resident == (fused_plan.mma_dk(d) <= 152)
+    X64, C64 = X.astype(np.float64), C.astype(np.float64)
+    exact = ((X64[:, None, :] - C64[None]) ** 2).sum(-1)
+    got = exact[np.arange(n), lab]
+    best = exact.min(1)
+    u = 2.0 ** -10
+    gamma = d * np.finfo(np.float32).eps
+    nx, nc = np.sqrt((X64 ** 2).sum(1)), np.sqrt((C64 ** 2).sum(1))
+    err = (2 * u * (1 + u) + gamma) * 2 * nx * nc[lab] + gamma * nc[lab] ** 2
+    err_best = (2 * u * (1 + u) + gamma) * 2 * nx * nc[exact.argmin(1)]
+    assert np.all(got - best <= err + err_best + 1e-6 * (nx ** 2 + nc[lab] ** 2))
+    assert np.all(np.abs(msq - got) <= 2 * err + 1e-5 * (nx ** 2 + 1))
+    if k > 4:  # the duplicate of center 1 never wins over it
+        assert not np.any(lab == k // 2)
+
+
+@pytest.mark.parametrize("n,d,k", CASES)
+def test_3xtf32_labels_are_numpys_up_to_near_ties(emulated_cupy, n, d, k):
+    X, C = _problem(n, d, k, seed=d * 3 + k)
+    be, lab, msq = _assign(X, C, gemm_kernel="3xtf32")
+    p = be._ws.plan
+    if d <= fused_plan.SMALL_D_MAX:
+        assert p.path == "small"  # the option is for the d > 16 path only
+        return
+    assert p.path == "mma3" and p.layout == 4
+    assert p.resident == (fused_plan.mma_dk(d) <= 144)
+    ref_lab, ref_min = NumpyBackend(n_threads=1).assign(X, C)
+    bad = np.flatnonzero(lab != ref_lab)
+    ties = _near_tie(X[bad], C, lab[bad], ref_lab[bad])
+    assert ties.all(), f"{np.count_nonzero(~ties)} of {bad.size} labels not near ties"
+    same = lab == ref_lab
+    scale = (X.astype(np.float64) ** 2).sum(1) + (C.astype(np.float64) ** 2).sum(1)[lab]
+    eps = np.finfo(np.float32).eps
+    assert np.all(np.abs(msq[same] - ref_min[same]) <= 16 * eps * scale[same])
+    if k > 4:
+        assert not np.any(lab == k // 2)
+
+
+def test_lloyd_iter_through_the_v2_kernel(emulated_cupy):
+    """The iteration's statistics (inertia partials per block, changed labels) as assign's."""
+    X, C = _problem(700, 40, 50, seed=4)
+    from kmeans_xp_backends.cupy.fused import CupyFusedBackend
+    be = CupyFusedBackend(gemm_kernel="3xtf32")
+    lab, msq = be.assign(X, C)
+    it = be.lloyd_iter(X, None, C, None)
+    assert np.array_equal(np.asarray(it.labels), np.asarray(lab))
+    assert float(it.n_changed) == len(X)
+    assert float(it.inertia) == pytest.approx(float(np.sum(np.asarray(msq, np.float64))),
+                                              rel=1e-9)
+    assert np.array_equal(np.asarray(it.weight_in_clusters),
+                          np.bincount(np.asarray(lab), minlength=50))
+    it2 = be.lloyd_iter(X, None, C[::-1].copy(), it.labels)
+    assert float(it2.n_changed) == np.count_nonzero(np.asarray(it2.labels) != np.asarray(lab))
+
+
+def test_falls_back_where_the_v2_kernel_cannot_run():
+    small = fused_plan.DeviceFacts(2, 99 * 1024, 100 * 1024, 86)   # sm_86: 99 KB a block
+    old = fused_plan.DeviceFacts(80, 96 * 1024, 96 * 1024, 75)     # no TF32 tensor cores
+    h200 = fused_plan.NOMINAL
+    assert fused_plan.plan(10**6, 128, 4096, "float32", h200, precision="tf32").path == "mma"
+    p = fused_plan.plan(10**6, 128, 4096, "float32", h200, gemm_kernel="3xtf32")
+    assert p.path == "mma3" and p.resident and p.assign_smem <= h200.smem_block - 1024
+    assert fused_plan.plan(10**6, 128, 4096, "float64", h200, gemm_kernel="3xtf32").path \
+        == "gemm"
+    assert fused_plan.plan(10**6, 128, 4096, "float32", old, gemm_kernel="3xtf32").path \
+        == "gemm"
+    assert fused_plan.plan(10**6, 128, 64, "float32", small, precision="tf32").path \
+        == "tf32mma"
+    p = fused_plan.plan(10**6, 16, 64, "float32", small, precision="tf32")
+    assert p.path == "mma" and p.resident
+    assert fused_plan.plan(10, 128, 64, "float32", h200, precision="tf32",
+                           tf32_kernel="fused-v1").path == "tf32mma"
+    # K-streamed for large d, on the H200
+    p = fused_plan.plan(10**5, 1024, 77, "float32", h200, gemm_kernel="3xtf32")
+    assert p.path == "mma3" and not p.resident
+    assert p.fixed_bytes["center_operands"] == (2 * p.kpad * 1024 + p.kpad) * 4
