@@ -63,6 +63,14 @@ SUB_BYTES_PER_THREAD = 512 << 10
 SUB_NS_PER_THREAD = 40_000
 ENTRY_NS, FEATURE_NS = 0.5, 0.02
 MIN_ROWS = 256
+#: from WIDE_D features a sub-chunk has at least WIDE_MIN_ROWS rows (within the budget): the
+#: argmin reads the GEMM's result once, so a result past L2 costs less than the GIL hand-
+#: overs of more sub-chunks (two calls each: 1568 an iteration at d=128, n=200k with 256
+#: rows, 416 with 1024). d=128, k=1024 on the H200 host's 16 cores (cpu_probe_call3.json):
+#: 149.4 ms per iteration with 256 rows (the rule above), 146.3 with 512, 143.2 with 1024,
+#: 143.9 with 2048 (8 MiB). Labels do not depend on it (tests/test_numpy_variants.py)
+WIDE_D = 64
+WIDE_MIN_ROWS = 1024
 #: rows and buffer bytes per thread task at most (one task per thread when n allows: a
 #: fixed, even split)
 TARGET_TASK_ROWS = 1 << 18
@@ -146,12 +154,14 @@ def _sub_rows(d, k, itemsize, threads):
     row_bytes = max(k * itemsize, 1)
     cache = SUB_BYTES_PER_THREAD // row_bytes
     work = int(max(1, threads) * SUB_NS_PER_THREAD / (k * (ENTRY_NS + FEATURE_NS * d)))
-    return max(MIN_ROWS, cache, min(work, TARGET_BLOCK_BYTES // row_bytes))
+    floor = WIDE_MIN_ROWS if d >= WIDE_D else MIN_ROWS
+    return max(floor, cache, min(work, TARGET_BLOCK_BYTES // row_bytes))
 
 
 def _thread_fixed_bytes(k, d):
     # the thread's float64 accumulators (k, d) + (k,), and per block: reduceat's (k, d)
-    # result with its transposed and gathered copies, and a few (k,) label arrays
+    # result (a buffer of the thread's) with transposed and gathered copies, and a few (k,)
+    # label arrays
     return 4 * k * (d + 1) * 8 + 6 * k * 8
 
 

@@ -121,6 +121,7 @@ def allocate(block, sub, k, d, dtype, *, augmented, sorted_sums, copy_rows, grou
         b["group"] = group = group or d    # features cast at a time (`sorted_sums`)
         b["cols"] = np.empty(block * group + 1, dtype=np.float64)   # (+ a 0: `sorted_sums`)
         b["ws"] = np.empty(block, dtype=np.float64)
+        b["part"] = np.empty(d * k, dtype=np.float64)   # the block's sums (`sorted_sums`)
     else:
         b["xw64"] = np.empty(block, dtype=np.float64)
     return b
@@ -262,6 +263,9 @@ def sorted_sums(Xb, src, lab, w64, acc, bufs, sq_norms):
     where = True if filled.all() else filled
     g = bufs["group"]
     runs = (starts + np.arange(0, min(g, d) * r, r, dtype=np.intp)[:, None]).reshape(-1)
+    # every group's sums into the block's (d, k), added to acc by one call after the loop
+    # (one add per group before: the same values, each added once; fewer GIL hand-overs)
+    part = bufs["part"][:d * k]
     for j0 in range(0, d, g):
         j1 = min(j0 + g, d)
         flat = bufs["cols"][:r * (j1 - j0) + 1]
@@ -278,9 +282,8 @@ def sorted_sums(Xb, src, lab, w64, acc, bufs, sq_norms):
                 acc.sq_norms += float(np.dot(m, ws))
         if w64 is not None:
             cols *= ws
-        part = np.add.reduceat(flat, runs[:(j1 - j0) * k]).reshape(j1 - j0, k)
-        out = acc.sums[j0:j1]         # (feature-major: contiguous)
-        np.add(out, part, out=out, where=where)
+        np.add.reduceat(flat, runs[:(j1 - j0) * k], out=part[j0 * k:j1 * k])
+    np.add(acc.sums, part.reshape(d, k), out=acc.sums, where=where)   # (feature-major)
 
 
 def bincount_sums(Xb, src, lab, w64, acc, bufs, sq_norms):
