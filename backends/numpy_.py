@@ -92,6 +92,9 @@ AUGMENT_MAX_D = 1 << 30
 #: 16, 145 with 32. (Chunk GEMMs threaded by BLAS itself, argmin on the pool, ran 2.2-3.9x
 #: slower than the per-thread GEMMs at W1, W2 and d=128 there: not kept)
 SORTED_SUMS_GROUP = 16
+#: the label-grouped sums' total is added by the pool threads, each a share of the features
+#: (`numpy_blocks.ThreadSums`), not by the calling thread while the others idle. Same sums
+SUMS_TOTAL_ON_THREADS = True
 #: bytes of Python objects a call creates (thread pool, futures, thread-local dicts)
 PYTHON_OVERHEAD = 48 << 10
 
@@ -204,6 +207,7 @@ class NumpyBackend(KMeansBackend):
         self._pool = None
         self._pool_threads = 0
         self._local = threading.local()
+        self._spawn_lock = threading.Lock()
         if self.threads > 1:
             blas_controller()  # once, before any fit is measured
 
@@ -227,9 +231,15 @@ class NumpyBackend(KMeansBackend):
 
     # -- threads and buffers ----------------------------------------------------------------
     def _spawn(self, job, threads):
-        """[job(0), ..., job(threads - 1)], run on `threads` pool threads."""
+        """[job(0), ..., job(threads - 1)], run on `threads` pool threads, all at once (the
+        jobs of a pass may wait for each other: `numpy_blocks.ThreadSums`), one pass at a
+        time (a pass from another thread waits: the pool holds only one pass's jobs)."""
         if threads == 1:
             return [job(0)]
+        with self._spawn_lock:
+            return self._spawn_locked(job, threads)
+
+    def _spawn_locked(self, job, threads):
         if self._pool is None or self._pool_threads != threads:
             if self._pool is not None:
                 self._pool.shutdown(wait=True)
@@ -261,7 +271,8 @@ class NumpyBackend(KMeansBackend):
         (labels_in's inertia by differences). X seen centered (`HostRows`: a memmap) is
         read and centered block by block. Thread t takes a fixed, contiguous run of blocks
         and adds them in order into its own accumulators, which are then added in thread
-        order: the float64 sums do not depend on which thread ran when (deterministic)."""
+        order (the label-grouped sums by the threads themselves, a share of the features
+        each): the float64 sums do not depend on which thread ran when (deterministic)."""
         X, mean = (X.data, X.mean) if isinstance(X, HostRows) else (np.asarray(X), None)
         n, d = X.shape
         k = centers.shape[0]
@@ -282,10 +293,23 @@ class NumpyBackend(KMeansBackend):
         sums = blocks.sorted_sums if plan.sorted_sums else blocks.bincount_sums
         n_tasks = -(-n // plan.block)
         threads = max(1, min(plan.threads, n_tasks))
+        shared = (blocks.ThreadSums(threads, k, d) if reduce and plan.sorted_sums and
+                  threads > 1 and SUMS_TOTAL_ON_THREADS else None)
 
         def job(t):
+            acc = shared.acc(t) if shared else blocks.Acc(k, d, plan.sorted_sums)
+            try:
+                run_blocks(t, acc)
+            except BaseException:
+                if shared:
+                    shared.abort()   # (no thread waits for this one)
+                raise
+            if shared:
+                shared.add_share(t)
+            return acc
+
+        def run_blocks(t, acc):
             bufs = self._buffers(plan, X.dtype, copy_rows)
-            acc = blocks.Acc(k, d, plan.sorted_sums)
             for i in range(t * n_tasks // threads, (t + 1) * n_tasks // threads):
                 s0, e0 = i * plan.block, min((i + 1) * plan.block, n)
                 rows, src = blocks.block_rows(X, mean, s0, e0, bufs, gemm=assign)
@@ -304,14 +328,15 @@ class NumpyBackend(KMeansBackend):
                 if direct:
                     dist = blocks.sq_dist_block(rows, lab, c, bufs, plan.sub)
                     acc.direct += float(dist.sum() if w64 is None else np.dot(dist, w64))
-            return acc
 
         # (BLAS held to one thread, shared by every fit of the process)
         with BLAS_ONE_THREAD if assign and threads > 1 else contextlib.nullcontext():
             accs = self._spawn(job, threads)
         total = None
         for a in accs:  # thread order
-            total = a if total is None else total.merge(a)
+            total = a if total is None else total.merge(a, sums=shared is None)
+        if shared:
+            total.sums, total.feature_major = shared.total, False
         return labels, min_sq, total, ops
 
     def assign(self, X, centers, *, xp=None):

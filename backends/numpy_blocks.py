@@ -24,6 +24,8 @@ between iterations: an argmin into uint8 goes through an intp temporary of its o
 """
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 
 from kmeans_xp.rows import center_rows
@@ -59,16 +61,18 @@ class Acc:
 
     __slots__ = ("sums", "weights", "sq_norms", "changed", "feature_major", "direct")
 
-    def __init__(self, k, d, feature_major=False):
+    def __init__(self, k, d, feature_major=False, sums=None):
         self.feature_major = feature_major
-        self.sums = np.zeros((d, k) if feature_major else (k, d), dtype=np.float64)
+        self.sums = (np.zeros((d, k) if feature_major else (k, d), dtype=np.float64)
+                     if sums is None else sums)
         self.weights = np.zeros(k, dtype=np.float64)
         self.sq_norms = 0.0
         self.changed = 0
         self.direct = 0.0
 
-    def merge(self, other):
-        self.sums += other.sums
+    def merge(self, other, sums=True):
+        if sums:
+            self.sums += other.sums
         self.weights += other.weights
         self.sq_norms += other.sq_norms
         self.changed += other.changed
@@ -85,6 +89,37 @@ class Acc:
         cross = float(np.einsum("ij,ij->", c64, self.cluster_sums()))
         return self.sq_norms - 2.0 * cross + float(np.dot(self.weights,
                                                           np.einsum("ij,ij->i", c64, c64)))
+
+
+class ThreadSums:
+    """The pool threads' feature-major sums of one pass, stacked (threads, d, k), and their
+    (k, d) total, which the threads add themselves once all are done: thread t adds its
+    share of the features over all threads in thread order (one np.add.reduce along the
+    first axis: sequential, as `Acc.merge` adds them, bit for bit) and writes it transposed.
+    (Merged and transposed on the calling thread, with every other thread idle: 2.6 ms an
+    iteration at d=128, k=1024 for 16 threads on the 2-core VM.)"""
+
+    def __init__(self, threads, k, d):
+        self.stack = np.zeros((threads, d, k), dtype=np.float64)   # (zero pages: no GIL)
+        self.total = np.empty((k, d), dtype=np.float64)
+        self.barrier = threading.Barrier(threads)
+
+    def acc(self, t):
+        return Acc(self.stack.shape[2], self.stack.shape[1], True, sums=self.stack[t])
+
+    def add_share(self, t):
+        """Thread t's share of the total, after every thread's blocks (none if one failed:
+        its own error is the pass's)."""
+        try:
+            self.barrier.wait()
+        except threading.BrokenBarrierError:
+            return
+        threads, d = self.stack.shape[:2]
+        j0, j1 = t * d // threads, (t + 1) * d // threads
+        np.add.reduce(self.stack[:, j0:j1], axis=0, out=self.total[:, j0:j1].T)
+
+    def abort(self):
+        self.barrier.abort()
 
 
 def key_dtype(k):

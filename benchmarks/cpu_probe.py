@@ -45,6 +45,7 @@ VARIANTS = {
     "d128": {"gemm=K=d+add (no [x, 1] copy)": {"AUGMENT_MAX_D": 32},
              "sub=256rows (the rule before WIDE_MIN_ROWS)": {"WIDE_MIN_ROWS": 256},
              "sub=2048rows": {"WIDE_MIN_ROWS": 2048},
+             "sums' total on the calling thread": {"SUMS_TOTAL_ON_THREADS": 0},
              "sub=8MiB": {"SUB_NS_PER_THREAD": 10**9},
              "sums: all features cast at once": {"SORTED_SUMS_GROUP": 0},
              "sums: 32 features cast at a time": {"SORTED_SUMS_GROUP": 32},

@@ -1,9 +1,11 @@
 """The numpy backend's wide-data path (d >= WIDE_D: sub-chunks of at least WIDE_MIN_ROWS rows;
 label-grouped sums whose groups all reduce into one per-thread buffer, added to the thread's
-accumulators once per block) gives bit for bit what the formulation before it gave (256-row
-sub-chunks, one add per feature group), on asymmetric float32 and float64 data whose n is a
-multiple of neither the block nor the sub-chunk, with and without weights and empty clusters,
-on one thread and on two."""
+accumulators once per block; the threads' sums totalled by the threads, a share of the features
+each) gives bit for bit what the formulation before it gave (256-row sub-chunks, one add per
+feature group, the total added on the calling thread), on asymmetric float32 and float64 data
+whose n is a multiple of neither the block nor the sub-chunk, with and without weights and empty
+clusters, on one, two and five threads; and a pass whose thread fails raises its error (no
+thread waits for it at the total)."""
 import kmeans_xp_backends.numpy_ as nb
 import kmeans_xp_backends.numpy_blocks as blocks
 import numpy as np
@@ -65,6 +67,7 @@ def _iterate(monkeypatch, X, w, C, threads, before):
         m.setattr(nb, "TARGET_TASK_ROWS", 1500)   # several blocks per thread, a short last
         if before:
             m.setattr(nb, "WIDE_MIN_ROWS", nb.MIN_ROWS)
+            m.setattr(nb, "SUMS_TOTAL_ON_THREADS", False)
             m.setattr(blocks, "sorted_sums", _sorted_sums_per_group)
         be = nb.NumpyBackend(n_threads=threads)
         first = be.lloyd_iter(X, w, C, None)
@@ -75,7 +78,7 @@ def _iterate(monkeypatch, X, w, C, threads, before):
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("weighted", [False, True])
-@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("threads", [1, 2, 5])
 def test_wide_path_is_the_earlier_one_bit_for_bit(monkeypatch, dtype, weighted, threads):
     n, d, k = 7_777, 130, 300
     X = asymmetric_data(n, d, 40, dtype=dtype, seed=2)
@@ -93,3 +96,21 @@ def test_wide_path_is_the_earlier_one_bit_for_bit(monkeypatch, dtype, weighted, 
         assert a.inertia.tobytes() == b.inertia.tobytes()
         assert float(a.n_changed) == float(b.n_changed)
     assert not new[0].weight_in_clusters[:5].any()
+
+
+def test_a_failing_thread_fails_the_pass(monkeypatch):
+    X = asymmetric_data(4_001, 70, 6, dtype=np.float32, seed=3)
+    calls, sorted_sums = [], blocks.sorted_sums
+
+    def fail_once(Xb, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("block failed")
+        return sorted_sums(Xb, *args, **kwargs)
+
+    monkeypatch.setattr(nb, "TARGET_TASK_ROWS", 1000)
+    monkeypatch.setattr(blocks, "sorted_sums", fail_once)
+    be = nb.NumpyBackend(n_threads=3)
+    with pytest.raises(RuntimeError, match="block failed"):
+        be.lloyd_iter(X, None, X[:6].copy(), None)
+    be.finish()
