@@ -165,12 +165,12 @@ sys.version.split()[0])"
       install_new
       for o in ${NCU_OPTS:-'{}' '{"center_group":1}'}; do
         (cd benchmarks && timeout ${NCU_TIMEOUT:-120} ncu --clock-control none \
-          --kernel-name regex:assign_small --launch-skip 1 --launch-count 1 \
+          --kernel-name regex:${NCU_KERNEL:-assign_small} --launch-skip 1 --launch-count 1 \
           --section SpeedOfLight --section Occupancy --section WarpStateStats \
-          --section SchedulerStats --section InstructionStats --section ComputeWorkloadAnalysis \
-          python3 ncu_small.py "$o" ${NCU_SHAPE:-}) >> "$OUT/ncu_small.txt" 2>&1
+          --section SchedulerStats --section InstructionStats --section ComputeWorkloadAnalysis ${NCU_EXTRA:-} \
+          python3 ncu_small.py "$o" ${NCU_SHAPE:-}) >> "$OUT/ncu_${NCU_KERNEL:-assign_small}.txt" 2>&1
       done
-      grep -E "^  [a-z_]+<|Issue Slots Busy|Executed Ipc Active|Achieved Occupancy|Duration|Registers Per|Theoretical Occ|No Eligible|Stall" "$OUT/ncu_small.txt" | head -n 40 ;;
+      grep -E "^  [a-z_]+<|Issue Slots Busy|Executed Ipc Active|Achieved Occupancy|Duration|Registers Per|Theoretical Occ|No Eligible|Stall" "$OUT/ncu_${NCU_KERNEL:-assign_small}.txt" | head -n 40 ;;
     mma)
       install_new
       timeout ${MMA_TIMEOUT:-200} python3 benchmarks/mma_probe.py "$OUT/mma_probe$pass.json" ${MMA_ARGS:-} > "$OUT/mma_probe$pass.log" 2>&1
