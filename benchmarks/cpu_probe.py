@@ -237,12 +237,16 @@ def main():
     ap.add_argument("--quick", action="store_true", help="defaults only, no variants")
     ap.add_argument("--old", help="an earlier backends/numpy_.py to time beside this one")
     ap.add_argument("--no-plusplus", action="store_true", help="skip the k-means++ rows")
+    ap.add_argument("--only", default=",".join(WORKLOADS),
+                    help="comma-separated workloads to run (default: all)")
     ap.add_argument("--no-stages", action="store_true",
                     help="skip the stage breakdowns (numpy_stages.py) of " + ", ".join(STAGES))
     args = ap.parse_args()
     old = _Old(args.old) if args.old else None
     out = {"cores": len(os.sched_getaffinity(0)), "iters": args.iters, "workloads": {}}
     for name, (n, d, k) in WORKLOADS.items():
+        if name not in args.only.split(","):
+            continue
         X, init = data(n, d, k)
         out["workloads"][name] = lloyd_rows(name, X, init, args.iters, args.repeats,
                                             args.quick, old)
