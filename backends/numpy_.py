@@ -63,14 +63,6 @@ SUB_BYTES_PER_THREAD = 512 << 10
 SUB_NS_PER_THREAD = 40_000
 ENTRY_NS, FEATURE_NS = 0.5, 0.02
 MIN_ROWS = 256
-#: from WIDE_D features a sub-chunk has at least WIDE_MIN_ROWS rows (within the budget): the
-#: argmin reads the GEMM's result once, so a result past L2 costs less than the GIL hand-
-#: overs of more sub-chunks (two calls each: 1568 an iteration at d=128, n=200k with 256
-#: rows, 416 with 1024). d=128, k=1024 on the H200 host's 16 cores (cpu_probe_call3.json):
-#: 149.4 ms per iteration with 256 rows (the rule above), 146.3 with 512, 143.2 with 1024,
-#: 143.9 with 2048 (8 MiB). Labels do not depend on it (tests/test_numpy_variants.py)
-WIDE_D = 64
-WIDE_MIN_ROWS = 1024
 #: rows and buffer bytes per thread task at most (one task per thread when n allows: a
 #: fixed, even split)
 TARGET_TASK_ROWS = 1 << 18
@@ -92,9 +84,6 @@ AUGMENT_MAX_D = 1 << 30
 #: 16, 145 with 32. (Chunk GEMMs threaded by BLAS itself, argmin on the pool, ran 2.2-3.9x
 #: slower than the per-thread GEMMs at W1, W2 and d=128 there: not kept)
 SORTED_SUMS_GROUP = 16
-#: the label-grouped sums' total is added by the pool threads, each a share of the features
-#: (`numpy_blocks.ThreadSums`), not by the calling thread while the others idle. Same sums
-SUMS_TOTAL_ON_THREADS = True
 #: bytes of Python objects a call creates (thread pool, futures, thread-local dicts)
 PYTHON_OVERHEAD = 48 << 10
 
@@ -157,14 +146,12 @@ def _sub_rows(d, k, itemsize, threads):
     row_bytes = max(k * itemsize, 1)
     cache = SUB_BYTES_PER_THREAD // row_bytes
     work = int(max(1, threads) * SUB_NS_PER_THREAD / (k * (ENTRY_NS + FEATURE_NS * d)))
-    floor = WIDE_MIN_ROWS if d >= WIDE_D else MIN_ROWS
-    return max(floor, cache, min(work, TARGET_BLOCK_BYTES // row_bytes))
+    return max(MIN_ROWS, cache, min(work, TARGET_BLOCK_BYTES // row_bytes))
 
 
 def _thread_fixed_bytes(k, d):
     # the thread's float64 accumulators (k, d) + (k,), and per block: reduceat's (k, d)
-    # result (a buffer of the thread's) with transposed and gathered copies, and a few (k,)
-    # label arrays
+    # result with its transposed and gathered copies, and a few (k,) label arrays
     return 4 * k * (d + 1) * 8 + 6 * k * 8
 
 
@@ -207,7 +194,6 @@ class NumpyBackend(KMeansBackend):
         self._pool = None
         self._pool_threads = 0
         self._local = threading.local()
-        self._spawn_lock = threading.Lock()
         if self.threads > 1:
             blas_controller()  # once, before any fit is measured
 
@@ -231,15 +217,9 @@ class NumpyBackend(KMeansBackend):
 
     # -- threads and buffers ----------------------------------------------------------------
     def _spawn(self, job, threads):
-        """[job(0), ..., job(threads - 1)], run on `threads` pool threads, all at once (the
-        jobs of a pass may wait for each other: `numpy_blocks.ThreadSums`), one pass at a
-        time (a pass from another thread waits: the pool holds only one pass's jobs)."""
+        """[job(0), ..., job(threads - 1)], run on `threads` pool threads."""
         if threads == 1:
             return [job(0)]
-        with self._spawn_lock:
-            return self._spawn_locked(job, threads)
-
-    def _spawn_locked(self, job, threads):
         if self._pool is None or self._pool_threads != threads:
             if self._pool is not None:
                 self._pool.shutdown(wait=True)
@@ -271,8 +251,7 @@ class NumpyBackend(KMeansBackend):
         (labels_in's inertia by differences). X seen centered (`HostRows`: a memmap) is
         read and centered block by block. Thread t takes a fixed, contiguous run of blocks
         and adds them in order into its own accumulators, which are then added in thread
-        order (the label-grouped sums by the threads themselves, a share of the features
-        each): the float64 sums do not depend on which thread ran when (deterministic)."""
+        order: the float64 sums do not depend on which thread ran when (deterministic)."""
         X, mean = (X.data, X.mean) if isinstance(X, HostRows) else (np.asarray(X), None)
         n, d = X.shape
         k = centers.shape[0]
@@ -293,23 +272,10 @@ class NumpyBackend(KMeansBackend):
         sums = blocks.sorted_sums if plan.sorted_sums else blocks.bincount_sums
         n_tasks = -(-n // plan.block)
         threads = max(1, min(plan.threads, n_tasks))
-        shared = (blocks.ThreadSums(threads, k, d) if reduce and plan.sorted_sums and
-                  threads > 1 and SUMS_TOTAL_ON_THREADS else None)
 
         def job(t):
-            acc = shared.acc(t) if shared else blocks.Acc(k, d, plan.sorted_sums)
-            try:
-                run_blocks(t, acc)
-            except BaseException:
-                if shared:
-                    shared.abort()   # (no thread waits for this one)
-                raise
-            if shared:
-                shared.add_share(t)
-            return acc
-
-        def run_blocks(t, acc):
             bufs = self._buffers(plan, X.dtype, copy_rows)
+            acc = blocks.Acc(k, d, plan.sorted_sums)
             for i in range(t * n_tasks // threads, (t + 1) * n_tasks // threads):
                 s0, e0 = i * plan.block, min((i + 1) * plan.block, n)
                 rows, src = blocks.block_rows(X, mean, s0, e0, bufs, gemm=assign)
@@ -328,15 +294,14 @@ class NumpyBackend(KMeansBackend):
                 if direct:
                     dist = blocks.sq_dist_block(rows, lab, c, bufs, plan.sub)
                     acc.direct += float(dist.sum() if w64 is None else np.dot(dist, w64))
+            return acc
 
         # (BLAS held to one thread, shared by every fit of the process)
         with BLAS_ONE_THREAD if assign and threads > 1 else contextlib.nullcontext():
             accs = self._spawn(job, threads)
         total = None
         for a in accs:  # thread order
-            total = a if total is None else total.merge(a, sums=shared is None)
-        if shared:
-            total.sums, total.feature_major = shared.total, False
+            total = a if total is None else total.merge(a)
         return labels, min_sq, total, ops
 
     def assign(self, X, centers, *, xp=None):

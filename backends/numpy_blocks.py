@@ -24,8 +24,6 @@ between iterations: an argmin into uint8 goes through an intp temporary of its o
 """
 from __future__ import annotations
 
-import threading
-
 import numpy as np
 
 from kmeans_xp.rows import center_rows
@@ -61,18 +59,16 @@ class Acc:
 
     __slots__ = ("sums", "weights", "sq_norms", "changed", "feature_major", "direct")
 
-    def __init__(self, k, d, feature_major=False, sums=None):
+    def __init__(self, k, d, feature_major=False):
         self.feature_major = feature_major
-        self.sums = (np.zeros((d, k) if feature_major else (k, d), dtype=np.float64)
-                     if sums is None else sums)
+        self.sums = np.zeros((d, k) if feature_major else (k, d), dtype=np.float64)
         self.weights = np.zeros(k, dtype=np.float64)
         self.sq_norms = 0.0
         self.changed = 0
         self.direct = 0.0
 
-    def merge(self, other, sums=True):
-        if sums:
-            self.sums += other.sums
+    def merge(self, other):
+        self.sums += other.sums
         self.weights += other.weights
         self.sq_norms += other.sq_norms
         self.changed += other.changed
@@ -89,37 +85,6 @@ class Acc:
         cross = float(np.einsum("ij,ij->", c64, self.cluster_sums()))
         return self.sq_norms - 2.0 * cross + float(np.dot(self.weights,
                                                           np.einsum("ij,ij->i", c64, c64)))
-
-
-class ThreadSums:
-    """The pool threads' feature-major sums of one pass, stacked (threads, d, k), and their
-    (k, d) total, which the threads add themselves once all are done: thread t adds its
-    share of the features over all threads in thread order (one np.add.reduce along the
-    first axis: sequential, as `Acc.merge` adds them, bit for bit) and writes it transposed.
-    (Merged and transposed on the calling thread, with every other thread idle: 2.6 ms an
-    iteration at d=128, k=1024 for 16 threads on the 2-core VM.)"""
-
-    def __init__(self, threads, k, d):
-        self.stack = np.zeros((threads, d, k), dtype=np.float64)   # (zero pages: no GIL)
-        self.total = np.empty((k, d), dtype=np.float64)
-        self.barrier = threading.Barrier(threads)
-
-    def acc(self, t):
-        return Acc(self.stack.shape[2], self.stack.shape[1], True, sums=self.stack[t])
-
-    def add_share(self, t):
-        """Thread t's share of the total, after every thread's blocks (none if one failed:
-        its own error is the pass's)."""
-        try:
-            self.barrier.wait()
-        except threading.BrokenBarrierError:
-            return
-        threads, d = self.stack.shape[:2]
-        j0, j1 = t * d // threads, (t + 1) * d // threads
-        np.add.reduce(self.stack[:, j0:j1], axis=0, out=self.total[:, j0:j1].T)
-
-    def abort(self):
-        self.barrier.abort()
 
 
 def key_dtype(k):
@@ -156,7 +121,6 @@ def allocate(block, sub, k, d, dtype, *, augmented, sorted_sums, copy_rows, grou
         b["group"] = group = group or d    # features cast at a time (`sorted_sums`)
         b["cols"] = np.empty(block * group + 1, dtype=np.float64)   # (+ a 0: `sorted_sums`)
         b["ws"] = np.empty(block, dtype=np.float64)
-        b["part"] = np.empty(d * k, dtype=np.float64)   # the block's sums (`sorted_sums`)
     else:
         b["xw64"] = np.empty(block, dtype=np.float64)
     return b
@@ -298,9 +262,6 @@ def sorted_sums(Xb, src, lab, w64, acc, bufs, sq_norms):
     where = True if filled.all() else filled
     g = bufs["group"]
     runs = (starts + np.arange(0, min(g, d) * r, r, dtype=np.intp)[:, None]).reshape(-1)
-    # every group's sums into the block's (d, k), added to acc by one call after the loop
-    # (one add per group before: the same values, each added once; fewer GIL hand-overs)
-    part = bufs["part"][:d * k]
     for j0 in range(0, d, g):
         j1 = min(j0 + g, d)
         flat = bufs["cols"][:r * (j1 - j0) + 1]
@@ -317,8 +278,9 @@ def sorted_sums(Xb, src, lab, w64, acc, bufs, sq_norms):
                 acc.sq_norms += float(np.dot(m, ws))
         if w64 is not None:
             cols *= ws
-        np.add.reduceat(flat, runs[:(j1 - j0) * k], out=part[j0 * k:j1 * k])
-    np.add(acc.sums, part.reshape(d, k), out=acc.sums, where=where)   # (feature-major)
+        part = np.add.reduceat(flat, runs[:(j1 - j0) * k]).reshape(j1 - j0, k)
+        out = acc.sums[j0:j1]         # (feature-major: contiguous)
+        np.add(out, part, out=out, where=where)
 
 
 def bincount_sums(Xb, src, lab, w64, acc, bufs, sq_norms):
