@@ -35,7 +35,7 @@ VARIANTS = {
     "tf32-v1": {"precision": "tf32", "tf32_kernel": "fused-v1"},
     "tf32-v2": {"precision": "tf32"},
     "3xtf32": {"gemm_kernel": "3xtf32"},
-    "simt": {},
+    "simt": {"gemm_kernel": "simt"},
     "cublas-tf32": {"precision": "tf32", "tf32_kernel": "cublas"},
 }
 CHECK_ROWS = 4096

@@ -1,6 +1,6 @@
 """Timing probe for `cupy-fused`: ms per Lloyd iteration on the issue's workloads (float32).
 
-    python benchmarks/probe_fused.py OUT.json [--quick] [--only=W1,W3]
+    python benchmarks/probe_fused.py OUT.json [--quick] [--only=W1,W3] [--defaults]
 
 W1 n=2M d=3 k=200, W2 n=2M d=3 k=500, W3 n=20M d=3 k=1000, W5 n=1M d=128 k=4096, each for a
 few backend options (fused or split passes; fp32, tf32 through cuBLAS, tf32 fused). One
@@ -139,7 +139,9 @@ def main(argv):
         X, init = make_data(cp, n, d, k)
         w = None  # unit weights: no array at all
         iters = 20 if n * k * d < 5e10 else 5
-        for opts in VARIANTS[wl]:
+        variants = VARIANTS[wl] if "--defaults" not in argv else (
+            [{}, {"precision": "tf32"}] if d > 16 else [{}])
+        for opts in variants:
             be = CupyFusedBackend(**opts)
             ms, runs, iter_ms, assign_ms, plan, extras = time_iterations(
                 cp, be, X, w, init, iters, repeats=5)
