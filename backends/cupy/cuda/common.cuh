@@ -136,13 +136,11 @@ __device__ __forceinline__ void ldg_vec(const T* __restrict__ p, int count,
 // OpenBLAS's GEMM gives numpy's `X @ (-2 C).T + ||c||^2`; ties go to the lower index.
 // Every thread of the block must call it (it synchronises when the centers are tiled).
 //
-// G > 1 (why: a compare and two selects per pair are three ALU-pipe instructions, which bound
-// the loop at d <= 16): per group of G centers only the minimum (one FMNMX a pair), a compare
-// and two selects per group, then, once per point, the first center of its best group whose
-// distance equals the minimum, recomputed with the same intrinsics (same bits). The result is
-// the sequential rule's: the best group is the first group holding the minimum (a later group
-// with an equal minimum does not replace it), and its first center with that distance is the
-// first such center overall. G = 1 is the per-center loop itself.
+// G > 1 (a compare and two selects per pair are three ALU-pipe instructions, the bound at
+// d <= 16): per pair only the group's minimum (FMNMX), per group a compare and two selects,
+// then per point the first center of its best group whose distance, recomputed with the same
+// intrinsics, equals the minimum: the sequential rule's label (the best group is the first
+// holding the minimum). G = 1 is the per-center loop itself.
 constexpr int NEAREST_GROUP = 8;
 
 template <typename T, int D>
@@ -378,6 +376,39 @@ __device__ __forceinline__ void store_block_totals(double inertia, unsigned chan
         block_inertia[blockIdx.x] = tot;
         if (ch) atomicAdd(counter, ch);
     }
+}
+
+// The tensor-core kernels' epilogue of a column block (mma C fragments c0..c3 at (g, 2t),
+// (g, 2t+1), (g+8, 2t), (g+8, 2t+1)): dist = fl(acc + ||c||^2), the running first minimum of
+// the thread's 2 MT rows in its cell of rbest/ridx (row stride RS), columns ascending from
+// cbase (block's first column + 2t) in NT tiles of 8; ZERO clears acc.
+template <int MT, int NT, int RS, bool ZERO>
+__device__ __forceinline__ void tile_first_min(float (&acc)[MT][NT][4],
+                                               const float* __restrict__ cnorm, int cbase,
+                                               int rbase, int g, int cell, float* rbest,
+                                               int* ridx) {
+    float2 cn[NT];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+        cn[nt] = *reinterpret_cast<const float2*>(cnorm + cbase + nt * 8);
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int at = (rbase + mt * 16 + g + 8 * h) * RS + cell;
+            float bst = rbest[at];
+            int bi = ridx[at];
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    const float dist = __fadd_rn(acc[mt][nt][2 * h + e], e ? cn[nt].y : cn[nt].x);
+                    if (dist < bst) { bst = dist; bi = cbase + nt * 8 + e; }
+                    if (ZERO) acc[mt][nt][2 * h + e] = 0.0f;
+                }
+            rbest[at] = bst;
+            ridx[at] = bi;
+        }
 }
 
 // The epilogue of the GEMM-like assignment kernels (SIMT and TF32): per row of the block, the

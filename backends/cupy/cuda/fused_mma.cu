@@ -290,32 +290,8 @@ assign_mma(const float* __restrict__ X, const float* __restrict__ W,
         if (kt != nk - 1) continue;
 
         // epilogue of column block cb: + ||c||^2, running first minimum (ascending columns)
-        const int c0 = cb * BN + wn * 64 + 2 * t;
-        float cn[8][2];
-#pragma unroll
-        for (int nt = 0; nt < 8; ++nt) {
-            const float2 q = *reinterpret_cast<const float2*>(cnorm + c0 + nt * 8);
-            cn[nt][0] = q.x;
-            cn[nt][1] = q.y;
-        }
-#pragma unroll
-        for (int mt = 0; mt < 4; ++mt)
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                const int r = wm * 64 + mt * 16 + g + 8 * h;
-                float bst = rbest[r * 8 + wn * 4 + t];
-                int bi = ridx[r * 8 + wn * 4 + t];
-#pragma unroll
-                for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-                    for (int e = 0; e < 2; ++e) {
-                        const float dist = __fadd_rn(acc[mt][nt][2 * h + e], cn[nt][e]);
-                        if (dist < bst) { bst = dist; bi = c0 + nt * 8 + e; }
-                        acc[mt][nt][2 * h + e] = 0.0f;
-                    }
-                rbest[r * 8 + wn * 4 + t] = bst;
-                ridx[r * 8 + wn * 4 + t] = bi;
-            }
+        tile_first_min<4, 8, 8, true>(acc, cnorm, cb * BN + wn * 64 + 2 * t, wm * 64, g,
+                                      wn * 4 + t, rbest, ridx);
     }
 
     // the 8 column groups of a row hold disjoint column sets

@@ -156,31 +156,8 @@ assign_tf32(const float* __restrict__ X, const float* __restrict__ W,
             __syncthreads();
         }
         // epilogue: + ||c||^2, running first-minimum over this thread's 8 columns (ascending)
-        float cn[4][2];
-#pragma unroll
-        for (int nt = 0; nt < 4; ++nt) {
-            const float2 q = *reinterpret_cast<const float2*>(cnorm + col0 + wn * 32 + nt * 8 +
-                                                              2 * t);
-            cn[nt][0] = q.x;
-            cn[nt][1] = q.y;
-        }
-#pragma unroll
-        for (int mt = 0; mt < 4; ++mt)
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                const int r = wm * 64 + mt * 16 + g + 8 * h;
-                float bst = rbest[r * RS + wn * 4 + t];
-                int bi = ridx[r * RS + wn * 4 + t];
-#pragma unroll
-                for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-                    for (int e = 0; e < 2; ++e) {
-                        const float dist = __fadd_rn(acc[mt][nt][2 * h + e], cn[nt][e]);
-                        if (dist < bst) { bst = dist; bi = col0 + wn * 32 + nt * 8 + 2 * t + e; }
-                    }
-                rbest[r * RS + wn * 4 + t] = bst;
-                ridx[r * RS + wn * 4 + t] = bi;
-            }
+        tile_first_min<4, 4, RS, false>(acc, cnorm, col0 + wn * 32 + 2 * t, wm * 64, g,
+                                        wn * 4 + t, rbest, ridx);
     }
 
     // the 16 column groups of a row hold disjoint column sets
