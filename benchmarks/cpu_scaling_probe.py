@@ -39,7 +39,8 @@ OPS = {  # name: (function of the buffers, calls per timing)
     "min axis=0 of (k,sub)": (lambda b: np.min(b["DT"], axis=0, out=b["m"]), 200),
     "argmin axis=0 of (k,sub)": (lambda b: b["DT"].argmin(axis=0, out=b["lab"]), 200),
     "take": (lambda b: b["D"].reshape(-1).take(b["idx"], out=b["m"], mode="clip"), 200),
-    "bincount weights (block)": (lambda b: np.bincount(b["L"], weights=b["w"], minlength=len(b["ar"])), 20),
+    "bincount weights (block)": (
+        lambda b: np.bincount(b["L"], weights=b["w"], minlength=len(b["ar"])), 20),
     "bincount (block)": (lambda b: np.bincount(b["L"], minlength=len(b["ar"])), 20),
     "einsum rows (block)": (lambda b: np.einsum("ij,ij->i", b["Xl"], b["Xl"], out=b["o"]), 20),
     "copyto cast (block)": (lambda b: np.copyto(b["o"], b["Xl"][:, 0], casting="unsafe"), 20),

@@ -99,17 +99,18 @@ def main():
     for backend in BACKENDS:
         row = {}
         for method in ("k-means++", "k-means||"):
-            row[method] = median_of(lambda: init_seconds(KMeans, Xg, k, method, backend),
-                                    args.repeats)
+            row[method] = median_of(
+                lambda method=method, backend=backend: init_seconds(KMeans, Xg, k, method,
+                                                                    backend), args.repeats)
         row["k-means|| total, candidates' k-means++"] = candidates_share(
             KMeans, Xg, k, backend, args.repeats)
         saved = CupyBackendBase.seeding
         CupyBackendBase.seeding = lambda self, *a, **kw: None  # the xp steps
         try:
             row["k-means++, xp steps"] = median_of(
-                lambda: init_seconds(KMeans, Xg, k, "k-means++", backend), 2)
+                lambda backend=backend: init_seconds(KMeans, Xg, k, "k-means++", backend), 2)
             row["k-means||, xp steps"] = median_of(
-                lambda: init_seconds(KMeans, Xg, k, "k-means||", backend), 2)
+                lambda backend=backend: init_seconds(KMeans, Xg, k, "k-means||", backend), 2)
         finally:
             CupyBackendBase.seeding = saved
         out["gpu"][backend] = row

@@ -12,9 +12,12 @@ stats = cp.zeros(802, dtype=cp.float64)
 host = cp.cuda.alloc_pinned_memory(stats.nbytes)
 event = cp.cuda.Event(disable_timing=True)
 kern = cp.RawKernel(r'''extern "C" __global__ void touch(double* a, int n) {
-    int i = blockIdx.x * blockDim.x + threadIdx.x; if (i < n) a[i] += 1.0; }''', "touch")
-hkern = cp.RawKernel(r'''extern "C" __global__ void to_host(const double* a, unsigned long long p, int n) {
-    double* h = (double*)p; int i = blockIdx.x * blockDim.x + threadIdx.x; if (i < n) h[i] = a[i]; }''',
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) a[i] += 1.0; }''', "touch")
+hkern = cp.RawKernel(r'''extern "C" __global__
+void to_host(const double* a, unsigned long long p, int n) {
+    double* h = (double*)p; int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) h[i] = a[i]; }''',
                      "to_host")
 kern((4,), (256,), (stats, np.int32(802)))
 hkern((4,), (256,), (stats, np.uint64(host.ptr), np.int32(802)))

@@ -43,7 +43,8 @@ for n, k, init in CASES:
             cp.cuda.Device().synchronize()
             est = estimate_memory(n, 3, k, dtype="float32", backend=km.backend_)
             row.update(ran=km.backend_, seconds=round(time.perf_counter() - t0, 3),
-                       fit_peak_GB=round((max(km.memory_report_.values()) - base + X.nbytes) / 1e9, 3),
+                       fit_peak_GB=round(
+                           (max(km.memory_report_.values()) - base + X.nbytes) / 1e9, 3),
                        estimate_GB=round(est.total / 1e9, 3),
                        chunkwise="stream" in km.memory_report_,
                        per_iteration_ms=round(km.timings_["per_iteration"] * 1e3, 2))

@@ -81,7 +81,7 @@ def init_times(KMeans, cp, repeats, n=500_000, k=500):
     rows = {}
     for backend in ("cupy-fused",):
         for method in ("k-means++", "k-means||"):
-            def fit():
+            def fit(method=method, backend=backend):
                 return KMeans(k, init=method, n_init=1, max_iter=1, random_state=0,
                               backend=backend).fit(Xg).timings_["init"]
             fit()

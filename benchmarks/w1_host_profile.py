@@ -58,8 +58,10 @@ try:
     e1.record()
     e1.synchronize()
     print(f"lloyd_iter, device centers: host {t_host * 1e6:.1f} us per call to issue, "
-          f"{t_all * 1e6:.1f} us per call issued and run; GPU {cp.cuda.get_elapsed_time(e0, e1) / 200 * 1e3:.1f} us per iteration")
+          f"{t_all * 1e6:.1f} us per call issued and run; "
+          f"GPU {cp.cuda.get_elapsed_time(e0, e1) / 200 * 1e3:.1f} us per iteration")
     km = fit()
-    print("fit: lloyd ms", km.timings_["lloyd"] * 1e3, "per iteration us", km.timings_["lloyd"] / km.n_iter_ * 1e6)
+    print("fit: lloyd ms", km.timings_["lloyd"] * 1e3, "per iteration us",
+          km.timings_["lloyd"] / km.n_iter_ * 1e6)
 except Exception as exc:  # (the profile above is the point)
     print('backend-only timing failed:', repr(exc))
