@@ -61,16 +61,10 @@ class _Workspace:
         self.plan, self.T = plan, X.dtype
         self.dtype_name = str(X.dtype)
         self.acc = cp.zeros(k * (d + 1) * 2, dtype=cp.uint64)
-        if plan.layout == 0:
-            self.ops = cp.zeros(k * plan.S, dtype=X.dtype)
-            self.cnorm = cp.zeros(1, dtype=X.dtype)
-        elif plan.layout in (3, 4):  # rows of the tensor-core operands; padding stays zero
-            parts = 2 if plan.layout == 4 else 1
-            self.ops = cp.zeros(parts * plan.kpad * plan.S, dtype=X.dtype)
-            self.cnorm = cp.full(plan.kpad, np.inf, dtype=X.dtype)  # padding never wins
-        else:
-            self.ops = cp.zeros(d * plan.kpad, dtype=X.dtype)
-            self.cnorm = cp.full(plan.kpad, np.inf, dtype=X.dtype)  # padding never wins
+        n_ops, n_cnorm = fp.operand_sizes(plan.layout, k, d, plan.S, plan.kpad)
+        self.ops = cp.zeros(n_ops, dtype=X.dtype)  # the padding stays zero
+        # ||c||^2 of the padding columns is inf: they never win
+        self.cnorm = cp.full(n_cnorm, 0 if plan.layout == 0 else np.inf, dtype=X.dtype)
         self.n_partials = plan.n_partials   # grows if an OOM halves the tf32 chunk
         self.chunk_rows = plan.chunk_rows
         self.partials = cp.zeros(max(plan.n_partials, 1), dtype=cp.float64)

@@ -227,6 +227,14 @@ class Plan(NamedTuple):
     resident: bool = False  # mma, mma3: X's rows resident in shared memory (else K-streamed)
 
 
+def operand_sizes(layout, k, d, S, kpad) -> tuple:
+    """(ops, cnorm) values of the centers' operands in a layout (pack_centers, centers.cu):
+    0 rows of S (no cnorm: one unused value), 1 -2C^T (d, kpad), 3 tf32(-2C) (kpad, S),
+    4 the same and its small part."""
+    return {0: (k * S, 1), 1: (d * kpad, kpad), 3: (kpad * S, kpad),
+            4: (2 * kpad * S, kpad)}[layout]
+
+
 def mma_fit(d, split, dev):
     """(resident, shared bytes) of the v2 kernel on this GPU, or None where it cannot run:
     no TF32 tensor cores, or not even the K-streamed variant's shared memory fits."""
@@ -292,8 +300,7 @@ def plan(n, d, k, dtype_name, dev, *, precision="fp32", fuse="auto", P=None, G=N
         chunk_rows = int(max(1, min(n, room // per_row)))
         n_chunks = cdiv(n, chunk_rows)
     n_partials = assign_grid * n_chunks
-    ops = {0: k * S, 1: d * kpad + kpad, 3: kpad * S + kpad,
-           4: 2 * kpad * S + kpad}[layout] * itemsize
+    ops = sum(operand_sizes(layout, k, d, S, kpad)) * itemsize
     parts = {
         "sum_accumulators": k * (d + 1) * 16,
         "center_operands": ops,
