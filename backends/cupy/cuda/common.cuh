@@ -378,39 +378,6 @@ __device__ __forceinline__ void store_block_totals(double inertia, unsigned chan
     }
 }
 
-// The tensor-core kernels' epilogue of a column block (mma C fragments c0..c3 at (g, 2t),
-// (g, 2t+1), (g+8, 2t), (g+8, 2t+1)): dist = fl(acc + ||c||^2), the running first minimum of
-// the thread's 2 MT rows in its cell of rbest/ridx (row stride RS), columns ascending from
-// cbase (block's first column + 2t) in NT tiles of 8; ZERO clears acc.
-template <int MT, int NT, int RS, bool ZERO>
-__device__ __forceinline__ void tile_first_min(float (&acc)[MT][NT][4],
-                                               const float* __restrict__ cnorm, int cbase,
-                                               int rbase, int g, int cell, float* rbest,
-                                               int* ridx) {
-    float2 cn[NT];
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
-        cn[nt] = *reinterpret_cast<const float2*>(cnorm + cbase + nt * 8);
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const int at = (rbase + mt * 16 + g + 8 * h) * RS + cell;
-            float bst = rbest[at];
-            int bi = ridx[at];
-#pragma unroll
-            for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                    const float dist = __fadd_rn(acc[mt][nt][2 * h + e], e ? cn[nt].y : cn[nt].x);
-                    if (dist < bst) { bst = dist; bi = cbase + nt * 8 + e; }
-                    if (ZERO) acc[mt][nt][2 * h + e] = 0.0f;
-                }
-            rbest[at] = bst;
-            ridx[at] = bi;
-        }
-}
-
 // The epilogue of the GEMM-like assignment kernels (SIMT and TF32): per row of the block, the
 // lexicographic (dist, index) minimum over its NC candidate cells (disjoint column sets), then
 // the point's label, distance, inertia and changed count, and the block's totals.

@@ -32,6 +32,7 @@
 // Epilogue as every GEMM-like kernel: dist = fl(acc + ||c||^2), first minimum per cell in
 // ascending columns, padding columns (||c||^2 = inf) never win, then finish_rows.
 #include "common.cuh"
+#include "tile_min.cuh"
 
 // -- PTX (the CPU emulator of the tests defines these itself: KMEANS_MMA_EMULATED) -----------
 // Tensor cores, ldmatrix's TF32 use and cp.async need sm_80; the host never launches these
@@ -194,14 +195,7 @@ assign_mma(const float* __restrict__ X, const float* __restrict__ W,
     const unsigned s_b = smem_u32(smem), s_a = s_b + ST * B_WORDS * 4;
 
     // running best per (row, column group wn*4 + t): 8 cells a row, each owned by one thread
-#pragma unroll
-    for (int mt = 0; mt < 4; ++mt)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const int r = wm * 64 + mt * 16 + g + 8 * h;
-            rbest[r * 8 + wn * 4 + t] = pos_inf<float>();
-            ridx[r * 8 + wn * 4 + t] = 0;
-        }
+    tile_first_min_reset<4, 8>(wm * 64, g, wn * 4 + t, rbest, ridx);
 
     if constexpr (RESIDENT) {
         // the block's rows once, zero beyond n and d; TF32 now (tf32), or FP32 kept for the

@@ -1,8 +1,9 @@
 // cupy-fused, d <= 16: distance + argmin with d known at compile time, P points per thread
 // (common.cuh's tiled skeleton, G centers to a group), the centers' operands (layout 0)
 // through shared memory in tiles of tc; with FUSE the per-cluster sums are privatised in
-// shared memory (fixed point) in the same pass and flushed once per block. Per block: the inertia partial of the assignment
-// and the labels changed against labels_old (when given) added to *counter.
+// shared memory (fixed point) in the same pass and flushed once per block. Per block: the
+// inertia partial of the assignment and the labels changed against labels_old (when given)
+// added to *counter.
 #include "common.cuh"
 
 template <typename T, int D, int P, bool FUSE, int G>

@@ -2,6 +2,7 @@
 // the fused tensor-core assignment kernel, and the argmin over rows of a distance chunk that
 // cuBLAS computed in TF32 (tf32_kernel="cublas").
 #include "common.cuh"
+#include "tile_min.cuh"
 
 // ---------------------------------------------------------------------------------------------
 // (a) tf32 option, fused: the distance GEMM on the tensor cores (mma.sync m16n8k8, TF32 inputs
@@ -67,14 +68,7 @@ assign_tf32(const float* __restrict__ X, const float* __restrict__ W,
     const i64 row0 = (i64)blockIdx.x * BM;
 
     // running best per (row, column group wn*4 + t); each cell belongs to one thread
-#pragma unroll
-    for (int mt = 0; mt < 4; ++mt)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const int r = wm * 64 + mt * 16 + g + 8 * h;
-            rbest[r * RS + wn * 4 + t] = pos_inf<float>();
-            ridx[r * RS + wn * 4 + t] = 0;
-        }
+    tile_first_min_reset<4, RS>(wm * 64, g, wn * 4 + t, rbest, ridx);
 
     float ra[2][4], rb[2][4];  // the next K step's tiles, in flight
     auto load_tiles = [&](int k0, int col0) {
