@@ -6,7 +6,7 @@
 
 // ---------------------------------------------------------------------------------------------
 // (a) tf32 option, fused: the distance GEMM on the tensor cores (mma.sync m16n8k8, TF32 inputs
-//     rounded to nearest by cvt.rna, FP32 accumulation) with the argmin in its epilogue, so
+//     rounded by tf32_rna (common.cuh), FP32 accumulation) with the argmin in its epilogue, so
 //     the n x k distances never leave the SM. Block tile BM = 128 points x BN = 128 centers,
 //     8 warps as 2 (points) x 4 (centers), each warp 64 x 32 = 4 x 4 mma tiles; K in steps of
 //     16 through double-buffered shared tiles (the next step's global loads in flight in
@@ -16,18 +16,11 @@
 //     b1 (k=t+4, n=g); C c0 (g, 2t), c1 (g, 2t+1), c2 (g+8, 2t), c3 (g+8, 2t+1). Shared
 //     strides (20 and 136 words) make every fragment load conflict-free. Not bit-exact FP32.
 // ---------------------------------------------------------------------------------------------
+// x's TF32 bits as mma.sync takes them (common.cuh's rounding, as the v2 kernel's)
+__device__ __forceinline__ unsigned to_tf32(float x) { return __float_as_uint(tf32_rna(x)); }
+
 // (TF32 tensor cores exist from sm_80 on; the host never launches this kernel below that, and
 // the guards keep the module compiling for older GPUs, where the other kernels still run.)
-__device__ __forceinline__ unsigned to_tf32(float x) {
-    unsigned r;
-#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
-    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
-#else
-    r = __float_as_uint(x);
-#endif
-    return r;
-}
-
 __device__ __forceinline__ void mma_tf32(float (&c)[4], const unsigned (&a)[4],
                                          const unsigned (&b)[2]) {
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
