@@ -12,8 +12,8 @@ events around the assignment alone (`_assign_pass`: labels, inertia partials, ch
 centers packed once before), median of --reps after two warm-ups; W5 also times a whole
 `lloyd_iter` (pack + pass + sums + finalize). Correctness on the first 4096 rows: tf32 labels
 against the float64 exact argmin within TF32's rounding bound, 3xTF32 labels against the SIMT
-kernel's (differences counted, and whether each is a near tie by tests/test_cupy_fused.py's
-bound). A failing variant prints its error and the probe goes on. About a minute on an H200.
+kernel's (differences counted, and whether each is a near tie: kmeans_xp.label_bounds). A
+failing variant prints its error and the probe goes on. About a minute on an H200.
 """
 from __future__ import annotations
 
@@ -65,35 +65,16 @@ def exact_reference(cp, Xs, C):
 
 
 def tf32_violations(cp, Xs, C, lab, D):
-    """Labels farther than TF32's rounding allows (tests/test_cupy_fused.py's bound)."""
-    d = Xs.shape[1]
-    lab = cp.asarray(lab)
-    rows = cp.arange(len(lab))
-    best_i = D.argmin(1)
-    got, best = D[rows, lab], D[rows, best_i]
-    u = 2.0 ** -10
-    gamma = d * np.finfo(np.float32).eps / 2 / (1 - d * np.finfo(np.float32).eps / 2)
-    nx = cp.sqrt((Xs.astype(cp.float64) ** 2).sum(1))
-    nc = cp.sqrt((C.astype(cp.float64) ** 2).sum(1))
-
-    def err(c):
-        return (2 * u * (1 + u) + gamma) * 2 * nx * nc[c] + gamma * nc[c] ** 2
-
-    bound = err(lab) + err(best_i) + 1e-6 * (nx ** 2 + nc[lab] ** 2)
-    return int(cp.count_nonzero(got - best > bound)), float(cp.mean(lab == best_i))
-
-
-def near_ties(cp, Xs, C, a, b, D):
-    """Rows where labels a and b are within the float32 expansion's rounding of each other."""
-    d = Xs.shape[1]
-    u = np.finfo(np.float32).eps / 2
-    gamma = (d + 2) * u / (1 - (d + 2) * u)
-    rows = cp.arange(len(a))
-    C64 = C.astype(cp.float64)
-    nx = cp.sqrt((Xs.astype(cp.float64) ** 2).sum(1))
-    na2, nb2 = (C64[a] ** 2).sum(1), (C64[b] ** 2).sum(1)
-    bound = gamma * (2 * nx * (cp.sqrt(na2) + cp.sqrt(nb2)) + na2 + nb2)
-    return cp.abs(D[rows, a] - D[rows, b]) <= bound
+    """Labels farther than TF32's rounding allows (kmeans_xp.label_bounds.tf32_error), and the
+    share equal to the exact argmin."""
+    from kmeans_xp.label_bounds import tf32_error
+    Xh, Ch, lab, D = Xs.get(), C.get(), cp.asnumpy(lab), D.get()
+    rows, best_i = np.arange(len(lab)), D.argmin(1)
+    nx2, nc2 = (Xh.astype(np.float64) ** 2).sum(1), (Ch.astype(np.float64) ** 2).sum(1)
+    bound = (tf32_error(Xh, Ch, lab) + tf32_error(Xh, Ch, best_i)
+             + 1e-6 * (nx2 + nc2[lab]))
+    excess = D[rows, lab] - D[rows, best_i]
+    return int(np.count_nonzero(excess > bound)), float(np.mean(lab == best_i))
 
 
 def run_variant(cp, name, opts, X, init, reps, with_iter):
@@ -162,6 +143,7 @@ def main(argv):
     import cupy as cp
 
     from benchmarks.probe_fused import make_data
+    from kmeans_xp.label_bounds import near_tie
     out_path = argv[1] if len(argv) > 1 and not argv[1].startswith("--") else "mma_probe.json"
     reps = int(argv[argv.index("--reps") + 1]) if "--reps" in argv else 7
     props = cp.cuda.runtime.getDeviceProperties(0)
@@ -212,10 +194,10 @@ def main(argv):
         if "3xtf32" in labs and "simt" in labs:  # the exact paths against each other
             a, b = labs["3xtf32"], labs["simt"]
             diff = cp.flatnonzero(a != b)
-            ties = near_ties(cp, Xs[diff], init, a[diff], b[diff], D[diff]) if diff.size else \
-                cp.zeros(0, dtype=bool)
+            ties = near_tie(Xs[diff].get(), init.get(), a[diff].get(), b[diff].get(),
+                            np.float32)
             cmp = {"case": case, "variant": "3xtf32-vs-simt", "differing": int(diff.size),
-                   "not_near_ties": int(diff.size - int(cp.count_nonzero(ties)))}
+                   "not_near_ties": int(diff.size - np.count_nonzero(ties))}
             print(f"{case:8s} 3xtf32 vs simt: {cmp['differing']} of {CHECK_ROWS} labels "
                   f"differ, {cmp['not_near_ties']} not near ties")
             rows.append(cmp)

@@ -6,11 +6,12 @@ Sizes keep n*k*d modest so the file runs in well under 3 minutes on an H200.
 Labels: the kernels round every distance as numpy's BLAS expansion does (||c||^2 summed in
 np.einsum's order, an in-order FMA chain for x.c), so labels equal numpy's wherever OpenBLAS's
 kernel is such a chain. Where it is not (another BLAS, K blocking for large d), a label may
-differ only on a near tie, within the rounding bound of `_near_tie`; that is what is asserted,
-with no cap on how many (their number depends on how many near ties the data has, not on the
-code). Whole fits in float32 with d >= 4 are compared by adjusted Rand index and inertia when
-their partitions differ (a last-bit difference in one center can move a near tie and then a
-few points); float64 fits, and float32 fits with d <= 3, must give numpy's partition."""
+differ only on a near tie, within the rounding bound of `kmeans_xp.label_bounds.near_tie`; that
+is what is asserted, with no cap on how many (their number depends on how many near ties the
+data has, not on the code). Whole fits in float32 with d >= 4 are compared by adjusted Rand
+index and inertia when their partitions differ (a last-bit difference in one center can move a
+near tie and then a few points); float64 fits, and float32 fits with d <= 3, must give numpy's
+partition."""
 import numpy as np
 import pytest
 from kmeans_xp_backends.cupy import fused_plan
@@ -18,6 +19,7 @@ from kmeans_xp_backends.numpy_ import NumpyBackend
 from sklearn.metrics import adjusted_rand_score
 
 from kmeans_xp import KMeans
+from kmeans_xp.label_bounds import near_tie, tf32_error
 from kmeans_xp.testing import asymmetric_data, check_backend
 
 pytestmark = pytest.mark.gpu
@@ -49,32 +51,10 @@ def _n_for(d, k):
     return n | 1
 
 
-def _near_tie(X, C, a, b, dtype):
-    """Rows where two implementations of the expansion ||c||^2 - 2 x.c in `dtype` may order
-    centers a and b differently. Whatever the summation order, a computed distance to c is
-    within gamma_{d+2} (2 |x| |c| + |c|^2) of the exact one (d products in the dot, the norm's
-    d terms, one final addition; Cauchy-Schwarz for sum |x_j c_j|), gamma_m = m u / (1 - m u),
-    u = eps / 2. So if one implementation puts a first and the other b, the exact distances
-    differ by at most the sum of the two centers' bounds. The exact distances are evaluated
-    in float64 (plus that evaluation's own rounding, which matters only for float64 data)."""
-    d = X.shape[1]
-    u = np.finfo(dtype).eps / 2
-    gamma = (d + 2) * u / (1 - (d + 2) * u)
-    X64, C64 = X.astype(np.float64), C.astype(np.float64)
-    da = ((X64 - C64[a]) ** 2).sum(1)
-    db = ((X64 - C64[b]) ** 2).sum(1)
-    nx2 = (X64 ** 2).sum(1)
-    na2, nb2 = (C64[a] ** 2).sum(1), (C64[b] ** 2).sum(1)
-    nx, na, nb = np.sqrt(nx2), np.sqrt(na2), np.sqrt(nb2)
-    bound = gamma * (2 * nx * (na + nb) + na2 + nb2)
-    bound += 4 * (d + 2) * np.finfo(np.float64).eps * (2 * nx2 + na2 + nb2)
-    return np.abs(da - db) <= bound
-
-
 def _assert_same_argmin(X, C, got, ref, dtype, where):
     bad = np.flatnonzero(got != ref)
     if bad.size:
-        ties = _near_tie(X[bad], C, got[bad], ref[bad], dtype)
+        ties = near_tie(X[bad], C, got[bad], ref[bad], dtype)
         assert ties.all(), (f"{where}: {np.count_nonzero(~ties)} of {bad.size} differing labels "
                             f"are not near ties (rows {bad[~ties][:5]})")
 
@@ -324,14 +304,12 @@ def test_tf32_option_close_to_fp32(cp, kernel):
                                    (1031, 1024, 77), (2053, 128, 1), (4099, 160, 300),
                                    (1031, 5, 3), (517, 64, 4097)])
 def test_tf32_assignment_within_tf32_rounding(cp, kernel, n, d, k):
-    """Every tf32 label is the exact argmin or a center whose exact distance is within the
-    TF32 rounding bound: inputs cut to TF32's 10-bit fraction (u = 2^-10 covers truncation,
-    which cuBLAS may use; our kernel rounds to nearest) make each product x_j (-2 c_j) off by
-    at most 2u (1 + u) of itself, plus FP32 accumulation (gamma_d) and ||c||^2 (gamma_d |c|^2,
-    FP32). Covers the fused kernel's fragment layout, its K tail
-    (d = 33, 20: not a multiple of 16 or 4, so the scalar loads), row and column tails (n, k
-    not multiples of 128), and min_sq_dist. The v2 kernel ("fused") at d = 160, 1024 streams
-    X's K slices (past its resident limit); k = 1 and 4097: one and many column blocks."""
+    """Every tf32 label is the exact argmin or a center whose exact distance is within the TF32
+    rounding bound (`kmeans_xp.label_bounds.tf32_error`). Covers the fused kernel's fragment
+    layout, its K tail (d = 33, 20: not a multiple of 16 or 4, so the scalar loads), row and
+    column tails (n, k not multiples of 128), and min_sq_dist. The v2 kernel ("fused") at d =
+    160, 1024 streams X's K slices (past its resident limit); k = 1 and 4097: one and many
+    column blocks."""
     X, C, w = _problem(n, d, k, np.float32, seed=d + k)
     be = _backend(precision="tf32", tf32_kernel=kernel)
     lab, msq = be.assign(cp.asarray(X), cp.asarray(C))
@@ -343,21 +321,16 @@ def test_tf32_assignment_within_tf32_rounding(cp, kernel, n, d, k):
                             for i in range(0, n, rows)])
     best = exact.min(1)
     got = exact[np.arange(n), lab]
-    u = 2.0 ** -10
-    gamma = d * np.finfo(np.float32).eps / 2 / (1 - d * np.finfo(np.float32).eps / 2)
     nx = np.sqrt((X64 ** 2).sum(1))
     nc = np.sqrt((C64 ** 2).sum(1))
-    ref_c = exact.argmin(1)
-    def err(c):
-        return (2 * u * (1 + u) + gamma) * 2 * nx * nc[c] + gamma * nc[c] ** 2
-
-    bound = err(lab) + err(ref_c) + 1e-6 * (nx ** 2 + nc[lab] ** 2)
+    err_lab = tf32_error(X, C, lab)
+    bound = err_lab + tf32_error(X, C, exact.argmin(1)) + 1e-6 * (nx ** 2 + nc[lab] ** 2)
     bad = np.flatnonzero(got - best > bound)
     assert bad.size == 0, (f"{kernel} tf32 n={n} d={d} k={k}: {bad.size} labels farther than "
                            f"TF32 rounding allows (rows {bad[:5]}, excess "
                            f"{(got - best - bound)[bad[:5]]})")
     # min_sq_dist: the chosen center's distance, up to the same rounding
-    assert np.all(np.abs(msq.astype(np.float64) - got) <= 2 * err(lab) + 1e-5 * (nx ** 2 + 1))
+    assert np.all(np.abs(msq.astype(np.float64) - got) <= 2 * err_lab + 1e-5 * (nx ** 2 + 1))
 
 
 def test_options_are_validated(cp):

@@ -4,13 +4,14 @@ defines mma.sync, ldmatrix and cp.async by the PTX ISA): its tiling, the residen
 X paths, 16- and 4-byte copies, the K, row and column tails, the pre-rounded operands of
 pack_centers (layouts 3 and 4) and the epilogue. precision="tf32" labels must be the exact
 argmin up to TF32's rounding; gemm_kernel="3xtf32" labels must be numpy's up to near ties (the
-same bound as tests/test_cupy_fused.py). What the GPU adds (the hardware's fragment layouts,
+bounds of kmeans_xp.label_bounds). What the GPU adds (the hardware's fragment layouts,
 its accumulation order, launch limits, speed) is left to the gpu tests. Skipped without g++."""
 import numpy as np
 import pytest
 from kmeans_xp_backends.cupy import fused_plan
 from kmeans_xp_backends.numpy_ import NumpyBackend
 
+from kmeans_xp.label_bounds import near_tie, tf32_error
 from kmeans_xp.testing import asymmetric_data
 from tests._cuda_emulator import EmulatedKernels
 
@@ -25,19 +26,6 @@ def _problem(n, d, k, seed=0):
     if k > 4:
         C[k // 2] = C[1]  # equal centers: the lower index must win
     return np.ascontiguousarray(X), np.ascontiguousarray(C.astype(np.float32))
-
-
-def _near_tie(X, C, a, b):
-    """As tests/test_cupy_fused.py's: two float32 expansions may order a and b differently."""
-    d = X.shape[1]
-    u = np.finfo(np.float32).eps / 2
-    gamma = (d + 2) * u / (1 - (d + 2) * u)
-    X64, C64 = X.astype(np.float64), C.astype(np.float64)
-    da, db = ((X64 - C64[a]) ** 2).sum(1), ((X64 - C64[b]) ** 2).sum(1)
-    nx = np.sqrt((X64 ** 2).sum(1))
-    na2, nb2 = (C64[a] ** 2).sum(1), (C64[b] ** 2).sum(1)
-    bound = gamma * (2 * nx * (np.sqrt(na2) + np.sqrt(nb2)) + na2 + nb2)
-    return np.abs(da - db) <= bound + 1e-12 * (nx ** 2 + na2 + nb2)
 
 
 def _assign(X, C, **options):
@@ -64,11 +52,8 @@ def test_tf32_v2_labels_within_tf32_rounding(emulated_cupy, n, d, k):
     exact = ((X64[:, None, :] - C64[None]) ** 2).sum(-1)
     got = exact[np.arange(n), lab]
     best = exact.min(1)
-    u = 2.0 ** -10
-    gamma = d * np.finfo(np.float32).eps
     nx, nc = np.sqrt((X64 ** 2).sum(1)), np.sqrt((C64 ** 2).sum(1))
-    err = (2 * u * (1 + u) + gamma) * 2 * nx * nc[lab] + gamma * nc[lab] ** 2
-    err_best = (2 * u * (1 + u) + gamma) * 2 * nx * nc[exact.argmin(1)]
+    err, err_best = tf32_error(X, C, lab), tf32_error(X, C, exact.argmin(1))
     assert np.all(got - best <= err + err_best + 1e-6 * (nx ** 2 + nc[lab] ** 2))
     assert np.all(np.abs(msq - got) <= 2 * err + 1e-5 * (nx ** 2 + 1))
     if k > 4:  # the duplicate of center 1 never wins over it
@@ -87,7 +72,7 @@ def test_3xtf32_labels_are_numpys_up_to_near_ties(emulated_cupy, n, d, k):
     assert p.resident == (fused_plan.mma_dk(d) <= 144)
     ref_lab, ref_min = NumpyBackend(n_threads=1).assign(X, C)
     bad = np.flatnonzero(lab != ref_lab)
-    ties = _near_tie(X[bad], C, lab[bad], ref_lab[bad])
+    ties = near_tie(X[bad], C, lab[bad], ref_lab[bad], np.float32)
     assert ties.all(), f"{np.count_nonzero(~ties)} of {bad.size} labels not near ties"
     same = lab == ref_lab
     scale = (X.astype(np.float64) ** 2).sum(1) + (C.astype(np.float64) ** 2).sum(1)[lab]
