@@ -302,7 +302,7 @@ class CupyFusedBackend(CupyBackendBase):
                    (X, w, ws.ops, _i32(ws.n), _i32(ws.k), _i32(p.tc), *tail, *extra),
                    shared_mem=smem)
         elif p.path in ("gemm", "tf32mma", "mma", "mma3"):
-            vec = ws.d % (16 // ws.T.itemsize) == 0 and device_ptr(X) % 16 == 0
+            vec = fp.vector_rows(ws.dtype_name, ws.d) and device_ptr(X) % 16 == 0
             if p.path == "gemm":
                 name, smem = fp.gemm_kernel_name(ws.dtype_name, vec), 0
             elif p.path == "tf32mma":

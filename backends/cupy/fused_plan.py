@@ -83,6 +83,12 @@ def gemm_kernel_name(dtype_name: str, vec: bool) -> str:
     return f"assign_gemm<{_CTYPE[dtype_name]},{tm},{tn},{'true' if vec else 'false'}>"
 
 
+def vector_rows(dtype_name: str, d: int) -> bool:
+    """Rows of X fill whole 16-byte vectors (the GEMM-like kernels' VEC loads, with X's
+    pointer 16-byte aligned)."""
+    return d % (16 // (4 if dtype_name == "float32" else 8)) == 0
+
+
 def mma_dk(d: int) -> int:
     """Row stride (words) of the v2 kernel's centers' operands: d padded to the mma's K of 8."""
     return (d + 7) // 8 * 8
@@ -142,9 +148,9 @@ def fit_kernel_names(p, dtype_name: str, d: int) -> list:
     if p.path == "small":
         names = list(small_kernel_names(dtype_name, d, p.P, p.G))
     elif p.path == "gemm":  # vectorised loads when d fills 16-byte vectors (X is aligned)
-        names = [gemm_kernel_name(dtype_name, d % (16 // (4 if t == "float" else 8)) == 0)]
+        names = [gemm_kernel_name(dtype_name, vector_rows(dtype_name, d))]
     elif p.path == "mma3":  # the exact path's kernel (the tf32 ones compile on first use)
-        names = [mma_kernel_name(True, p.resident, d % 4 == 0)]
+        names = [mma_kernel_name(True, p.resident, vector_rows(dtype_name, d))]
     else:
         names = []
     names += ["finalize_sums", f"pack_centers<{t}>", f"column_absmax<{t}>"]
