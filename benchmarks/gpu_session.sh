@@ -15,7 +15,8 @@
 # device and labels back by staging chunk and buffers, and fits at n=200M from NumPy), minibatch
 # (MiniBatchKMeans against scikit-learn's, on the CPU and the GPU, and over a 12 GB memmap), some (the GPU tests in $TEST_FILES),
 # fused (probe_fused.py, $FUSED_ARGS), ncu (Nsight Compute on the small-d kernel, $NCU_OPTS),
-# mma (mma_probe.py, the tensor-core kernels, $MMA_ARGS),
+# mma (mma_probe.py, the tensor-core kernels, $MMA_ARGS), w5parts (a W5 iteration's device
+# time by part, w5_parts.py),
 # pack (everything under $OUT into one session.tgz: the device returns a few files only).
 #   bash benchmarks/gpu_session.sh machine old tests new
 set -uo pipefail
@@ -175,6 +176,10 @@ sys.version.split()[0])"
       install_new
       timeout ${MMA_TIMEOUT:-200} python3 benchmarks/mma_probe.py "$OUT/mma_probe$pass.json" ${MMA_ARGS:-} > "$OUT/mma_probe$pass.log" 2>&1
       tail -n 25 "$OUT/mma_probe$pass.log" | cut -c1-200 ;;
+    w5parts)
+      install_new
+      timeout 120 python3 benchmarks/w5_parts.py "$OUT/w5_parts.json" > "$OUT/w5_parts.log" 2>&1
+      tail -n 4 "$OUT/w5_parts.log" | cut -c1-300 ;;
     cpu)
       install_new
       python3 benchmarks/cpu_probe.py ${CPU_ARGS:-} --out "$OUT/cpu_probe.json" > "$OUT/cpu_probe.log" 2>&1

@@ -3,8 +3,10 @@
     python benchmarks/mma_probe.py OUT.json [--reps 7]
 
 Cases: W5 (n=1M, d=128, k=4096), large-k (n=2M, d=128, k=16384) and d=64 (n=1M, k=4096).
-Variants: tf32 v1 (tf32_kernel="fused-v1", cuda/fused_tf32.cu), tf32 v2 (the default "fused",
-cuda/fused_mma.cu), 3xTF32 (gemm_kernel="3xtf32", same file), the SIMT exact kernel
+Variants: tf32 v1 (tf32_kernel="fused-v1", cuda/fused_tf32.cu), tf32 v2 ("fused",
+cuda/fused_mma.cu), tf32 wgmma (cuda/fused_wgmma.cu; its default tile, 2 m64 row tiles a
+warpgroup by 64 centers, and 1 by 128: "-1x128", where its shared memory fits), 3xTF32
+(gemm_kernel="3xtf32", cuda/fused_mma.cu), the SIMT exact kernel
 (assign_gemm), cuBLAS TF32 GEMM + our argmin (tf32_kernel="cublas"), and torch TF32
 (allow_tf32, chunked ||c||^2 - 2 X C^T + argmin; skipped without torch) and torch FP32 (the
 same with allow_tf32 off). Each is timed by CUDA
@@ -33,7 +35,9 @@ CASES = {"W5": (1_000_000, 128, 4096), "large-k": (2_000_000, 128, 16384),
          "d64": (1_000_000, 64, 4096)}
 VARIANTS = {
     "tf32-v1": {"precision": "tf32", "tf32_kernel": "fused-v1"},
-    "tf32-v2": {"precision": "tf32"},
+    "tf32-v2": {"precision": "tf32", "tf32_kernel": "fused"},
+    "tf32-wgmma": {"precision": "tf32", "tf32_kernel": "wgmma"},
+    "tf32-wgmma-1x128": {"precision": "tf32", "tf32_kernel": "wgmma", "tile": (1, 128)},
     "3xtf32": {"gemm_kernel": "3xtf32"},
     "simt": {"gemm_kernel": "simt"},
     "cublas-tf32": {"precision": "tf32", "tf32_kernel": "cublas"},
@@ -79,6 +83,19 @@ def tf32_violations(cp, Xs, C, lab, D):
 
 def run_variant(cp, name, opts, X, init, reps, with_iter):
     from kmeans_xp_backends.cupy import fused_plan as fp
+    tile = opts.get("tile")
+    saved = fp.WGMMA_MT, fp.WGMMA_BN
+    if tile:  # another wgmma tile: the plan and the kernel name read these
+        fp.WGMMA_MT, fp.WGMMA_BN = tile
+    try:
+        return _run_variant(cp, name, {k: v for k, v in opts.items() if k != "tile"}, X,
+                            init, reps, with_iter)
+    finally:
+        fp.WGMMA_MT, fp.WGMMA_BN = saved
+
+
+def _run_variant(cp, name, opts, X, init, reps, with_iter):
+    from kmeans_xp_backends.cupy import fused_plan as fp
     from kmeans_xp_backends.cupy.fused import CupyFusedBackend
     be = CupyFusedBackend(**opts)
     ws = be._workspace(X, init.shape[0])
@@ -89,10 +106,11 @@ def run_variant(cp, name, opts, X, init, reps, with_iter):
     row = {"variant": name, "options": opts, "path": p.path, "resident": p.resident,
            "assign_smem": p.assign_smem, "assign_grid": p.assign_grid, "assign_ms": ms,
            "runs_ms": runs}
-    if p.path in ("mma", "mma3"):
+    if p.path in ("mma", "mma3", "wgmma"):
         vec = ws.d % 4 == 0
         try:
-            fn = fp.kernel(fp.mma_kernel_name(p.path == "mma3", p.resident, vec))
+            fn = fp.kernel(fp.wgmma_kernel_name(ws.d, vec) if p.path == "wgmma" else
+                           fp.mma_kernel_name(p.path == "mma3", p.resident, vec))
             row["num_regs"] = int(fn.num_regs)
             row["blocks_per_sm"] = fp.blocks_per_sm(fn, p.assign_smem)
         except Exception as exc:  # attributes only
@@ -137,6 +155,26 @@ def run_torch(cp, X, init, reps, tf32=True):
     return {"variant": "torch-tf32" if tf32 else "torch-fp32", "torch": torch.__version__,
             "chunk_rows": rows,
             "assign_ms": float(np.median(runs)), "runs_ms": runs}, lab
+
+
+def tf32_round(a):
+    """a rounded to TF32 as the kernels round their operands (common.cuh tf32_rna)."""
+    b = np.ascontiguousarray(a, dtype=np.float32).view(np.uint32)
+    return ((b + np.uint32(0x1000)) & np.uint32(0xFFFFE000)).view(np.float32)
+
+
+def same_operands(cp, case, name, a, b, Xs, init):
+    """Labels of two TF32 kernels (the same rounded operands, another summation order):
+    how many differ, and how many of those are not near ties of the rounded operands."""
+    from kmeans_xp.label_bounds import near_tie
+    diff = cp.flatnonzero(a != b)
+    Xr, Cr = tf32_round(Xs[diff].get()), tf32_round(init.get())
+    ties = near_tie(Xr, Cr, a[diff].get(), b[diff].get(), np.float32)
+    cmp = {"case": case, "variant": f"{name}-vs-tf32-v2", "differing": int(diff.size),
+           "not_near_ties": int(diff.size - np.count_nonzero(ties))}
+    print(f"{case:8s} {name} vs tf32-v2: {cmp['differing']} of {CHECK_ROWS} labels differ, "
+          f"{cmp['not_near_ties']} not near ties")
+    return cmp
 
 
 def main(argv):
@@ -201,6 +239,10 @@ def main(argv):
             print(f"{case:8s} 3xtf32 vs simt: {cmp['differing']} of {CHECK_ROWS} labels "
                   f"differ, {cmp['not_near_ties']} not near ties")
             rows.append(cmp)
+        for name in ("tf32-wgmma", "tf32-wgmma-1x128"):  # the same operands, another order
+            if name in labs and "tf32-v2" in labs:
+                rows.append(same_operands(cp, case, name, labs[name], labs["tf32-v2"], Xs,
+                                          init))
         del X, init, Xs, D
         cp.get_default_memory_pool().free_all_blocks()
     meta["total_s"] = time.perf_counter() - t_start

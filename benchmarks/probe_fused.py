@@ -36,6 +36,7 @@ VARIANTS = {
     "W2": _SMALL,
     "W3": _SMALL,
     "W5": [{}, {"gemm_kernel": "3xtf32"}, {"precision": "tf32"},
+           {"precision": "tf32", "tf32_kernel": "fused"},
            {"precision": "tf32", "tf32_kernel": "fused-v1"},
            {"precision": "tf32", "tf32_kernel": "cublas"}],
 }

@@ -1,8 +1,9 @@
 """The CUDA sources of the CuPy backends (kmeans_xp_backends/cupy/cuda/) compile for Hopper
-(sm_90) with nvcc, every template instance the backends can ask NVRTC for, so CI catches
-compile errors without a GPU. Skipped without nvcc. Also reports registers and spills
-(-Xptxas -v) and fails if an assignment kernel spills in a way that would cost speed (any
-spill in the small-d kernels, the float32 GEMM-like kernels or the TF32 kernel)."""
+(sm_90; sm_90a for the files common.ARCH_TARGETS names) with nvcc, every template instance the
+backends can ask NVRTC for, so CI catches compile errors without a GPU. Skipped without nvcc.
+Also reports registers and spills (-Xptxas -v) and fails if an assignment kernel spills in a
+way that would cost speed (any spill in the small-d kernels, the float32 GEMM-like kernels or
+the tensor-core kernels)."""
 import re
 import shutil
 import subprocess
@@ -47,7 +48,8 @@ def ptxas_report(tmp_path_factory):
         src.write_text(f'#include "{common.CUDA_DIR / file}"\n'
                        f"// every instance the backends name through name_expressions\n"
                        f"void* kmeans_xp_instances[] = {{\n    {refs}\n}};\n")
-        cmd = [NVCC, "-arch=sm_90", "-std=c++17", "-fmad=false", "-Xptxas", "-v", "-cubin",
+        arch = common.ARCH_TARGETS.get(file, "sm_90")  # (wgmma: sm_90a, as NVRTC compiles it)
+        cmd = [NVCC, f"-arch={arch}", "-std=c++17", "-fmad=false", "-Xptxas", "-v", "-cubin",
                f"-I{common.CUDA_DIR}", "-o", str(tmp / f"instances_{i}.cubin"), str(src)]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
         assert proc.returncode == 0, f"nvcc failed on {file}:\n{proc.stderr[-6000:]}"
@@ -76,7 +78,7 @@ def _functions(report):
 def test_every_instance_compiles_for_sm90(ptxas_report):
     funcs = _functions(ptxas_report)
     for kernel in ("assign_small", "assign_gemm", "assign_tf32", "assign_mma",
-                   "accumulate_shared",
+                   "assign_wgmma", "accumulate_shared",
                    "finalize_sums", "pack_centers", "relocation_keys", "direct_inertia",
                    "argmin_rows", "nearest_small", "nearest_tiled", "nearest_mem",
                    "cluster_sums_shared", "row_argmin_shifted", "weighted_total",
@@ -121,6 +123,17 @@ def test_tensor_core_v2_kernels_do_not_spill(ptxas_report):
     assert len(mma) == 8, sorted(funcs)
     spilling = {f: v for f, v in mma.items() if v[1] > 0 or v[0] > 255}
     assert not spilling, f"tensor-core v2 kernels spill: {spilling}"
+
+
+def test_wgmma_kernels_do_not_spill(ptxas_report):
+    """The wgmma kernels (cuda/fused_wgmma.cu, sm_90a) hold two sets of 64 x 128 accumulators
+    a warpgroup (ping-pong: one set's argmin while the other's products run), one block per
+    SM, up to 255 registers, and must not spill."""
+    funcs = _functions(ptxas_report)
+    wg = {f: v for f, v in funcs.items() if "assign_wgmma" in f}
+    assert len(wg) == 2 * fused_plan.wgmma_atoms(fused_plan.WGMMA_MAX_D), sorted(funcs)
+    spilling = {f: v for f, v in wg.items() if v[1] > 0 or v[0] > 255}
+    assert not spilling, f"wgmma kernels spill: {spilling}"
 
 
 def test_tensor_core_module_compiles_below_sm80(tmp_path):

@@ -281,7 +281,7 @@ def test_fused_and_split_passes_agree(cp):
     assert a.cluster_centers_.tobytes() == b.cluster_centers_.tobytes()
 
 
-@pytest.mark.parametrize("kernel", ["cublas", "fused", "fused-v1"])
+@pytest.mark.parametrize("kernel", ["cublas", "wgmma", "fused", "fused-v1"])
 def test_tf32_option_close_to_fp32(cp, kernel):
     X = asymmetric_data(20011, 128, 64, dtype=np.float32, seed=3)
     init = X[np.random.default_rng(3).choice(len(X), 64, replace=False)]
@@ -299,7 +299,7 @@ def test_tf32_option_close_to_fp32(cp, kernel):
             cp.asarray(X[:100].astype(np.float64)))
 
 
-@pytest.mark.parametrize("kernel", ["cublas", "fused", "fused-v1"])
+@pytest.mark.parametrize("kernel", ["cublas", "wgmma", "fused", "fused-v1"])
 @pytest.mark.parametrize("n,d,k", [(3001, 128, 300), (2999, 33, 1000), (20011, 20, 129),
                                    (1031, 1024, 77), (2053, 128, 1), (4099, 160, 300),
                                    (1031, 5, 3), (517, 64, 4097)])
@@ -314,7 +314,9 @@ def test_tf32_assignment_within_tf32_rounding(cp, kernel, n, d, k):
     be = _backend(precision="tf32", tf32_kernel=kernel)
     lab, msq = be.assign(cp.asarray(X), cp.asarray(C))
     lab, msq = lab.get(), msq.get()
-    assert be._ws.plan.path == {"fused": "mma", "fused-v1": "tf32mma", "cublas": "tf32"}[kernel]
+    assert be._ws.plan.path == {"fused": "mma", "fused-v1": "tf32mma", "cublas": "tf32",
+                                "wgmma": fused_plan.tf32_path(
+                                    "wgmma", d, fused_plan.device_facts(0))}[kernel]
     X64, C64 = X.astype(np.float64), C.astype(np.float64)
     rows = max(1, int(4e6 // (k * d)))  # exact distances in float64, ~32 MB at a time
     exact = np.concatenate([((X64[i:i + rows, None, :] - C64[None]) ** 2).sum(-1)
@@ -331,6 +333,18 @@ def test_tf32_assignment_within_tf32_rounding(cp, kernel, n, d, k):
                            f"{(got - best - bound)[bad[:5]]})")
     # min_sq_dist: the chosen center's distance, up to the same rounding
     assert np.all(np.abs(msq.astype(np.float64) - got) <= 2 * err_lab + 1e-5 * (nx ** 2 + 1))
+
+
+def test_tf32_auto_takes_the_wgmma_kernel_on_hopper(cp):
+    """tf32_kernel="auto" (the default) runs cuda/fused_wgmma.cu on compute capability 9.0
+    for d <= 128 (so the TF32-bound tests above exercise it there), v2 past that or elsewhere."""
+    facts = fused_plan.device_facts(0)
+    for d, k in ((128, 300), (20, 129), (160, 300)):
+        X, C, _ = _problem(2053, d, k, np.float32, seed=d)
+        be = _backend(precision="tf32")
+        be.assign(cp.asarray(X), cp.asarray(C))
+        wanted = "wgmma" if facts.cc == 90 and d <= fused_plan.WGMMA_MAX_D else "mma"
+        assert be._ws.plan.path == wanted, (d, be._ws.plan.path)
 
 
 def test_options_are_validated(cp):

@@ -44,7 +44,7 @@ CASES = [(300, 20, 129), (257, 33, 13), (513, 128, 300), (100, 5, 1), (131, 152,
 @pytest.mark.parametrize("n,d,k", CASES)
 def test_tf32_v2_labels_within_tf32_rounding(emulated_cupy, n, d, k):
     X, C = _problem(n, d, k, seed=d + k)
-    be, lab, msq = _assign(X, C, precision="tf32")
+    be, lab, msq = _assign(X, C, precision="tf32", tf32_kernel="fused")
     p = be._ws.plan
     assert p.path == "mma" and p.layout == 3
     assert p.resident == (fused_plan.mma_dk(d) <= 152)
@@ -103,7 +103,20 @@ def test_falls_back_where_the_v2_kernel_cannot_run():
     small = fused_plan.DeviceFacts(2, 99 * 1024, 100 * 1024, 86)   # sm_86: 99 KB a block
     old = fused_plan.DeviceFacts(80, 96 * 1024, 96 * 1024, 75)     # no TF32 tensor cores
     h200 = fused_plan.NOMINAL
-    assert fused_plan.plan(10**6, 128, 4096, "float32", h200, precision="tf32").path == "mma"
+    a100 = fused_plan.DeviceFacts(108, 163 * 1024, 164 * 1024, 80)
+    # tf32: the wgmma kernel on compute capability 9.0 where its shared memory fits, else v2
+    assert fused_plan.plan(10**6, 128, 4096, "float32", h200, precision="tf32").path == "wgmma"
+    assert fused_plan.plan(10**6, 128, 4096, "float32", h200, precision="tf32",
+                           tf32_kernel="fused").path == "mma"
+    assert fused_plan.plan(10**6, 1024, 77, "float32", h200, precision="tf32",
+                           tf32_kernel="wgmma").path == "mma"
+    assert fused_plan.plan(10**6, 128, 4096, "float32", a100, precision="tf32").path \
+        == fused_plan.plan(10**6, 128, 4096, "float32", a100, precision="tf32",
+                           tf32_kernel="fused").path != "wgmma"
+    p = fused_plan.plan(10**6 + 3, 33, 300, "float32", h200, precision="tf32")
+    assert p.path == "wgmma" and p.layout == 3 and p.S == 40
+    assert p.assign_smem == fused_plan.wgmma_smem(33) <= h200.smem_block - 1024
+    assert p.assign_grid == -(-(10**6 + 3) // (128 * fused_plan.WGMMA_MT))
     p = fused_plan.plan(10**6, 128, 4096, "float32", h200, gemm_kernel="3xtf32")
     assert p.path == "mma3" and p.resident and p.assign_smem <= h200.smem_block - 1024
     assert fused_plan.plan(10**6, 128, 4096, "float64", h200, gemm_kernel="3xtf32").path \

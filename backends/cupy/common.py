@@ -5,7 +5,9 @@ compiled by NVRTC through cupy.RawModule one template instance at a time, memoiz
 from __future__ import annotations
 
 import functools
+import hashlib
 import importlib
+import json
 import os
 import re
 import threading
@@ -173,10 +175,45 @@ def _compile(file, names, device_id):
     """cuda/`file` compiled for `names` and loaded on device `device_id` (in this thread)."""
     cp = cupy()
     with cp.cuda.Device(device_id):
+        if file in ARCH_TARGETS:
+            return _ArchModule(file, names, ARCH_TARGETS[file])
         module = cp.RawModule(code=source(file), options=NVRTC_OPTIONS,
                               name_expressions=list(names))
         module.get_function(names[0])  # RawModule compiles and loads on first use
     return module
+
+
+#: files compiled for an architecture-specific target: wgmma exists on sm_90a only, and
+#: CuPy's RawModule compiles for the plain sm_XX of the device
+ARCH_TARGETS = {"fused_wgmma.cu": "sm_90a"}
+
+
+class _ArchModule:
+    """cuda/`file` compiled by NVRTC for `arch` (its cubin kept on disk beside CuPy's, keyed
+    by the source, options, names and NVRTC version), loaded as a cupy.RawModule."""
+
+    def __init__(self, file, names, arch):
+        cp = cupy()
+        options = (*NVRTC_OPTIONS, f"-arch={arch}")
+        text = source(file)
+        key = hashlib.sha256(repr((text, options, sorted(names),
+                                   cp.cuda.nvrtc.getVersion())).encode()).hexdigest()[:32]
+        root = Path(os.environ.get("CUPY_CACHE_DIR", Path.home() / ".cupy" / "kernel_cache"))
+        cubin, meta = root / f"kmeans_xp_{key}.cubin", root / f"kmeans_xp_{key}.json"
+        if not (cubin.exists() and meta.exists()):
+            prog = cp.cuda.compiler._NVRTCProgram(text, file, name_expressions=list(names),
+                                                  method="cubin")
+            binary, mapping = prog.compile(options)
+            root.mkdir(parents=True, exist_ok=True)
+            for path, data in ((cubin, binary), (meta, json.dumps(mapping).encode())):
+                tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}")
+                tmp.write_bytes(data)
+                os.replace(tmp, path)  # (atomic: a concurrent reader sees all or nothing)
+        self.lowered = json.loads(meta.read_text())
+        self.module = cp.RawModule(path=str(cubin))
+
+    def get_function(self, name):
+        return self.module.get_function(self.lowered[name])
 
 
 @functools.lru_cache(maxsize=1)

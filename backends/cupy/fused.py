@@ -13,9 +13,10 @@ iteration, which it fetches while the next iteration runs.
 Paths (chosen per problem, `fused_plan.plan`): small (d <= 16), gemm (d > 16; on float32 up to
 d=160 the tensor-core kernel in split precision, 3xTF32, else or with gemm_kernel="simt" the
 SIMT kernel), and
-precision="tf32" (float32 on TF32 tensor cores; not bit-exact FP32), tf32_kernel "fused" (our
-v2 mma.sync kernel with the argmin in its epilogue, cuda/fused_mma.cu), "fused-v1" (the first
-one, cuda/fused_tf32.cu, kept to compare) or "cublas" (cuBLAS GEMM per row chunk + a
+precision="tf32" (float32 on TF32 tensor cores; not bit-exact FP32), tf32_kernel "auto" (the
+wgmma kernel on compute capability 9.0, cuda/fused_wgmma.cu, else "fused"), "wgmma", "fused"
+(our v2 mma.sync kernel with the argmin in its epilogue, cuda/fused_mma.cu), "fused-v1" (the
+first one, cuda/fused_tf32.cu, kept to compare) or "cublas" (cuBLAS GEMM per row chunk + a
 warp-per-row argmin).
 
 Determinism: the same input gives bit-identical labels, centers, inertia and history run to
@@ -113,10 +114,11 @@ class FusedPlacement(CupyPlacement):
 
 
 class CupyFusedBackend(CupyBackendBase):
-    """Fused RawKernel backend; options: precision ("fp32" or "tf32"), tf32_kernel ("fused",
-    "fused-v1" or "cublas", with tf32), gemm_kernel ("auto", "simt" or "3xtf32": the exact
-    d > 16 path on float32), fuse ("auto", True, False: sums inside the small-d assignment pass),
-    points_per_thread and center_group (small-d kernel), free_memory."""
+    """Fused RawKernel backend; options: precision ("fp32" or "tf32"), tf32_kernel ("auto",
+    "wgmma", "fused", "fused-v1" or "cublas", with tf32), gemm_kernel ("auto", "simt" or
+    "3xtf32": the exact d > 16 path on float32), fuse ("auto", True, False: sums inside the
+    small-d assignment pass), points_per_thread and center_group (small-d kernel),
+    free_memory."""
 
     name = "cupy-fused"
     placement_class = FusedPlacement
@@ -124,9 +126,11 @@ class CupyFusedBackend(CupyBackendBase):
         **BASE_OPTIONS,
         "precision": Option("fp32", "fp32", "tf32", doc="'fp32' (exact, default) or 'tf32' "
                             "(tensor cores, float32 input, not bit-exact)"),
-        "tf32_kernel": Option("fused", "fused", "fused-v1", "cublas", doc="with tf32: our "
-                              "tensor-core kernel with the argmin fused (v2; 'fused-v1' the "
-                              "first one), or cuBLAS GEMM per chunk + argmin"),
+        "tf32_kernel": Option("auto", "auto", "wgmma", "fused", "fused-v1", "cublas",
+                              doc="with tf32: our tensor-core kernel with the argmin fused "
+                              "('wgmma': Hopper's asynchronous one; 'fused': mma.sync, v2; "
+                              "'fused-v1' the first one; 'auto': wgmma on compute capability "
+                              "9.0, else v2), or cuBLAS GEMM per chunk + argmin"),
         "gemm_kernel": Option("auto", "auto", "simt", "3xtf32", doc="precision='fp32', "
                               "d > 16, float32: the SIMT FMA kernel, or the tensor cores in "
                               "split precision (3xTF32: FP32-accurate, labels equal up to near "
@@ -174,7 +178,7 @@ class CupyFusedBackend(CupyBackendBase):
     # -- memory ---------------------------------------------------------------------------------
     @classmethod
     def estimate_memory(cls, n_samples, n_features, n_clusters, *, itemsize,
-                        max_memory="auto", precision="fp32", tf32_kernel="fused",
+                        max_memory="auto", precision="fp32", tf32_kernel="auto",
                         gemm_kernel="auto", **_):
         """Device bytes of the backend's own part of a fit (the driver's arrays are counted by
         the core): X on the device (`data`), the plan's working buffers, and the chunk of
@@ -301,12 +305,14 @@ class CupyFusedBackend(CupyBackendBase):
             launch(ws.fn_fused if fuse else ws.fn_assign, p.assign_grid,
                    (X, w, ws.ops, _i32(ws.n), _i32(ws.k), _i32(p.tc), *tail, *extra),
                    shared_mem=smem)
-        elif p.path in ("gemm", "tf32mma", "mma", "mma3"):
+        elif p.path in ("gemm", "tf32mma", "mma", "mma3", "wgmma"):
             vec = fp.vector_rows(ws.dtype_name, ws.d) and device_ptr(X) % 16 == 0
             if p.path == "gemm":
                 name, smem = fp.gemm_kernel_name(ws.dtype_name, vec), 0
             elif p.path == "tf32mma":
                 name, smem = f"assign_tf32<{'true' if vec else 'false'}>", fp.TF32_MMA_SMEM
+            elif p.path == "wgmma":
+                name, smem = fp.wgmma_kernel_name(ws.d, vec), p.assign_smem
             else:  # the v2 tensor-core kernel: TF32 (mma) or 3xTF32 (mma3)
                 name = fp.mma_kernel_name(p.path == "mma3", p.resident, vec)
                 smem = p.assign_smem

@@ -10,9 +10,13 @@ Paths:
   tf32   precision="tf32", tf32_kernel="cublas": cuBLAS GEMM under TF32 per row chunk + a
          warp-per-row argmin. tf32mma (tf32_kernel="fused-v1"): our first tensor-core kernel
          (cuda/fused_tf32.cu) with the argmin in its epilogue. Not bit-exact FP32.
-  mma    precision="tf32", tf32_kernel="fused" (the default): the v2 tensor-core kernel
-         (cuda/fused_mma.cu: X rows resident in shared memory, operands pre-rounded, cp.async
-         stages). Not bit-exact FP32.
+  mma    precision="tf32", tf32_kernel="fused": the v2 tensor-core kernel (cuda/fused_mma.cu:
+         X rows resident in shared memory, operands pre-rounded, cp.async stages; mma.sync).
+         Not bit-exact FP32.
+  wgmma  precision="tf32", tf32_kernel "auto" (the default) or "wgmma" on compute capability
+         9.0: the same operands and epilogue on Hopper's asynchronous wgmma
+         (cuda/fused_wgmma.cu, compiled for sm_90a); elsewhere, or where d's shared memory
+         does not fit, mma.
   mma3   precision="fp32", float32, d > 16, gemm_kernel "3xtf32" or "auto" (the default, up to
          d = MMA3_AUTO_MAX_D): the same kernel in split precision (3xTF32), FP32-accurate;
          labels agree with the SIMT kernel's up to near ties.
@@ -49,6 +53,11 @@ TF32_MMA_SMEM = (2 * 128 * 20 + 2 * 16 * 136 + 2 * 128 * 20) * 4
 #: the v2 tensor-core kernel (cuda/fused_mma.cu): points per block, centers per column block,
 #: pipeline stages, rows of the running best
 MMA_ROWS, MMA_COLS, MMA_STAGES = 256, 128, 3
+#: the wgmma kernel (cuda/fused_wgmma.cu, compute capability 9.0): m64 row tiles per
+#: warpgroup (a block is 2 warpgroups: 128 * MT points) and centers per column block
+WGMMA_MT, WGMMA_BN, WGMMA_STAGES = 2, 64, 3
+#: largest d it takes (its shared memory on the H200: X's rows and 3 stages of centers)
+WGMMA_MAX_D = 128
 #: gemm_kernel="auto" takes 3xTF32 up to this d (measured on the H200 at d = 64, 128: 1.6x the
 #: SIMT kernel, the same labels; at d = 1024 its FP32 accumulation on the tensor cores gives
 #: min_sq_dist looser than 16 eps of numpy's, so larger d keeps the SIMT kernel)
@@ -104,6 +113,24 @@ def mma_smem(d: int, split: bool, resident: bool) -> int:
     return 4 * (b_words + a_words + 2 * MMA_ROWS * 8)
 
 
+def wgmma_smem(d: int, mt: int = None, bn: int = None) -> int:
+    """Dynamic shared memory (bytes) of assign_wgmma (the formula in cuda/fused_wgmma.cu): X's
+    rows and the centers' stages in 32-word atoms of K, and 1024 bytes to align the atoms."""
+    mt, bn = mt or WGMMA_MT, bn or WGMMA_BN
+    return 1024 + 4 * wgmma_atoms(d) * 32 * (128 * mt + WGMMA_STAGES * bn)
+
+
+def wgmma_atoms(d: int) -> int:
+    """32-word atoms of K in the wgmma kernel's shared tiles (its template parameter NAT)."""
+    return -(-mma_dk(d) // 32)
+
+
+def wgmma_kernel_name(d: int, vec: bool, mt: int = None, bn: int = None) -> str:
+    """An instance of assign_wgmma: row tiles, column block, atoms of K, 16-byte loads of X."""
+    return (f"assign_wgmma<{mt or WGMMA_MT},{bn or WGMMA_BN},{wgmma_atoms(d)},"
+            f"{'true' if vec else 'false'}>")
+
+
 def mma_kernel_name(split: bool, resident: bool, vec: bool) -> str:
     """An instance of assign_mma: 3xTF32 or TF32, X resident or K-streamed, 16-byte loads."""
     b = {True: "true", False: "false"}
@@ -114,7 +141,7 @@ def mma_kernel_name(split: bool, resident: bool, vec: bool) -> str:
 KERNEL_FILES = {
     "assign_small": "fused_small.cu", "assign_gemm": "fused_gemm.cu",
     "assign_tf32": "fused_tf32.cu", "argmin_rows": "fused_tf32.cu",
-    "assign_mma": "fused_mma.cu",
+    "assign_mma": "fused_mma.cu", "assign_wgmma": "fused_wgmma.cu",
     "accumulate_shared": "fused_sums.cu", "accumulate_global": "fused_sums.cu",
     "finalize_sums": "fused_sums.cu", "pack_centers": "centers.cu",
     "column_absmax": "stats.cu", "fixed_point_scales": "stats.cu",
@@ -132,7 +159,10 @@ def common_kernel_names(dtype_name: str) -> tuple:
     t = _CTYPE[dtype_name]
     mma = tuple(mma_kernel_name(s, r, v) for s in (False, True) for r in (True, False)
                 for v in (True, False))
-    tf32 = (("argmin_rows<float>", "assign_tf32<true>", "assign_tf32<false>", *mma)
+    # (d up to WGMMA_MAX_D: one instance per atom count)
+    wgmma = tuple(wgmma_kernel_name(32 * a, v) for a in range(1, wgmma_atoms(WGMMA_MAX_D) + 1)
+                  for v in (True, False))
+    tf32 = (("argmin_rows<float>", "assign_tf32<true>", "assign_tf32<false>", *mma, *wgmma)
             if dtype_name == "float32" else ())
     return (gemm_kernel_name(dtype_name, True), gemm_kernel_name(dtype_name, False), *tf32,
             f"accumulate_shared<{t}>", f"accumulate_global<{t}>", "finalize_sums",
@@ -213,7 +243,8 @@ def cdiv(a, b):
 
 # -- the plan -----------------------------------------------------------------------------------
 class Plan(NamedTuple):
-    path: str          # "small", "gemm", "tf32" (cuBLAS + argmin), "tf32mma", "mma", "mma3"
+    path: str          # "small", "gemm", "tf32" (cuBLAS + argmin), "tf32mma", "mma", "mma3",
+                       # "wgmma"
     fuse: bool         # sums accumulated inside the small-d assignment pass
     P: int             # points per thread (small)
     G: int             # centers per argmin group (small)
@@ -254,14 +285,26 @@ def mma_fit(d, split, dev):
     return None
 
 
+def wgmma_fits(d, dev) -> bool:
+    """The wgmma kernel runs here: compute capability 9.0 (sm_90a) and its shared memory."""
+    return dev.cc == 90 and d <= WGMMA_MAX_D and wgmma_smem(d) <= dev.smem_block - 1024
+
+
+def tf32_path(tf32_kernel, d, dev) -> str:
+    """The precision="tf32" path: "auto" takes the wgmma kernel where it runs, else v2."""
+    if tf32_kernel in ("auto", "wgmma"):
+        return "wgmma" if wgmma_fits(d, dev) else "mma"
+    return {"fused": "mma", "fused-v1": "tf32mma", "cublas": "tf32"}[tf32_kernel]
+
+
 def plan(n, d, k, dtype_name, dev, *, precision="fp32", fuse="auto", P=None, G=None,
-         budget=None, tf32_kernel="fused", gemm_kernel="auto") -> Plan:
+         budget=None, tf32_kernel="auto", gemm_kernel="auto") -> Plan:
     itemsize = 4 if dtype_name == "float32" else 8
     sums_smem = k * (d + 1) * 16 + (d + 1) * 8
     resident = False
     if precision == "tf32" or d > SMALL_D_MAX:
         if precision == "tf32":
-            path = {"fused": "mma", "fused-v1": "tf32mma", "cublas": "tf32"}[tf32_kernel]
+            path = tf32_path(tf32_kernel, d, dev)
         else:  # 3xTF32 applies to float32 (float64 has no tensor-core split here)
             split = gemm_kernel == "3xtf32" or (gemm_kernel == "auto" and d <= MMA3_AUTO_MAX_D)
             path = "mma3" if split and dtype_name == "float32" else "gemm"
@@ -275,9 +318,11 @@ def plan(n, d, k, dtype_name, dev, *, precision="fp32", fuse="auto", P=None, G=N
         if fit is not None and path in ("mma", "mma3"):
             resident, assign_smem = fit
             layout, S = (4 if path == "mma3" else 3), mma_dk(d)
+        if path == "wgmma":  # the v2 kernel's operands (layout 3)
+            resident, assign_smem, layout, S = True, wgmma_smem(d), 3, mma_dk(d)
         assign_grid = {"gemm": cdiv(n, 16 * tm), "tf32mma": cdiv(n, TF32_MMA_ROWS),
                        "tf32": dev.sms * 8, "mma": cdiv(n, MMA_ROWS),
-                       "mma3": cdiv(n, MMA_ROWS)}[path]
+                       "mma3": cdiv(n, MMA_ROWS), "wgmma": cdiv(n, 128 * WGMMA_MT)}[path]
     else:
         path, layout, S, kpad = "small", 0, ops_stride(dtype_name, d), k
         P = P or points_per_thread(dtype_name, d)

@@ -1,0 +1,338 @@
+// cupy-fused on Hopper's asynchronous tensor cores: wgmma (sm_90a only; NVRTC compiles this
+// file for it, common.ARCH_TARGETS), the TF32 distance GEMM with the argmin in its epilogue,
+// for precision="tf32" on a compute capability 9.0 GPU (tf32_kernel="auto" picks it there; the
+// mma.sync kernel of fused_mma.cu everywhere else). Same operands, epilogue and results
+// contract as fused_mma.cu's TF32 kernel: dist = fl(x.tf32(-2c) + ||c||^2) with x rounded to
+// TF32 (rna), the first minimum per row in ascending columns, then finish_rows.
+//
+// Why another kernel: mma.sync keeps a warp's 64 x 64 tile's 128 accumulators in registers
+// (one block of 8 warps per SM), and each warp waits for its own mma results: 43% of the tensor
+// pipe on the H200 at W5 (ncu). wgmma runs asynchronously for a whole warpgroup (128 threads)
+// from shared memory, so each warpgroup issues column block cb's products and, while they
+// run, does column block cb - 1's argmin from a second set of accumulators (ping-pong).
+//
+// Block: 2 warpgroups; warpgroup w owns rows w*64*MT.. (MT m64 tiles), every column block of
+// BN centers. X's BM = 128 MT rows stay in shared memory for the whole pass (rounded once);
+// the centers stream through WG_STAGES stages of BN rows x all of K (cp.async), loaded two
+// column blocks ahead. Each thread keeps its rows' running minimum in registers; the stages
+// take them for finish_rows at the end. Default tile (fused_plan): MT = 2, BN = 64, BM = 256
+// (half the centers' L2 traffic of BM = 128; measured faster than MT = 1, BN = 128).
+// Shared layout (wgmma's K-major, 128-byte swizzle): K in atoms of 32 words; an atom holds
+// 128-byte rows (32 words of one row of X or one center); 16-byte chunk c of row r sits at
+// word r*32 + 4*(c ^ (r & 7)). Descriptor: leading byte offset 16, stride byte offset 1024
+// (8 rows), swizzle 128B; a k8 step moves the start address 32 bytes; atoms 1024-byte aligned.
+// Accumulators (m64nN .f32, PTX ISA): warp q of the warpgroup, lane (g = lane/4, t = lane%4):
+// d[j][0..3] = (16q + g, 8j + 2t), (16q + g, 8j + 2t + 1), (16q + g + 8, 8j + 2t),
+// (16q + g + 8, 8j + 2t + 1): the mma.sync C fragment per 8 columns, so row_first_min applies.
+#include "common.cuh"
+#include "tile_min.cuh"
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define KMEANS_WGMMA 1
+#else
+#define KMEANS_WGMMA 0  // (any other target: the kernel traps; the host never launches it)
+#endif
+
+// -- PTX -------------------------------------------------------------------------------------
+__device__ __forceinline__ unsigned wg_smem_u32(const void* p) {
+    unsigned a;
+    asm("{ .reg .u64 u; cvta.to.shared.u64 u, %1; cvt.u32.u64 %0, u; }" : "=r"(a) : "l"(p));
+    return a;
+}
+
+// shared-memory matrix descriptor of a 128B-swizzled K-major tile starting at saddr
+__device__ __forceinline__ u64 wg_desc(unsigned saddr) {
+    return (u64)((saddr & 0x3FFFF) >> 4) | ((u64)(16 >> 4) << 16) | ((u64)(1024 >> 4) << 32) |
+           ((u64)1 << 62);
+}
+
+// word offset of 16-byte chunk c of row r in a 128B-swizzled atom
+__device__ __forceinline__ int wg_swz(int r, int c) { return r * 32 + ((c ^ (r & 7)) << 2); }
+
+__device__ __forceinline__ void wg_fence() {
+#if KMEANS_WGMMA
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void wg_commit() {
+#if KMEANS_WGMMA
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+#endif
+}
+template <int N>
+__device__ __forceinline__ void wg_wait() {
+#if KMEANS_WGMMA
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+#endif
+}
+// generic-proxy writes to shared memory (stores, cp.async) made visible to wgmma's reads
+__device__ __forceinline__ void fence_async_shared() {
+#if KMEANS_WGMMA
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+}
+// keeps the compiler from moving accumulator reads or writes across an asynchronous wgmma
+template <int NT>
+__device__ __forceinline__ void wg_pin(float (&d)[NT][4]) {
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) asm volatile("" : "+f"(d[j][e])::"memory");
+}
+
+__device__ __forceinline__ void wg_cp_async16(unsigned dst, const void* src, bool valid) {
+#if KMEANS_WGMMA
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
+                 :: "r"(dst), "l"(src), "r"(valid ? 16 : 0) : "memory");
+#endif
+}
+__device__ __forceinline__ void wg_cp_commit() {
+#if KMEANS_WGMMA
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+// wait until at most N of this thread's committed groups are pending
+template <int N>
+__device__ __forceinline__ void wg_cp_wait() {
+#if KMEANS_WGMMA
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+#endif
+}
+
+// D (64 x 64) += A (64 x 8, shared, descriptor da) * B (64 x 8, shared, db)^T; scale_d = 0
+// starts from zero instead of D
+__device__ __forceinline__ void wgmma_64(float (&d)[8][4], u64 da, u64 db, int scale_d) {
+#if KMEANS_WGMMA
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+        "%32, %33, p, 1, 1;\n}\n"
+        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
+          "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
+          "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+          "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
+          "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]),
+          "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+          "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
+          "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
+        : "l"(da), "l"(db), "r"(scale_d));
+#else
+    __trap();
+#endif
+}
+
+// D (64 x 128) += A (64 x 8, shared, descriptor da) * B (128 x 8, shared, db)^T; scale_d = 0
+// starts from zero instead of D
+__device__ __forceinline__ void wgmma_128(float (&d)[16][4], u64 da, u64 db, int scale_d) {
+#if KMEANS_WGMMA
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+        "%64, %65, p, 1, 1;\n}\n"
+        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
+          "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
+          "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+          "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
+          "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]),
+          "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+          "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
+          "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]),
+          "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]),
+          "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]),
+          "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]),
+          "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]),
+          "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]),
+          "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]),
+          "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]),
+          "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
+        : "l"(da), "l"(db), "r"(scale_d));
+#else
+    __trap();
+#endif
+}
+
+template <int BN>
+__device__ __forceinline__ void wgmma_tile(float (&d)[BN / 8][4], u64 da, u64 db, int scale_d) {
+    if constexpr (BN == 128) wgmma_128(d, da, db, scale_d);
+    else wgmma_64(d, da, db, scale_d);
+}
+
+constexpr int WG_STAGES = 3;  // centers' stages: a column block loads two blocks ahead
+
+// Dynamic shared memory (bytes; the host's fused_plan.wgmma_smem): 1024 (alignment) +
+// 4 * NAT * 32 * (BM + WG_STAGES * BN). NAT = ceil(roundup(d, 8) / 32) atoms of K, a template
+// parameter so that every copy and descriptor offset is a constant (d <= 32 NAT).
+template <int MT, int BN, int NAT, bool VEC>
+__global__ void __launch_bounds__(256, 1)
+assign_wgmma(const float* __restrict__ X, const float* __restrict__ W,
+             const float* __restrict__ ops, const float* __restrict__ cnorm, int n, int d,
+             int kpad, const int* __restrict__ labels_old, int* __restrict__ labels,
+             float* __restrict__ min_sq, double* __restrict__ block_inertia,
+             u64* __restrict__ counter) {
+    constexpr int BM = 128 * MT, NT = BN / 8, RS = 4;
+    KMEANS_DYNAMIC_SMEM(unsigned char, smem_raw);
+    __shared__ double red[8];
+    __shared__ u64 redc[8];
+    const unsigned raw = wg_smem_u32(smem_raw);
+    float* const xs = reinterpret_cast<float*>(smem_raw + (((raw + 1023) & ~1023u) - raw));
+    const int dk = (d + 7) & ~7;               // K padded to the mma's 8 (zeros)
+    constexpr int nat = NAT;                   // atoms of 32 words
+    float* const bs = xs + nat * BM * 32;      // WG_STAGES stages of nat * BN * 32 words
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    // (the warpgroup from a shuffle: the compiler then keeps its descriptors in uniform
+    // registers, one add per wgmma instead of a vector-to-uniform move per operand)
+    const int wgi = __shfl_sync(FULL_MASK, tid >> 7, 0), q = warp & 3, g = lane >> 2, t = lane & 3;
+    const int rbase = wgi * 64 * MT + 16 * q;  // this thread's first row (+ g, + 8, + 64 mt)
+    const i64 row0 = (i64)blockIdx.x * BM;
+    const int ncb = kpad / BN;
+
+    // Copies in 16-byte chunks: thread tid takes chunk c = tid % 8 of rows r0 = tid / 8,
+    // r0 + 32, ... of every atom; those rows share r & 7, so one swizzled offset serves all
+    const int c8 = tid & 7, r0 = tid >> 3;
+    const int sw = r0 * 32 + ((c8 ^ (r0 & 7)) << 2);  // word offset in an atom, row r0
+
+    // centers' column block cb -> its stage (all of K; zeros past dk)
+    auto issue = [&](int cb) {
+        const unsigned st = wg_smem_u32(bs + (cb % WG_STAGES) * nat * BN * 32 + sw);
+        const float* src = ops + (i64)(cb * BN + r0) * dk + c8 * 4;
+#pragma unroll
+        for (int a = 0; a < nat; ++a) {
+            const bool ok = a * 32 + c8 * 4 < dk;
+#pragma unroll
+            for (int i = 0; i < BN / 32; ++i)
+                wg_cp_async16(st + (a * BN * 32 + i * 32 * 32) * 4,
+                              ok ? src + i * 32 * dk + a * 32 : ops, ok);
+        }
+    };
+    // one commit group per column block slot, empty ones too (the wait counts groups)
+    issue(0);
+    wg_cp_commit();
+    if (ncb > 1) issue(1);
+    wg_cp_commit();
+
+    // the block's rows once, TF32 (rna), zeros past n and d
+#pragma unroll
+    for (int a = 0; a < nat; ++a) {
+        const int k = a * 32 + c8 * 4;
+#pragma unroll 4
+        for (int i = 0; i < BM / 32; ++i) {
+            const i64 gx = row0 + r0 + 32 * i;
+            const int cnt = gx < n ? max(0, min(4, d - k)) : 0;
+            float v[4];
+            ldg_vec<float, VEC>(X + (gx < n ? gx : 0) * d + (cnt > 0 ? k : 0), cnt, v);
+            float4 f;
+            f.x = tf32_rna(v[0]); f.y = tf32_rna(v[1]); f.z = tf32_rna(v[2]); f.w = tf32_rna(v[3]);
+            *reinterpret_cast<float4*>(xs + a * BM * 32 + i * 32 * 32 + sw) = f;
+        }
+    }
+
+    float acc[2][MT][NT][4];
+#pragma unroll
+    for (int s = 0; s < 2; ++s)
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int j = 0; j < NT; ++j)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) acc[s][mt][j][e] = 0.0f;
+    // the running first minimum of the thread's 2 MT rows (its quarter of their columns)
+    float best[MT][2];
+    int bidx[MT][2];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) { best[mt][h] = pos_inf<float>(); bidx[mt][h] = 0; }
+
+    // + ||c||^2 and the running first minimum over column block cb (ascending columns)
+    auto epilogue = [&](float (&done)[MT][NT][4], int cb) {
+        float2 cn[NT];
+        fragment_norms<NT>(cnorm, cb * BN + 2 * t, cn);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+                row_first_min<NT>(done[mt], cn, h, cb * BN + 2 * t, best[mt][h], bidx[mt][h]);
+    };
+
+    // descriptors of the warpgroup's first A tile and of stage 0; a k8 step, an atom, a
+    // stage or a row tile adds its byte offset / 16 to the address field (bits 0-13)
+    const u64 da0 = wg_desc(wg_smem_u32(xs) + wgi * 64 * MT * 128);
+    const u64 db0 = wg_desc(wg_smem_u32(bs));
+    const int nk = dk >> 3;
+
+    // column block cb: its products into `cur` (asynchronous); then, while they run, the
+    // argmin of column block cb - 1 from `prev` (the two sets swap every column block)
+    auto step = [&](float (&cur)[MT][NT][4], float (&prev)[MT][NT][4], int cb) {
+        wg_cp_wait<1>();         // this thread's part of column block cb has landed ...
+        fence_async_shared();    // ... is visible to the tensor cores ...
+        __syncthreads();         // ... and so is everyone's
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) wg_pin(cur[mt]);
+        wg_fence();
+        const u64 dbs = db0 + (u64)((cb % WG_STAGES) * nat * BN * 8);
+#pragma unroll
+        for (int a = 0; a < nat; ++a) {
+            const u64 da = da0 + (u64)(a * BM * 8), db = dbs + (u64)(a * BN * 8);
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {     // the k8 steps of the atom, 32 bytes apart
+                // (the last atom's past roundup(d, 8) left out; a branch ptxas needs, too:
+                // without it, it serialises every wgmma of the function)
+                if (a == nat - 1 && a * 4 + j >= nk) break;
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt)
+                    wgmma_tile<BN>(cur[mt], da + (u64)(mt * 64 * 8 + j * 2), db + (u64)(j * 2),
+                                   a + j > 0);
+            }
+        }
+        wg_commit();  // (cur is not touched again before a wait retires these products)
+        if (cb > 0) {
+            wg_wait<1>();        // column block cb - 1's products are done (this warpgroup)
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) wg_pin(prev[mt]);
+            __syncthreads();     // both warpgroups are done with its stage: load cb + 2 there
+        }
+        if (cb + 2 < ncb) issue(cb + 2);
+        wg_cp_commit();
+        if (cb > 0) epilogue(prev, cb - 1);
+    };
+
+    int cb = 0;
+    for (; cb + 1 < ncb; cb += 2) {
+        step(acc[0], acc[1], cb);
+        step(acc[1], acc[0], cb + 1);
+    }
+    if (cb < ncb) step(acc[0], acc[1], cb);
+    wg_wait<0>();
+    if (ncb & 1) {  // the last column block's set
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) wg_pin(acc[0][mt]);
+        epilogue(acc[0], ncb - 1);
+    } else {
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) wg_pin(acc[1][mt]);
+        epilogue(acc[1], ncb - 1);
+    }
+
+    // every warpgroup is past its last wgmma: the stages hold the cells for finish_rows
+    __syncthreads();
+    float* const rbest = bs;
+    int* const ridx = reinterpret_cast<int*>(bs + BM * RS);
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int at = (rbase + mt * 64 + g + 8 * h) * RS + t;
+            rbest[at] = best[mt][h];
+            ridx[at] = bidx[mt][h];
+        }
+    __syncthreads();
+    finish_rows<float, BM, RS, RS>(rbest, ridx, row0, n, d, X, W, labels_old, labels, min_sq,
+                                   red, redc, block_inertia, counter);
+}
