@@ -6,7 +6,8 @@ Cases: W5 (n=1M, d=128, k=4096), large-k (n=2M, d=128, k=16384) and d=64 (n=1M, 
 Variants: tf32 v1 (tf32_kernel="fused-v1", cuda/fused_tf32.cu), tf32 v2 ("fused",
 cuda/fused_mma.cu), tf32 wgmma (cuda/fused_wgmma.cu; its default tile, 2 m64 row tiles a
 warpgroup by 64 centers, and 1 by 128: "-1x128", where its shared memory fits), 3xTF32
-(gemm_kernel="3xtf32", cuda/fused_mma.cu), the SIMT exact kernel
+(gemm_kernel="3xtf32": the wgmma kernel on the H200, "-v2" the mma.sync one), the SIMT
+exact kernel
 (assign_gemm), cuBLAS TF32 GEMM + our argmin (tf32_kernel="cublas"), and torch TF32
 (allow_tf32, chunked ||c||^2 - 2 X C^T + argmin; skipped without torch) and torch FP32 (the
 same with allow_tf32 off). Each is timed by CUDA
@@ -39,6 +40,7 @@ VARIANTS = {
     "tf32-wgmma": {"precision": "tf32", "tf32_kernel": "wgmma"},
     "tf32-wgmma-1x128": {"precision": "tf32", "tf32_kernel": "wgmma", "tile": (1, 128)},
     "3xtf32": {"gemm_kernel": "3xtf32"},
+    "3xtf32-v2": {"gemm_kernel": "3xtf32", "tf32_kernel": "fused"},
     "simt": {"gemm_kernel": "simt"},
     "cublas-tf32": {"precision": "tf32", "tf32_kernel": "cublas"},
 }
@@ -106,10 +108,11 @@ def _run_variant(cp, name, opts, X, init, reps, with_iter):
     row = {"variant": name, "options": opts, "path": p.path, "resident": p.resident,
            "assign_smem": p.assign_smem, "assign_grid": p.assign_grid, "assign_ms": ms,
            "runs_ms": runs}
-    if p.path in ("mma", "mma3", "wgmma"):
+    if p.path in ("mma", "mma3", "wgmma", "wgmma3"):
         vec = ws.d % 4 == 0
         try:
-            fn = fp.kernel(fp.wgmma_kernel_name(ws.d, vec) if p.path == "wgmma" else
+            fn = fp.kernel(fp.wgmma_kernel_name(ws.d, vec, p.path == "wgmma3")
+                           if p.path.startswith("wgmma") else
                            fp.mma_kernel_name(p.path == "mma3", p.resident, vec))
             row["num_regs"] = int(fn.num_regs)
             row["blocks_per_sm"] = fp.blocks_per_sm(fn, p.assign_smem)
@@ -207,7 +210,7 @@ def main(argv):
                 else:
                     row, lab = run_variant(cp, name, opts, X, init, reps, case == "W5")
                 labs[name] = lab
-                if name not in ("simt", "3xtf32", "torch-fp32"):
+                if name not in ("simt", "3xtf32", "3xtf32-v2", "torch-fp32"):
                     row["tf32_bound_violations"], row["exact_agreement"] = tf32_violations(
                         cp, Xs, init, lab, D)
                 else:

@@ -115,7 +115,7 @@ def _check_primitives(cp, n, d, k, dtype, **options):
     split = options.get("gemm_kernel", "auto") == "3xtf32" or (
         options.get("gemm_kernel", "auto") == "auto" and d <= fused_plan.MMA3_AUTO_MAX_D)
     if split and d > 16 and dtype == np.float32:
-        assert be._ws.plan.path == "mma3", f"{where}: not the 3xTF32 kernel"
+        assert be._ws.plan.path in ("mma3", "wgmma3"), f"{where}: not the 3xTF32 kernel"
     assert lab.dtype == np.int32 and msq.dtype == dtype
     _assert_same_argmin(X, C, lab, ref_lab, dtype, where)
     same = lab == ref_lab

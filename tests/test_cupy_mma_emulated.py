@@ -63,7 +63,7 @@ def test_tf32_v2_labels_within_tf32_rounding(emulated_cupy, n, d, k):
 @pytest.mark.parametrize("n,d,k", CASES)
 def test_3xtf32_labels_are_numpys_up_to_near_ties(emulated_cupy, n, d, k):
     X, C = _problem(n, d, k, seed=d * 3 + k)
-    be, lab, msq = _assign(X, C, gemm_kernel="3xtf32")
+    be, lab, msq = _assign(X, C, gemm_kernel="3xtf32", tf32_kernel="fused")
     p = be._ws.plan
     if d <= fused_plan.SMALL_D_MAX:
         assert p.path == "small"  # the option is for the d > 16 path only
@@ -86,7 +86,7 @@ def test_lloyd_iter_through_the_v2_kernel(emulated_cupy):
     """The iteration's statistics (inertia partials per block, changed labels) as assign's."""
     X, C = _problem(700, 40, 50, seed=4)
     from kmeans_xp_backends.cupy.fused import CupyFusedBackend
-    be = CupyFusedBackend(gemm_kernel="3xtf32")
+    be = CupyFusedBackend(gemm_kernel="3xtf32", tf32_kernel="fused")
     lab, msq = be.assign(X, C)
     it = be.lloyd_iter(X, None, C, None)
     assert np.array_equal(np.asarray(it.labels), np.asarray(lab))
@@ -117,7 +117,16 @@ def test_falls_back_where_the_v2_kernel_cannot_run():
     assert p.path == "wgmma" and p.layout == 3 and p.S == 40
     assert p.assign_smem == fused_plan.wgmma_smem(33) <= h200.smem_block - 1024
     assert p.assign_grid == -(-(10**6 + 3) // (128 * fused_plan.WGMMA_MT))
-    p = fused_plan.plan(10**6, 128, 4096, "float32", h200, gemm_kernel="3xtf32")
+    # 3xTF32: the wgmma kernel in split precision on 9.0 (tf32_kernel picks the kernel;
+    # "auto" up to d = 64, where it was measured faster)
+    p = fused_plan.plan(10**6, 128, 4096, "float32", h200, gemm_kernel="3xtf32",
+                        tf32_kernel="wgmma")
+    assert p.path == "wgmma3" and p.layout == 4
+    assert p.assign_smem == fused_plan.wgmma_smem(128, True) <= h200.smem_block - 1024
+    assert fused_plan.plan(10**6, 64, 4096, "float32", h200).path == "wgmma3"  # the default
+    assert fused_plan.plan(10**6, 128, 4096, "float32", h200).path == "mma3"
+    p = fused_plan.plan(10**6, 128, 4096, "float32", h200, gemm_kernel="3xtf32",
+                        tf32_kernel="fused")
     assert p.path == "mma3" and p.resident and p.assign_smem <= h200.smem_block - 1024
     assert fused_plan.plan(10**6, 128, 4096, "float64", h200, gemm_kernel="3xtf32").path \
         == "gemm"

@@ -130,7 +130,9 @@ class CupyFusedBackend(CupyBackendBase):
                               doc="with tf32: our tensor-core kernel with the argmin fused "
                               "('wgmma': Hopper's asynchronous one; 'fused': mma.sync, v2; "
                               "'fused-v1' the first one; 'auto': wgmma on compute capability "
-                              "9.0, else v2), or cuBLAS GEMM per chunk + argmin"),
+                              "9.0, else v2), or cuBLAS GEMM per chunk + argmin; also which "
+                              "tensor-core kernel the exact 3xTF32 path runs ('auto', "
+                              "'wgmma' or 'fused')"),
         "gemm_kernel": Option("auto", "auto", "simt", "3xtf32", doc="precision='fp32', "
                               "d > 16, float32: the SIMT FMA kernel, or the tensor cores in "
                               "split precision (3xTF32: FP32-accurate, labels equal up to near "
@@ -305,14 +307,15 @@ class CupyFusedBackend(CupyBackendBase):
             launch(ws.fn_fused if fuse else ws.fn_assign, p.assign_grid,
                    (X, w, ws.ops, _i32(ws.n), _i32(ws.k), _i32(p.tc), *tail, *extra),
                    shared_mem=smem)
-        elif p.path in ("gemm", "tf32mma", "mma", "mma3", "wgmma"):
+        elif p.path in ("gemm", "tf32mma", "mma", "mma3", "wgmma", "wgmma3"):
             vec = fp.vector_rows(ws.dtype_name, ws.d) and device_ptr(X) % 16 == 0
             if p.path == "gemm":
                 name, smem = fp.gemm_kernel_name(ws.dtype_name, vec), 0
             elif p.path == "tf32mma":
                 name, smem = f"assign_tf32<{'true' if vec else 'false'}>", fp.TF32_MMA_SMEM
-            elif p.path == "wgmma":
-                name, smem = fp.wgmma_kernel_name(ws.d, vec), p.assign_smem
+            elif p.path in ("wgmma", "wgmma3"):
+                name = fp.wgmma_kernel_name(ws.d, vec, p.path == "wgmma3")
+                smem = p.assign_smem
             else:  # the v2 tensor-core kernel: TF32 (mma) or 3xTF32 (mma3)
                 name = fp.mma_kernel_name(p.path == "mma3", p.resident, vec)
                 smem = p.assign_smem

@@ -19,7 +19,9 @@ Paths:
          does not fit, mma.
   mma3   precision="fp32", float32, d > 16, gemm_kernel "3xtf32" or "auto" (the default, up to
          d = MMA3_AUTO_MAX_D): the same kernel in split precision (3xTF32), FP32-accurate;
-         labels agree with the SIMT kernel's up to near ties.
+         labels agree with the SIMT kernel's up to near ties. On compute capability 9.0
+         wgmma3, the wgmma kernel in the same split: tf32_kernel (the tensor-core kernel's
+         choice for both precisions) "wgmma" up to d = 128, "auto" up to WGMMA3_AUTO_MAX_D.
 Where the v2 kernel's shared memory does not fit the GPU (or it lacks TF32 tensor cores), mma
 falls back on tf32mma and mma3 on gemm: same semantics, another speed.
 """
@@ -56,6 +58,10 @@ MMA_ROWS, MMA_COLS, MMA_STAGES = 256, 128, 3
 #: the wgmma kernel (cuda/fused_wgmma.cu, compute capability 9.0): m64 row tiles per
 #: warpgroup (a block is 2 warpgroups: 128 * MT points) and centers per column block
 WGMMA_MT, WGMMA_BN, WGMMA_STAGES = 2, 64, 3
+#: its 3xTF32 tile (both operands in two parts: half the rows, a quarter of the centers), and
+#: the largest d "auto" gives it: on the H200 (session 11) 8.2 ms against the mma.sync
+#: kernel's 9.2 at d = 64 (n=1M, k=4096), 18.2 against 17.4 at d = 128
+WGMMA3_MT, WGMMA3_BN, WGMMA3_AUTO_MAX_D = 1, 32, 64
 #: largest d it takes (its shared memory on the H200: X's rows and 3 stages of centers)
 WGMMA_MAX_D = 128
 #: gemm_kernel="auto" takes 3xTF32 up to this d (measured on the H200 at d = 64, 128: 1.6x the
@@ -113,11 +119,17 @@ def mma_smem(d: int, split: bool, resident: bool) -> int:
     return 4 * (b_words + a_words + 2 * MMA_ROWS * 8)
 
 
-def wgmma_smem(d: int, mt: int = None, bn: int = None) -> int:
+def wgmma_tile(split: bool, mt: int = None, bn: int = None) -> tuple:
+    """(m64 row tiles a warpgroup, centers a column block) of the wgmma kernel."""
+    return (mt or (WGMMA3_MT if split else WGMMA_MT), bn or (WGMMA3_BN if split else WGMMA_BN))
+
+
+def wgmma_smem(d: int, split: bool = False, mt: int = None, bn: int = None) -> int:
     """Dynamic shared memory (bytes) of assign_wgmma (the formula in cuda/fused_wgmma.cu): X's
-    rows and the centers' stages in 32-word atoms of K, and 1024 bytes to align the atoms."""
-    mt, bn = mt or WGMMA_MT, bn or WGMMA_BN
-    return 1024 + 4 * wgmma_atoms(d) * 32 * (128 * mt + WGMMA_STAGES * bn)
+    rows and the centers' stages in 32-word atoms of K (two parts each with the 3xTF32
+    split), and 1024 bytes to align the atoms."""
+    mt, bn = wgmma_tile(split, mt, bn)
+    return 1024 + 4 * wgmma_atoms(d) * 32 * (2 if split else 1) * (128 * mt + WGMMA_STAGES * bn)
 
 
 def wgmma_atoms(d: int) -> int:
@@ -125,9 +137,12 @@ def wgmma_atoms(d: int) -> int:
     return -(-mma_dk(d) // 32)
 
 
-def wgmma_kernel_name(d: int, vec: bool, mt: int = None, bn: int = None) -> str:
-    """An instance of assign_wgmma: row tiles, column block, atoms of K, 16-byte loads of X."""
-    return (f"assign_wgmma<{mt or WGMMA_MT},{bn or WGMMA_BN},{wgmma_atoms(d)},"
+def wgmma_kernel_name(d: int, vec: bool, split: bool = False, mt: int = None,
+                      bn: int = None) -> str:
+    """An instance of assign_wgmma: 3xTF32 or TF32, row tiles, column block, atoms of K,
+    16-byte loads of X."""
+    mt, bn = wgmma_tile(split, mt, bn)
+    return (f"assign_wgmma<{int(split)},{mt},{bn},{wgmma_atoms(d)},"
             f"{'true' if vec else 'false'}>")
 
 
@@ -160,8 +175,8 @@ def common_kernel_names(dtype_name: str) -> tuple:
     mma = tuple(mma_kernel_name(s, r, v) for s in (False, True) for r in (True, False)
                 for v in (True, False))
     # (d up to WGMMA_MAX_D: one instance per atom count)
-    wgmma = tuple(wgmma_kernel_name(32 * a, v) for a in range(1, wgmma_atoms(WGMMA_MAX_D) + 1)
-                  for v in (True, False))
+    wgmma = tuple(wgmma_kernel_name(32 * a, v, s) for s in (False, True)
+                  for a in range(1, wgmma_atoms(WGMMA_MAX_D) + 1) for v in (True, False))
     tf32 = (("argmin_rows<float>", "assign_tf32<true>", "assign_tf32<false>", *mma, *wgmma)
             if dtype_name == "float32" else ())
     return (gemm_kernel_name(dtype_name, True), gemm_kernel_name(dtype_name, False), *tf32,
@@ -181,6 +196,8 @@ def fit_kernel_names(p, dtype_name: str, d: int) -> list:
         names = [gemm_kernel_name(dtype_name, vector_rows(dtype_name, d))]
     elif p.path == "mma3":  # the exact path's kernel (the tf32 ones compile on first use)
         names = [mma_kernel_name(True, p.resident, vector_rows(dtype_name, d))]
+    elif p.path == "wgmma3":
+        names = [wgmma_kernel_name(d, vector_rows(dtype_name, d), True)]
     else:
         names = []
     names += ["finalize_sums", f"pack_centers<{t}>", f"column_absmax<{t}>"]
@@ -244,7 +261,7 @@ def cdiv(a, b):
 # -- the plan -----------------------------------------------------------------------------------
 class Plan(NamedTuple):
     path: str          # "small", "gemm", "tf32" (cuBLAS + argmin), "tf32mma", "mma", "mma3",
-                       # "wgmma"
+                       # "wgmma", "wgmma3"
     fuse: bool         # sums accumulated inside the small-d assignment pass
     P: int             # points per thread (small)
     G: int             # centers per argmin group (small)
@@ -285,15 +302,22 @@ def mma_fit(d, split, dev):
     return None
 
 
-def wgmma_fits(d, dev) -> bool:
+def wgmma_fits(d, dev, split=False) -> bool:
     """The wgmma kernel runs here: compute capability 9.0 (sm_90a) and its shared memory."""
-    return dev.cc == 90 and d <= WGMMA_MAX_D and wgmma_smem(d) <= dev.smem_block - 1024
+    return (dev.cc == 90 and d <= WGMMA_MAX_D
+            and wgmma_smem(d, split) <= dev.smem_block - 1024)
 
 
-def tf32_path(tf32_kernel, d, dev) -> str:
-    """The precision="tf32" path: "auto" takes the wgmma kernel where it runs, else v2."""
+def tf32_path(tf32_kernel, d, dev, split=False) -> str:
+    """The tensor-core path of precision="tf32" (split: of the exact 3xTF32 one): "auto" takes
+    the wgmma kernel where it runs, else v2 (mma.sync)."""
+    if split and tf32_kernel == "auto" and d > WGMMA3_AUTO_MAX_D:
+        return "mma3"
     if tf32_kernel in ("auto", "wgmma"):
-        return "wgmma" if wgmma_fits(d, dev) else "mma"
+        return ("wgmma3" if split else "wgmma") if wgmma_fits(d, dev, split) else (
+            "mma3" if split else "mma")
+    if split:
+        return "mma3"
     return {"fused": "mma", "fused-v1": "tf32mma", "cublas": "tf32"}[tf32_kernel]
 
 
@@ -307,7 +331,8 @@ def plan(n, d, k, dtype_name, dev, *, precision="fp32", fuse="auto", P=None, G=N
             path = tf32_path(tf32_kernel, d, dev)
         else:  # 3xTF32 applies to float32 (float64 has no tensor-core split here)
             split = gemm_kernel == "3xtf32" or (gemm_kernel == "auto" and d <= MMA3_AUTO_MAX_D)
-            path = "mma3" if split and dtype_name == "float32" else "gemm"
+            path = tf32_path(tf32_kernel, d, dev, True) if split and \
+                dtype_name == "float32" else "gemm"
         fit = mma_fit(d, path == "mma3", dev) if path in ("mma", "mma3") else None
         if path in ("mma", "mma3") and fit is None:  # same semantics, the older kernel
             path = "tf32mma" if path == "mma" else "gemm"
@@ -318,11 +343,14 @@ def plan(n, d, k, dtype_name, dev, *, precision="fp32", fuse="auto", P=None, G=N
         if fit is not None and path in ("mma", "mma3"):
             resident, assign_smem = fit
             layout, S = (4 if path == "mma3" else 3), mma_dk(d)
-        if path == "wgmma":  # the v2 kernel's operands (layout 3)
-            resident, assign_smem, layout, S = True, wgmma_smem(d), 3, mma_dk(d)
+        if path in ("wgmma", "wgmma3"):  # the v2 kernel's operands (layouts 3, 4)
+            split = path == "wgmma3"
+            resident, assign_smem = True, wgmma_smem(d, split)
+            layout, S = (4 if split else 3), mma_dk(d)
         assign_grid = {"gemm": cdiv(n, 16 * tm), "tf32mma": cdiv(n, TF32_MMA_ROWS),
                        "tf32": dev.sms * 8, "mma": cdiv(n, MMA_ROWS),
-                       "mma3": cdiv(n, MMA_ROWS), "wgmma": cdiv(n, 128 * WGMMA_MT)}[path]
+                       "mma3": cdiv(n, MMA_ROWS), "wgmma": cdiv(n, 128 * WGMMA_MT),
+                       "wgmma3": cdiv(n, 128 * WGMMA3_MT)}[path]
     else:
         path, layout, S, kpad = "small", 0, ops_stride(dtype_name, d), k
         P = P or points_per_thread(dtype_name, d)

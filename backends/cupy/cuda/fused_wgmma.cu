@@ -99,8 +99,25 @@ __device__ __forceinline__ void wg_cp_wait() {
 #endif
 }
 
-// D (64 x 64) += A (64 x 8, shared, descriptor da) * B (64 x 8, shared, db)^T; scale_d = 0
-// starts from zero instead of D
+// D (64 x N) += A (64 x 8, shared, descriptor da) * B (N x 8, shared, db)^T; scale_d = 0
+// starts from zero instead of D (N = 32, 64, 128)
+__device__ __forceinline__ void wgmma_32(float (&d)[4][4], u64 da, u64 db, int scale_d) {
+#if KMEANS_WGMMA
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n32k8.f32.tf32.tf32 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
+        "%16, %17, p, 1, 1;\n}\n"
+        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
+          "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
+          "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+          "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3])
+        : "l"(da), "l"(db), "r"(scale_d));
+#else
+    __trap();
+#endif
+}
+
 __device__ __forceinline__ void wgmma_64(float (&d)[8][4], u64 da, u64 db, int scale_d) {
 #if KMEANS_WGMMA
     asm volatile(
@@ -123,8 +140,6 @@ __device__ __forceinline__ void wgmma_64(float (&d)[8][4], u64 da, u64 db, int s
 #endif
 }
 
-// D (64 x 128) += A (64 x 8, shared, descriptor da) * B (128 x 8, shared, db)^T; scale_d = 0
-// starts from zero instead of D
 __device__ __forceinline__ void wgmma_128(float (&d)[16][4], u64 da, u64 db, int scale_d) {
 #if KMEANS_WGMMA
     asm volatile(
@@ -160,22 +175,27 @@ __device__ __forceinline__ void wgmma_128(float (&d)[16][4], u64 da, u64 db, int
 template <int BN>
 __device__ __forceinline__ void wgmma_tile(float (&d)[BN / 8][4], u64 da, u64 db, int scale_d) {
     if constexpr (BN == 128) wgmma_128(d, da, db, scale_d);
-    else wgmma_64(d, da, db, scale_d);
+    else if constexpr (BN == 64) wgmma_64(d, da, db, scale_d);
+    else wgmma_32(d, da, db, scale_d);
 }
 
 constexpr int WG_STAGES = 3;  // centers' stages: a column block loads two blocks ahead
 
+// SPLIT: 3xTF32 (gemm_kernel "auto"/"3xtf32", FP32-accurate, as fused_mma.cu's split): X and
+// the centers in two TF32 parts each (x = big + small; layout 4 of pack_centers), and
+// x.c = small.big + big.small + big.big per k8 step, the small terms first.
 // Dynamic shared memory (bytes; the host's fused_plan.wgmma_smem): 1024 (alignment) +
-// 4 * NAT * 32 * (BM + WG_STAGES * BN). NAT = ceil(roundup(d, 8) / 32) atoms of K, a template
-// parameter so that every copy and descriptor offset is a constant (d <= 32 NAT).
-template <int MT, int BN, int NAT, bool VEC>
+// 4 * NAT * 32 * P * (BM + WG_STAGES * BN), P = 2 parts with SPLIT, else 1. NAT =
+// ceil(roundup(d, 8) / 32) atoms of K, a template parameter so that every copy and descriptor
+// offset is a constant (d <= 32 NAT).
+template <int SPLIT, int MT, int BN, int NAT, bool VEC>
 __global__ void __launch_bounds__(256, 1)
 assign_wgmma(const float* __restrict__ X, const float* __restrict__ W,
              const float* __restrict__ ops, const float* __restrict__ cnorm, int n, int d,
              int kpad, const int* __restrict__ labels_old, int* __restrict__ labels,
              float* __restrict__ min_sq, double* __restrict__ block_inertia,
              u64* __restrict__ counter) {
-    constexpr int BM = 128 * MT, NT = BN / 8, RS = 4;
+    constexpr int BM = 128 * MT, NT = BN / 8, RS = 4, NB = SPLIT ? 2 : 1;
     KMEANS_DYNAMIC_SMEM(unsigned char, smem_raw);
     __shared__ double red[8];
     __shared__ u64 redc[8];
@@ -183,7 +203,7 @@ assign_wgmma(const float* __restrict__ X, const float* __restrict__ W,
     float* const xs = reinterpret_cast<float*>(smem_raw + (((raw + 1023) & ~1023u) - raw));
     const int dk = (d + 7) & ~7;               // K padded to the mma's 8 (zeros)
     constexpr int nat = NAT;                   // atoms of 32 words
-    float* const bs = xs + nat * BM * 32;      // WG_STAGES stages of nat * BN * 32 words
+    float* const bs = xs + NB * nat * BM * 32;  // WG_STAGES stages of NB * nat * BN * 32 words
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     // (the warpgroup from a shuffle: the compiler then keeps its descriptors in uniform
@@ -200,16 +220,19 @@ assign_wgmma(const float* __restrict__ X, const float* __restrict__ W,
 
     // centers' column block cb -> its stage (all of K; zeros past dk)
     auto issue = [&](int cb) {
-        const unsigned st = wg_smem_u32(bs + (cb % WG_STAGES) * nat * BN * 32 + sw);
+        const unsigned st = wg_smem_u32(bs + (cb % WG_STAGES) * NB * nat * BN * 32 + sw);
         const float* src = ops + (i64)(cb * BN + r0) * dk + c8 * 4;
 #pragma unroll
-        for (int a = 0; a < nat; ++a) {
-            const bool ok = a * 32 + c8 * 4 < dk;
+        for (int part = 0; part < NB; ++part)  // the big part, then (SPLIT) the small one
 #pragma unroll
-            for (int i = 0; i < BN / 32; ++i)
-                wg_cp_async16(st + (a * BN * 32 + i * 32 * 32) * 4,
-                              ok ? src + i * 32 * dk + a * 32 : ops, ok);
-        }
+            for (int a = 0; a < nat; ++a) {
+                const bool ok = a * 32 + c8 * 4 < dk;
+#pragma unroll
+                for (int i = 0; i < BN / 32; ++i)
+                    wg_cp_async16(st + ((part * nat + a) * BN * 32 + i * 32 * 32) * 4,
+                                  ok ? src + (i64)part * kpad * dk + i * 32 * dk + a * 32 : ops,
+                                  ok);
+            }
     };
     // one commit group per column block slot, empty ones too (the wait counts groups)
     issue(0);
@@ -230,6 +253,12 @@ assign_wgmma(const float* __restrict__ X, const float* __restrict__ W,
             float4 f;
             f.x = tf32_rna(v[0]); f.y = tf32_rna(v[1]); f.z = tf32_rna(v[2]); f.w = tf32_rna(v[3]);
             *reinterpret_cast<float4*>(xs + a * BM * 32 + i * 32 * 32 + sw) = f;
+            if constexpr (SPLIT) {  // x - big is exact; its rounding is the small part
+                float4 r;
+                r.x = tf32_rna(__fsub_rn(v[0], f.x)); r.y = tf32_rna(__fsub_rn(v[1], f.y));
+                r.z = tf32_rna(__fsub_rn(v[2], f.z)); r.w = tf32_rna(__fsub_rn(v[3], f.w));
+                *reinterpret_cast<float4*>(xs + (nat + a) * BM * 32 + i * 32 * 32 + sw) = r;
+            }
         }
     }
 
@@ -276,7 +305,7 @@ assign_wgmma(const float* __restrict__ X, const float* __restrict__ W,
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) wg_pin(cur[mt]);
         wg_fence();
-        const u64 dbs = db0 + (u64)((cb % WG_STAGES) * nat * BN * 8);
+        const u64 dbs = db0 + (u64)((cb % WG_STAGES) * NB * nat * BN * 8);
 #pragma unroll
         for (int a = 0; a < nat; ++a) {
             const u64 da = da0 + (u64)(a * BM * 8), db = dbs + (u64)(a * BN * 8);
@@ -286,9 +315,14 @@ assign_wgmma(const float* __restrict__ X, const float* __restrict__ W,
                 // without it, it serialises every wgmma of the function)
                 if (a == nat - 1 && a * 4 + j >= nk) break;
 #pragma unroll
-                for (int mt = 0; mt < MT; ++mt)
-                    wgmma_tile<BN>(cur[mt], da + (u64)(mt * 64 * 8 + j * 2), db + (u64)(j * 2),
-                                   a + j > 0);
+                for (int mt = 0; mt < MT; ++mt) {
+                    const u64 dam = da + (u64)(mt * 64 * 8 + j * 2), dbj = db + (u64)(j * 2);
+                    if constexpr (SPLIT) {  // small.big, big.small (parts nat atoms apart)
+                        wgmma_tile<BN>(cur[mt], dam + (u64)(nat * BM * 8), dbj, a + j > 0);
+                        wgmma_tile<BN>(cur[mt], dam, dbj + (u64)(nat * BN * 8), 1);
+                    }
+                    wgmma_tile<BN>(cur[mt], dam, dbj, SPLIT || a + j > 0);
+                }
             }
         }
         wg_commit();  // (cur is not touched again before a wait retires these products)
