@@ -12,45 +12,32 @@ import json
 import sys
 from pathlib import Path
 
-import numpy as np
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-
-def timed(cp, fn, reps=9):
-    fn()
-    fn()
-    cp.cuda.Device().synchronize()
-    out = []
-    for _ in range(reps):
-        a, b = cp.cuda.Event(), cp.cuda.Event()
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        out.append(cp.cuda.get_elapsed_time(a, b))
-    return float(np.median(out))
 
 
 def parts(cp, opts, X, init):
     from kmeans_xp_backends.cupy.fused import CupyFusedBackend
 
+    from benchmarks.mma_probe import timed
     from kmeans_xp.lloyd import _update
     be = CupyFusedBackend(**opts)
     ws = be._workspace(X, init.shape[0])
     labels = cp.empty(ws.n, dtype=cp.int32)
     out = cp.empty(ws.k * (ws.d + 1) + 2, dtype=cp.float64)
     row = {"options": opts, "path": ws.plan.path, "acc_mode": ws.plan.acc_mode}
-    row["pack_ms"] = timed(cp, lambda: be._pack(ws, init))
-    row["assign_ms"] = timed(cp, lambda: be._assign_pass(ws, labels))
-    row["accumulate_ms"] = timed(cp, lambda: be._accumulate(ws, labels))
-    row["finalize_ms"] = timed(cp, lambda: be._finalize(ws, out, stats=True))
-    row["lloyd_iter_ms"] = timed(cp, lambda: be.lloyd_iter(X, None, init, labels))
+    parts_ms = {"pack": lambda: be._pack(ws, init),
+                "assign": lambda: be._assign_pass(ws, labels),
+                "accumulate": lambda: be._accumulate(ws, labels),
+                "finalize": lambda: be._finalize(ws, out, stats=True),
+                "lloyd_iter": lambda: be.lloyd_iter(X, None, init, labels)}
+    for name, fn in parts_ms.items():
+        row[f"{name}_ms"] = timed(cp, fn, 9)[0]
     it = be.lloyd_iter(X, None, init, labels)
     c64 = init.astype(cp.float64)
     zero = cp.zeros((), dtype=cp.float64)
     row["update_ms"] = timed(cp, lambda: _update(be, X, None, init, c64, it, xp=cp, cxp=cp,
-                                                 relocate=False, spherical=False, zero=zero))
+                                                 relocate=False, spherical=False,
+                                                 zero=zero), 9)[0]
     be.release_buffers()
     print(" ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}"
                    for k, v in row.items()))

@@ -32,6 +32,7 @@
 // Epilogue as every GEMM-like kernel: dist = fl(acc + ||c||^2), first minimum per cell in
 // ascending columns, padding columns (||c||^2 = inf) never win, then finish_rows.
 #include "common.cuh"
+#include "cp_async.cuh"
 #include "tile_min.cuh"
 
 // -- PTX (the CPU emulator of the tests defines these itself: KMEANS_MMA_EMULATED) -----------
@@ -43,13 +44,6 @@
 #else
 #define KMEANS_MMA_PTX 0
 #endif
-
-// the 32-bit shared-window address of a shared pointer (what ldmatrix and cp.async take)
-__device__ __forceinline__ unsigned smem_u32(const void* p) {
-    unsigned a;
-    asm("{ .reg .u64 u; cvta.to.shared.u64 u, %1; cvt.u32.u64 %0, u; }" : "=r"(a) : "l"(p));
-    return a;
-}
 
 __device__ __forceinline__ void ldsm_x4(unsigned (&r)[4], unsigned addr) {
 #if KMEANS_MMA_PTX
@@ -74,38 +68,6 @@ __device__ __forceinline__ void mma_tf32_16x8x8(float (&c)[4], const unsigned (&
 #endif
 }
 
-// 16 (or 4) bytes global -> shared without registers; !valid writes zeros (src-size 0)
-__device__ __forceinline__ void cp_async16(unsigned dst, const void* src, bool valid) {
-#if KMEANS_MMA_PTX
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
-                 :: "r"(dst), "l"(src), "r"(valid ? 16 : 0) : "memory");
-#else
-    __trap();
-#endif
-}
-
-__device__ __forceinline__ void cp_async4(unsigned dst, const void* src, bool valid) {
-#if KMEANS_MMA_PTX
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n"
-                 :: "r"(dst), "l"(src), "r"(valid ? 4 : 0) : "memory");
-#else
-    __trap();
-#endif
-}
-
-__device__ __forceinline__ void cp_async_commit() {
-#if KMEANS_MMA_PTX
-    asm volatile("cp.async.commit_group;\n" ::: "memory");
-#endif
-}
-
-// wait until at most N of this thread's committed groups are pending
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-#if KMEANS_MMA_PTX
-    asm volatile("cp.async.wait_group %0;\n" :: "n"(N) : "memory");
-#endif
-}
 #endif  // KMEANS_MMA_EMULATED
 
 // -- the kernel ------------------------------------------------------------------------------

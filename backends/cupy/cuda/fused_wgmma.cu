@@ -25,6 +25,7 @@
 // d[j][0..3] = (16q + g, 8j + 2t), (16q + g, 8j + 2t + 1), (16q + g + 8, 8j + 2t),
 // (16q + g + 8, 8j + 2t + 1): the mma.sync C fragment per 8 columns, so row_first_min applies.
 #include "common.cuh"
+#include "cp_async.cuh"
 #include "tile_min.cuh"
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -34,11 +35,6 @@
 #endif
 
 // -- PTX -------------------------------------------------------------------------------------
-__device__ __forceinline__ unsigned wg_smem_u32(const void* p) {
-    unsigned a;
-    asm("{ .reg .u64 u; cvta.to.shared.u64 u, %1; cvt.u32.u64 %0, u; }" : "=r"(a) : "l"(p));
-    return a;
-}
 
 // shared-memory matrix descriptor of a 128B-swizzled K-major tile starting at saddr
 __device__ __forceinline__ u64 wg_desc(unsigned saddr) {
@@ -80,27 +76,8 @@ __device__ __forceinline__ void wg_pin(float (&d)[NT][4]) {
         for (int e = 0; e < 4; ++e) asm volatile("" : "+f"(d[j][e])::"memory");
 }
 
-__device__ __forceinline__ void wg_cp_async16(unsigned dst, const void* src, bool valid) {
-#if KMEANS_WGMMA
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
-                 :: "r"(dst), "l"(src), "r"(valid ? 16 : 0) : "memory");
-#endif
-}
-__device__ __forceinline__ void wg_cp_commit() {
-#if KMEANS_WGMMA
-    asm volatile("cp.async.commit_group;\n" ::: "memory");
-#endif
-}
-// wait until at most N of this thread's committed groups are pending
-template <int N>
-__device__ __forceinline__ void wg_cp_wait() {
-#if KMEANS_WGMMA
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-#endif
-}
-
 // D (64 x N) += A (64 x 8, shared, descriptor da) * B (N x 8, shared, db)^T; scale_d = 0
-// starts from zero instead of D (N = 32, 64, 128)
+// starts from zero instead of D (N = 32: 3xTF32's tile; 64: TF32's)
 __device__ __forceinline__ void wgmma_32(float (&d)[4][4], u64 da, u64 db, int scale_d) {
 #if KMEANS_WGMMA
     asm volatile(
@@ -140,42 +117,9 @@ __device__ __forceinline__ void wgmma_64(float (&d)[8][4], u64 da, u64 db, int s
 #endif
 }
 
-__device__ __forceinline__ void wgmma_128(float (&d)[16][4], u64 da, u64 db, int scale_d) {
-#if KMEANS_WGMMA
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 {"
-        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
-        "%64, %65, p, 1, 1;\n}\n"
-        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
-          "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
-          "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
-          "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
-          "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]),
-          "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
-          "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
-          "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]),
-          "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]),
-          "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]),
-          "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]),
-          "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]),
-          "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]),
-          "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]),
-          "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]),
-          "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
-        : "l"(da), "l"(db), "r"(scale_d));
-#else
-    __trap();
-#endif
-}
-
 template <int BN>
 __device__ __forceinline__ void wgmma_tile(float (&d)[BN / 8][4], u64 da, u64 db, int scale_d) {
-    if constexpr (BN == 128) wgmma_128(d, da, db, scale_d);
-    else if constexpr (BN == 64) wgmma_64(d, da, db, scale_d);
+    if constexpr (BN == 64) wgmma_64(d, da, db, scale_d);
     else wgmma_32(d, da, db, scale_d);
 }
 
@@ -199,7 +143,7 @@ assign_wgmma(const float* __restrict__ X, const float* __restrict__ W,
     KMEANS_DYNAMIC_SMEM(unsigned char, smem_raw);
     __shared__ double red[8];
     __shared__ u64 redc[8];
-    const unsigned raw = wg_smem_u32(smem_raw);
+    const unsigned raw = smem_u32(smem_raw);
     float* const xs = reinterpret_cast<float*>(smem_raw + (((raw + 1023) & ~1023u) - raw));
     const int dk = (d + 7) & ~7;               // K padded to the mma's 8 (zeros)
     constexpr int nat = NAT;                   // atoms of 32 words
@@ -220,7 +164,7 @@ assign_wgmma(const float* __restrict__ X, const float* __restrict__ W,
 
     // centers' column block cb -> its stage (all of K; zeros past dk)
     auto issue = [&](int cb) {
-        const unsigned st = wg_smem_u32(bs + (cb % WG_STAGES) * NB * nat * BN * 32 + sw);
+        const unsigned st = smem_u32(bs + (cb % WG_STAGES) * NB * nat * BN * 32 + sw);
         const float* src = ops + (i64)(cb * BN + r0) * dk + c8 * 4;
 #pragma unroll
         for (int part = 0; part < NB; ++part)  // the big part, then (SPLIT) the small one
@@ -229,16 +173,16 @@ assign_wgmma(const float* __restrict__ X, const float* __restrict__ W,
                 const bool ok = a * 32 + c8 * 4 < dk;
 #pragma unroll
                 for (int i = 0; i < BN / 32; ++i)
-                    wg_cp_async16(st + ((part * nat + a) * BN * 32 + i * 32 * 32) * 4,
+                    cp_async16(st + ((part * nat + a) * BN * 32 + i * 32 * 32) * 4,
                                   ok ? src + (i64)part * kpad * dk + i * 32 * dk + a * 32 : ops,
                                   ok);
             }
     };
     // one commit group per column block slot, empty ones too (the wait counts groups)
     issue(0);
-    wg_cp_commit();
+    cp_async_commit();
     if (ncb > 1) issue(1);
-    wg_cp_commit();
+    cp_async_commit();
 
     // the block's rows once, TF32 (rna), zeros past n and d
 #pragma unroll
@@ -292,14 +236,14 @@ assign_wgmma(const float* __restrict__ X, const float* __restrict__ W,
 
     // descriptors of the warpgroup's first A tile and of stage 0; a k8 step, an atom, a
     // stage or a row tile adds its byte offset / 16 to the address field (bits 0-13)
-    const u64 da0 = wg_desc(wg_smem_u32(xs) + wgi * 64 * MT * 128);
-    const u64 db0 = wg_desc(wg_smem_u32(bs));
+    const u64 da0 = wg_desc(smem_u32(xs) + wgi * 64 * MT * 128);
+    const u64 db0 = wg_desc(smem_u32(bs));
     const int nk = dk >> 3;
 
     // column block cb: its products into `cur` (asynchronous); then, while they run, the
     // argmin of column block cb - 1 from `prev` (the two sets swap every column block)
     auto step = [&](float (&cur)[MT][NT][4], float (&prev)[MT][NT][4], int cb) {
-        wg_cp_wait<1>();         // this thread's part of column block cb has landed ...
+        cp_async_wait<1>();         // this thread's part of column block cb has landed ...
         fence_async_shared();    // ... is visible to the tensor cores ...
         __syncthreads();         // ... and so is everyone's
 #pragma unroll
@@ -333,7 +277,7 @@ assign_wgmma(const float* __restrict__ X, const float* __restrict__ W,
             __syncthreads();     // both warpgroups are done with its stage: load cb + 2 there
         }
         if (cb + 2 < ncb) issue(cb + 2);
-        wg_cp_commit();
+        cp_async_commit();
         if (cb > 0) epilogue(prev, cb - 1);
     };
 
