@@ -68,7 +68,16 @@ def time_iterations(cp, be, X, w, init, iters, repeats):
     from kmeans_xp.lloyd import kmeans_single_lloyd
     xp = array_namespace(X)
 
+    relocations = []  # the relocations (farthest calls) of the last run, by empty clusters
+
+    def counting_farthest(*args, **kwargs):
+        relocations.append(int(args[4]))
+        return type(be).farthest(be, *args, **kwargs)
+
+    be.farthest = counting_farthest
+
     def run(m):
+        relocations.clear()
         be.placement.synchronize()
         t0 = time.perf_counter()
         kmeans_single_lloyd(be, X, w, init, xp=xp, max_iter=m, tol=0.0)
@@ -77,6 +86,9 @@ def time_iterations(cp, be, X, w, init, iters, repeats):
 
     run(2)  # warm-up: NVRTC, pool growth
     runs = [(run(2 + iters) - run(2)) * 1e3 / iters for _ in range(repeats)]
+    run(2 + iters)
+    relocated = list(relocations)  # a run of 2 + iters iterations: empty clusters per relocation
+    del be.farthest
     start, stop = cp.cuda.Event(), cp.cuda.Event()
 
     def device_ms(fn, count=5):
@@ -98,7 +110,7 @@ def time_iterations(cp, be, X, w, init, iters, repeats):
     host_ms = (time.perf_counter() - t0) * 1e3 / 20
     extras = {"farthest_ms": device_ms(lambda: be.farthest(X, w, init, it.labels, 8, xp=xp), 3),
               "final_inertia_ms": device_ms(lambda: be.inertia(X, w, init, it.labels, xp=xp), 3),
-              "lloyd_iter_host_ms": host_ms}
+              "lloyd_iter_host_ms": host_ms, "relocations": relocated}
     return float(np.median(runs)), runs, float(iter_ms), float(assign_ms), be._ws.plan, extras
 
 
@@ -170,7 +182,8 @@ def main(argv):
                   f"sums={plan.acc_mode:6s} {ms:8.3f} ms/iter (lloyd_iter {iter_ms:7.3f}, "
                   f"assign {assign_ms:7.3f}) "
                   f"{row['pairs_per_s']:.3g} pairs/s  fit {fit_ms:7.3f} ms/iter  "
-                  f"agree {agree:.5f}  target {row['target_ms']}")
+                  f"agree {agree:.5f}  target {row['target_ms']}  "
+                  f"relocations {len(extras['relocations'])} in {2 + iters}")
             print(f"{'':8s} fit: {km.n_iter_} iterations, lloyd_iter host "
                   f"{extras['lloyd_iter_host_ms']:.3f} ms; farthest {extras['farthest_ms']:.3f} ms "
                   f"(only when a cluster is empty), final inertia "
