@@ -1,7 +1,8 @@
 // cupy-fused on Hopper's asynchronous tensor cores: wgmma (sm_90a only; NVRTC compiles this
 // file for it, common.ARCH_TARGETS), the TF32 distance GEMM with the argmin in its epilogue,
 // for precision="tf32" on a compute capability 9.0 GPU (tf32_kernel="auto" picks it there; the
-// mma.sync kernel of fused_mma.cu everywhere else). Same operands, epilogue and results
+// mma.sync kernel of fused_mma.cu everywhere else), and in split precision (SPLIT, 3xTF32) for
+// the exact float32 path where fused_plan takes it. Same operands, epilogue and results
 // contract as fused_mma.cu's TF32 kernel: dist = fl(x.tf32(-2c) + ||c||^2) with x rounded to
 // TF32 (rna), the first minimum per row in ascending columns, then finish_rows.
 //
@@ -41,9 +42,6 @@ __device__ __forceinline__ u64 wg_desc(unsigned saddr) {
     return (u64)((saddr & 0x3FFFF) >> 4) | ((u64)(16 >> 4) << 16) | ((u64)(1024 >> 4) << 32) |
            ((u64)1 << 62);
 }
-
-// word offset of 16-byte chunk c of row r in a 128B-swizzled atom
-__device__ __forceinline__ int wg_swz(int r, int c) { return r * 32 + ((c ^ (r & 7)) << 2); }
 
 __device__ __forceinline__ void wg_fence() {
 #if KMEANS_WGMMA
