@@ -134,7 +134,9 @@ class FakeCupy(types.ModuleType):
             runtime=self.runtime,
             get_current_stream=lambda: stream,
             Stream=FakeStream, Event=FakeEvent,
-            Device=lambda *a: types.SimpleNamespace(id=0, compute_capability="90"),
+            # (compute capability 8.0: the emulator has mma.sync and cp.async, not the
+            # sm_90a wgmma, so the fused backend takes its mma.sync kernels here)
+            Device=lambda *a: types.SimpleNamespace(id=0, compute_capability="80"),
             alloc_pinned_memory=self._alloc_pinned)
         self.cublas = types.SimpleNamespace(gemm=_gemm)
 
@@ -229,7 +231,7 @@ def install(monkeypatch, max_alloc=1 << 40):
     fake.prefetched = []  # what warm_up asked to compile ahead (nothing compiles here)
     monkeypatch.setattr(common, "prefetch", fake.prefetched.extend)
     monkeypatch.setattr(fused_plan, "device_facts",
-                        lambda device_id: fused_plan.DeviceFacts(2, 227 * 1024, 228 * 1024))
+                        lambda device_id: fused_plan.DeviceFacts(2, 227 * 1024, 228 * 1024, 80))
     for name in ("copy_to_device", "copy_to_host", "copy_to_host_blocking"):
         monkeypatch.setattr(staging, name, globals()[name])
     budget.peak_hook_class.cache_clear()
