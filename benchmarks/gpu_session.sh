@@ -6,7 +6,8 @@
 # freemem (what outlives a free_memory fit), w1 (W1 cupy-fused, old and new alternately),
 # w1centers (the same, the new code with the center math on the host and on the device),
 # w1host (cProfile of W1 cupy-fused fits, and the GPU time of one iteration), w1line (one
-# W1 fit's host timeline, and each host piece of an iteration timed alone), launch (the host
+# W1 fit's host timeline, and each host piece of an iteration timed alone; w5line: a W5 tf32
+# fit's), launch (the host
 # cost of each CUDA call a short pass is made of), memedges (device-X fits' pool peaks against
 # estimate_memory under a 15 GiB limit), init (k-means++ and k-means|| seconds),
 # firstuse (a fresh process's first fit, cold and warm kernel cache, profiled),
@@ -107,6 +108,10 @@ sys.version.split()[0])"
       install_new
       timeout 120 python3 benchmarks/w1_timeline.py > "$OUT/w1_timeline.log" 2>&1
       tail -n 14 "$OUT/w1_timeline.log" ;;
+    w5line)
+      install_new
+      timeout 120 python3 benchmarks/w1_timeline.py W5 '{"precision": "tf32"}' > "$OUT/w5_timeline.log" 2>&1
+      grep -c relocate_empty "$OUT/w5_timeline.log"; head -n 1 "$OUT/w5_timeline.log" ;;
     launch)
       install_new
       timeout 60 python3 benchmarks/launch_costs_probe.py > "$OUT/launch_costs.log" 2>&1

@@ -1,7 +1,15 @@
 """One W1 cupy-fused fit from device X as a host timeline (start offset and host time of each
 backend and driver call, microseconds), then each host piece of an iteration timed alone
-(1000 calls): where the host's turn-around between two 0.2 ms passes goes."""
+(1000 calls): where the host's turn-around between two 0.2 ms passes goes.
+
+    python benchmarks/w1_timeline.py [WORKLOAD [OPTIONS_JSON]]
+
+Another workload (W3, W5; backend options as JSON, e.g. '{"precision": "tf32"}') gives the
+timeline alone: where a W5 iteration's time goes beyond its device work (relocations,
+`relocate_empty`, show in it)."""
 import functools
+import json
+import sys
 import time
 
 import cupy as cp
@@ -41,15 +49,20 @@ for n in ("fetch", "persist", "small", "synchronize", "center", "finish"):
 for n in ("_update", "kmeans_single_lloyd", "relocate_empty"):
     timed(lloyd, n)
 
-X, init = data(*WORKLOADS["W1"])
+WORKLOAD = sys.argv[1] if len(sys.argv) > 1 else "W1"
+OPTIONS = json.loads(sys.argv[2]) if len(sys.argv) > 2 else {}
+X, init = data(*WORKLOADS[WORKLOAD])
 Xg = cp.asarray(X)
 for _r in range(6):
     events.clear()
-    km = KMeans(200, init=init, n_init=1, max_iter=10, tol=0, backend="cupy-fused").fit(Xg)
+    km = KMeans(init.shape[0], init=init, n_init=1, max_iter=10, tol=0, backend="cupy-fused",
+                backend_options=OPTIONS).fit(Xg)
 print("timings_ (ms):", {k: round(v * 1e3, 3) for k, v in km.timings_.items()})
 t_first = min(e[0] for e in events)
 for t0, dt, dep, name in sorted(events):
     print(f"{(t0 - t_first) / 1e3:9.1f} {dt / 1e3:8.1f}  {'  ' * dep}{name}")
+if WORKLOAD != "W1":
+    sys.exit(0)
 
 
 def per_call(label, fn, reps=1000):
