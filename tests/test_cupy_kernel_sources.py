@@ -25,11 +25,27 @@ def test_instance_compiles_with_nvrtc(file, name):
     except Exception as exc:  # no NVRTC library here, or CuPy's internals moved
         pytest.skip(f"NVRTC unavailable: {exc}")
     try:
-        binary, mapping = program.compile((*common.NVRTC_OPTIONS, "-arch=sm_90",
+        arch = common.ARCH_TARGETS.get(file, "sm_90")  # (wgmma: sm_90a, as at run time)
+        binary, mapping = program.compile((*common.NVRTC_OPTIONS, f"-arch={arch}",
                                            f"-I{include}"))
     except compiler.CompileException as exc:
         pytest.fail(f"{name} ({file}) does not compile:\n{exc}")
     assert binary and mapping[name]
+
+
+def test_arch_compile_names_a_fix_where_cupy_lacks_its_nvrtc_wrapper(monkeypatch, tmp_path):
+    """The wgmma file compiles through CuPy's (private) NVRTC wrapper; a CuPy without it gets
+    an error that says what to pass instead, not an AttributeError."""
+    import types
+    fake = types.SimpleNamespace(
+        __version__="99", cuda=types.SimpleNamespace(
+            nvrtc=types.SimpleNamespace(getVersion=lambda: (99, 0)),
+            compiler=types.SimpleNamespace()))
+    monkeypatch.setattr(common, "cupy", lambda: fake)
+    monkeypatch.setenv("CUPY_CACHE_DIR", str(tmp_path))
+    name = fused_plan.wgmma_kernel_name(128, True)
+    with pytest.raises(RuntimeError, match="tf32_kernel"):
+        common._ArchModule("fused_wgmma.cu", (name,), "sm_90a")
 
 
 def test_distance_arithmetic_is_explicit_about_rounding():

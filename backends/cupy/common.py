@@ -201,8 +201,13 @@ class _ArchModule:
         root = Path(os.environ.get("CUPY_CACHE_DIR", Path.home() / ".cupy" / "kernel_cache"))
         cubin, meta = root / f"kmeans_xp_{key}.cubin", root / f"kmeans_xp_{key}.json"
         if not (cubin.exists() and meta.exists()):
-            prog = cp.cuda.compiler._NVRTCProgram(text, file, name_expressions=list(names),
-                                                  method="cubin")
+            program = getattr(cp.cuda.compiler, "_NVRTCProgram", None)
+            if program is None:  # (CuPy's NVRTC wrapper is not public API)
+                raise RuntimeError(
+                    f"CuPy {cp.__version__} has no cupy.cuda.compiler._NVRTCProgram, with which "
+                    f"kmeans_xp compiles {file} for {arch}: pass backend_options="
+                    f"{{'tf32_kernel': 'fused'}} (the mma.sync kernels) or use CuPy 14.")
+            prog = program(text, file, name_expressions=list(names), method="cubin")
             binary, mapping = prog.compile(options)
             root.mkdir(parents=True, exist_ok=True)
             for path, data in ((cubin, binary), (meta, json.dumps(mapping).encode())):
