@@ -417,6 +417,19 @@ def test_warm_up_compiles_ahead_what_the_fit_asks_for(emulated_cupy, name, d, k,
     assert used == groups, sorted(groups - used)
 
 
+def test_warm_up_compiles_the_tensor_core_kernel_of_a_tf32_fit(emulated_cupy):
+    """A precision="tf32" fit's tensor-core kernel compiles ahead too (while X moves), and is
+    the one the fit asks for."""
+    from kmeans_xp_backends.cupy.common import together
+    X = asymmetric_data(1500, 40, 9, dtype=np.float32, seed=3, offset=2.0)
+    del _fake_cupy.LOOKED_UP[:]
+    KMeans(9, init="k-means++", n_init=1, max_iter=4, random_state=0, backend="cupy-fused",
+           backend_options={"precision": "tf32"}).fit(X)
+    groups = {(f, together(f, n)) for f, n in emulated_cupy.prefetched}
+    asked = [(f, n) for f, n in _fake_cupy.LOOKED_UP if "assign_mma" in n]
+    assert asked and all(any(f == g and n in names for g, names in groups) for f, n in asked)
+
+
 def test_device_feature_stats_are_the_numpy_backends(fake_cupy):
     """A float32 device X's mean from the column_moments kernel (partials added on the host)
     is the numpy backend's bit for bit, and tol (one pass, about the first rows' mean) its

@@ -187,17 +187,18 @@ def common_kernel_names(dtype_name: str) -> tuple:
 
 def fit_kernel_names(p, dtype_name: str, d: int) -> list:
     """(file, instance) of the kernels a fit with plan p launches besides the statistics and
-    the inertia every CuPy backend's fit launches (the tf32 paths are left to compile on first
-    use). The workspace looks up both small-d kernels: the fused pass and the bare one."""
+    the inertia every CuPy backend's fit launches (tf32's v1 and cuBLAS paths are left to
+    compile on first use). The workspace looks up both small-d kernels: the fused pass and the
+    bare one."""
     t = _CTYPE[dtype_name]
     if p.path == "small":
         names = list(small_kernel_names(dtype_name, d, p.P, p.G))
     elif p.path == "gemm":  # vectorised loads when d fills 16-byte vectors (X is aligned)
         names = [gemm_kernel_name(dtype_name, vector_rows(dtype_name, d))]
-    elif p.path == "mma3":  # the exact path's kernel (the tf32 ones compile on first use)
-        names = [mma_kernel_name(True, p.resident, vector_rows(dtype_name, d))]
-    elif p.path == "wgmma3":
-        names = [wgmma_kernel_name(d, vector_rows(dtype_name, d), True)]
+    elif p.path in ("mma", "mma3"):  # the tensor-core kernels (v1 and cuBLAS: on first use)
+        names = [mma_kernel_name(p.path == "mma3", p.resident, vector_rows(dtype_name, d))]
+    elif p.path in ("wgmma", "wgmma3"):
+        names = [wgmma_kernel_name(d, vector_rows(dtype_name, d), p.path == "wgmma3")]
     else:
         names = []
     names += ["finalize_sums", f"pack_centers<{t}>", f"column_absmax<{t}>"]
