@@ -4,8 +4,7 @@
 
 Cases: W5 (n=1M, d=128, k=4096), large-k (n=2M, d=128, k=16384) and d=64 (n=1M, k=4096).
 Variants: tf32 v1 (tf32_kernel="fused-v1", cuda/fused_tf32.cu), tf32 v2 ("fused",
-cuda/fused_mma.cu), tf32 wgmma (cuda/fused_wgmma.cu; a "tile" entry of a variant, (m64 row
-tiles a warpgroup, centers a column block), tries another of its tiles), 3xTF32
+cuda/fused_mma.cu), tf32 wgmma (cuda/fused_wgmma.cu), 3xTF32
 (gemm_kernel="3xtf32": the wgmma kernel on the H200, "-v2" the mma.sync one), the SIMT
 exact kernel
 (assign_gemm), cuBLAS TF32 GEMM + our argmin (tf32_kernel="cublas"), and torch TF32
@@ -84,19 +83,6 @@ def tf32_violations(cp, Xs, C, lab, D):
 
 def run_variant(cp, name, opts, X, init, reps, with_iter):
     from kmeans_xp_backends.cupy import fused_plan as fp
-    tile = opts.get("tile")
-    saved = fp.WGMMA_MT, fp.WGMMA_BN
-    if tile:  # another wgmma tile: the plan and the kernel name read these
-        fp.WGMMA_MT, fp.WGMMA_BN = tile
-    try:
-        return _run_variant(cp, name, {k: v for k, v in opts.items() if k != "tile"}, X,
-                            init, reps, with_iter)
-    finally:
-        fp.WGMMA_MT, fp.WGMMA_BN = saved
-
-
-def _run_variant(cp, name, opts, X, init, reps, with_iter):
-    from kmeans_xp_backends.cupy import fused_plan as fp
     from kmeans_xp_backends.cupy.fused import CupyFusedBackend
     be = CupyFusedBackend(**opts)
     ws = be._workspace(X, init.shape[0])
@@ -108,11 +94,8 @@ def _run_variant(cp, name, opts, X, init, reps, with_iter):
            "assign_smem": p.assign_smem, "assign_grid": p.assign_grid, "assign_ms": ms,
            "runs_ms": runs}
     if p.path in ("mma", "mma3", "wgmma", "wgmma3"):
-        vec = ws.d % 4 == 0
         try:
-            fn = fp.kernel(fp.wgmma_kernel_name(ws.d, vec, p.path == "wgmma3")
-                           if p.path.startswith("wgmma") else
-                           fp.mma_kernel_name(p.path == "mma3", p.resident, vec))
+            fn = fp.kernel(fp.assign_kernel_name(p, "float32", ws.d, ws.d % 4 == 0))
             row["num_regs"] = int(fn.num_regs)
             row["blocks_per_sm"] = fp.blocks_per_sm(fn, p.assign_smem)
         except Exception as exc:  # attributes only

@@ -309,16 +309,8 @@ class CupyFusedBackend(CupyBackendBase):
                    shared_mem=smem)
         elif p.path in ("gemm", "tf32mma", "mma", "mma3", "wgmma", "wgmma3"):
             vec = fp.vector_rows(ws.dtype_name, ws.d) and device_ptr(X) % 16 == 0
-            if p.path == "gemm":
-                name, smem = fp.gemm_kernel_name(ws.dtype_name, vec), 0
-            elif p.path == "tf32mma":
-                name, smem = f"assign_tf32<{'true' if vec else 'false'}>", fp.TF32_MMA_SMEM
-            elif p.path in ("wgmma", "wgmma3"):
-                name = fp.wgmma_kernel_name(ws.d, vec, p.path == "wgmma3")
-                smem = p.assign_smem
-            else:  # the v2 tensor-core kernel: TF32 (mma) or 3xTF32 (mma3)
-                name = fp.mma_kernel_name(p.path == "mma3", p.resident, vec)
-                smem = p.assign_smem
+            name = fp.assign_kernel_name(p, ws.dtype_name, ws.d, vec)
+            smem = {"gemm": 0, "tf32mma": fp.TF32_MMA_SMEM}.get(p.path, p.assign_smem)
             launch(fp.kernel(name), p.assign_grid,
                    (X, w, ws.ops, ws.cnorm, _i32(ws.n), _i32(ws.d), _i32(p.kpad), *tail),
                    shared_mem=smem)

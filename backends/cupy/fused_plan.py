@@ -119,16 +119,16 @@ def mma_smem(d: int, split: bool, resident: bool) -> int:
     return 4 * (b_words + a_words + 2 * MMA_ROWS * 8)
 
 
-def wgmma_tile(split: bool, mt: int = None, bn: int = None) -> tuple:
+def wgmma_tile(split: bool) -> tuple:
     """(m64 row tiles a warpgroup, centers a column block) of the wgmma kernel."""
-    return (mt or (WGMMA3_MT if split else WGMMA_MT), bn or (WGMMA3_BN if split else WGMMA_BN))
+    return (WGMMA3_MT, WGMMA3_BN) if split else (WGMMA_MT, WGMMA_BN)
 
 
-def wgmma_smem(d: int, split: bool = False, mt: int = None, bn: int = None) -> int:
+def wgmma_smem(d: int, split: bool = False) -> int:
     """Dynamic shared memory (bytes) of assign_wgmma (the formula in cuda/fused_wgmma.cu): X's
     rows and the centers' stages in 32-word atoms of K (two parts each with the 3xTF32
     split), and 1024 bytes to align the atoms."""
-    mt, bn = wgmma_tile(split, mt, bn)
+    mt, bn = wgmma_tile(split)
     return 1024 + 4 * wgmma_atoms(d) * 32 * (2 if split else 1) * (128 * mt + WGMMA_STAGES * bn)
 
 
@@ -137,11 +137,10 @@ def wgmma_atoms(d: int) -> int:
     return -(-mma_dk(d) // 32)
 
 
-def wgmma_kernel_name(d: int, vec: bool, split: bool = False, mt: int = None,
-                      bn: int = None) -> str:
+def wgmma_kernel_name(d: int, vec: bool, split: bool = False) -> str:
     """An instance of assign_wgmma: 3xTF32 or TF32, row tiles, column block, atoms of K,
     16-byte loads of X."""
-    mt, bn = wgmma_tile(split, mt, bn)
+    mt, bn = wgmma_tile(split)
     return (f"assign_wgmma<{int(split)},{mt},{bn},{wgmma_atoms(d)},"
             f"{'true' if vec else 'false'}>")
 
@@ -193,16 +192,25 @@ def fit_kernel_names(p, dtype_name: str, d: int) -> list:
     t = _CTYPE[dtype_name]
     if p.path == "small":
         names = list(small_kernel_names(dtype_name, d, p.P, p.G))
-    elif p.path == "gemm":  # vectorised loads when d fills 16-byte vectors (X is aligned)
-        names = [gemm_kernel_name(dtype_name, vector_rows(dtype_name, d))]
-    elif p.path in ("mma", "mma3"):  # the tensor-core kernels (v1 and cuBLAS: on first use)
-        names = [mma_kernel_name(p.path == "mma3", p.resident, vector_rows(dtype_name, d))]
-    elif p.path in ("wgmma", "wgmma3"):
-        names = [wgmma_kernel_name(d, vector_rows(dtype_name, d), p.path == "wgmma3")]
+    elif p.path in ("gemm", "mma", "mma3", "wgmma", "wgmma3"):
+        # vectorised loads when d fills 16-byte vectors (X is aligned)
+        names = [assign_kernel_name(p, dtype_name, d, vector_rows(dtype_name, d))]
     else:
         names = []
     names += ["finalize_sums", f"pack_centers<{t}>", f"column_absmax<{t}>"]
     return [(KERNEL_FILES[n.split("<")[0]], n) for n in names]
+
+
+def assign_kernel_name(p, dtype_name: str, d: int, vec: bool) -> str:
+    """The assignment kernel of a GEMM-like path (gemm, tf32mma, mma, mma3, wgmma, wgmma3);
+    vec: X's rows are 16-byte vectors and X is aligned."""
+    if p.path == "gemm":
+        return gemm_kernel_name(dtype_name, vec)
+    if p.path == "tf32mma":
+        return f"assign_tf32<{'true' if vec else 'false'}>"
+    if p.path in ("wgmma", "wgmma3"):
+        return wgmma_kernel_name(d, vec, p.path == "wgmma3")
+    return mma_kernel_name(p.path == "mma3", p.resident, vec)
 
 
 def all_kernel_names() -> list:
@@ -312,14 +320,13 @@ def wgmma_fits(d, dev, split=False) -> bool:
 def tf32_path(tf32_kernel, d, dev, split=False) -> str:
     """The tensor-core path of precision="tf32" (split: of the exact 3xTF32 one): "auto" takes
     the wgmma kernel where it runs, else v2 (mma.sync)."""
-    if split and tf32_kernel == "auto" and d > WGMMA3_AUTO_MAX_D:
-        return "mma3"
-    if tf32_kernel in ("auto", "wgmma"):
-        return ("wgmma3" if split else "wgmma") if wgmma_fits(d, dev, split) else (
-            "mma3" if split else "mma")
+    wgmma = tf32_kernel == "wgmma" or (tf32_kernel == "auto" and (
+        not split or d <= WGMMA3_AUTO_MAX_D))
+    if wgmma and wgmma_fits(d, dev, split):
+        return "wgmma3" if split else "wgmma"
     if split:
         return "mma3"
-    return {"fused": "mma", "fused-v1": "tf32mma", "cublas": "tf32"}[tf32_kernel]
+    return {"fused-v1": "tf32mma", "cublas": "tf32"}.get(tf32_kernel, "mma")
 
 
 def plan(n, d, k, dtype_name, dev, *, precision="fp32", fuse="auto", P=None, G=None,

@@ -143,8 +143,8 @@ assign_wgmma(const float* __restrict__ X, const float* __restrict__ W,
     __shared__ u64 redc[8];
     const unsigned raw = smem_u32(smem_raw);
     float* const xs = reinterpret_cast<float*>(smem_raw + (((raw + 1023) & ~1023u) - raw));
-    const int dk = (d + 7) & ~7;               // K padded to the mma's 8 (zeros)
-    constexpr int nat = NAT;                   // atoms of 32 words
+    const int dk = (d + 7) & ~7;                // K padded to the mma's 8 (zeros)
+    constexpr int nat = NAT;                    // atoms of 32 words
     float* const bs = xs + NB * nat * BM * 32;  // WG_STAGES stages of NB * nat * BN * 32 words
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -172,8 +172,8 @@ assign_wgmma(const float* __restrict__ X, const float* __restrict__ W,
 #pragma unroll
                 for (int i = 0; i < BN / 32; ++i)
                     cp_async16(st + ((part * nat + a) * BN * 32 + i * 32 * 32) * 4,
-                                  ok ? src + (i64)part * kpad * dk + i * 32 * dk + a * 32 : ops,
-                                  ok);
+                               ok ? src + (i64)part * kpad * dk + i * 32 * dk + a * 32 : ops,
+                               ok);
             }
     };
     // one commit group per column block slot, empty ones too (the wait counts groups)
@@ -241,9 +241,9 @@ assign_wgmma(const float* __restrict__ X, const float* __restrict__ W,
     // column block cb: its products into `cur` (asynchronous); then, while they run, the
     // argmin of column block cb - 1 from `prev` (the two sets swap every column block)
     auto step = [&](float (&cur)[MT][NT][4], float (&prev)[MT][NT][4], int cb) {
-        cp_async_wait<1>();         // this thread's part of column block cb has landed ...
-        fence_async_shared();    // ... is visible to the tensor cores ...
-        __syncthreads();         // ... and so is everyone's
+        cp_async_wait<1>();     // this thread's part of column block cb has landed ...
+        fence_async_shared();   // ... is visible to the tensor cores ...
+        __syncthreads();        // ... and so is everyone's
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) wg_pin(cur[mt]);
         wg_fence();
