@@ -15,7 +15,7 @@ import time
 import cupy as cp
 import numpy as np
 from host_calls import host_us_per_call  # (this script's folder is on sys.path)
-from kmeans_xp_backends.cupy import fused, host_centers, placement
+from kmeans_xp_backends.cupy import fused, host_centers, placement, reductions
 from regression_probe import WORKLOADS, data
 
 import kmeans_xp.lloyd as lloyd
@@ -46,8 +46,12 @@ for n in ("read", "upload_operands"):
     timed(host_centers.HostCenters, n)
 for n in ("fetch", "persist", "small", "synchronize", "center", "finish"):
     timed(placement.CupyPlacement, n)
-for n in ("_update", "kmeans_single_lloyd", "relocate_empty"):
+for n in ("_update", "kmeans_single_lloyd", "relocate_empty", "to_numpy"):
     timed(lloyd, n)
+timed(fused.CupyFusedBackend, "farthest")  # a relocation's parts
+for n in ("farthest", "relocation_keys", "gather_farthest"):
+    timed(reductions, n)
+timed(reductions.TopKeys, "add")
 
 WORKLOAD = sys.argv[1] if len(sys.argv) > 1 else "W1"
 OPTIONS = json.loads(sys.argv[2]) if len(sys.argv) > 2 else {}

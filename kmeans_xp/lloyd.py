@@ -13,7 +13,11 @@ The backend computes an iteration's statistics where the data lives (`lloyd_iter
 driver updates the k centers in xp code and reads one small array per iteration (shift,
 inertia, changed labels, filled clusters). On an asynchronous device the next iteration is
 issued before that array is read, so the device never waits for the host; it is dropped when
-the read says a cluster was empty (the centers change) or the run converged strictly.
+the read says a cluster was empty (the centers change) or the run converged strictly. A
+backend with `ahead_gate` gets that condition as a device flag and leaves a dropped
+iteration's work out, so the driver issues every next iteration ahead; for the others a
+dropped one is a whole pass lost, and the driver issues ahead only while that is unlikely and
+cheap (`AHEAD_MAX_ITERATION_S`).
 """
 from __future__ import annotations
 
@@ -22,7 +26,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from .namespaces import device, to_numpy
+from .namespaces import device, namespace_name, to_numpy
 from .progress import bar, logger
 from .sphere import unit_centers
 
@@ -74,26 +78,42 @@ def relocate_empty(backend, X, sample_weight, centers_old, labels, sums, weights
     """scikit-learn's relocation: each empty cluster, in index order, takes the next point
     farthest from its center, moving that point's weight and weighted coordinates out of its
     old cluster. Nothing moves when all those points sit on their centers (distance 0).
-    Done on the host: k x d and the m chosen points are small."""
-    w = to_numpy(weights).astype(np.float64)
+    Done on the host on the weights and the rows of sums it changes; only those rows travel
+    (k x d float64 both ways was a millisecond at W5), a `where` puts them back. An empty
+    cluster never gives a point, and `np.subtract.at` subtracts in index order, as sklearn's
+    loop does where a cluster gives several points."""
+    w = _own_f64(weights)
     empty = np.flatnonzero(w == 0)
     far = backend.farthest(X, sample_weight, centers_old, labels, int(empty.size), xp=xp)
     dist = to_numpy(far.sq_dist).astype(np.float64)
     x = to_numpy(far.x).astype(np.float64)
     if dist.size == 0 or not dist.max() > _rounding(x, far.x.dtype):
         return sums, weights
-    s = to_numpy(sums).astype(np.float64)
     fw = to_numpy(far.weight).astype(np.float64)
     old = to_numpy(far.label).astype(np.int64)
-    for j, new_id in enumerate(empty[:len(fw)]):
-        s[old[j]] -= x[j] * fw[j]
-        s[new_id] = x[j] * fw[j]
-        w[old[j]] -= fw[j]
-        w[new_id] = fw[j]
-    cxp_dev = device(sums)
-    cxp = backend.placement.namespace(sums)
-    return (cxp.asarray(s, dtype=cxp.float64, device=cxp_dev),
-            cxp.asarray(w, dtype=cxp.float64, device=cxp_dev))
+    new = empty[:len(fw)]
+    moved = x * fw[:, None]
+    cxp, dev = backend.placement.namespace(sums), device(sums)
+    rows = np.unique(np.concatenate([old, new]))
+    s = _own_f64(cxp.take(sums, cxp.asarray(rows, device=dev), axis=0))
+    np.subtract.at(s, np.searchsorted(rows, old), moved)
+    np.subtract.at(w, old, fw)
+    s[np.searchsorted(rows, new)], w[new] = moved, fw
+    at = np.zeros(len(w), dtype=np.int64)
+    at[rows] = np.arange(rows.size)
+    changed = np.zeros((len(w), 1), dtype=bool)
+    changed[rows] = True
+    s_all = cxp.take(cxp.asarray(s, dtype=cxp.float64, device=dev),
+                     cxp.asarray(at, device=dev), axis=0)
+    return (cxp.where(cxp.asarray(changed, device=dev), s_all, sums),
+            cxp.asarray(w, dtype=cxp.float64, device=dev))
+
+
+def _own_f64(a):
+    """A float64 host array of `a` the caller may modify: CuPy's is a fresh copy already (a
+    second one costs a millisecond at k x d = 4096 x 128); others may be views of the
+    backend's memory."""
+    return to_numpy(a).astype(np.float64, copy=namespace_name(a) != "cupy")
 
 
 def _update(backend, X, sample_weight, centers, centers64, it, *, xp, cxp, relocate,
@@ -146,6 +166,7 @@ def kmeans_single_lloyd(backend, X, sample_weight, centers, *, xp, max_iter, tol
     ahead = None  # the next iteration, issued before this one's statistics are read
     relocated = False
     iteration_s = 0.0  # wall time between two reads: the device's time per iteration
+    gated = place.asynchronous and backend.ahead_gate and device(centers) == device(X)
     t_read = time.perf_counter()
     it = backend.lloyd_iter(X, sample_weight, centers, None, xp=xp)
     progress = bar(max_iter, "Lloyd", verbose)
@@ -155,7 +176,10 @@ def kmeans_single_lloyd(backend, X, sample_weight, centers, *, xp, max_iter, tol
                                     cxp=cxp, relocate=False, spherical=spherical,
                                     zero=zero)
         pending = place.fetch(small)
-        if place.asynchronous and not relocated and iteration_s < AHEAD_MAX_ITERATION_S:
+        if gated:  # (left out on the device when a cluster came out empty: see below)
+            ahead = backend.lloyd_iter(X, sample_weight, c_new, it.labels, xp=xp,
+                                       skip=small[FILLED:] < k)  # (an array, not a scalar)
+        elif place.asynchronous and not relocated and iteration_s < AHEAD_MAX_ITERATION_S:
             # (after a relocation, empty clusters tend to come again: the pass issued ahead
             # would be dropped, a whole assignment lost)
             ahead = backend.lloyd_iter(X, sample_weight, c_new, it.labels, xp=xp)
@@ -163,11 +187,15 @@ def kmeans_single_lloyd(backend, X, sample_weight, centers, *, xp, max_iter, tol
         iteration_s, t_read = time.perf_counter() - t_read, time.perf_counter()
         relocated = values[FILLED] < k
         if relocated:
-            ahead = None  # relocation changes the centers the next iteration needs
+            # (the iteration issued ahead was left out or is dropped: relocation changes the
+            # centers; these ones are final, so the next can go ahead of the read, gated or not)
             c_new, c64, small = _update(backend, X, sample_weight, centers, centers64, it,
                                         xp=xp, cxp=cxp, relocate=True, spherical=spherical,
                                         zero=zero)
-            values = place.fetch(small)()
+            pending = place.fetch(small)
+            ahead = backend.lloyd_iter(X, sample_weight, c_new, it.labels,
+                                       xp=xp) if gated else None
+            values = pending()
         shift = float(values[SHIFT])
         history["inertia"].append(float(values[INERTIA]))
         history["center_shift"].append(shift)

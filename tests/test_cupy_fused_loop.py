@@ -75,3 +75,56 @@ def test_one_iteration_is_three_launches_and_reads_nothing_back(fake_cupy, monke
     assert it2.labels is not it.labels and float(it2.n_changed) == 0
     assert it2.labels.dtype == np.int32
 
+
+
+@pytest.mark.parametrize("d,fuse", [(3, "auto"), (3, False), (17, "auto")])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_a_skipped_iteration_leaves_its_work_out(fake_cupy, d, fuse, dtype):
+    """ahead_gate: with its `skip` flag set, lloyd_iter runs no assignment and no sums (the
+    driver drops that iteration); with it clear, and on the next call, the iteration is the
+    ungated one, bit for bit."""
+    import array_api_compat.numpy as xp
+    from kmeans_xp_backends.cupy.fused import CupyFusedBackend
+
+    X = asymmetric_data(1031, d, 6, dtype=dtype, seed=5)
+    X -= X.mean(axis=0)
+    C = X[:6].copy()
+    be = CupyFusedBackend(fuse=fuse)
+    be.placement.small_on_host = 0
+    ref = be.lloyd_iter(X, None, C, None, xp=xp)
+    other = np.zeros(len(X), dtype=np.int32)  # labels_old unlike the labels: changed > 0
+    skipped = be.lloyd_iter(X, None, C, other, xp=xp, skip=np.ones(1, dtype=bool))
+    assert float(np.sum(skipped.weight_in_clusters)) == 0
+    assert float(skipped.n_changed) == 0
+    for skip in (np.zeros(1, dtype=bool), None):
+        it = be.lloyd_iter(X, None, C, other, xp=xp, skip=skip)
+        assert np.array_equal(it.labels, ref.labels)
+        assert float(it.n_changed) == np.count_nonzero(ref.labels != 0) > 0
+        np.testing.assert_array_equal(it.weighted_sums, ref.weighted_sums)
+        np.testing.assert_array_equal(it.weight_in_clusters, ref.weight_in_clusters)
+        assert float(it.inertia) == float(ref.inertia)
+
+
+@pytest.mark.parametrize("d", [3, 17])
+def test_the_driver_gates_what_it_issues_ahead(fake_cupy, monkeypatch, d):
+    """The driver issues every next iteration ahead with the flag `a cluster came out
+    empty`: set exactly where it relocates (and drops that iteration), clear elsewhere; the
+    fit is the numpy backend's."""
+    from kmeans_xp_backends.cupy.fused import CupyFusedBackend
+
+    X = asymmetric_data(1031, d, 6, dtype=np.float64, seed=3)
+    init = X[np.random.default_rng(4).choice(len(X), 9, replace=False)].copy()
+    init[[2, 5]] += 1e3  # empty at the first pass: relocated
+    flags, real = [], CupyFusedBackend.lloyd_iter
+
+    def recording(self, *args, skip=None, **kw):
+        flags.append(None if skip is None else bool(np.asarray(skip)[0]))
+        return real(self, *args, skip=skip, **kw)
+
+    monkeypatch.setattr(CupyFusedBackend, "lloyd_iter", recording)
+    monkeypatch.setattr("kmeans_xp_backends.cupy.fused.FusedPlacement.small_on_host", 0)
+    kw = dict(init=init, max_iter=30, tol=0)
+    got = KMeans(9, backend="cupy-fused", **kw).fit(X)
+    ref = KMeans(9, backend="numpy", **kw).fit(X)
+    _same_fit(got, ref, np.float64, f"gated d={d}")
+    assert flags[0] is None and True in flags and False in flags[1:], flags

@@ -292,7 +292,7 @@ def test_grouped_argmin_is_the_sequential_rule(emu, dtype, d, k, tc):
         partials, counter = np.zeros(3), np.zeros(1, dtype=np.uint64)
         emu.emu.launch("fused_small.cu", f"assign_small<{CTYPE[dtype]},{d},{P},false,{G}>", 3,
                        (X, NULL, ops, np.int32(n), np.int32(k), np.int32(tc), NULL, labels,
-                        min_sq, partials, counter, NULL, NULL, np.float64(1.0)),
+                        min_sq, partials, counter, NULL, NULL, NULL, np.float64(1.0)),
                        smem=min(tc, k) * S * dtype.itemsize)
         outs[G] = labels, min_sq
     for G in (8, 16, 32):

@@ -187,3 +187,39 @@ def test_column_sums_in_row_blocks_equal_the_plain_sum(n):
     np.testing.assert_allclose(got, ref, rtol=1e-13)
     np.testing.assert_allclose(np.asarray(column_sums(xps.asarray(A)[::2, :], xps)),
                                A[::2].astype(np.float64).sum(axis=0), rtol=1e-13)
+
+
+def test_relocation_moves_points_in_sklearns_order():
+    """relocate_empty equals scikit-learn's loop bit for bit where one cluster gives several
+    points (the subtractions from it happen in the candidates' order) and with weights."""
+    from kmeans_xp.backend import Farthest
+    from kmeans_xp.lloyd import relocate_empty
+
+    rng = np.random.default_rng(7)
+    k, d, m = 9, 5, 4
+    sums = rng.normal(size=(k, d)) * 1e3
+    weights = rng.uniform(1, 50, k)
+    empty = np.array([1, 4, 6, 8])
+    sums[empty], weights[empty] = 0, 0
+    x = rng.normal(size=(m, d)) * np.array([1e-3, 1, 1e3, 7, 1e5])
+    far = Farthest(np.arange(m), x, rng.uniform(0.1, 3, m), np.array([3, 3, 0, 3]),
+                   np.array([9.0, 8.0, 7.0, 6.0]))
+
+    class Backend:
+        def farthest(self, *args, **kw):
+            return far
+
+        class placement:
+            @staticmethod
+            def namespace(a):
+                import array_api_compat.numpy as xp
+                return xp
+
+    s_ref, w_ref = sums.copy(), weights.copy()
+    for j, new_id in enumerate(empty):  # sklearn's _relocate_empty_clusters_dense
+        s_ref[far.label[j]] -= x[j] * far.weight[j]
+        s_ref[new_id] = x[j] * far.weight[j]
+        w_ref[far.label[j]] -= far.weight[j]
+        w_ref[new_id] = far.weight[j]
+    s, w = relocate_empty(Backend(), None, None, None, None, sums.copy(), weights.copy(), np)
+    assert np.array_equal(np.asarray(s), s_ref) and np.array_equal(np.asarray(w), w_ref)

@@ -122,6 +122,7 @@ class CupyFusedBackend(CupyBackendBase):
 
     name = "cupy-fused"
     placement_class = FusedPlacement
+    ahead_gate = True  # lloyd_iter(skip=): a dropped iteration costs a few launches
     options = {
         **BASE_OPTIONS,
         "precision": Option("fp32", "fp32", "tf32", doc="'fp32' (exact, default) or 'tf32' "
@@ -288,14 +289,17 @@ class CupyFusedBackend(CupyBackendBase):
             c = cp.ascontiguousarray(centers.astype(ws.T, copy=False))
         launch(ws.fn_pack, ws.pack_grid, (c, *ws.pack_args))
 
-    def _assign_pass(self, ws, labels, *, labels_old=None, min_sq=None, accumulate=False):
+    def _assign_pass(self, ws, labels, *, labels_old=None, min_sq=None, accumulate=False,
+                     skip=None):
         """Labels (int32) into `labels`, optional min_sq, per-block inertia partials, labels
         changed against labels_old into the counter; with accumulate, the fixed-point sums
-        too (fused into the pass or by a second kernel)."""
+        too (fused into the pass or by a second kernel). `skip`: a 0-d device bool; where it
+        holds at run time the kernels return at once (see `lloyd_iter`)."""
         p, X = ws.plan, ws.X
         w = NULL if ws.w is None else ws.w
         tail = (NULL if labels_old is None else labels_old, labels,
-                NULL if min_sq is None else min_sq, ws.partials, ws.counter)
+                NULL if min_sq is None else min_sq, ws.partials, ws.counter,
+                NULL if skip is None else skip)
         if p.path == "small":
             fuse = accumulate and p.fuse
             if fuse:
@@ -316,8 +320,8 @@ class CupyFusedBackend(CupyBackendBase):
                    shared_mem=smem)
         else:
             self._assign_tf32(ws, w, tail)
-        if accumulate and not (p.path == "small" and p.fuse):
-            self._accumulate(ws, labels)
+        if accumulate and not p.fuse:
+            self._accumulate(ws, labels, skip=skip)
 
     def _assign_tf32(self, ws, w, tail):
         cp, p = self._cp, ws.plan
@@ -332,7 +336,7 @@ class CupyFusedBackend(CupyBackendBase):
             if n_partials > ws.partials.size:
                 ws.partials = cp.zeros(n_partials, dtype=cp.float64)
             ws.n_partials = n_partials
-            lo, lab, msq, _, counter = tail
+            lo, lab, msq, _, counter, skip = tail
             with fp.tf32_matmul(cp):
                 for c, r0 in enumerate(range(0, ws.n, rows)):
                     r1 = min(r0 + rows, ws.n)
@@ -341,7 +345,7 @@ class CupyFusedBackend(CupyBackendBase):
                     launch(fn, p.assign_grid,
                            (g, ws.cnorm, _i32(r1 - r0), _i32(p.kpad), _i32(ws.k), np.int64(r0),
                             ws.X, _i32(ws.d), w, lo, lab, msq,
-                            ws.partials[c * p.assign_grid:], counter))
+                            ws.partials[c * p.assign_grid:], counter, skip))
             return rows
 
         def halved(rows):
@@ -355,19 +359,20 @@ class CupyFusedBackend(CupyBackendBase):
                                            what="cupy-fused tf32 distance chunk",
                                            on_halve=halved)
 
-    def _accumulate(self, ws, labels):
+    def _accumulate(self, ws, labels, *, skip=None):
         p = ws.plan
         scale = self._scales(ws)[0]
         t = _CTYPE[ws.dtype_name]
         w = NULL if ws.w is None else ws.w
+        skip = NULL if skip is None else skip
         if p.acc_mode == "shared":
             launch(fp.kernel(f"accumulate_shared<{t}>"), p.acc_grid,
                    (ws.X, w, labels, _i32(ws.n), _i32(ws.d), _i32(ws.k), ws.acc, scale,
-                    np.float64(ws.two_l)), shared_mem=p.acc_smem)
+                    np.float64(ws.two_l), skip), shared_mem=p.acc_smem)
         else:
             launch(fp.kernel(f"accumulate_global<{t}>"), p.acc_grid,
                    (ws.X, w, labels, _i32(ws.n), _i32(ws.d), ws.acc, scale,
-                    np.float64(ws.two_l)))
+                    np.float64(ws.two_l), skip))
 
     def _finalize(self, ws, out, *, stats=False, changed_if_none=-1.0):
         """Fixed point -> float64 sums and weights into `out` (k*(d+1) values, then with
@@ -399,10 +404,12 @@ class CupyFusedBackend(CupyBackendBase):
             self._finalize(ws, out)
         return ReduceResult(out[: k * d].reshape(k, d), out[k * d:])
 
-    def lloyd_iter(self, X, sample_weight, centers, labels_old, *, xp=None):
+    def lloyd_iter(self, X, sample_weight, centers, labels_old, *, xp=None, skip=None):
         """pack_centers, one assignment pass (+ the sums when not fused into it), finalize:
         new labels, sums, weights and the 0-d inertia and changed count, all on the device;
-        nothing waits for the device."""
+        nothing waits for the device. `skip` (`ahead_gate`): a 0-d device bool; where it
+        holds when the pass runs, the assignment and the sums return at once and the
+        statistics are meaningless (the driver drops that iteration)."""
         cp = self._cp
         ws = self._workspace(X, centers.shape[0], sample_weight)
         k, d = ws.k, ws.d
@@ -410,7 +417,7 @@ class CupyFusedBackend(CupyBackendBase):
         labels = cp.empty(ws.n, dtype=cp.int32)
         old = None if labels_old is None else (
             labels_old if labels_old.dtype == np.int32 else self.labels32(labels_old))
-        self._assign_pass(ws, labels, labels_old=old, accumulate=True)
+        self._assign_pass(ws, labels, labels_old=old, accumulate=True, skip=skip)
         on_host = isinstance(centers, np.ndarray) and not isinstance(centers, cp.ndarray)
         # (centers on the host: the statistics are read below, their device buffer reused)
         out = self._host_centers(ws).stats_dev if on_host else cp.empty(

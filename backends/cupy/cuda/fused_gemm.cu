@@ -20,7 +20,9 @@ __global__ void __launch_bounds__(256, 2)  // two blocks per SM: at most 128 reg
 assign_gemm(const T* __restrict__ X, const T* __restrict__ W, const T* __restrict__ m2ct,
             const T* __restrict__ cnorm, int n, int d, int kpad, const int* __restrict__ labels_old,
             int* __restrict__ labels, T* __restrict__ min_sq,
-            double* __restrict__ block_inertia, u64* __restrict__ counter) {
+            double* __restrict__ block_inertia, u64* __restrict__ counter,
+            const bool* __restrict__ skip) {
+    if (skip != nullptr && *skip) return;  // an iteration the driver drops
     constexpr int BM = 16 * TM, BN = 16 * TN, BK = 8, HM = TM / 2, HN = TN / 2;
     constexpr int V = 16 / sizeof(T);              // values per 16-byte vector
     constexpr int APAD = V;                        // As rows stay 16-byte aligned

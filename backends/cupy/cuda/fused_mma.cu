@@ -133,7 +133,8 @@ assign_mma(const float* __restrict__ X, const float* __restrict__ W,
            const float* __restrict__ ops, const float* __restrict__ cnorm, int n, int d,
            int kpad, const int* __restrict__ labels_old, int* __restrict__ labels,
            float* __restrict__ min_sq, double* __restrict__ block_inertia,
-           u64* __restrict__ counter) {
+           u64* __restrict__ counter, const bool* __restrict__ skip) {
+    if (skip != nullptr && *skip) return;  // an iteration the driver drops
     constexpr int BM = MMA_BM, BN = MMA_BN, ST = MMA_STAGES, BK = SPLIT ? 16 : 32;
     constexpr int SB = BK + 4;                 // stage row stride (words), 4 (mod 8)
     constexpr int NB = SPLIT ? 2 : 1;          // parts of the centers' operand

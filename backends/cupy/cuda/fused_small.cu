@@ -11,8 +11,9 @@ __global__ void __launch_bounds__(BLOCK)
 assign_small(const T* __restrict__ X, const T* __restrict__ W, const T* __restrict__ ops,
              int n, int k, int tc, const int* __restrict__ labels_old, int* __restrict__ labels,
              T* __restrict__ min_sq, double* __restrict__ block_inertia,
-             u64* __restrict__ counter, u64* __restrict__ acc, const double* __restrict__ scale,
-             double two_l) {
+             u64* __restrict__ counter, const bool* __restrict__ skip, u64* __restrict__ acc,
+             const double* __restrict__ scale, double two_l) {
+    if (skip != nullptr && *skip) return;  // an iteration the driver drops
     constexpr int S = ops_stride<T>(D);
     // [center tile: tc * S T][FUSE: k*(D+1) pairs of words][FUSE: D+1 scales]
     KMEANS_DYNAMIC_SMEM(unsigned char, smem);

@@ -10,7 +10,8 @@ template <typename T>
 __global__ void __launch_bounds__(BLOCK)
 accumulate_shared(const T* __restrict__ X, const T* __restrict__ W, const int* __restrict__ labels,
                   int n, int d, int k, u64* __restrict__ acc, const double* __restrict__ scale,
-                  double two_l) {
+                  double two_l, const bool* __restrict__ skip) {
+    if (skip != nullptr && *skip) return;  // an iteration the driver drops
     KMEANS_DYNAMIC_SMEM(unsigned char, smem);
     u64* sacc = reinterpret_cast<u64*>(smem);
     const int words = k * (d + 1) * 2;
@@ -45,7 +46,8 @@ template <typename T>
 __global__ void __launch_bounds__(BLOCK)
 accumulate_global(const T* __restrict__ X, const T* __restrict__ W, const int* __restrict__ labels,
                   int n, int d, u64* __restrict__ acc, const double* __restrict__ scale,
-                  double two_l) {
+                  double two_l, const bool* __restrict__ skip) {
+    if (skip != nullptr && *skip) return;  // an iteration the driver drops
     const i64 total = (i64)n * (d + 1);
     for (i64 e = (i64)blockIdx.x * BLOCK + threadIdx.x; e < total; e += (i64)gridDim.x * BLOCK) {
         const i64 i = e / (d + 1);

@@ -40,7 +40,8 @@ assign_tf32(const float* __restrict__ X, const float* __restrict__ W,
             const float* __restrict__ m2ct, const float* __restrict__ cnorm, int n, int d,
             int kpad, const int* __restrict__ labels_old, int* __restrict__ labels,
             float* __restrict__ min_sq, double* __restrict__ block_inertia,
-            u64* __restrict__ counter) {
+            u64* __restrict__ counter, const bool* __restrict__ skip) {
+    if (skip != nullptr && *skip) return;  // an iteration the driver drops
     constexpr int BM = 128, BN = 128, BK = 16;
     constexpr int SA = BK + 4;     // As row stride (words): g * 20 + t hits 32 banks
     constexpr int SB = BN + 8;     // Bs row stride (words): t * 136 + g hits 32 banks
@@ -165,7 +166,8 @@ argmin_rows(const T* __restrict__ G, const T* __restrict__ cnorm, int rows, int 
             i64 row0, const T* __restrict__ X, int d, const T* __restrict__ W,
             const int* __restrict__ labels_old, int* __restrict__ labels,
             T* __restrict__ min_sq, double* __restrict__ block_inertia,
-            u64* __restrict__ counter) {
+            u64* __restrict__ counter, const bool* __restrict__ skip) {
+    if (skip != nullptr && *skip) return;  // an iteration the driver drops
     constexpr int V = 16 / sizeof(T);
     __shared__ double red[WARPS];
     __shared__ u64 redc[WARPS];

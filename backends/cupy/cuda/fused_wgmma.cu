@@ -136,7 +136,8 @@ assign_wgmma(const float* __restrict__ X, const float* __restrict__ W,
              const float* __restrict__ ops, const float* __restrict__ cnorm, int n, int d,
              int kpad, const int* __restrict__ labels_old, int* __restrict__ labels,
              float* __restrict__ min_sq, double* __restrict__ block_inertia,
-             u64* __restrict__ counter) {
+             u64* __restrict__ counter, const bool* __restrict__ skip) {
+    if (skip != nullptr && *skip) return;  // an iteration the driver drops
     constexpr int BM = 128 * MT, NT = BN / 8, RS = 4, NB = SPLIT ? 2 : 1;
     KMEANS_DYNAMIC_SMEM(unsigned char, smem_raw);
     __shared__ double red[8];
