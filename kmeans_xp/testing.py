@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from .backend import KMeansBackend
-from .namespaces import to_numpy
+from .namespaces import device, to_numpy
 from .testing_fits import (  # noqa: F401 - asymmetric_data and lloyd_cases are public here
     _dev,
     _host,
@@ -190,7 +190,14 @@ def check_iteration(backend, X, C, w, ref, xp, where):
         f"{where}: n_changed != number of labels that changed"
     assert np.allclose(_host(it2.weight_in_clusters), np.bincount(lab2, minlength=ref.k)), \
         f"{where}: lloyd_iter weights with unit weights (None)"
-    return 2
+    if not backend.ahead_gate:
+        return 2
+    clear = xp.zeros((1,), dtype=xp.bool, device=device(C))  # (the driver's flag: not set)
+    it3 = backend.lloyd_iter(X, w, C, None, xp=xp, skip=clear)
+    assert np.array_equal(to_numpy(it3.labels).astype(np.int64), got) and np.array_equal(
+        _host(it3.weighted_sums), _host(it.weighted_sums)), \
+        f"{where}: ahead_gate: lloyd_iter(skip=<not set>) differs from lloyd_iter()"
+    return 3
 
 
 def check_extras(backend, X, C, w, ref, xp, where):

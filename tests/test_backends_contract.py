@@ -111,11 +111,23 @@ class FinalPassIgnoresWeights(NumpyBackend):
         return super().labels_inertia(X, None, centers, xp=xp)
 
 
+class SkipsWhateverTheFlag(NumpyBackend):
+    """Says it honours the driver's skip flag (ahead_gate), but leaves the sums out whenever
+    a flag is passed, set or not."""
+    name = "bad-gate"
+    ahead_gate = True
+
+    def lloyd_iter(self, X, sample_weight, centers, labels_old, *, xp=None, skip=None):
+        it = super().lloyd_iter(X, sample_weight, centers, labels_old, xp=xp)
+        return it if skip is None else it._replace(weighted_sums=it.weighted_sums * 0)
+
+
 @pytest.mark.parametrize("bad,match", [
     (FirstTwoFeatures, "labels are not the argmin"), (SwappedXY, "labels are not the argmin"),
     (IgnoresWeights, "weight_in_clusters wrong"), (NegativeDistances, "negative min_sq_dist"),
     (DropsLastChunk, "weight_in_clusters wrong"),
     (FinalPassIgnoresWeights, "labels_inertia's inertia"),
+    (SkipsWhateverTheFlag, "ahead_gate"),
 ])
 def test_contract_catches_broken_backends(bad, match):
     with pytest.raises(AssertionError, match=match):
