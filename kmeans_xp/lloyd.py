@@ -187,8 +187,8 @@ def kmeans_single_lloyd(backend, X, sample_weight, centers, *, xp, max_iter, tol
         iteration_s, t_read = time.perf_counter() - t_read, time.perf_counter()
         relocated = values[FILLED] < k
         if relocated:
-            # (the iteration issued ahead was left out or is dropped: relocation changes the
-            # centers; these ones are final, so the next can go ahead of the read, gated or not)
+            # (the iteration issued ahead was left out, or is dropped here: relocation changes
+            # the centers. These are final: with ahead_gate the next goes ahead of the read)
             c_new, c64, small = _update(backend, X, sample_weight, centers, centers64, it,
                                         xp=xp, cxp=cxp, relocate=True, spherical=spherical,
                                         zero=zero)
