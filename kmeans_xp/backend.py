@@ -16,10 +16,11 @@ backend gives the same answer for the same initial centers.
                                 lloyd_iter
     lloyd_iter        no        driver         one iteration's IterStats (default: assign +
                                                reduce + two reductions)
-    ahead_gate        no        driver         True when lloyd_iter takes `skip=`, a 0-d
-                                               bool on the device: where it holds when the
-                                               work runs, the work may be left out (the
-                                               driver drops that iteration; default False)
+    ahead_gate        no        driver         True when lloyd_iter takes `skip=`, a one-
+                                               element bool array on the device: where it
+                                               holds when the work runs, the work may be
+                                               left out (the driver drops that iteration;
+                                               default False)
     inertia           no        driver, score  sum of w * ||x - c_label||^2 by differences
     labels_inertia    no        driver, score  the assignment's labels and that inertia
                                                (default: assign + inertia; a backend that

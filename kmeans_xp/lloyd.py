@@ -26,7 +26,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from .namespaces import device, namespace_name, to_numpy
+from .namespaces import device, to_numpy
 from .progress import bar, logger
 from .sphere import unit_centers
 
@@ -79,10 +79,10 @@ def relocate_empty(backend, X, sample_weight, centers_old, labels, sums, weights
     farthest from its center, moving that point's weight and weighted coordinates out of its
     old cluster. Nothing moves when all those points sit on their centers (distance 0).
     Done on the host on the weights and the rows of sums it changes; only those rows travel
-    (k x d float64 both ways was a millisecond at W5), a `where` puts them back. An empty
-    cluster never gives a point, and `np.subtract.at` subtracts in index order, as sklearn's
-    loop does where a cluster gives several points."""
-    w = _own_f64(weights)
+    (k x d float64 both ways was a millisecond at W5), one `take` puts them in place. An
+    empty cluster never gives a point, and `np.subtract.at` subtracts in index order, as
+    sklearn's loop does where a cluster gives several points."""
+    w = to_numpy(weights).astype(np.float64)
     empty = np.flatnonzero(w == 0)
     far = backend.farthest(X, sample_weight, centers_old, labels, int(empty.size), xp=xp)
     dist = to_numpy(far.sq_dist).astype(np.float64)
@@ -95,25 +95,15 @@ def relocate_empty(backend, X, sample_weight, centers_old, labels, sums, weights
     moved = x * fw[:, None]
     cxp, dev = backend.placement.namespace(sums), device(sums)
     rows = np.unique(np.concatenate([old, new]))
-    s = _own_f64(cxp.take(sums, cxp.asarray(rows, device=dev), axis=0))
+    s = to_numpy(cxp.take(sums, cxp.asarray(rows, device=dev), axis=0)).astype(np.float64)
     np.subtract.at(s, np.searchsorted(rows, old), moved)
     np.subtract.at(w, old, fw)
     s[np.searchsorted(rows, new)], w[new] = moved, fw
-    at = np.zeros(len(w), dtype=np.int64)
-    at[rows] = np.arange(rows.size)
-    changed = np.zeros((len(w), 1), dtype=bool)
-    changed[rows] = True
-    s_all = cxp.take(cxp.asarray(s, dtype=cxp.float64, device=dev),
-                     cxp.asarray(at, device=dev), axis=0)
-    return (cxp.where(cxp.asarray(changed, device=dev), s_all, sums),
+    at = np.arange(len(w))  # row i of the result: sums' row i, or row j of s at k + j
+    at[rows] = len(w) + np.arange(rows.size)
+    both = cxp.concat([sums, cxp.asarray(s, dtype=cxp.float64, device=dev)], axis=0)
+    return (cxp.take(both, cxp.asarray(at, device=dev), axis=0),
             cxp.asarray(w, dtype=cxp.float64, device=dev))
-
-
-def _own_f64(a):
-    """A float64 host array of `a` the caller may modify: CuPy's is a fresh copy already (a
-    second one costs a millisecond at k x d = 4096 x 128); others may be views of the
-    backend's memory."""
-    return to_numpy(a).astype(np.float64, copy=namespace_name(a) != "cupy")
 
 
 def _update(backend, X, sample_weight, centers, centers64, it, *, xp, cxp, relocate,

@@ -293,8 +293,8 @@ class CupyFusedBackend(CupyBackendBase):
                      skip=None):
         """Labels (int32) into `labels`, optional min_sq, per-block inertia partials, labels
         changed against labels_old into the counter; with accumulate, the fixed-point sums
-        too (fused into the pass or by a second kernel). `skip`: a 0-d device bool; where it
-        holds at run time the kernels return at once (see `lloyd_iter`)."""
+        too (fused into the pass or by a second kernel). `skip`: a one-element device bool;
+        where it holds at run time the kernels return at once (see `lloyd_iter`)."""
         p, X = ws.plan, ws.X
         w = NULL if ws.w is None else ws.w
         tail = (NULL if labels_old is None else labels_old, labels,
@@ -407,8 +407,8 @@ class CupyFusedBackend(CupyBackendBase):
     def lloyd_iter(self, X, sample_weight, centers, labels_old, *, xp=None, skip=None):
         """pack_centers, one assignment pass (+ the sums when not fused into it), finalize:
         new labels, sums, weights and the 0-d inertia and changed count, all on the device;
-        nothing waits for the device. `skip` (`ahead_gate`): a 0-d device bool; where it
-        holds when the pass runs, the assignment and the sums return at once and the
+        nothing waits for the device. `skip` (`ahead_gate`): a one-element device bool; where
+        it holds when the pass runs, the assignment and the sums return at once and the
         statistics are meaningless (the driver drops that iteration)."""
         cp = self._cp
         ws = self._workspace(X, centers.shape[0], sample_weight)

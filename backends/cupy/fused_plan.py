@@ -357,8 +357,9 @@ def plan(n, d, k, dtype_name, dev, *, precision="fp32", fuse="auto", P=None, G=N
             layout, S = (4 if split else 3), mma_dk(d)
         assign_grid = {"gemm": cdiv(n, 16 * tm), "tf32mma": cdiv(n, TF32_MMA_ROWS),
                        "tf32": dev.sms * 8, "mma": cdiv(n, MMA_ROWS),
-                       "mma3": cdiv(n, MMA_ROWS), "wgmma": cdiv(n, 128 * WGMMA_MT),
-                       "wgmma3": cdiv(n, 128 * WGMMA3_MT)}[path]
+                       "mma3": cdiv(n, MMA_ROWS),
+                       "wgmma": cdiv(n, 128 * wgmma_tile(False)[0]),
+                       "wgmma3": cdiv(n, 128 * wgmma_tile(True)[0])}[path]
     else:
         path, layout, S, kpad = "small", 0, ops_stride(dtype_name, d), k
         P = P or points_per_thread(dtype_name, d)
