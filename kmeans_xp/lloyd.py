@@ -26,7 +26,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from .namespaces import device, to_numpy
+from .namespaces import array_namespace, device, to_numpy
 from .progress import bar, logger
 from .sphere import unit_centers
 
@@ -78,24 +78,24 @@ def relocate_empty(backend, X, sample_weight, centers_old, labels, sums, weights
     """scikit-learn's relocation: each empty cluster, in index order, takes the next point
     farthest from its center, moving that point's weight and weighted coordinates out of its
     old cluster. Nothing moves when all those points sit on their centers (distance 0).
-    Done on the host on the weights and the rows of sums it changes; only those rows travel
-    (k x d float64 both ways was a millisecond at W5), one `take` puts them in place. An
-    empty cluster never gives a point, and `np.subtract.at` subtracts in index order, as
-    sklearn's loop does where a cluster gives several points."""
+    Done on the host on the weights and the rows of sums it changes: the farthest points and
+    their clusters' rows of sums come down in one transfer (`_far_rows`), the changed rows go
+    back and one `take` puts them in place (k x d float64 both ways was a millisecond at
+    W5, each further read a device round trip). An empty cluster never gives a point, and
+    `np.subtract.at` subtracts in index order, as sklearn's loop does where a cluster gives
+    several points."""
     w = to_numpy(weights).astype(np.float64)
     empty = np.flatnonzero(w == 0)
     far = backend.farthest(X, sample_weight, centers_old, labels, int(empty.size), xp=xp)
-    dist = to_numpy(far.sq_dist).astype(np.float64)
-    x = to_numpy(far.x).astype(np.float64)
+    cxp, dev = backend.placement.namespace(sums), device(sums)
+    dist, fw, old, x, s_old = _far_rows(far, sums, cxp)
     if dist.size == 0 or not dist.max() > _rounding(x, far.x.dtype):
         return sums, weights
-    fw = to_numpy(far.weight).astype(np.float64)
-    old = to_numpy(far.label).astype(np.int64)
     new = empty[:len(fw)]
     moved = x * fw[:, None]
-    cxp, dev = backend.placement.namespace(sums), device(sums)
     rows = np.unique(np.concatenate([old, new]))
-    s = to_numpy(cxp.take(sums, cxp.asarray(rows, device=dev), axis=0)).astype(np.float64)
+    s = np.zeros((rows.size, s_old.shape[1]), dtype=np.float64)
+    s[np.searchsorted(rows, old)] = s_old       # (a cluster giving several points: one row)
     np.subtract.at(s, np.searchsorted(rows, old), moved)
     np.subtract.at(w, old, fw)
     s[np.searchsorted(rows, new)], w[new] = moved, fw
@@ -104,6 +104,26 @@ def relocate_empty(backend, X, sample_weight, centers_old, labels, sums, weights
     both = cxp.concat([sums, cxp.asarray(s, dtype=cxp.float64, device=dev)], axis=0)
     return (cxp.take(both, cxp.asarray(at, device=dev), axis=0),
             cxp.asarray(w, dtype=cxp.float64, device=dev))
+
+
+def _far_rows(far, sums, cxp):
+    """(distances, weights, labels, rows of X, their clusters' rows of sums) of the farthest
+    points on the host, float64 (labels int64), in one transfer where far's arrays and sums
+    share a namespace and device (else two); the empty clusters' rows of sums are not read:
+    the relocated points replace them."""
+    m, d = far.x.shape
+    fxp = array_namespace(far.x)
+    cols = [fxp.reshape(fxp.astype(a, fxp.float64), (m, 1))
+            for a in (far.sq_dist, far.weight, far.label)] + [fxp.astype(far.x, fxp.float64)]
+    if fxp is cxp and device(far.x) == device(sums):
+        rows = cxp.take(sums, cxp.astype(far.label, cxp.int64), axis=0)
+        host = to_numpy(cxp.concat(cols + [rows], axis=1))
+    else:
+        part = to_numpy(fxp.concat(cols, axis=1))
+        lab = cxp.asarray(part[:, 2].astype(np.int64), device=device(sums))
+        host = np.concatenate([part, to_numpy(cxp.take(sums, lab, axis=0))], axis=1)
+    return (host[:, 0], host[:, 1], host[:, 2].astype(np.int64), host[:, 3:3 + d],
+            host[:, 3 + d:])
 
 
 def _update(backend, X, sample_weight, centers, centers64, it, *, xp, cxp, relocate,

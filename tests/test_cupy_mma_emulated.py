@@ -116,7 +116,7 @@ def test_falls_back_where_the_v2_kernel_cannot_run():
     p = fused_plan.plan(10**6 + 3, 33, 300, "float32", h200, precision="tf32")
     assert p.path == "wgmma" and p.layout == 3 and p.S == 40
     assert p.assign_smem == fused_plan.wgmma_smem(33) <= h200.smem_block - 1024
-    assert p.assign_grid == -(-(10**6 + 3) // (128 * fused_plan.WGMMA_MT))
+    assert p.assign_grid == -(-(10**6 + 3) // (128 * fused_plan.wgmma_tile(False)[0]))
     # 3xTF32: the wgmma kernel in split precision on 9.0 (tf32_kernel picks the kernel;
     # "auto" up to d = 64, where it was measured faster)
     p = fused_plan.plan(10**6, 128, 4096, "float32", h200, gemm_kernel="3xtf32",

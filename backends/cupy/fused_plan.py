@@ -12,16 +12,12 @@ Paths:
          (cuda/fused_tf32.cu) with the argmin in its epilogue. Not bit-exact FP32.
   mma    precision="tf32", tf32_kernel="fused": the v2 tensor-core kernel (cuda/fused_mma.cu:
          X rows resident in shared memory, operands pre-rounded, cp.async stages; mma.sync).
-         Not bit-exact FP32.
-  wgmma  precision="tf32", tf32_kernel "auto" (the default) or "wgmma" on compute capability
-         9.0: the same operands and epilogue on Hopper's asynchronous wgmma
-         (cuda/fused_wgmma.cu, compiled for sm_90a); elsewhere, or where d's shared memory
-         does not fit, mma.
+  wgmma  precision="tf32", tf32_kernel "auto" (the default) or "wgmma", compute capability
+         9.0: the same on Hopper's asynchronous wgmma (cuda/fused_wgmma.cu, for sm_90a).
   mma3   precision="fp32", float32, d > 16, gemm_kernel "3xtf32" or "auto" (the default, up to
-         d = MMA3_AUTO_MAX_D): the same kernel in split precision (3xTF32), FP32-accurate;
-         labels agree with the SIMT kernel's up to near ties. On compute capability 9.0
-         wgmma3, the wgmma kernel in the same split: tf32_kernel (the tensor-core kernel's
-         choice for both precisions) "wgmma" up to d = 128, "auto" up to WGMMA3_AUTO_MAX_D.
+         d = MMA3_AUTO_MAX_D): the v2 kernel in split precision (3xTF32), FP32-accurate
+         (labels agree with the SIMT kernel's up to near ties); wgmma3 the wgmma kernel so,
+         with tf32_kernel "wgmma" up to d = 128, "auto" up to WGMMA3_AUTO_MAX_D.
 Where the v2 kernel's shared memory does not fit the GPU (or it lacks TF32 tensor cores), mma
 falls back on tf32mma and mma3 on gemm: same semantics, another speed.
 """
@@ -55,15 +51,16 @@ TF32_MMA_SMEM = (2 * 128 * 20 + 2 * 16 * 136 + 2 * 128 * 20) * 4
 #: the v2 tensor-core kernel (cuda/fused_mma.cu): points per block, centers per column block,
 #: pipeline stages, rows of the running best
 MMA_ROWS, MMA_COLS, MMA_STAGES = 256, 128, 3
-#: the wgmma kernel (cuda/fused_wgmma.cu, compute capability 9.0): m64 row tiles per
-#: warpgroup (a block is 2 warpgroups: 128 * MT points) and centers per column block
-WGMMA_MT, WGMMA_BN, WGMMA_STAGES = 2, 64, 3
-#: its 3xTF32 tile (both operands in two parts: half the rows, a quarter of the centers), and
-#: the largest d "auto" gives it: on the H200 (session 11) 8.2 ms against the mma.sync
-#: kernel's 9.2 at d = 64 (n=1M, k=4096), 18.2 against 17.4 at d = 128
-WGMMA3_MT, WGMMA3_BN, WGMMA3_AUTO_MAX_D = 1, 32, 64
-#: largest d it takes (its shared memory on the H200: X's rows and 3 stages of centers)
-WGMMA_MAX_D = 128
+#: the wgmma kernel (cuda/fused_wgmma.cu, compute capability 9.0): its forms (SPLIT), each
+#: with its tile (m64 row tiles a warpgroup, of 2: 128 * MT points; centers a column block):
+#: 0 TF32, 1 3xTF32 with X's rows in shared memory beside the centers' stages, 2 3xTF32 and 3
+#: TF32 with X in registers (wgmma's A from there: shared memory holds the centers only);
+#: the forms of precision="tf32" and of 3xTF32, the largest d "auto" gives the latter (form
+#: 1 on the H200, session 11: 8.2 ms against mma.sync's 9.2 at d = 64, n=1M, k=4096; 18.2
+#: against 17.4 at d = 128), the stages of centers, the largest d it takes (registers and
+#: shared memory)
+WGMMA_FORMS = {0: (2, 64), 1: (1, 32), 2: (1, 64), 3: (1, 128)}
+WGMMA_SPLIT, WGMMA3_SPLIT, WGMMA3_AUTO_MAX_D, WGMMA_STAGES, WGMMA_MAX_D = 0, 1, 64, 3, 128
 #: gemm_kernel="auto" takes 3xTF32 up to this d (measured on the H200 at d = 64, 128: 1.6x the
 #: SIMT kernel, the same labels; at d = 1024 its FP32 accumulation on the tensor cores gives
 #: min_sq_dist looser than 16 eps of numpy's, so larger d keeps the SIMT kernel)
@@ -119,9 +116,13 @@ def mma_smem(d: int, split: bool, resident: bool) -> int:
     return 4 * (b_words + a_words + 2 * MMA_ROWS * 8)
 
 
+def wgmma_form(split: bool) -> int:
+    """The wgmma kernel's form (SPLIT) for 3xTF32 (split) or TF32; its tile: `wgmma_tile`."""
+    return WGMMA3_SPLIT if split else WGMMA_SPLIT
+
+
 def wgmma_tile(split: bool) -> tuple:
-    """(m64 row tiles a warpgroup, centers a column block) of the wgmma kernel."""
-    return (WGMMA3_MT, WGMMA3_BN) if split else (WGMMA_MT, WGMMA_BN)
+    return WGMMA_FORMS[wgmma_form(split)]
 
 
 def wgmma_smem(d: int, split: bool = False) -> int:
@@ -129,7 +130,8 @@ def wgmma_smem(d: int, split: bool = False) -> int:
     rows and the centers' stages in 32-word atoms of K (two parts each with the 3xTF32
     split), and 1024 bytes to align the atoms."""
     mt, bn = wgmma_tile(split)
-    return 1024 + 4 * wgmma_atoms(d) * 32 * (2 if split else 1) * (128 * mt + WGMMA_STAGES * bn)
+    x_rows = 0 if wgmma_form(split) >= 2 else 128 * mt   # (X in registers)
+    return 1024 + 4 * wgmma_atoms(d) * 32 * (2 if split else 1) * (x_rows + WGMMA_STAGES * bn)
 
 
 def wgmma_atoms(d: int) -> int:
@@ -141,7 +143,7 @@ def wgmma_kernel_name(d: int, vec: bool, split: bool = False) -> str:
     """An instance of assign_wgmma: 3xTF32 or TF32, row tiles, column block, atoms of K,
     16-byte loads of X."""
     mt, bn = wgmma_tile(split)
-    return (f"assign_wgmma<{int(split)},{mt},{bn},{wgmma_atoms(d)},"
+    return (f"assign_wgmma<{wgmma_form(split)},{mt},{bn},{wgmma_atoms(d)},"
             f"{'true' if vec else 'false'}>")
 
 

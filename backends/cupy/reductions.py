@@ -151,10 +151,12 @@ def relocation_keys(X, w, labels, C, keys):
 class TopKeys:
     """The m largest keys seen so far with their row indices, key descending and index
     ascending among equals (the driver's relocation order), merged chunk by chunk (rows come
-    in ascending order, and the sorts are stable)."""
+    in ascending order, and the sorts are stable). weighted: some keys may be -1 (zero
+    weight), which `result` drops; without weights every key is a distance (>= 0), and the
+    result is read without the boolean mask's device round trip."""
 
-    def __init__(self, m):
-        self.m = int(m)
+    def __init__(self, m, weighted=True):
+        self.m, self.weighted = int(m), weighted
         self.keys = self.index = None
 
     def add(self, keys, offset):
@@ -172,6 +174,8 @@ class TopKeys:
 
     def result(self):
         """(keys, index) of the points with a positive weight (key >= 0)."""
+        if not self.weighted:
+            return self.keys, self.index
         cp = cupy()
         keep = cp.greater_equal(self.keys, 0)
         return self.keys[keep], self.index[keep]
@@ -182,7 +186,7 @@ def farthest(X, w, labels, C, m, *, rows=FARTHEST_ROWS):
     direct differences chunk by chunk, ranked without an n-sized sort."""
     cp = cupy()
     n = X.shape[0]
-    top = TopKeys(m)
+    top = TopKeys(m, weighted=w is not None)
     rows = max(int(rows), 1)
     keys = cp.empty(min(rows, n), dtype=X.dtype)
     for s in range(0, n, rows):

@@ -121,13 +121,72 @@ __device__ __forceinline__ void wgmma_tile(float (&d)[BN / 8][4], u64 da, u64 db
     else wgmma_32(d, da, db, scale_d);
 }
 
+// D (64 x N) += A (64 x 8, registers: the mma.sync A fragment of warp q's rows 16q..16q+15,
+// a0 (g, t), a1 (g + 8, t), a2 (g, t + 4), a3 (g + 8, t + 4)) * B (N x 8, shared, db)^T
+__device__ __forceinline__ void wgmma_64_rs(float (&d)[8][4], const unsigned (&a)[4], u64 db,
+                                            int scale_d) {
+#if KMEANS_WGMMA
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+        "{%32, %33, %34, %35}, %36, p, 1, 1;\n}\n"
+        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
+          "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
+          "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+          "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
+          "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]),
+          "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+          "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
+          "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(scale_d));
+#else
+    __trap();
+#endif
+}
+
+__device__ __forceinline__ void wgmma_128_rs(float (&d)[16][4], const unsigned (&a)[4], u64 db,
+                                             int scale_d) {
+#if KMEANS_WGMMA
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+        "{%64, %65, %66, %67}, %68, p, 1, 1;\n}\n"
+        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
+          "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
+          "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+          "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]),
+          "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]),
+          "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]),
+          "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]),
+          "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(scale_d));
+#else
+    __trap();
+#endif
+}
+
+template <int BN>
+__device__ __forceinline__ void wgmma_tile_rs(float (&d)[BN / 8][4], const unsigned (&a)[4],
+                                              u64 db, int scale_d) {
+    if constexpr (BN == 128) wgmma_128_rs(d, a, db, scale_d);
+    else wgmma_64_rs(d, a, db, scale_d);
+}
+
 constexpr int WG_STAGES = 3;  // centers' stages: a column block loads two blocks ahead
 
 // SPLIT: 3xTF32 (gemm_kernel "auto"/"3xtf32", FP32-accurate, as fused_mma.cu's split): X and
 // the centers in two TF32 parts each (x = big + small; layout 4 of pack_centers), and
-// x.c = small.big + big.small + big.big per k8 step, the small terms first.
+// x.c = small.big + big.small + big.big per k8 step, the small terms first. SPLIT 1 keeps X's
+// parts in shared memory (m64n32 products: both parts of BM = 128 rows and three stages of 32
+// centers fill it); SPLIT 2 keeps each thread's A fragments of both parts in registers (128
+// of them at d = 128) and wgmma takes A from there: shared memory holds only the centers'
+// stages, so a column block is 64 centers and each product reads half the shared bytes.
 // Dynamic shared memory (bytes; the host's fused_plan.wgmma_smem): 1024 (alignment) +
-// 4 * NAT * 32 * P * (BM + WG_STAGES * BN), P = 2 parts with SPLIT, else 1. NAT =
+// 4 * NAT * 32 * P * (BM' + WG_STAGES * BN), P = 2 parts with SPLIT, else 1, BM' = 0 with
+// SPLIT 2, else BM. NAT =
 // ceil(roundup(d, 8) / 32) atoms of K, a template parameter so that every copy and descriptor
 // offset is a constant (d <= 32 NAT).
 template <int SPLIT, int MT, int BN, int NAT, bool VEC>
@@ -138,7 +197,9 @@ assign_wgmma(const float* __restrict__ X, const float* __restrict__ W,
              float* __restrict__ min_sq, double* __restrict__ block_inertia,
              u64* __restrict__ counter, const bool* __restrict__ skip) {
     if (skip != nullptr && *skip) return;  // an iteration the driver drops
-    constexpr int BM = 128 * MT, NT = BN / 8, RS = 4, NB = SPLIT ? 2 : 1;
+    constexpr int BM = 128 * MT, NT = BN / 8, RS = 4, NB = SPLIT == 1 || SPLIT == 2 ? 2 : 1;
+    constexpr bool XR = SPLIT >= 2;  // X (its parts) in registers: wgmma's A from registers
+    static_assert(!XR || (MT == 1 && (BN == 64 || BN == 128)), "register A: m64 x 64 or 128");
     KMEANS_DYNAMIC_SMEM(unsigned char, smem_raw);
     __shared__ double red[8];
     __shared__ u64 redc[8];
@@ -146,7 +207,7 @@ assign_wgmma(const float* __restrict__ X, const float* __restrict__ W,
     float* const xs = reinterpret_cast<float*>(smem_raw + (((raw + 1023) & ~1023u) - raw));
     const int dk = (d + 7) & ~7;                // K padded to the mma's 8 (zeros)
     constexpr int nat = NAT;                    // atoms of 32 words
-    float* const bs = xs + NB * nat * BM * 32;  // WG_STAGES stages of NB * nat * BN * 32 words
+    float* const bs = xs + (XR ? 0 : NB * nat * BM * 32);  // WG_STAGES stages of NB nat BN 32
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     // (the warpgroup from a shuffle: the compiler then keeps its descriptors in uniform
@@ -183,9 +244,28 @@ assign_wgmma(const float* __restrict__ X, const float* __restrict__ W,
     if (ncb > 1) issue(1);
     cp_async_commit();
 
+    // XR: the thread's A fragments of every k8 step, both parts, in registers for the whole
+    // pass (zeros past n and d)
+    unsigned xb[XR ? 4 * NAT : 1][4], xl[XR && NB == 2 ? 4 * NAT : 1][4];
+    if constexpr (XR) {
+        const i64 ra = row0 + wgi * 64 + 16 * q + g, rb = ra + 8;
+        const float* const pa = X + (ra < n ? ra : 0) * d;
+        const float* const pb = X + (rb < n ? rb : 0) * d;
+#pragma unroll
+        for (int s = 0; s < 4 * NAT; ++s)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {  // a0..a3: (g, t), (g + 8, t), (g, t + 4), (g + 8, t + 4)
+                const int k = 8 * s + t + 4 * (e >> 1);
+                const bool ok = k < d && ((e & 1) ? rb < n : ra < n);
+                const float v = ok ? __ldg(((e & 1) ? pb : pa) + k) : 0.0f;
+                const float big = tf32_rna(v);
+                xb[s][e] = __float_as_uint(big);
+                if constexpr (NB == 2) xl[s][e] = __float_as_uint(tf32_rna(__fsub_rn(v, big)));
+            }
+    }
     // the block's rows once, TF32 (rna), zeros past n and d
 #pragma unroll
-    for (int a = 0; a < nat; ++a) {
+    for (int a = 0; a < (XR ? 0 : nat); ++a) {
         const int k = a * 32 + c8 * 4;
 #pragma unroll 4
         for (int i = 0; i < BM / 32; ++i) {
@@ -257,14 +337,24 @@ assign_wgmma(const float* __restrict__ X, const float* __restrict__ W,
                 // (the last atom's past roundup(d, 8) left out; a branch ptxas needs, too:
                 // without it, it serialises every wgmma of the function)
                 if (a == nat - 1 && a * 4 + j >= nk) break;
-#pragma unroll
-                for (int mt = 0; mt < MT; ++mt) {
-                    const u64 dam = da + (u64)(mt * 64 * 8 + j * 2), dbj = db + (u64)(j * 2);
-                    if constexpr (SPLIT) {  // small.big, big.small (parts nat atoms apart)
-                        wgmma_tile<BN>(cur[mt], dam + (u64)(nat * BM * 8), dbj, a + j > 0);
-                        wgmma_tile<BN>(cur[mt], dam, dbj + (u64)(nat * BN * 8), 1);
+                const u64 dbj = db + (u64)(j * 2);
+                if constexpr (XR) {  // A from the registers: small.big, big.small, big.big
+                    const int s = a * 4 + j;
+                    if constexpr (NB == 2) {
+                        wgmma_tile_rs<BN>(cur[0], xl[s], dbj, s > 0);
+                        wgmma_tile_rs<BN>(cur[0], xb[s], dbj + (u64)(nat * BN * 8), 1);
                     }
-                    wgmma_tile<BN>(cur[mt], dam, dbj, SPLIT || a + j > 0);
+                    wgmma_tile_rs<BN>(cur[0], xb[s], dbj, NB == 2 || s > 0);
+                } else {
+#pragma unroll
+                    for (int mt = 0; mt < MT; ++mt) {
+                        const u64 dam = da + (u64)(mt * 64 * 8 + j * 2);
+                        if constexpr (NB == 2) {  // small.big, big.small (parts nat atoms apart)
+                            wgmma_tile<BN>(cur[mt], dam + (u64)(nat * BM * 8), dbj, a + j > 0);
+                            wgmma_tile<BN>(cur[mt], dam, dbj + (u64)(nat * BN * 8), 1);
+                        }
+                        wgmma_tile<BN>(cur[mt], dam, dbj, NB == 2 || a + j > 0);
+                    }
                 }
             }
         }
