@@ -6,8 +6,7 @@ Cases: W5 (n=1M, d=128, k=4096), large-k (n=2M, d=128, k=16384) and d=64 (n=1M, 
 Variants: tf32 v1 (tf32_kernel="fused-v1", cuda/fused_tf32.cu), tf32 v2 ("fused",
 cuda/fused_mma.cu), tf32 wgmma (cuda/fused_wgmma.cu), 3xTF32
 (gemm_kernel="3xtf32": what "auto" takes for d; "-v2" the mma.sync kernel, "-wgmma" the
-wgmma kernel in its default form, "-wgmma-ss" with X's parts in shared memory, "-rs" in
-registers; "tf32-wgmma-rs": TF32 with X in registers), the SIMT
+wgmma kernel), the SIMT
 exact kernel
 (assign_gemm), cuBLAS TF32 GEMM + our argmin (tf32_kernel="cublas"), and torch TF32
 (allow_tf32, chunked ||c||^2 - 2 X C^T + argmin; skipped without torch) and torch FP32 (the
@@ -42,11 +41,6 @@ VARIANTS = {
     "3xtf32": {"gemm_kernel": "3xtf32"},
     "3xtf32-v2": {"gemm_kernel": "3xtf32", "tf32_kernel": "fused"},
     "3xtf32-wgmma": {"gemm_kernel": "3xtf32", "tf32_kernel": "wgmma"},
-    # the wgmma kernel's other 3xTF32 form, X's parts in shared memory (fused_plan.WGMMA3_SPLIT)
-    "3xtf32-wgmma-ss": {"gemm_kernel": "3xtf32", "tf32_kernel": "wgmma", "_form": 1},
-    "3xtf32-wgmma-rs": {"gemm_kernel": "3xtf32", "tf32_kernel": "wgmma", "_form": 2},
-    # TF32 with X in registers (form 3), 128 centers a column block
-    "tf32-wgmma-rs": {"precision": "tf32", "tf32_kernel": "wgmma", "_form": 3},
     "simt": {"gemm_kernel": "simt"},
     "cublas-tf32": {"precision": "tf32", "tf32_kernel": "cublas"},
 }
@@ -92,19 +86,6 @@ def tf32_violations(cp, Xs, C, lab, D):
 def run_variant(cp, name, opts, X, init, reps, with_iter):
     from kmeans_xp_backends.cupy import fused_plan as fp
     from kmeans_xp_backends.cupy.fused import CupyFusedBackend
-    opts = dict(opts)
-    form = opts.pop("_form", None)   # the wgmma kernel's form (fused_plan.WGMMA_FORMS)
-    attr = "WGMMA_SPLIT" if opts.get("precision") == "tf32" else "WGMMA3_SPLIT"
-    saved = getattr(fp, attr)
-    if form is not None:   # (restored below: the plan reads the constant when it is made)
-        setattr(fp, attr, form)
-    try:
-        return _run_variant(cp, name, opts, X, init, reps, with_iter, fp, CupyFusedBackend)
-    finally:
-        setattr(fp, attr, saved)
-
-
-def _run_variant(cp, name, opts, X, init, reps, with_iter, fp, CupyFusedBackend):
     be = CupyFusedBackend(**opts)
     ws = be._workspace(X, init.shape[0])
     be._pack(ws, init)

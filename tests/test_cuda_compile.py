@@ -78,7 +78,7 @@ def _functions(report):
 def test_every_instance_compiles_for_sm90(ptxas_report):
     funcs = _functions(ptxas_report)
     for kernel in ("assign_small", "assign_gemm", "assign_tf32", "assign_mma",
-                   "assign_wgmma", "accumulate_shared",
+                   "assign_wgmma", "accumulate_shared", "accumulate_grouped",
                    "finalize_sums", "pack_centers", "relocation_keys", "direct_inertia",
                    "argmin_rows", "nearest_small", "nearest_tiled", "nearest_mem",
                    "cluster_sums_shared", "row_argmin_shifted", "weighted_total",
@@ -126,9 +126,10 @@ def test_tensor_core_v2_kernels_do_not_spill(ptxas_report):
 
 
 def test_wgmma_kernels_do_not_spill(ptxas_report):
-    """The wgmma kernels (cuda/fused_wgmma.cu, sm_90a) hold two sets of 64 x 128 accumulators
-    a warpgroup (ping-pong: one set's argmin while the other's products run), one block per
-    SM, up to 255 registers, and must not spill."""
+    """The wgmma kernels (cuda/fused_wgmma.cu, sm_90a) hold two sets of accumulators a
+    warpgroup (ping-pong: one set's argmin while the other's products run), the 3xTF32 one
+    also X's A fragments (128 registers at d = 128), one block per SM, up to 255 registers,
+    and must not spill."""
     funcs = _functions(ptxas_report)
     wg = {f: v for f, v in funcs.items() if "assign_wgmma" in f}
     assert len(wg) == 4 * fused_plan.wgmma_atoms(fused_plan.WGMMA_MAX_D), sorted(funcs)

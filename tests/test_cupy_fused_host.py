@@ -6,7 +6,7 @@ import types
 
 import numpy as np
 import pytest
-from kmeans_xp_backends.cupy import einsum_order, fused_plan
+from kmeans_xp_backends.cupy import common, einsum_order, fused_plan
 
 
 def test_einsum_order_is_detected():
@@ -68,7 +68,7 @@ def test_every_kernel_the_backend_launches_has_a_file_and_an_instance():
 
 def test_tf32_api_exists_in_installed_cupy():
     cp = pytest.importorskip("cupy")
-    get, set_, tf32 = fused_plan.tf32_api(cp)
+    get, set_, tf32 = common.tf32_api(cp)
     assert callable(get) and callable(set_) and isinstance(tf32, int)
 
 
@@ -78,4 +78,4 @@ def test_tf32_api_missing_is_a_clear_error(monkeypatch):
     monkeypatch.setattr(cupy._core, "_routines_linalg", types.ModuleType("stub"),
                         raising=False)
     with pytest.raises(RuntimeError, match="COMPUTE_TYPE_TF32.*precision='fp32'"):
-        fused_plan.tf32_api(cp)
+        common.tf32_api(cp)

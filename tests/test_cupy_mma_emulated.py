@@ -117,14 +117,17 @@ def test_falls_back_where_the_v2_kernel_cannot_run():
     assert p.path == "wgmma" and p.layout == 3 and p.S == 40
     assert p.assign_smem == fused_plan.wgmma_smem(33) <= h200.smem_block - 1024
     assert p.assign_grid == -(-(10**6 + 3) // (128 * fused_plan.wgmma_tile(False)[0]))
-    # 3xTF32: the wgmma kernel in split precision on 9.0 (tf32_kernel picks the kernel;
-    # "auto" up to d = 64, where it was measured faster)
+    # 3xTF32: the wgmma kernel in split precision on 9.0 (tf32_kernel picks the kernel), X's
+    # parts in registers: no shared memory for X's rows
     p = fused_plan.plan(10**6, 128, 4096, "float32", h200, gemm_kernel="3xtf32",
                         tf32_kernel="wgmma")
     assert p.path == "wgmma3" and p.layout == 4
     assert p.assign_smem == fused_plan.wgmma_smem(128, True) <= h200.smem_block - 1024
-    assert fused_plan.plan(10**6, 64, 4096, "float32", h200).path == "wgmma3"  # the default
-    assert fused_plan.plan(10**6, 128, 4096, "float32", h200).path == "mma3"
+    assert p.assign_smem == 1024 + 4 * 4 * 32 * 2 * fused_plan.WGMMA_STAGES * 64
+    assert p.assign_grid == -(-10**6 // 128)
+    for d in (17, 64, 128):  # the default
+        assert fused_plan.plan(10**6, d, 4096, "float32", h200).path == "wgmma3"
+    assert fused_plan.plan(10**6, 129, 4096, "float32", h200).path == "mma3"
     p = fused_plan.plan(10**6, 128, 4096, "float32", h200, gemm_kernel="3xtf32",
                         tf32_kernel="fused")
     assert p.path == "mma3" and p.resident and p.assign_smem <= h200.smem_block - 1024

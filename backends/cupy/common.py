@@ -1,9 +1,11 @@
 """What the CuPy backends share below the backend classes: the lazy CuPy import, free device
-memory and the errors that quote it, and the CUDA sources (read from `cuda/`, headers inlined,
-compiled by NVRTC through cupy.RawModule one template instance at a time, memoized).
+memory and the errors that quote it, the CUDA sources (read from `cuda/`, headers inlined,
+compiled by NVRTC through cupy.RawModule one template instance at a time, memoized), and the
+TF32 compute-type switch of CuPy's matmul.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import importlib
@@ -152,7 +154,8 @@ TOGETHER = {
                  "fixed_point_scales", "count_labels", "column_moments<{t}>"),
     "direct.cu": ("direct_inertia<{t}>", "labelled_sq_dist<{t}>", "relocation_keys<{t}>"),
     "seeding.cu": ("seeding_draw", "seeding_potentials<{t}>", "seeding_update<{t}>"),
-    "fused_sums.cu": ("accumulate_shared<{t}>", "accumulate_global<{t}>", "finalize_sums"),
+    "fused_sums.cu": ("accumulate_shared<{t}>", "accumulate_grouped<{t}>",
+                      "accumulate_global<{t}>", "finalize_sums"),
 }
 _TYPE_ARG = re.compile(r"<(float|double)>")
 #: {(file, instances): Future of the loaded cupy.RawModule}, compiled or being compiled
@@ -290,3 +293,31 @@ def multiprocessors() -> int:
 def grid(work_items, per_block, blocks_per_sm=4):
     """Blocks for a grid-stride kernel: enough for the work, at most a few waves' worth."""
     return int(max(1, min(-(-int(work_items) // per_block), multiprocessors() * blocks_per_sm)))
+
+
+# -- TF32: the compute-type switch of CuPy's matmul ---------------------------------------------
+def tf32_api(cp):
+    """(get_compute_type, set_compute_type, COMPUTE_TYPE_TF32) of CuPy's matmul, from
+    cupy._core._routines_linalg; a clear error where this CuPy lacks them."""
+    try:
+        from cupy._core import _routines_linalg as linalg
+        return linalg.get_compute_type, linalg.set_compute_type, linalg.COMPUTE_TYPE_TF32
+    except (ImportError, AttributeError) as exc:
+        raise RuntimeError(
+            f"precision='tf32' needs CuPy's TF32 compute type "
+            f"(cupy._core._routines_linalg.COMPUTE_TYPE_TF32 with get/set_compute_type), "
+            f"which CuPy {getattr(cp, '__version__', '?')} does not provide ({exc}). Use "
+            f"precision='fp32'.") from exc
+
+
+@contextlib.contextmanager
+def tf32_matmul(cp):
+    """CuPy's float32 matmul on TF32 tensor cores inside the block (the previous compute type
+    restored after). CuPy keeps the compute type per process."""
+    get, set_, tf32 = tf32_api(cp)
+    old = get(cp.float32)
+    set_(cp.float32, tf32)
+    try:
+        yield
+    finally:
+        set_(cp.float32, old)

@@ -38,6 +38,7 @@ from kmeans_xp.backend import AssignResult, IterStats, Option, ReduceResult
 from kmeans_xp.memory import KMeansMemoryError, MemoryEstimate, format_bytes, resolve_budget
 from kmeans_xp.namespaces import dtype_name as float_dtype_name
 
+from . import common
 from . import fused_plan as fp
 from .base import BASE_OPTIONS, CupyBackendBase
 from .common import BLOCK, NULL, device_ptr, free_device_memory, launch, with_oom_retry
@@ -170,7 +171,7 @@ class CupyFusedBackend(CupyBackendBase):
                        f"this GPU has {cc // 10}.{cc % 10})"
             if self.tf32_kernel == "cublas":
                 try:
-                    fp.tf32_api(self._cp)
+                    common.tf32_api(self._cp)
                 except RuntimeError as exc:
                     return str(exc)
         n = len(X)
@@ -337,7 +338,7 @@ class CupyFusedBackend(CupyBackendBase):
                 ws.partials = cp.zeros(n_partials, dtype=cp.float64)
             ws.n_partials = n_partials
             lo, lab, msq, _, counter, skip = tail
-            with fp.tf32_matmul(cp):
+            with common.tf32_matmul(cp):
                 for c, r0 in enumerate(range(0, ws.n, rows)):
                     r1 = min(r0 + rows, ws.n)
                     g = ws.gbuf[: r1 - r0]
@@ -369,6 +370,12 @@ class CupyFusedBackend(CupyBackendBase):
             launch(fp.kernel(f"accumulate_shared<{t}>"), p.acc_grid,
                    (ws.X, w, labels, _i32(ws.n), _i32(ws.d), _i32(ws.k), ws.acc, scale,
                     np.float64(ws.two_l), skip), shared_mem=p.acc_smem)
+        elif p.acc_mode == "grouped":
+            slices = p.acc_grid // -(-ws.k // p.acc_group)
+            launch(fp.kernel(f"accumulate_grouped<{t}>"), p.acc_grid,
+                   (ws.X, w, labels, _i32(ws.n), _i32(ws.d), _i32(ws.k), _i32(p.acc_group),
+                    _i32(slices), ws.acc, scale, np.float64(ws.two_l), skip),
+                   shared_mem=p.acc_smem)
         else:
             launch(fp.kernel(f"accumulate_global<{t}>"), p.acc_grid,
                    (ws.X, w, labels, _i32(ws.n), _i32(ws.d), ws.acc, scale,

@@ -1,6 +1,6 @@
 """cupy-fused's plan: which kernels a problem (n, d, k, dtype, options) runs, with which grids
 and shared memory, and the working memory it takes; the kernel instance names (shared with
-the compile check); device facts; the TF32 compute-type switch of CuPy's matmul.
+the compile check); device facts.
 
 Paths:
   small  d <= 16: d a template parameter, P points per thread, centers in shared memory, sums
@@ -16,14 +16,13 @@ Paths:
          9.0: the same on Hopper's asynchronous wgmma (cuda/fused_wgmma.cu, for sm_90a).
   mma3   precision="fp32", float32, d > 16, gemm_kernel "3xtf32" or "auto" (the default, up to
          d = MMA3_AUTO_MAX_D): the v2 kernel in split precision (3xTF32), FP32-accurate
-         (labels agree with the SIMT kernel's up to near ties); wgmma3 the wgmma kernel so,
-         with tf32_kernel "wgmma" up to d = 128, "auto" up to WGMMA3_AUTO_MAX_D.
+         (labels agree with the SIMT kernel's up to near ties); wgmma3 the wgmma kernel so
+         (tf32_kernel "auto" or "wgmma", compute capability 9.0, d <= WGMMA_MAX_D).
 Where the v2 kernel's shared memory does not fit the GPU (or it lacks TF32 tensor cores), mma
 falls back on tf32mma and mma3 on gemm: same semantics, another speed.
 """
 from __future__ import annotations
 
-import contextlib
 import functools
 from typing import NamedTuple
 
@@ -51,16 +50,12 @@ TF32_MMA_SMEM = (2 * 128 * 20 + 2 * 16 * 136 + 2 * 128 * 20) * 4
 #: the v2 tensor-core kernel (cuda/fused_mma.cu): points per block, centers per column block,
 #: pipeline stages, rows of the running best
 MMA_ROWS, MMA_COLS, MMA_STAGES = 256, 128, 3
-#: the wgmma kernel (cuda/fused_wgmma.cu, compute capability 9.0): its forms (SPLIT), each
-#: with its tile (m64 row tiles a warpgroup, of 2: 128 * MT points; centers a column block):
-#: 0 TF32, 1 3xTF32 with X's rows in shared memory beside the centers' stages, 2 3xTF32 and 3
-#: TF32 with X in registers (wgmma's A from there: shared memory holds the centers only);
-#: the forms of precision="tf32" and of 3xTF32, the largest d "auto" gives the latter (form
-#: 1 on the H200, session 11: 8.2 ms against mma.sync's 9.2 at d = 64, n=1M, k=4096; 18.2
-#: against 17.4 at d = 128), the stages of centers, the largest d it takes (registers and
-#: shared memory)
-WGMMA_FORMS = {0: (2, 64), 1: (1, 32), 2: (1, 64), 3: (1, 128)}
-WGMMA_SPLIT, WGMMA3_SPLIT, WGMMA3_AUTO_MAX_D, WGMMA_STAGES, WGMMA_MAX_D = 0, 1, 64, 3, 128
+#: the wgmma kernel (cuda/fused_wgmma.cu, compute capability 9.0): its tile (m64 row tiles a
+#: warpgroup, of 2: 128 * MT points; centers a column block) for TF32 (X in shared memory)
+#: and for 3xTF32 (X's parts in registers: on the H200 10.8 ms a W5 pass against mma.sync's
+#: 17.5, 5.9 against 9.3 at d = 64), its stages of centers and the largest d it takes
+WGMMA_TILES = {False: (2, 64), True: (1, 64)}
+WGMMA_STAGES, WGMMA_MAX_D = 3, 128
 #: gemm_kernel="auto" takes 3xTF32 up to this d (measured on the H200 at d = 64, 128: 1.6x the
 #: SIMT kernel, the same labels; at d = 1024 its FP32 accumulation on the tensor cores gives
 #: min_sq_dist looser than 16 eps of numpy's, so larger d keeps the SIMT kernel)
@@ -116,13 +111,9 @@ def mma_smem(d: int, split: bool, resident: bool) -> int:
     return 4 * (b_words + a_words + 2 * MMA_ROWS * 8)
 
 
-def wgmma_form(split: bool) -> int:
-    """The wgmma kernel's form (SPLIT) for 3xTF32 (split) or TF32; its tile: `wgmma_tile`."""
-    return WGMMA3_SPLIT if split else WGMMA_SPLIT
-
-
 def wgmma_tile(split: bool) -> tuple:
-    return WGMMA_FORMS[wgmma_form(split)]
+    """(m64 row tiles a warpgroup, centers a column block) of the wgmma kernel."""
+    return WGMMA_TILES[bool(split)]
 
 
 def wgmma_smem(d: int, split: bool = False) -> int:
@@ -130,8 +121,8 @@ def wgmma_smem(d: int, split: bool = False) -> int:
     rows and the centers' stages in 32-word atoms of K (two parts each with the 3xTF32
     split), and 1024 bytes to align the atoms."""
     mt, bn = wgmma_tile(split)
-    x_rows = 0 if wgmma_form(split) >= 2 else 128 * mt   # (X in registers)
-    return 1024 + 4 * wgmma_atoms(d) * 32 * (2 if split else 1) * (x_rows + WGMMA_STAGES * bn)
+    stages = WGMMA_STAGES * bn
+    return 1024 + 4 * wgmma_atoms(d) * 32 * (2 * stages if split else 128 * mt + stages)
 
 
 def wgmma_atoms(d: int) -> int:
@@ -143,7 +134,7 @@ def wgmma_kernel_name(d: int, vec: bool, split: bool = False) -> str:
     """An instance of assign_wgmma: 3xTF32 or TF32, row tiles, column block, atoms of K,
     16-byte loads of X."""
     mt, bn = wgmma_tile(split)
-    return (f"assign_wgmma<{wgmma_form(split)},{mt},{bn},{wgmma_atoms(d)},"
+    return (f"assign_wgmma<{int(split)},{mt},{bn},{wgmma_atoms(d)},"
             f"{'true' if vec else 'false'}>")
 
 
@@ -159,6 +150,7 @@ KERNEL_FILES = {
     "assign_tf32": "fused_tf32.cu", "argmin_rows": "fused_tf32.cu",
     "assign_mma": "fused_mma.cu", "assign_wgmma": "fused_wgmma.cu",
     "accumulate_shared": "fused_sums.cu", "accumulate_global": "fused_sums.cu",
+    "accumulate_grouped": "fused_sums.cu",
     "finalize_sums": "fused_sums.cu", "pack_centers": "centers.cu",
     "column_absmax": "stats.cu", "fixed_point_scales": "stats.cu",
     "weighted_total": "stats.cu", "direct_inertia": "direct.cu",
@@ -181,7 +173,8 @@ def common_kernel_names(dtype_name: str) -> tuple:
     tf32 = (("argmin_rows<float>", "assign_tf32<true>", "assign_tf32<false>", *mma, *wgmma)
             if dtype_name == "float32" else ())
     return (gemm_kernel_name(dtype_name, True), gemm_kernel_name(dtype_name, False), *tf32,
-            f"accumulate_shared<{t}>", f"accumulate_global<{t}>", "finalize_sums",
+            f"accumulate_shared<{t}>", f"accumulate_grouped<{t}>", f"accumulate_global<{t}>",
+            "finalize_sums",
             f"pack_centers<{t}>", f"column_absmax<{t}>", "fixed_point_scales",
             f"weighted_total<{t}>", f"direct_inertia<{t}>", f"relocation_keys<{t}>")
 
@@ -283,13 +276,14 @@ class Plan(NamedTuple):
                        # (kpad, S) [+ its small part], ||c||^2 (kpad) (pack_centers)
     S: int
     kpad: int
-    acc_mode: str      # "fused", "shared" or "global"
+    acc_mode: str      # "fused", "shared", "grouped" (acc_group clusters a block) or "global"
     acc_smem: int
     acc_grid: int
     n_partials: int    # per-block inertia partials of one assignment pass
     chunk_rows: int    # tf32: rows per GEMM chunk (n otherwise)
     fixed_bytes: dict  # working memory by part
     resident: bool = False  # mma, mma3: X's rows resident in shared memory (else K-streamed)
+    acc_group: int = 0
 
 
 def operand_sizes(layout, k, d, S, kpad) -> tuple:
@@ -322,9 +316,7 @@ def wgmma_fits(d, dev, split=False) -> bool:
 def tf32_path(tf32_kernel, d, dev, split=False) -> str:
     """The tensor-core path of precision="tf32" (split: of the exact 3xTF32 one): "auto" takes
     the wgmma kernel where it runs, else v2 (mma.sync)."""
-    wgmma = tf32_kernel == "wgmma" or (tf32_kernel == "auto" and (
-        not split or d <= WGMMA3_AUTO_MAX_D))
-    if wgmma and wgmma_fits(d, dev, split):
+    if tf32_kernel in ("wgmma", "auto") and wgmma_fits(d, dev, split):
         return "wgmma3" if split else "wgmma"
     if split:
         return "mma3"
@@ -373,6 +365,7 @@ def plan(n, d, k, dtype_name, dev, *, precision="fp32", fuse="auto", P=None, G=N
         assign_smem = tile + (sums_smem if fused else 0)
         per_sm = max(1, min(2048 // BLOCK, dev.smem_sm // (assign_smem + 1024)))
         assign_grid = max(1, min(cdiv(n, BLOCK * P), dev.sms * per_sm))
+    acc_group = 0
     if fused:
         acc_mode, acc_smem, acc_grid = "fused", 0, 0
     elif sums_smem <= min(dev.smem_block - 2048, 160 * 1024):
@@ -380,8 +373,7 @@ def plan(n, d, k, dtype_name, dev, *, precision="fp32", fuse="auto", P=None, G=N
         acc_mode, acc_smem = "shared", sums_smem
         acc_grid = max(1, min(cdiv(n, BLOCK), dev.sms * per_sm))
     else:
-        acc_mode, acc_smem = "global", 0
-        acc_grid = max(1, min(cdiv(n * (d + 1), BLOCK), dev.sms * 16))
+        acc_mode, acc_smem, acc_grid, acc_group = sums_grouping(n, d, k, dev)
     chunk_rows = n
     n_chunks = 1
     if path == "tf32":
@@ -400,7 +392,22 @@ def plan(n, d, k, dtype_name, dev, *, precision="fp32", fuse="auto", P=None, G=N
     if path == "tf32":
         parts["tf32_distance_chunk"] = chunk_rows * kpad * 4
     return Plan(path, fused, P, G or CENTER_GROUP, tc, assign_smem, assign_grid, layout, S,
-                kpad, acc_mode, acc_smem, acc_grid, n_partials, chunk_rows, parts, resident)
+                kpad, acc_mode, acc_smem, acc_grid, n_partials, chunk_rows, parts, resident,
+                acc_group)
+
+
+def sums_grouping(n, d, k, dev) -> tuple:
+    """(acc_mode, acc_smem, acc_grid, clusters a group) of the sums where k*(d+1) does not fit
+    in one block's shared memory: "grouped" (two blocks an SM, each a group of clusters and a
+    slice of the rows; every group reads all labels, so only while there are few groups
+    against the d + 1 atomics a row it saves), else "global"."""
+    per_cluster = (d + 1) * 16
+    g = (min(dev.smem_block, dev.smem_sm // 2) - 2048 - (d + 1) * 8) // per_cluster
+    groups = cdiv(k, g) if g > 0 else 0
+    if 0 < groups <= 2 * (d + 1):
+        slices = max(1, cdiv(2 * dev.sms, groups))
+        return "grouped", g * per_cluster + (d + 1) * 8, groups * slices, g
+    return "global", 0, max(1, min(cdiv(n * (d + 1), BLOCK), dev.sms * 16)), 0
 
 
 def one_wave(p: Plan, n, d, dtype_name, dev) -> Plan:
@@ -420,31 +427,3 @@ def one_wave(p: Plan, n, d, dtype_name, dev) -> Plan:
 def fixed_point_lo(n) -> float:
     """2^L of the fixed point's lo word for n points (the hi words' scales are per feature)."""
     return 2.0 ** max(1, 63 - int(n).bit_length())
-
-
-# -- TF32 ---------------------------------------------------------------------------------------
-def tf32_api(cp):
-    """(get_compute_type, set_compute_type, COMPUTE_TYPE_TF32) of CuPy's matmul, from
-    cupy._core._routines_linalg; a clear error where this CuPy lacks them."""
-    try:
-        from cupy._core import _routines_linalg as linalg
-        return linalg.get_compute_type, linalg.set_compute_type, linalg.COMPUTE_TYPE_TF32
-    except (ImportError, AttributeError) as exc:
-        raise RuntimeError(
-            f"precision='tf32' needs CuPy's TF32 compute type "
-            f"(cupy._core._routines_linalg.COMPUTE_TYPE_TF32 with get/set_compute_type), "
-            f"which CuPy {getattr(cp, '__version__', '?')} does not provide ({exc}). Use "
-            f"precision='fp32'.") from exc
-
-
-@contextlib.contextmanager
-def tf32_matmul(cp):
-    """CuPy's float32 matmul on TF32 tensor cores inside the block (the previous compute type
-    restored after). CuPy keeps the compute type per process."""
-    get, set_, tf32 = tf32_api(cp)
-    old = get(cp.float32)
-    set_(cp.float32, tf32)
-    try:
-        yield
-    finally:
-        set_(cp.float32, old)

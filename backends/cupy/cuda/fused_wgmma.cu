@@ -2,7 +2,7 @@
 // file for it, common.ARCH_TARGETS), the TF32 distance GEMM with the argmin in its epilogue,
 // for precision="tf32" on a compute capability 9.0 GPU (tf32_kernel="auto" picks it there; the
 // mma.sync kernel of fused_mma.cu everywhere else), and in split precision (SPLIT, 3xTF32) for
-// the exact float32 path where fused_plan takes it. Same operands, epilogue and results
+// the exact float32 path on such a GPU. Same operands, epilogue and results
 // contract as fused_mma.cu's TF32 kernel: dist = fl(x.tf32(-2c) + ||c||^2) with x rounded to
 // TF32 (rna), the first minimum per row in ascending columns, then finish_rows.
 //
@@ -13,11 +13,16 @@
 // run, does column block cb - 1's argmin from a second set of accumulators (ping-pong).
 //
 // Block: 2 warpgroups; warpgroup w owns rows w*64*MT.. (MT m64 tiles), every column block of
-// BN centers. X's BM = 128 MT rows stay in shared memory for the whole pass (rounded once);
-// the centers stream through WG_STAGES stages of BN rows x all of K (cp.async), loaded two
+// BN centers. TF32: X's BM = 128 MT rows stay in shared memory for the whole pass (rounded
+// once); MT = 2, BN = 64 (half the centers' L2 traffic of BM = 128; measured faster than
+// MT = 1, BN = 128, and than X in registers with BN = 128: 5.27 against 4.86 ms at W5).
+// 3xTF32: each thread's A fragments of X's two parts stay in registers (wgmma takes A from
+// there; 128 registers at d = 128); MT = 1, BN = 64: shared memory holds only the centers'
+// two parts, and a product reads half the shared bytes it would with A in shared memory (X's
+// parts there left room for 32 centers a block: 18.2 ms at W5 against 10.8 this way).
+// The centers stream through WG_STAGES stages of BN rows x all of K (cp.async), loaded two
 // column blocks ahead. Each thread keeps its rows' running minimum in registers; the stages
-// take them for finish_rows at the end. Default tile (fused_plan): MT = 2, BN = 64, BM = 256
-// (half the centers' L2 traffic of BM = 128; measured faster than MT = 1, BN = 128).
+// take them for finish_rows at the end.
 // Shared layout (wgmma's K-major, 128-byte swizzle): K in atoms of 32 words; an atom holds
 // 128-byte rows (32 words of one row of X or one center); 16-byte chunk c of row r sits at
 // word r*32 + 4*(c ^ (r & 7)). Descriptor: leading byte offset 16, stride byte offset 1024
@@ -74,25 +79,8 @@ __device__ __forceinline__ void wg_pin(float (&d)[NT][4]) {
         for (int e = 0; e < 4; ++e) asm volatile("" : "+f"(d[j][e])::"memory");
 }
 
-// D (64 x N) += A (64 x 8, shared, descriptor da) * B (N x 8, shared, db)^T; scale_d = 0
-// starts from zero instead of D (N = 32: 3xTF32's tile; 64: TF32's)
-__device__ __forceinline__ void wgmma_32(float (&d)[4][4], u64 da, u64 db, int scale_d) {
-#if KMEANS_WGMMA
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n32k8.f32.tf32.tf32 {"
-        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
-        "%16, %17, p, 1, 1;\n}\n"
-        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
-          "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
-          "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
-          "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3])
-        : "l"(da), "l"(db), "r"(scale_d));
-#else
-    __trap();
-#endif
-}
-
+// D (64 x 64) += A (64 x 8, shared, descriptor da) * B (64 x 8, shared, db)^T; scale_d = 0
+// starts from zero instead of D
 __device__ __forceinline__ void wgmma_64(float (&d)[8][4], u64 da, u64 db, int scale_d) {
 #if KMEANS_WGMMA
     asm volatile(
@@ -115,14 +103,8 @@ __device__ __forceinline__ void wgmma_64(float (&d)[8][4], u64 da, u64 db, int s
 #endif
 }
 
-template <int BN>
-__device__ __forceinline__ void wgmma_tile(float (&d)[BN / 8][4], u64 da, u64 db, int scale_d) {
-    if constexpr (BN == 64) wgmma_64(d, da, db, scale_d);
-    else wgmma_32(d, da, db, scale_d);
-}
-
-// D (64 x N) += A (64 x 8, registers: the mma.sync A fragment of warp q's rows 16q..16q+15,
-// a0 (g, t), a1 (g + 8, t), a2 (g, t + 4), a3 (g + 8, t + 4)) * B (N x 8, shared, db)^T
+// D (64 x 64) += A (64 x 8, registers: the mma.sync A fragment of warp q's rows 16q..16q+15,
+// a0 (g, t), a1 (g + 8, t), a2 (g, t + 4), a3 (g + 8, t + 4)) * B (64 x 8, shared, db)^T
 __device__ __forceinline__ void wgmma_64_rs(float (&d)[8][4], const unsigned (&a)[4], u64 db,
                                             int scale_d) {
 #if KMEANS_WGMMA
@@ -146,47 +128,13 @@ __device__ __forceinline__ void wgmma_64_rs(float (&d)[8][4], const unsigned (&a
 #endif
 }
 
-__device__ __forceinline__ void wgmma_128_rs(float (&d)[16][4], const unsigned (&a)[4], u64 db,
-                                             int scale_d) {
-#if KMEANS_WGMMA
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 {"
-        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
-        "{%64, %65, %66, %67}, %68, p, 1, 1;\n}\n"
-        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
-          "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
-          "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
-          "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]),
-          "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]),
-          "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]),
-          "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]),
-          "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(scale_d));
-#else
-    __trap();
-#endif
-}
-
-template <int BN>
-__device__ __forceinline__ void wgmma_tile_rs(float (&d)[BN / 8][4], const unsigned (&a)[4],
-                                              u64 db, int scale_d) {
-    if constexpr (BN == 128) wgmma_128_rs(d, a, db, scale_d);
-    else wgmma_64_rs(d, a, db, scale_d);
-}
-
 constexpr int WG_STAGES = 3;  // centers' stages: a column block loads two blocks ahead
 
 // SPLIT: 3xTF32 (gemm_kernel "auto"/"3xtf32", FP32-accurate, as fused_mma.cu's split): X and
 // the centers in two TF32 parts each (x = big + small; layout 4 of pack_centers), and
-// x.c = small.big + big.small + big.big per k8 step, the small terms first. SPLIT 1 keeps X's
-// parts in shared memory (m64n32 products: both parts of BM = 128 rows and three stages of 32
-// centers fill it); SPLIT 2 keeps each thread's A fragments of both parts in registers (128
-// of them at d = 128) and wgmma takes A from there: shared memory holds only the centers'
-// stages, so a column block is 64 centers and each product reads half the shared bytes.
-// Dynamic shared memory (bytes; the host's fused_plan.wgmma_smem): 1024 (alignment) +
-// 4 * NAT * 32 * P * (BM' + WG_STAGES * BN), P = 2 parts with SPLIT, else 1, BM' = 0 with
-// SPLIT 2, else BM. NAT =
+// x.c = small.big + big.small + big.big per k8 step, the small terms first; X's parts in
+// registers. Dynamic shared memory (bytes; the host's fused_plan.wgmma_smem): 1024
+// (alignment) + 4 * NAT * 32 * (SPLIT ? 2 * WG_STAGES * BN : BM + WG_STAGES * BN). NAT =
 // ceil(roundup(d, 8) / 32) atoms of K, a template parameter so that every copy and descriptor
 // offset is a constant (d <= 32 NAT).
 template <int SPLIT, int MT, int BN, int NAT, bool VEC>
@@ -197,9 +145,8 @@ assign_wgmma(const float* __restrict__ X, const float* __restrict__ W,
              float* __restrict__ min_sq, double* __restrict__ block_inertia,
              u64* __restrict__ counter, const bool* __restrict__ skip) {
     if (skip != nullptr && *skip) return;  // an iteration the driver drops
-    constexpr int BM = 128 * MT, NT = BN / 8, RS = 4, NB = SPLIT == 1 || SPLIT == 2 ? 2 : 1;
-    constexpr bool XR = SPLIT >= 2;  // X (its parts) in registers: wgmma's A from registers
-    static_assert(!XR || (MT == 1 && (BN == 64 || BN == 128)), "register A: m64 x 64 or 128");
+    constexpr int BM = 128 * MT, NT = BN / 8, RS = 4, NB = SPLIT ? 2 : 1;
+    static_assert(BN == 64 && (!SPLIT || MT == 1), "the tiles of fused_plan.wgmma_tile");
     KMEANS_DYNAMIC_SMEM(unsigned char, smem_raw);
     __shared__ double red[8];
     __shared__ u64 redc[8];
@@ -207,7 +154,7 @@ assign_wgmma(const float* __restrict__ X, const float* __restrict__ W,
     float* const xs = reinterpret_cast<float*>(smem_raw + (((raw + 1023) & ~1023u) - raw));
     const int dk = (d + 7) & ~7;                // K padded to the mma's 8 (zeros)
     constexpr int nat = NAT;                    // atoms of 32 words
-    float* const bs = xs + (XR ? 0 : NB * nat * BM * 32);  // WG_STAGES stages of NB nat BN 32
+    float* const bs = xs + (SPLIT ? 0 : nat * BM * 32);  // WG_STAGES stages of NB nat BN 32
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     // (the warpgroup from a shuffle: the compiler then keeps its descriptors in uniform
@@ -244,10 +191,10 @@ assign_wgmma(const float* __restrict__ X, const float* __restrict__ W,
     if (ncb > 1) issue(1);
     cp_async_commit();
 
-    // XR: the thread's A fragments of every k8 step, both parts, in registers for the whole
-    // pass (zeros past n and d)
-    unsigned xb[XR ? 4 * NAT : 1][4], xl[XR && NB == 2 ? 4 * NAT : 1][4];
-    if constexpr (XR) {
+    // SPLIT: the thread's A fragments of every k8 step, both parts, in registers for the
+    // whole pass (zeros past n and d)
+    unsigned xb[SPLIT ? 4 * NAT : 1][4], xl[SPLIT ? 4 * NAT : 1][4];
+    if constexpr (SPLIT) {
         const i64 ra = row0 + wgi * 64 + 16 * q + g, rb = ra + 8;
         const float* const pa = X + (ra < n ? ra : 0) * d;
         const float* const pb = X + (rb < n ? rb : 0) * d;
@@ -260,12 +207,12 @@ assign_wgmma(const float* __restrict__ X, const float* __restrict__ W,
                 const float v = ok ? __ldg(((e & 1) ? pb : pa) + k) : 0.0f;
                 const float big = tf32_rna(v);
                 xb[s][e] = __float_as_uint(big);
-                if constexpr (NB == 2) xl[s][e] = __float_as_uint(tf32_rna(__fsub_rn(v, big)));
+                xl[s][e] = __float_as_uint(tf32_rna(__fsub_rn(v, big)));
             }
     }
-    // the block's rows once, TF32 (rna), zeros past n and d
+    // TF32: the block's rows in shared memory once, TF32 (rna), zeros past n and d
 #pragma unroll
-    for (int a = 0; a < (XR ? 0 : nat); ++a) {
+    for (int a = 0; a < (SPLIT ? 0 : nat); ++a) {
         const int k = a * 32 + c8 * 4;
 #pragma unroll 4
         for (int i = 0; i < BM / 32; ++i) {
@@ -276,12 +223,6 @@ assign_wgmma(const float* __restrict__ X, const float* __restrict__ W,
             float4 f;
             f.x = tf32_rna(v[0]); f.y = tf32_rna(v[1]); f.z = tf32_rna(v[2]); f.w = tf32_rna(v[3]);
             *reinterpret_cast<float4*>(xs + a * BM * 32 + i * 32 * 32 + sw) = f;
-            if constexpr (SPLIT) {  // x - big is exact; its rounding is the small part
-                float4 r;
-                r.x = tf32_rna(__fsub_rn(v[0], f.x)); r.y = tf32_rna(__fsub_rn(v[1], f.y));
-                r.z = tf32_rna(__fsub_rn(v[2], f.z)); r.w = tf32_rna(__fsub_rn(v[3], f.w));
-                *reinterpret_cast<float4*>(xs + (nat + a) * BM * 32 + i * 32 * 32 + sw) = r;
-            }
         }
     }
 
@@ -338,23 +279,15 @@ assign_wgmma(const float* __restrict__ X, const float* __restrict__ W,
                 // without it, it serialises every wgmma of the function)
                 if (a == nat - 1 && a * 4 + j >= nk) break;
                 const u64 dbj = db + (u64)(j * 2);
-                if constexpr (XR) {  // A from the registers: small.big, big.small, big.big
-                    const int s = a * 4 + j;
-                    if constexpr (NB == 2) {
-                        wgmma_tile_rs<BN>(cur[0], xl[s], dbj, s > 0);
-                        wgmma_tile_rs<BN>(cur[0], xb[s], dbj + (u64)(nat * BN * 8), 1);
-                    }
-                    wgmma_tile_rs<BN>(cur[0], xb[s], dbj, NB == 2 || s > 0);
+                if constexpr (SPLIT) {  // small.big, big.small, big.big (centers' parts nat
+                    const int s = a * 4 + j;      // atoms apart), A from the registers
+                    wgmma_64_rs(cur[0], xl[s], dbj, s > 0);
+                    wgmma_64_rs(cur[0], xb[s], dbj + (u64)(nat * BN * 8), 1);
+                    wgmma_64_rs(cur[0], xb[s], dbj, 1);
                 } else {
 #pragma unroll
-                    for (int mt = 0; mt < MT; ++mt) {
-                        const u64 dam = da + (u64)(mt * 64 * 8 + j * 2);
-                        if constexpr (NB == 2) {  // small.big, big.small (parts nat atoms apart)
-                            wgmma_tile<BN>(cur[mt], dam + (u64)(nat * BM * 8), dbj, a + j > 0);
-                            wgmma_tile<BN>(cur[mt], dam, dbj + (u64)(nat * BN * 8), 1);
-                        }
-                        wgmma_tile<BN>(cur[mt], dam, dbj, NB == 2 || a + j > 0);
-                    }
+                    for (int mt = 0; mt < MT; ++mt)
+                        wgmma_64(cur[mt], da + (u64)(mt * 64 * 8 + j * 2), dbj, a + j > 0);
                 }
             }
         }
