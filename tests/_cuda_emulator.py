@@ -142,7 +142,8 @@ inline unsigned __ballot_sync(unsigned, bool p) {
     for (int i = 0; i < 32; ++i) bits |= (emu_slots[half + warp * 32 + i] ? 1u : 0u) << i;
     return bits;
 }
-inline int __ffs(unsigned x) { return __builtin_ffs((int)x); }
+inline int __popc(unsigned x) { return __builtin_popcount(x); }
+inline void __syncwarp(unsigned = 0xffffffffu) { emu_wait(emu_warp_bar[threadIdx.x >> 5]); }
 
 // Bulk warp exchange (the tensor-core emulation below): each lane publishes up to 32 bytes,
 // one warp barrier, then reads any lane's; the halves alternate as emu_exchange's do.

@@ -447,12 +447,15 @@ def test_device_feature_stats_are_the_numpy_backends(fake_cupy):
     assert place.feature_stats(X, 0, xp=np)[1] == 0.0
 
 
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_grouped_sums_are_the_global_atomics_bits(emulated_cupy, monkeypatch, dtype):
+@pytest.mark.parametrize("dtype,group,slices", [(np.float32, 5, 3), (np.float64, 5, 3),
+                                                (np.float64, 20, 1)])
+def test_grouped_sums_are_the_global_atomics_bits(emulated_cupy, monkeypatch, dtype, group,
+                                                  slices):
     """accumulate_grouped (a group of clusters a block, each block over a slice of the rows)
     gives the global kernel's fixed-point sums bit for bit (integer adds, in any order):
-    zero weights among the points, k not a multiple of the group, n not of the slices; and
-    both are the float64 sums of the same labels."""
+    zero weights among the points, k not a multiple of the group, n not of the slices, a
+    warp's queue of rows filled several times (group 20); and both are the float64 sums of
+    the same labels."""
     from kmeans_xp_backends.cupy import fused_plan
     from kmeans_xp_backends.cupy.fused import CupyFusedBackend
     n, d, k = 1201, 20, 37
@@ -462,7 +465,8 @@ def test_grouped_sums_are_the_global_atomics_bits(emulated_cupy, monkeypatch, dt
     w[::7] = 0
     C = np.ascontiguousarray(X[:k] + dtype(0.01))
     modes = {"global": ("global", 0, 3, 0),
-             "grouped": ("grouped", 5 * (d + 1) * 16 + (d + 1) * 8, 8 * 3, 5)}
+             "grouped": ("grouped", fused_plan.grouped_sums_smem(group, d),
+                         -(-k // group) * slices, group)}
     got, plan = {}, fused_plan.plan
     for mode, grouping in modes.items():
         monkeypatch.setattr(fused_plan, "plan", _with_sums(plan, grouping))
@@ -498,7 +502,7 @@ def test_sums_mode_by_shape():
     p = fused_plan.plan(10**6, 128, 4096, "float32", dev)   # W5
     groups = -(-4096 // p.acc_group)
     assert p.acc_mode == "grouped" and 2 * (p.acc_smem + 1024) <= dev.smem_sm
-    assert p.acc_smem == p.acc_group * 129 * 16 + 129 * 8
+    assert p.acc_smem == fused_plan.grouped_sums_smem(p.acc_group, 128)
     assert p.acc_grid % groups == 0 and p.acc_grid >= 2 * dev.sms > p.acc_grid - groups
     assert fused_plan.plan(10**6, 128, 64, "float32", dev).acc_mode == "shared"
     assert fused_plan.plan(10**6, 17, 10**5, "float32", dev).acc_mode == "global"

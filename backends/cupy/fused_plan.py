@@ -401,13 +401,19 @@ def sums_grouping(n, d, k, dev) -> tuple:
     in one block's shared memory: "grouped" (two blocks an SM, each a group of clusters and a
     slice of the rows; every group reads all labels, so only while there are few groups
     against the d + 1 atomics a row it saves), else "global"."""
-    per_cluster = (d + 1) * 16
-    g = (min(dev.smem_block, dev.smem_sm // 2) - 2048 - (d + 1) * 8) // per_cluster
+    g = (min(dev.smem_block, dev.smem_sm // 2) - 2048 - grouped_sums_smem(0, d)) \
+        // grouped_sums_smem(1, d, queues=False)
     groups = cdiv(k, g) if g > 0 else 0
     if 0 < groups <= 2 * (d + 1):
         slices = max(1, cdiv(2 * dev.sms, groups))
-        return "grouped", g * per_cluster + (d + 1) * 8, groups * slices, g
+        return "grouped", grouped_sums_smem(g, d), groups * slices, g
     return "global", 0, max(1, min(cdiv(n * (d + 1), BLOCK), dev.sms * 16)), 0
+
+
+def grouped_sums_smem(g, d, queues=True) -> int:
+    """Dynamic shared memory of accumulate_grouped: g clusters' (d + 1) pairs of words, the
+    d + 1 scales and each warp's queue of 32 (row, cluster)."""
+    return g * (d + 1) * 16 + ((d + 1) * 8 + (BLOCK // 32) * 64 * 4 if queues else 0)
 
 
 def one_wave(p: Plan, n, d, dtype_name, dev) -> Plan:

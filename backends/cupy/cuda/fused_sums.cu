@@ -63,9 +63,11 @@ accumulate_global(const T* __restrict__ X, const T* __restrict__ W, const int* _
 
 // Shared-memory privatisation of a group of g clusters per block, where k*(d+1) does not fit
 // in one block: block b adds the rows of row slice b / groups whose labels fall in cluster
-// group b % groups. Each warp reads 32 labels at a time and adds their group's rows one row
-// at a time, its lanes over the row's features (shared atomics on distinct words; the
-// global kernel's 2 n (d+1) global atomics were 0.78 ms at W5). One flush per block.
+// group b % groups. Each warp reads 32 labels at a time and queues its group's rows; 32
+// queued rows are added at once, a lane a row over the row's features (32 rows' loads in
+// flight: one row at a time across the lanes waited on each row's load, 3.2 ms at W5; the
+// global kernel's 2 n (d+1) global atomics take 0.78 ms there). One flush per block.
+// Dynamic shared memory: g (d+1) pairs of words, d+1 scales, WARPS x 32 queued (row, cluster).
 template <typename T>
 __global__ void __launch_bounds__(BLOCK)
 accumulate_grouped(const T* __restrict__ X, const T* __restrict__ W,
@@ -78,32 +80,45 @@ accumulate_grouped(const T* __restrict__ X, const T* __restrict__ W,
     const int groups = (k + g - 1) / g, group = blockIdx.x % groups;
     const int c0 = group * g, gk = min(g, k - c0), words = gk * (d + 1) * 2;
     double* sscale = reinterpret_cast<double*>(sacc + g * (d + 1) * 2);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int* qrow = reinterpret_cast<int*>(sscale + d + 1) + warp * 64;  // this warp's queue
+    int* qc = qrow + 32;
     for (int e = threadIdx.x; e < words; e += BLOCK) sacc[e] = 0ull;
     for (int j = threadIdx.x; j <= d; j += BLOCK) sscale[j] = scale[j];
     __syncthreads();
-    const i64 slice = blockIdx.x / groups;
-    const i64 r0 = n * slice / slices, r1 = n * (slice + 1) / slices;
-    const int lane = threadIdx.x & 31;
-    for (i64 base = r0 + (threadIdx.x - lane); base < r1; base += BLOCK) {
-        const i64 i = base + lane;
-        const int lab = i < r1 ? labels[i] - c0 : -1;
-        unsigned mine = __ballot_sync(FULL_MASK, lab >= 0 && lab < gk);
-        while (mine) {  // the warp's rows of this group, in row order
-            const int src = __ffs(mine) - 1;
-            mine &= mine - 1;
-            const i64 row = base + src;
-            const int c = __shfl_sync(FULL_MASK, lab, src);
+    auto add_rows = [&](int count) {  // the queue's first `count` rows, a lane a row
+        __syncwarp();
+        if (lane < count) {
+            const i64 row = qrow[lane];
             const T w = weight_at(W, row);
-            if (w == (T)0) continue;
-            u64* dst = sacc + (size_t)c * (d + 1) * 2;
-            for (int j = lane; j <= d; j += 32) {
+            u64* dst = sacc + (size_t)qc[lane] * (d + 1) * 2;
+            for (int j = 0; j <= d && w != (T)0; ++j) {
                 const double v = j < d ? (double)X[row * d + j] * (double)w : (double)w;
                 i64 hi, lo;
                 to_fixed(v, sscale[j], two_l, hi, lo);
                 add_pair(dst + 2 * j, hi, lo);
             }
         }
+        __syncwarp();
+    };
+    const i64 slice = blockIdx.x / groups;
+    const i64 r0 = n * slice / slices, r1 = n * (slice + 1) / slices;
+    int queued = 0;  // (warp-uniform)
+    for (i64 base = r0 + warp * 32; base < r1; base += BLOCK) {
+        const i64 i = base + lane;
+        const int c = i < r1 ? labels[i] - c0 : -1;
+        const bool mine = c >= 0 && c < gk;
+        const unsigned m = __ballot_sync(FULL_MASK, mine);
+        const int at = queued + __popc(m & ((1u << lane) - 1u));
+        if (mine && at < 32) { qrow[at] = (int)i; qc[at] = c; }
+        queued += __popc(m);
+        if (queued >= 32) {
+            add_rows(32);
+            queued -= 32;
+            if (mine && at >= 32) { qrow[at - 32] = (int)i; qc[at - 32] = c; }
+        }
     }
+    add_rows(queued);
     __syncthreads();
     u64* out = acc + (size_t)c0 * (d + 1) * 2;
     for (int e = threadIdx.x; e < words; e += BLOCK)
