@@ -2,8 +2,7 @@
 per iteration): CUDA-event times of pack_centers, the assignment pass, the sums (fixed-point
 accumulate), finalize, and the driver's center update (`kmeans_xp.lloyd._update`: means,
 shift, the small array it reads), at n=1M, d=128, k=4096, float32; median of 9 after two
-warm-ups, for the tf32 default and the exact default, each also with the sums' global
-atomics in place of the grouped kernel ("sums": "global").
+warm-ups, for the tf32 default and the exact default.
 
     python benchmarks/w5_parts.py OUT.json
 """
@@ -50,16 +49,7 @@ def main(argv):
 
     from benchmarks.probe_fused import make_data
     X, init = make_data(cp, 1_000_000, 128, 4096)
-    from kmeans_xp_backends.cupy import fused_plan as fp
-    rows, grouping = [], fp.sums_grouping
-    for opts in ({"precision": "tf32"}, {}):
-        rows.append(parts(cp, opts, X, init))
-        fp.sums_grouping = lambda n, d, k, dev: ("global", 0, max(
-            1, min(fp.cdiv(n * (d + 1), fp.BLOCK), dev.sms * 16)), 0)
-        try:
-            rows.append(dict(parts(cp, opts, X, init), sums="global"))
-        finally:
-            fp.sums_grouping = grouping
+    rows = [parts(cp, opts, X, init) for opts in ({"precision": "tf32"}, {})]
     out = argv[1] if len(argv) > 1 else "w5_parts.json"
     Path(out).write_text(json.dumps({"gpu": cp.cuda.runtime.getDeviceProperties(0)["name"]
                                      .decode(), "rows": rows}, indent=1))

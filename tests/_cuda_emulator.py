@@ -133,18 +133,6 @@ inline bool __all_sync(unsigned, bool p) {
     return all;
 }
 
-inline unsigned __ballot_sync(unsigned, bool p) {
-    const int me = threadIdx.x, warp = me >> 5;
-    const size_t half = (emu_xcount[me]++ & 1) ? emu_slots.size() / 2 : 0;
-    emu_slots[half + me] = p;
-    emu_wait(emu_warp_bar[warp]);
-    unsigned bits = 0;
-    for (int i = 0; i < 32; ++i) bits |= (emu_slots[half + warp * 32 + i] ? 1u : 0u) << i;
-    return bits;
-}
-inline int __popc(unsigned x) { return __builtin_popcount(x); }
-inline void __syncwarp(unsigned = 0xffffffffu) { emu_wait(emu_warp_bar[threadIdx.x >> 5]); }
-
 // Bulk warp exchange (the tensor-core emulation below): each lane publishes up to 32 bytes,
 // one warp barrier, then reads any lane's; the halves alternate as emu_exchange's do.
 static std::vector<unsigned char> emu_wslots;  // 2 x 32 lanes x 32 bytes per warp

@@ -447,62 +447,40 @@ def test_device_feature_stats_are_the_numpy_backends(fake_cupy):
     assert place.feature_stats(X, 0, xp=np)[1] == 0.0
 
 
-@pytest.mark.parametrize("dtype,group,slices", [(np.float32, 5, 3), (np.float64, 5, 3),
-                                                (np.float64, 20, 1)])
-def test_grouped_sums_are_the_global_atomics_bits(emulated_cupy, monkeypatch, dtype, group,
-                                                  slices):
-    """accumulate_grouped (a group of clusters a block, each block over a slice of the rows)
-    gives the global kernel's fixed-point sums bit for bit (integer adds, in any order):
-    zero weights among the points, k not a multiple of the group, n not of the slices, a
-    warp's queue of rows filled several times (group 20); and both are the float64 sums of
-    the same labels."""
+@pytest.mark.parametrize("dtype,d,grid", [(np.float32, 20, 3), (np.float64, 20, 7),
+                                          (np.float64, 3, 1)])
+def test_global_sums_are_the_shared_ones_bits(emulated_cupy, monkeypatch, dtype, d, grid):
+    """accumulate_global (each thread steps its row and column by the grid's stride) gives
+    the shared kernel's fixed-point sums bit for bit (integer adds, in any order), with zero
+    weights among the points and a stride that is and is not a multiple of d + 1; both are
+    the float64 sums of the same labels."""
     from kmeans_xp_backends.cupy import fused_plan
     from kmeans_xp_backends.cupy.fused import CupyFusedBackend
-    n, d, k = 1201, 20, 37
+    n, k = 1201, 37
     X = asymmetric_data(n, d, 7, dtype=dtype, seed=5)
     X -= X.mean(axis=0)
     w = np.random.default_rng(5).random(n)
     w[::7] = 0
     C = np.ascontiguousarray(X[:k] + dtype(0.01))
-    modes = {"global": ("global", 0, 3, 0),
-             "grouped": ("grouped", fused_plan.grouped_sums_smem(group, d),
-                         -(-k // group) * slices, group)}
     got, plan = {}, fused_plan.plan
-    for mode, grouping in modes.items():
-        monkeypatch.setattr(fused_plan, "plan", _with_sums(plan, grouping))
+    for mode in ("shared", "global"):
+        def forced(*args, mode=mode, **kwargs):
+            p = plan(*args, **kwargs)
+            if p.acc_mode == "fused" or mode == "global":
+                p = p._replace(acc_mode=mode, acc_grid=grid if mode == "global" else 2,
+                               acc_smem=k * (d + 1) * 16 + (d + 1) * 8, fuse=False)
+            return p
+        monkeypatch.setattr(fused_plan, "plan", forced)
         be = CupyFusedBackend()
         it = be.lloyd_iter(X, w, C, None)
         assert be._ws.plan.acc_mode == mode
         got[mode] = [np.asarray(a).copy() for a in (it.weighted_sums, it.weight_in_clusters,
                                                      it.labels)]
-    for a, b in zip(got["global"], got["grouped"]):
+    for a, b in zip(got["shared"], got["global"]):
         np.testing.assert_array_equal(a, b)
-    sums, weights, labels = got["grouped"]
+    sums, weights, labels = got["global"]
     wx = w.astype(dtype).astype(np.float64)  # (the backend keeps weights in X's dtype)
     ref = np.zeros((k, d))
     np.add.at(ref, labels, X.astype(np.float64) * wx[:, None])
     np.testing.assert_allclose(sums, ref, rtol=1e-9, atol=1e-9)
     np.testing.assert_allclose(weights, np.bincount(labels, wx, minlength=k), rtol=1e-12)
-
-
-def _with_sums(plan, grouping):
-    """fused_plan.plan with its sums' mode, shared memory, grid and group replaced."""
-    def forced(*args, **kwargs):
-        p = plan(*args, **kwargs)
-        mode, smem, grid, group = grouping
-        return p._replace(acc_mode=mode, acc_smem=smem, acc_grid=grid, acc_group=group)
-    return forced
-
-
-def test_sums_mode_by_shape():
-    """Sums in shared memory while k*(d+1) fits one block, in groups of clusters (two blocks
-    an SM, every group over slices of the rows) while there are few groups, else global."""
-    from kmeans_xp_backends.cupy import fused_plan
-    dev = fused_plan.NOMINAL
-    p = fused_plan.plan(10**6, 128, 4096, "float32", dev)   # W5
-    groups = -(-4096 // p.acc_group)
-    assert p.acc_mode == "grouped" and 2 * (p.acc_smem + 1024) <= dev.smem_sm
-    assert p.acc_smem == fused_plan.grouped_sums_smem(p.acc_group, 128)
-    assert p.acc_grid % groups == 0 and p.acc_grid >= 2 * dev.sms > p.acc_grid - groups
-    assert fused_plan.plan(10**6, 128, 64, "float32", dev).acc_mode == "shared"
-    assert fused_plan.plan(10**6, 17, 10**5, "float32", dev).acc_mode == "global"

@@ -370,12 +370,6 @@ class CupyFusedBackend(CupyBackendBase):
             launch(fp.kernel(f"accumulate_shared<{t}>"), p.acc_grid,
                    (ws.X, w, labels, _i32(ws.n), _i32(ws.d), _i32(ws.k), ws.acc, scale,
                     np.float64(ws.two_l), skip), shared_mem=p.acc_smem)
-        elif p.acc_mode == "grouped":
-            slices = p.acc_grid // -(-ws.k // p.acc_group)
-            launch(fp.kernel(f"accumulate_grouped<{t}>"), p.acc_grid,
-                   (ws.X, w, labels, _i32(ws.n), _i32(ws.d), _i32(ws.k), _i32(p.acc_group),
-                    _i32(slices), ws.acc, scale, np.float64(ws.two_l), skip),
-                   shared_mem=p.acc_smem)
         else:
             launch(fp.kernel(f"accumulate_global<{t}>"), p.acc_grid,
                    (ws.X, w, labels, _i32(ws.n), _i32(ws.d), ws.acc, scale,

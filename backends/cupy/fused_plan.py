@@ -150,7 +150,6 @@ KERNEL_FILES = {
     "assign_tf32": "fused_tf32.cu", "argmin_rows": "fused_tf32.cu",
     "assign_mma": "fused_mma.cu", "assign_wgmma": "fused_wgmma.cu",
     "accumulate_shared": "fused_sums.cu", "accumulate_global": "fused_sums.cu",
-    "accumulate_grouped": "fused_sums.cu",
     "finalize_sums": "fused_sums.cu", "pack_centers": "centers.cu",
     "column_absmax": "stats.cu", "fixed_point_scales": "stats.cu",
     "weighted_total": "stats.cu", "direct_inertia": "direct.cu",
@@ -173,8 +172,7 @@ def common_kernel_names(dtype_name: str) -> tuple:
     tf32 = (("argmin_rows<float>", "assign_tf32<true>", "assign_tf32<false>", *mma, *wgmma)
             if dtype_name == "float32" else ())
     return (gemm_kernel_name(dtype_name, True), gemm_kernel_name(dtype_name, False), *tf32,
-            f"accumulate_shared<{t}>", f"accumulate_grouped<{t}>", f"accumulate_global<{t}>",
-            "finalize_sums",
+            f"accumulate_shared<{t}>", f"accumulate_global<{t}>", "finalize_sums",
             f"pack_centers<{t}>", f"column_absmax<{t}>", "fixed_point_scales",
             f"weighted_total<{t}>", f"direct_inertia<{t}>", f"relocation_keys<{t}>")
 
@@ -276,14 +274,13 @@ class Plan(NamedTuple):
                        # (kpad, S) [+ its small part], ||c||^2 (kpad) (pack_centers)
     S: int
     kpad: int
-    acc_mode: str      # "fused", "shared", "grouped" (acc_group clusters a block) or "global"
+    acc_mode: str      # "fused", "shared" or "global"
     acc_smem: int
     acc_grid: int
     n_partials: int    # per-block inertia partials of one assignment pass
     chunk_rows: int    # tf32: rows per GEMM chunk (n otherwise)
     fixed_bytes: dict  # working memory by part
     resident: bool = False  # mma, mma3: X's rows resident in shared memory (else K-streamed)
-    acc_group: int = 0
 
 
 def operand_sizes(layout, k, d, S, kpad) -> tuple:
@@ -365,7 +362,6 @@ def plan(n, d, k, dtype_name, dev, *, precision="fp32", fuse="auto", P=None, G=N
         assign_smem = tile + (sums_smem if fused else 0)
         per_sm = max(1, min(2048 // BLOCK, dev.smem_sm // (assign_smem + 1024)))
         assign_grid = max(1, min(cdiv(n, BLOCK * P), dev.sms * per_sm))
-    acc_group = 0
     if fused:
         acc_mode, acc_smem, acc_grid = "fused", 0, 0
     elif sums_smem <= min(dev.smem_block - 2048, 160 * 1024):
@@ -373,7 +369,8 @@ def plan(n, d, k, dtype_name, dev, *, precision="fp32", fuse="auto", P=None, G=N
         acc_mode, acc_smem = "shared", sums_smem
         acc_grid = max(1, min(cdiv(n, BLOCK), dev.sms * per_sm))
     else:
-        acc_mode, acc_smem, acc_grid, acc_group = sums_grouping(n, d, k, dev)
+        acc_mode, acc_smem = "global", 0
+        acc_grid = max(1, min(cdiv(n * (d + 1), BLOCK), dev.sms * 16))
     chunk_rows = n
     n_chunks = 1
     if path == "tf32":
@@ -392,28 +389,7 @@ def plan(n, d, k, dtype_name, dev, *, precision="fp32", fuse="auto", P=None, G=N
     if path == "tf32":
         parts["tf32_distance_chunk"] = chunk_rows * kpad * 4
     return Plan(path, fused, P, G or CENTER_GROUP, tc, assign_smem, assign_grid, layout, S,
-                kpad, acc_mode, acc_smem, acc_grid, n_partials, chunk_rows, parts, resident,
-                acc_group)
-
-
-def sums_grouping(n, d, k, dev) -> tuple:
-    """(acc_mode, acc_smem, acc_grid, clusters a group) of the sums where k*(d+1) does not fit
-    in one block's shared memory: "grouped" (two blocks an SM, each a group of clusters and a
-    slice of the rows; every group reads all labels, so only while there are few groups
-    against the d + 1 atomics a row it saves), else "global"."""
-    g = (min(dev.smem_block, dev.smem_sm // 2) - 2048 - grouped_sums_smem(0, d)) \
-        // grouped_sums_smem(1, d, queues=False)
-    groups = cdiv(k, g) if g > 0 else 0
-    if 0 < groups <= 2 * (d + 1):
-        slices = max(1, cdiv(2 * dev.sms, groups))
-        return "grouped", grouped_sums_smem(g, d), groups * slices, g
-    return "global", 0, max(1, min(cdiv(n * (d + 1), BLOCK), dev.sms * 16)), 0
-
-
-def grouped_sums_smem(g, d, queues=True) -> int:
-    """Dynamic shared memory of accumulate_grouped: g clusters' (d + 1) pairs of words, the
-    d + 1 scales and each warp's queue of 32 (row, cluster)."""
-    return g * (d + 1) * 16 + ((d + 1) * 8 + (BLOCK // 32) * 64 * 4 if queues else 0)
+                kpad, acc_mode, acc_smem, acc_grid, n_partials, chunk_rows, parts, resident)
 
 
 def one_wave(p: Plan, n, d, dtype_name, dev) -> Plan:

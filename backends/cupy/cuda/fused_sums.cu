@@ -41,88 +41,33 @@ accumulate_shared(const T* __restrict__ X, const T* __restrict__ W, const int* _
 }
 
 // Global atomics, one thread per (point, feature-or-weight) element, coalesced over X. Used
-// when k*(d+1) does not fit in shared memory; still bit-reproducible (integer atomics).
+// when k*(d+1) does not fit in shared memory; still bit-reproducible (integer atomics). Each
+// thread steps its (row, column) by the grid's stride without dividing (a 64-bit division
+// per element was most of the kernel's instructions).
 template <typename T>
 __global__ void __launch_bounds__(BLOCK)
 accumulate_global(const T* __restrict__ X, const T* __restrict__ W, const int* __restrict__ labels,
                   int n, int d, u64* __restrict__ acc, const double* __restrict__ scale,
                   double two_l, const bool* __restrict__ skip) {
     if (skip != nullptr && *skip) return;  // an iteration the driver drops
-    const i64 total = (i64)n * (d + 1);
-    for (i64 e = (i64)blockIdx.x * BLOCK + threadIdx.x; e < total; e += (i64)gridDim.x * BLOCK) {
-        const i64 i = e / (d + 1);
-        const int j = (int)(e - i * (d + 1));
+    const i64 total = (i64)n * (d + 1), stride = (i64)gridDim.x * BLOCK;
+    const i64 e0 = (i64)blockIdx.x * BLOCK + threadIdx.x;
+    const i64 row_step = stride / (d + 1);
+    const int col_step = (int)(stride - row_step * (d + 1));
+    i64 i = e0 / (d + 1);
+    int j = (int)(e0 - i * (d + 1));
+    for (i64 e = e0; e < total; e += stride) {
         const T w = weight_at(W, i);
-        if (w == (T)0) continue;
-        const double v = j < d ? (double)X[i * d + j] * (double)w : (double)w;
-        i64 hi, lo;
-        to_fixed(v, scale[j], two_l, hi, lo);
-        add_pair(acc + ((i64)labels[i] * (d + 1) + j) * 2, hi, lo);
-    }
-}
-
-// Shared-memory privatisation of a group of g clusters per block, where k*(d+1) does not fit
-// in one block: block b adds the rows of row slice b / groups whose labels fall in cluster
-// group b % groups. Each warp reads 32 labels at a time and queues its group's rows; 32
-// queued rows are added at once, a lane a row over the row's features (32 rows' loads in
-// flight: one row at a time across the lanes waited on each row's load, 3.2 ms at W5; the
-// global kernel's 2 n (d+1) global atomics take 0.78 ms there). One flush per block.
-// Dynamic shared memory: g (d+1) pairs of words, d+1 scales, WARPS x 32 queued (row, cluster).
-template <typename T>
-__global__ void __launch_bounds__(BLOCK)
-accumulate_grouped(const T* __restrict__ X, const T* __restrict__ W,
-                   const int* __restrict__ labels, int n, int d, int k, int g, int slices,
-                   u64* __restrict__ acc, const double* __restrict__ scale, double two_l,
-                   const bool* __restrict__ skip) {
-    if (skip != nullptr && *skip) return;  // an iteration the driver drops
-    KMEANS_DYNAMIC_SMEM(unsigned char, smem);
-    u64* sacc = reinterpret_cast<u64*>(smem);
-    const int groups = (k + g - 1) / g, group = blockIdx.x % groups;
-    const int c0 = group * g, gk = min(g, k - c0), words = gk * (d + 1) * 2;
-    double* sscale = reinterpret_cast<double*>(sacc + g * (d + 1) * 2);
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    int* qrow = reinterpret_cast<int*>(sscale + d + 1) + warp * 64;  // this warp's queue
-    int* qc = qrow + 32;
-    for (int e = threadIdx.x; e < words; e += BLOCK) sacc[e] = 0ull;
-    for (int j = threadIdx.x; j <= d; j += BLOCK) sscale[j] = scale[j];
-    __syncthreads();
-    auto add_rows = [&](int count) {  // the queue's first `count` rows, a lane a row
-        __syncwarp();
-        if (lane < count) {
-            const i64 row = qrow[lane];
-            const T w = weight_at(W, row);
-            u64* dst = sacc + (size_t)qc[lane] * (d + 1) * 2;
-            for (int j = 0; j <= d && w != (T)0; ++j) {
-                const double v = j < d ? (double)X[row * d + j] * (double)w : (double)w;
-                i64 hi, lo;
-                to_fixed(v, sscale[j], two_l, hi, lo);
-                add_pair(dst + 2 * j, hi, lo);
-            }
+        if (w != (T)0) {
+            const double v = j < d ? (double)X[i * d + j] * (double)w : (double)w;
+            i64 hi, lo;
+            to_fixed(v, scale[j], two_l, hi, lo);
+            add_pair(acc + ((i64)labels[i] * (d + 1) + j) * 2, hi, lo);
         }
-        __syncwarp();
-    };
-    const i64 slice = blockIdx.x / groups;
-    const i64 r0 = n * slice / slices, r1 = n * (slice + 1) / slices;
-    int queued = 0;  // (warp-uniform)
-    for (i64 base = r0 + warp * 32; base < r1; base += BLOCK) {
-        const i64 i = base + lane;
-        const int c = i < r1 ? labels[i] - c0 : -1;
-        const bool mine = c >= 0 && c < gk;
-        const unsigned m = __ballot_sync(FULL_MASK, mine);
-        const int at = queued + __popc(m & ((1u << lane) - 1u));
-        if (mine && at < 32) { qrow[at] = (int)i; qc[at] = c; }
-        queued += __popc(m);
-        if (queued >= 32) {
-            add_rows(32);
-            queued -= 32;
-            if (mine && at >= 32) { qrow[at - 32] = (int)i; qc[at - 32] = c; }
-        }
+        i += row_step;
+        j += col_step;
+        if (j > d) { j -= d + 1; ++i; }
     }
-    add_rows(queued);
-    __syncthreads();
-    u64* out = acc + (size_t)c0 * (d + 1) * 2;
-    for (int e = threadIdx.x; e < words; e += BLOCK)
-        if (sacc[e]) atomicAdd(out + e, sacc[e]);
 }
 
 // Fixed point -> float64 sums (k, d) and weights (k), zeroing the accumulator for the next
