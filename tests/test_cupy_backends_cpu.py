@@ -450,10 +450,10 @@ def test_device_feature_stats_are_the_numpy_backends(fake_cupy):
 @pytest.mark.parametrize("dtype,d,grid", [(np.float32, 20, 3), (np.float64, 20, 7),
                                           (np.float64, 3, 1)])
 def test_global_sums_are_the_shared_ones_bits(emulated_cupy, monkeypatch, dtype, d, grid):
-    """accumulate_global (each thread steps its row and column by the grid's stride) gives
-    the shared kernel's fixed-point sums bit for bit (integer adds, in any order), with zero
-    weights among the points and a stride that is and is not a multiple of d + 1; both are
-    the float64 sums of the same labels."""
+    """accumulate_global (a thread an element of the grid-stride loop) gives the shared
+    kernel's fixed-point sums bit for bit (integer adds, in any order), with zero weights
+    among the points and a stride that is and is not a multiple of d + 1; both are the
+    float64 sums of the same labels."""
     from kmeans_xp_backends.cupy import fused_plan
     from kmeans_xp_backends.cupy.fused import CupyFusedBackend
     n, k = 1201, 37

@@ -41,32 +41,23 @@ accumulate_shared(const T* __restrict__ X, const T* __restrict__ W, const int* _
 }
 
 // Global atomics, one thread per (point, feature-or-weight) element, coalesced over X. Used
-// when k*(d+1) does not fit in shared memory; still bit-reproducible (integer atomics). Each
-// thread steps its (row, column) by the grid's stride without dividing (a 64-bit division
-// per element was most of the kernel's instructions).
+// when k*(d+1) does not fit in shared memory; still bit-reproducible (integer atomics).
 template <typename T>
 __global__ void __launch_bounds__(BLOCK)
 accumulate_global(const T* __restrict__ X, const T* __restrict__ W, const int* __restrict__ labels,
                   int n, int d, u64* __restrict__ acc, const double* __restrict__ scale,
                   double two_l, const bool* __restrict__ skip) {
     if (skip != nullptr && *skip) return;  // an iteration the driver drops
-    const i64 total = (i64)n * (d + 1), stride = (i64)gridDim.x * BLOCK;
-    const i64 e0 = (i64)blockIdx.x * BLOCK + threadIdx.x;
-    const i64 row_step = stride / (d + 1);
-    const int col_step = (int)(stride - row_step * (d + 1));
-    i64 i = e0 / (d + 1);
-    int j = (int)(e0 - i * (d + 1));
-    for (i64 e = e0; e < total; e += stride) {
+    const i64 total = (i64)n * (d + 1);
+    for (i64 e = (i64)blockIdx.x * BLOCK + threadIdx.x; e < total; e += (i64)gridDim.x * BLOCK) {
+        const i64 i = e / (d + 1);
+        const int j = (int)(e - i * (d + 1));
         const T w = weight_at(W, i);
-        if (w != (T)0) {
-            const double v = j < d ? (double)X[i * d + j] * (double)w : (double)w;
-            i64 hi, lo;
-            to_fixed(v, scale[j], two_l, hi, lo);
-            add_pair(acc + ((i64)labels[i] * (d + 1) + j) * 2, hi, lo);
-        }
-        i += row_step;
-        j += col_step;
-        if (j > d) { j -= d + 1; ++i; }
+        if (w == (T)0) continue;
+        const double v = j < d ? (double)X[i * d + j] * (double)w : (double)w;
+        i64 hi, lo;
+        to_fixed(v, scale[j], two_l, hi, lo);
+        add_pair(acc + ((i64)labels[i] * (d + 1) + j) * 2, hi, lo);
     }
 }
 
