@@ -5,8 +5,7 @@
 Cases: W5 (n=1M, d=128, k=4096), large-k (n=2M, d=128, k=16384) and d=64 (n=1M, k=4096).
 Variants: tf32 v1 (tf32_kernel="fused-v1", cuda/fused_tf32.cu), tf32 v2 ("fused",
 cuda/fused_mma.cu), tf32 wgmma (cuda/fused_wgmma.cu), 3xTF32
-(gemm_kernel="3xtf32": what "auto" takes for d; "-v2" the mma.sync kernel, "-wgmma" the
-wgmma kernel), the SIMT
+(gemm_kernel="3xtf32": the wgmma kernel on the H200, "-v2" the mma.sync one), the SIMT
 exact kernel
 (assign_gemm), cuBLAS TF32 GEMM + our argmin (tf32_kernel="cublas"), and torch TF32
 (allow_tf32, chunked ||c||^2 - 2 X C^T + argmin; skipped without torch) and torch FP32 (the
@@ -40,7 +39,6 @@ VARIANTS = {
     "tf32-wgmma": {"precision": "tf32", "tf32_kernel": "wgmma"},
     "3xtf32": {"gemm_kernel": "3xtf32"},
     "3xtf32-v2": {"gemm_kernel": "3xtf32", "tf32_kernel": "fused"},
-    "3xtf32-wgmma": {"gemm_kernel": "3xtf32", "tf32_kernel": "wgmma"},
     "simt": {"gemm_kernel": "simt"},
     "cublas-tf32": {"precision": "tf32", "tf32_kernel": "cublas"},
 }

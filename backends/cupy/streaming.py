@@ -361,7 +361,7 @@ class StreamEngine:
         return stats[0]
 
     def farthest(self, X, centers, labels, m):
-        top = reductions.TopKeys(m)
+        top = reductions.TopKeys(m, weighted=not self.unit_weights)
         self.backend.stream_pass(self, lambda: self.run(
             X.mean, centers=centers, labels_in=self._labels(labels), top=top))
         cp = self.cp
