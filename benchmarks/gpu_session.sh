@@ -183,8 +183,8 @@ sys.version.split()[0])"
       tail -n 25 "$OUT/mma_probe$pass.log" | cut -c1-200 ;;
     w5parts)
       install_new
-      timeout 120 python3 benchmarks/w5_parts.py "$OUT/w5_parts.json" > "$OUT/w5_parts.log" 2>&1
-      tail -n 4 "$OUT/w5_parts.log" | cut -c1-300 ;;
+      timeout 240 python3 benchmarks/w5_parts.py "$OUT/w5_parts.json" > "$OUT/w5_parts.log" 2>&1
+      tail -n 6 "$OUT/w5_parts.log" | cut -c1-300 ;;
     cpu)
       install_new
       python3 benchmarks/cpu_probe.py ${CPU_ARGS:-} --out "$OUT/cpu_probe.json" > "$OUT/cpu_probe.log" 2>&1

@@ -149,6 +149,7 @@ inline unsigned long long atomicAdd(unsigned long long* p, unsigned long long v)
     unsigned long long old = *p; *p = old + v; return old;
 }
 inline unsigned atomicAdd(unsigned* p, unsigned v) { unsigned old = *p; *p = old + v; return old; }
+inline int atomicAdd(int* p, int v) { int old = *p; *p = old + v; return old; }
 inline unsigned long long atomicMax(unsigned long long* p, unsigned long long v) {
     unsigned long long old = *p; if (v > old) *p = v; return old;
 }

@@ -78,7 +78,7 @@ def _functions(report):
 def test_every_instance_compiles_for_sm90(ptxas_report):
     funcs = _functions(ptxas_report)
     for kernel in ("assign_small", "assign_gemm", "assign_tf32", "assign_mma",
-                   "assign_wgmma", "accumulate_shared",
+                   "assign_wgmma", "accumulate_shared", "accumulate_sorted", "sort_place",
                    "finalize_sums", "pack_centers", "relocation_keys", "direct_inertia",
                    "argmin_rows", "nearest_small", "nearest_tiled", "nearest_mem",
                    "cluster_sums_shared", "row_argmin_shifted", "weighted_total",

@@ -447,27 +447,35 @@ def test_device_feature_stats_are_the_numpy_backends(fake_cupy):
     assert place.feature_stats(X, 0, xp=np)[1] == 0.0
 
 
-@pytest.mark.parametrize("dtype,d,grid", [(np.float32, 20, 3), (np.float64, 20, 7),
-                                          (np.float64, 3, 1)])
-def test_global_sums_are_the_shared_ones_bits(emulated_cupy, monkeypatch, dtype, d, grid):
-    """accumulate_global (a thread an element of the grid-stride loop) gives the shared
-    kernel's fixed-point sums bit for bit (integer adds, in any order), with zero weights
-    among the points and a stride that is and is not a multiple of d + 1; both are the
-    float64 sums of the same labels."""
+@pytest.mark.parametrize("dtype,d,grid,rows", [(np.float32, 20, 3, 7), (np.float64, 20, 7, 64),
+                                               (np.float64, 3, 1, 5), (np.float32, 300, 2, 9)])
+def test_global_and_sorted_sums_are_the_shared_ones_bits(emulated_cupy, monkeypatch, dtype, d,
+                                                         grid, rows):
+    """accumulate_global (a thread an element of the grid-stride loop) and accumulate_sorted
+    (rows counting-sorted by cluster, summed in registers) give the shared kernel's
+    fixed-point sums bit for bit (integer adds, in any order), with zero weights among the
+    points, empty clusters (duplicated centers: ties go to the first), clusters spanning
+    several of the sorted kernel's blocks or blocks of several clusters, and features beyond
+    one block's threads (d=300); a global stride that is and is not a multiple of d + 1; all
+    are the float64 sums of the same labels."""
     from kmeans_xp_backends.cupy import fused_plan
     from kmeans_xp_backends.cupy.fused import CupyFusedBackend
-    n, k = 1201, 37
+    n, k = (1201, 37) if d < 100 else (203, 11)
     X = asymmetric_data(n, d, 7, dtype=dtype, seed=5)
     X -= X.mean(axis=0)
     w = np.random.default_rng(5).random(n)
     w[::7] = 0
     C = np.ascontiguousarray(X[:k] + dtype(0.01))
+    C[5] = C[4]   # cluster 5 stays empty
     got, plan = {}, fused_plan.plan
-    for mode in ("shared", "global"):
+    for mode in ("shared", "global", "sorted"):
         def forced(*args, mode=mode, **kwargs):
             p = plan(*args, **kwargs)
             if mode == "global":
                 p = p._replace(acc_mode=mode, acc_grid=grid, acc_smem=0, fuse=False)
+            elif mode == "sorted":
+                p = p._replace(acc_mode=mode, acc_grid=-(-n // rows), acc_rows=rows,
+                               acc_smem=0, fuse=False)
             elif p.acc_mode == "fused":  # (the small-d pass's sums, taken out of it)
                 p = p._replace(acc_mode=mode, acc_grid=2, fuse=False,
                                acc_smem=k * (d + 1) * 16 + (d + 1) * 8)
@@ -478,11 +486,34 @@ def test_global_sums_are_the_shared_ones_bits(emulated_cupy, monkeypatch, dtype,
         assert be._ws.plan.acc_mode == mode
         got[mode] = [np.asarray(a).copy() for a in (it.weighted_sums, it.weight_in_clusters,
                                                      it.labels)]
-    for a, b in zip(got["shared"], got["global"]):
-        np.testing.assert_array_equal(a, b)
-    sums, weights, labels = got["global"]
+        if mode == "sorted":  # a second pass: sort_offsets left the counts zeroed
+            again = be.lloyd_iter(X, w, C, None)
+            np.testing.assert_array_equal(np.asarray(again.weighted_sums), got[mode][0])
+    for other in ("global", "sorted"):
+        for a, b in zip(got["shared"], got[other]):
+            np.testing.assert_array_equal(a, b)
+    sums, weights, labels = got["sorted"]
+    counts = np.bincount(labels, minlength=k)
+    assert counts[5] == 0
+    # clusters spanning several blocks, or blocks holding several clusters
+    assert counts.max() > 2 * rows or rows > 2 * np.median(counts)
     wx = w.astype(dtype).astype(np.float64)  # (the backend keeps weights in X's dtype)
     ref = np.zeros((k, d))
     np.add.at(ref, labels, X.astype(np.float64) * wx[:, None])
     np.testing.assert_allclose(sums, ref, rtol=1e-9, atol=1e-9)
     np.testing.assert_allclose(weights, np.bincount(labels, wx, minlength=k), rtol=1e-12)
+
+
+def test_the_plan_sorts_the_sums_where_they_pay():
+    """Sums whose k*(d+1) pairs miss shared memory: counting-sorted by cluster for d > 16
+    (its buffers counted in the working memory), global atomics for few features."""
+    from kmeans_xp_backends.cupy import fused_plan
+    h200 = fused_plan.NOMINAL
+    p = fused_plan.plan(10**6 + 3, 128, 4096, "float32", h200, precision="tf32")
+    assert p.acc_mode == "sorted" and p.acc_rows == fused_plan.sorted_rows(128) == 128
+    assert p.acc_grid == -(-(10**6 + 3) // 128)
+    assert p.fixed_bytes["sort_buffers"] == 4 * (10**6 + 3) + 4 * (3 * 4096 + 1)
+    assert fused_plan.sorted_rows(17) == 15 * 64 and fused_plan.sorted_rows(300) == 64
+    p = fused_plan.plan(2 * 10**6, 3, 100_000, "float32", h200)
+    assert p.acc_mode == "global" and "sort_buffers" not in p.fixed_bytes
+    assert fused_plan.plan(10**6, 128, 10, "float32", h200).acc_mode == "shared"

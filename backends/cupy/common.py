@@ -154,7 +154,8 @@ TOGETHER = {
                  "fixed_point_scales", "count_labels", "column_moments<{t}>"),
     "direct.cu": ("direct_inertia<{t}>", "labelled_sq_dist<{t}>", "relocation_keys<{t}>"),
     "seeding.cu": ("seeding_draw", "seeding_potentials<{t}>", "seeding_update<{t}>"),
-    "fused_sums.cu": ("accumulate_shared<{t}>", "accumulate_global<{t}>", "finalize_sums"),
+    "fused_sums.cu": ("accumulate_shared<{t}>", "accumulate_global<{t}>", "finalize_sums",
+                      "accumulate_sorted<{t}>", "sort_count", "sort_offsets", "sort_place"),
 }
 _TYPE_ARG = re.compile(r"<(float|double)>")
 #: {(file, instances): Future of the loaded cupy.RawModule}, compiled or being compiled

@@ -72,6 +72,11 @@ class _Workspace:
         self.partials = cp.zeros(max(plan.n_partials, 1), dtype=cp.float64)
         self.counter = cp.zeros(1, dtype=cp.uint64)
         self.gbuf = None
+        if plan.acc_mode == "sorted":   # counts (zeroed by sort_offsets), starts, cursor, order
+            self.sort_counts = cp.zeros(k, dtype=cp.int32)
+            self.sort_starts = cp.empty(k + 1, dtype=cp.int32)
+            self.sort_cursor = cp.empty(k, dtype=cp.int32)
+            self.sort_order = cp.empty(n, dtype=cp.int32)
         self.scales = None  # (scale, inv_scale) device arrays of d + 1 values
         # host centers' way in and the statistics' way out (HostCenters, made on first use)
         self.host = None
@@ -370,6 +375,15 @@ class CupyFusedBackend(CupyBackendBase):
             launch(fp.kernel(f"accumulate_shared<{t}>"), p.acc_grid,
                    (ws.X, w, labels, _i32(ws.n), _i32(ws.d), _i32(ws.k), ws.acc, scale,
                     np.float64(ws.two_l), skip), shared_mem=p.acc_smem)
+        elif p.acc_mode == "sorted":
+            n, k, rows = _i32(ws.n), _i32(ws.k), common.grid(ws.n, BLOCK, 8)
+            launch(fp.kernel("sort_count"), rows, (labels, n, ws.sort_counts, skip))
+            launch(fp.kernel("sort_offsets"), 1,
+                   (ws.sort_counts, k, ws.sort_starts, ws.sort_cursor, skip))
+            launch(fp.kernel("sort_place"), rows, (labels, n, ws.sort_cursor, ws.sort_order, skip))
+            launch(fp.kernel(f"accumulate_sorted<{t}>"), p.acc_grid,
+                   (ws.X, w, ws.sort_order, ws.sort_starts, n, _i32(ws.d), k, _i32(p.acc_rows),
+                    ws.acc, scale, np.float64(ws.two_l), skip))
         else:
             launch(fp.kernel(f"accumulate_global<{t}>"), p.acc_grid,
                    (ws.X, w, labels, _i32(ws.n), _i32(ws.d), ws.acc, scale,

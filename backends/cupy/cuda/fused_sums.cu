@@ -61,6 +61,142 @@ accumulate_global(const T* __restrict__ X, const T* __restrict__ W, const int* _
     }
 }
 
+// Sums in cluster order, where k*(d+1) pairs do not fit in shared memory: the rows are
+// counting-sorted by label (sort_count, sort_offsets, sort_place: the order within a
+// cluster is whatever the atomics give, which integer sums do not see), then
+// accumulate_sorted walks them cluster by cluster, adding in registers and flushing a
+// cluster's words once it ends: about k*(d+1)*2 atomics a pass where accumulate_global
+// makes n*(d+1)*2 (258M at n=1M, d=128), on the same fixed-point words, so the same bits.
+__global__ void __launch_bounds__(BLOCK)
+sort_count(const int* __restrict__ labels, int n, int* __restrict__ counts,
+           const bool* __restrict__ skip) {
+    if (skip != nullptr && *skip) return;
+    for (i64 i = (i64)blockIdx.x * BLOCK + threadIdx.x; i < n; i += (i64)gridDim.x * BLOCK)
+        atomicAdd(counts + labels[i], 1);
+}
+
+// One block: starts[c] = the first sorted position of cluster c (starts[k] = n), cursor =
+// starts (sort_place's insertion points); counts are read and zeroed for the next pass.
+__global__ void __launch_bounds__(BLOCK)
+sort_offsets(int* __restrict__ counts, int k, int* __restrict__ starts, int* __restrict__ cursor,
+             const bool* __restrict__ skip) {
+    if (skip != nullptr && *skip) return;
+    __shared__ int part[BLOCK];
+    const int per = (k + BLOCK - 1) / BLOCK;   // a contiguous run of clusters per thread
+    const int lo = min(k, (int)threadIdx.x * per), hi = min(k, lo + per);
+    int s = 0;
+    for (int c = lo; c < hi; ++c) s += counts[c];
+    part[threadIdx.x] = s;
+    __syncthreads();
+    for (int o = 1; o < BLOCK; o <<= 1) {      // inclusive scan of the runs' totals
+        const int v = threadIdx.x >= o ? part[threadIdx.x - o] : 0;
+        __syncthreads();
+        part[threadIdx.x] += v;
+        __syncthreads();
+    }
+    int run = part[threadIdx.x] - s;
+    for (int c = lo; c < hi; ++c) {
+        const int m = counts[c];
+        starts[c] = run;
+        cursor[c] = run;
+        counts[c] = 0;
+        run += m;
+    }
+    if (threadIdx.x == BLOCK - 1) starts[k] = part[BLOCK - 1];
+}
+
+__global__ void __launch_bounds__(BLOCK)
+sort_place(const int* __restrict__ labels, int n, int* __restrict__ cursor,
+           int* __restrict__ order, const bool* __restrict__ skip) {
+    if (skip != nullptr && *skip) return;
+    for (i64 i = (i64)blockIdx.x * BLOCK + threadIdx.x; i < n; i += (i64)gridDim.x * BLOCK)
+        order[atomicAdd(cursor + labels[i], 1)] = (int)i;
+}
+
+__device__ __forceinline__ void flush_pair(u64* dst, u64& h, u64& l) {
+    if (h) atomicAdd(dst, h);
+    if (l) atomicAdd(dst + 1, l);
+    h = 0ull;
+    l = 0ull;
+}
+
+constexpr int SORTED_UNROLL = 4;  // rows whose loads are in flight at once, per thread
+
+// Block b sums sorted positions [b * rows_per_block, +rows_per_block): min(d, BLOCK) threads
+// a row (one feature each; the first also the weight), BLOCK / that rows at a time, each
+// thread every R-th position. Features beyond BLOCK take further sweeps.
+template <typename T>
+__global__ void __launch_bounds__(BLOCK)
+accumulate_sorted(const T* __restrict__ X, const T* __restrict__ W, const int* __restrict__ order,
+                  const int* __restrict__ starts, int n, int d, int k, int rows_per_block,
+                  u64* __restrict__ acc, const double* __restrict__ scale, double two_l,
+                  const bool* __restrict__ skip) {
+    if (skip != nullptr && *skip) return;
+    const int lanes = d < BLOCK ? d : BLOCK;
+    const int R = BLOCK / lanes;
+    const int r0 = threadIdx.x / lanes;
+    const int lane = threadIdx.x - r0 * lanes;
+    const i64 lo = (i64)blockIdx.x * rows_per_block;
+    const int hi = (int)min((i64)n, lo + rows_per_block);
+    const i64 first64 = lo + r0;
+    if (r0 >= R || first64 >= hi) return;
+    const int first = (int)first64;
+    int c0 = 0, top = k;   // the cluster holding `first`: starts[c0] <= first < starts[c0 + 1]
+    while (top - c0 > 1) {
+        const int mid = (c0 + top) >> 1;
+        if (starts[mid] <= first) c0 = mid;
+        else top = mid;
+    }
+    const double sw = scale[d];
+    for (int j0 = 0; j0 < d; j0 += lanes) {
+        const int j = j0 + lane;
+        const bool feat = j < d;
+        const bool wcol = j0 == 0 && lane == 0;   // this thread also sums the weights
+        const double sj = feat ? scale[j] : 0.0;
+        int c = c0, end = starts[c0 + 1];
+        u64 h = 0ull, l = 0ull, wh = 0ull, wl = 0ull;
+        for (int p = first; p < hi; p += R * SORTED_UNROLL) {
+            int row[SORTED_UNROLL];
+            T x[SORTED_UNROLL], w[SORTED_UNROLL];
+#pragma unroll
+            for (int u = 0; u < SORTED_UNROLL; ++u) {
+                const int q = p + u * R;
+                row[u] = q < hi ? order[q] : -1;
+            }
+#pragma unroll
+            for (int u = 0; u < SORTED_UNROLL; ++u) {
+                x[u] = row[u] >= 0 && feat ? X[(i64)row[u] * d + j] : (T)0;
+                w[u] = row[u] >= 0 ? weight_at(W, row[u]) : (T)0;
+            }
+#pragma unroll
+            for (int u = 0; u < SORTED_UNROLL; ++u) {
+                const int q = p + u * R;
+                if (row[u] < 0) continue;
+                if (q >= end) {   // cluster c ended: add its words, move to q's cluster
+                    u64* dst = acc + ((i64)c * (d + 1) + j) * 2;
+                    if (feat) flush_pair(dst, h, l);
+                    if (wcol) flush_pair(acc + ((i64)c * (d + 1) + d) * 2, wh, wl);
+                    do { ++c; } while (starts[c + 1] <= q);
+                    end = starts[c + 1];
+                }
+                i64 fh, fl;
+                if (feat) {
+                    to_fixed((double)x[u] * (double)w[u], sj, two_l, fh, fl);
+                    h += (u64)fh;
+                    l += (u64)fl;
+                }
+                if (wcol) {
+                    to_fixed((double)w[u], sw, two_l, fh, fl);
+                    wh += (u64)fh;
+                    wl += (u64)fl;
+                }
+            }
+        }
+        if (feat) flush_pair(acc + ((i64)c * (d + 1) + j) * 2, h, l);
+        if (wcol) flush_pair(acc + ((i64)c * (d + 1) + d) * 2, wh, wl);
+    }
+}
+
 // Fixed point -> float64 sums (k, d) and weights (k), zeroing the accumulator for the next
 // pass. Block 0 also writes the pass's statistics: stats[0] = the fixed-order sum of the
 // assignment's per-block inertia partials (when n_partials > 0), stats[1] = the labels
