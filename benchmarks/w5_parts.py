@@ -69,6 +69,7 @@ def sums_ways(cp, n, d, k):
         words[mode] = ws.acc.copy()
         row[f"{mode}_ms"] = timed(cp, lambda: be._accumulate(ws, labels), 9)[0]
     row["same_words"] = bool((words["global"] == words["sorted"]).all())
+    row["sort_only_ms"] = timed(cp, lambda: be._sort_rows(ws, labels), 9)[0]
     base = ws.plan.acc_rows
     for rows in (base // 2, base * 2, base * 4):   # positions per block of accumulate_sorted
         ws.plan = ws.plan._replace(acc_rows=rows, acc_grid=-(-n // rows))

@@ -155,9 +155,10 @@ TOGETHER = {
     "direct.cu": ("direct_inertia<{t}>", "labelled_sq_dist<{t}>", "relocation_keys<{t}>"),
     "seeding.cu": ("seeding_draw", "seeding_potentials<{t}>", "seeding_update<{t}>"),
     "fused_sums.cu": ("accumulate_shared<{t}>", "accumulate_global<{t}>", "finalize_sums",
-                      "accumulate_sorted<{t}>", "sort_count", "sort_offsets", "sort_place"),
+                      "accumulate_sorted<{t},1>", "accumulate_sorted<{t},{v}>", "sort_count",
+                      "sort_offsets", "sort_place"),
 }
-_TYPE_ARG = re.compile(r"<(float|double)>")
+_TYPE_ARG = re.compile(r"<(float|double)[,>]")
 #: {(file, instances): Future of the loaded cupy.RawModule}, compiled or being compiled
 _MODULES = {}
 _MODULES_LOCK = threading.Lock()
@@ -170,7 +171,9 @@ def together(file: str, name: str) -> tuple:
     """The instances compiled with `name`: its group in TOGETHER for its value type (float
     for an untyped one), or itself alone."""
     m = _TYPE_ARG.search(name)
-    names = tuple(g.format(t=m.group(1) if m else "float") for g in TOGETHER.get(file, ()))
+    t = m.group(1) if m else "float"
+    v = 4 if t == "float" else 2   # values in 16 bytes
+    names = tuple(g.format(t=t, v=v) for g in TOGETHER.get(file, ()))
     return names if name in names else (name,)
 
 

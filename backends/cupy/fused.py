@@ -72,10 +72,9 @@ class _Workspace:
         self.partials = cp.zeros(max(plan.n_partials, 1), dtype=cp.float64)
         self.counter = cp.zeros(1, dtype=cp.uint64)
         self.gbuf = None
-        if plan.acc_mode == "sorted":   # counts (zeroed by sort_offsets), starts, cursor, order
+        if plan.acc_mode == "sorted":   # counts (sort_offsets zeroes them), starts, cursor, rows
             self.sort_counts = cp.zeros(k, dtype=cp.int32)
-            self.sort_starts = cp.empty(k + 1, dtype=cp.int32)
-            self.sort_cursor = cp.empty(k, dtype=cp.int32)
+            self.sort_starts, self.sort_cursor = cp.empty(k + 1, cp.int32), cp.empty(k, cp.int32)
             self.sort_order = cp.empty(n, dtype=cp.int32)
         self.scales = None  # (scale, inv_scale) device arrays of d + 1 values
         # host centers' way in and the statistics' way out (HostCenters, made on first use)
@@ -179,9 +178,8 @@ class CupyFusedBackend(CupyBackendBase):
                     common.tf32_api(self._cp)
                 except RuntimeError as exc:
                     return str(exc)
-        n = len(X)
-        if n >= 2 ** 31:
-            return f"n_samples={n} >= 2^31; the kernels index rows with 32-bit integers"
+        if len(X) >= 2 ** 31:
+            return f"n_samples={len(X)} >= 2^31; the kernels index rows with 32-bit integers"
         return None
 
     # -- memory ---------------------------------------------------------------------------------
@@ -376,18 +374,24 @@ class CupyFusedBackend(CupyBackendBase):
                    (ws.X, w, labels, _i32(ws.n), _i32(ws.d), _i32(ws.k), ws.acc, scale,
                     np.float64(ws.two_l), skip), shared_mem=p.acc_smem)
         elif p.acc_mode == "sorted":
-            n, k, rows = _i32(ws.n), _i32(ws.k), common.grid(ws.n, BLOCK, 8)
-            launch(fp.kernel("sort_count"), rows, (labels, n, ws.sort_counts, skip))
-            launch(fp.kernel("sort_offsets"), 1,
-                   (ws.sort_counts, k, ws.sort_starts, ws.sort_cursor, skip))
-            launch(fp.kernel("sort_place"), rows, (labels, n, ws.sort_cursor, ws.sort_order, skip))
-            launch(fp.kernel(f"accumulate_sorted<{t}>"), p.acc_grid,
-                   (ws.X, w, ws.sort_order, ws.sort_starts, n, _i32(ws.d), k, _i32(p.acc_rows),
-                    ws.acc, scale, np.float64(ws.two_l), skip))
+            self._sort_rows(ws, labels, skip)
+            vec = fp.sorted_vector(ws.dtype_name, ws.d) if device_ptr(ws.X) % 16 == 0 else 1
+            launch(fp.kernel(f"accumulate_sorted<{t},{vec}>"), p.acc_grid,
+                   (ws.X, w, ws.sort_order, ws.sort_starts, _i32(ws.n), _i32(ws.d), _i32(ws.k),
+                    _i32(p.acc_rows), ws.acc, scale, np.float64(ws.two_l), skip))
         else:
             launch(fp.kernel(f"accumulate_global<{t}>"), p.acc_grid,
                    (ws.X, w, labels, _i32(ws.n), _i32(ws.d), ws.acc, scale,
                     np.float64(ws.two_l), skip))
+
+    @staticmethod
+    def _sort_rows(ws, labels, skip=NULL):
+        """ws.sort_order: the rows counting-sorted by label, cluster c's from sort_starts[c]."""
+        n, rows = _i32(ws.n), common.grid(ws.n, BLOCK, 8)
+        launch(fp.kernel("sort_count"), rows, (labels, n, ws.sort_counts, skip))
+        launch(fp.kernel("sort_offsets"), 1,
+               (ws.sort_counts, _i32(ws.k), ws.sort_starts, ws.sort_cursor, skip))
+        launch(fp.kernel("sort_place"), rows, (labels, n, ws.sort_cursor, ws.sort_order, skip))
 
     def _finalize(self, ws, out, *, stats=False, changed_if_none=-1.0):
         """Fixed point -> float64 sums and weights into `out` (k*(d+1) values, then with

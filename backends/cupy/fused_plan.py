@@ -174,8 +174,9 @@ def common_kernel_names(dtype_name: str) -> tuple:
     tf32 = (("argmin_rows<float>", "assign_tf32<true>", "assign_tf32<false>", *mma, *wgmma)
             if dtype_name == "float32" else ())
     return (gemm_kernel_name(dtype_name, True), gemm_kernel_name(dtype_name, False), *tf32,
-            f"accumulate_shared<{t}>", f"accumulate_global<{t}>", f"accumulate_sorted<{t}>",
-            "sort_count", "sort_offsets", "sort_place", "finalize_sums",
+            f"accumulate_shared<{t}>", f"accumulate_global<{t}>",
+            *sorted_kernel_names(dtype_name), "sort_count", "sort_offsets", "sort_place",
+            "finalize_sums",
             f"pack_centers<{t}>", f"column_absmax<{t}>", "fixed_point_scales",
             f"weighted_total<{t}>", f"direct_inertia<{t}>", f"relocation_keys<{t}>")
 
@@ -375,7 +376,7 @@ def plan(n, d, k, dtype_name, dev, *, precision="fp32", fuse="auto", P=None, G=N
         acc_grid = max(1, min(cdiv(n, BLOCK), dev.sms * per_sm))
     elif d > SMALL_D_MAX:  # rows counting-sorted by cluster, summed in registers
         acc_mode, acc_smem = "sorted", 0
-        acc_grid = cdiv(n, sorted_rows(d))
+        acc_grid = cdiv(n, sorted_rows(d, sorted_vector(dtype_name, d)))
     else:  # few features: n*(d+1)*2 atomics are few (0.06 ms at n=2M, d=3, k=100k on the
         # H200, where the sort alone took 0.5: a cluster of ~20 rows ends at every step)
         acc_mode, acc_smem = "global", 0
@@ -401,13 +402,25 @@ def plan(n, d, k, dtype_name, dev, *, precision="fp32", fuse="auto", P=None, G=N
         parts["tf32_distance_chunk"] = chunk_rows * kpad * 4
     return Plan(path, fused, P, G or CENTER_GROUP, tc, assign_smem, assign_grid, layout, S,
                 kpad, acc_mode, acc_smem, acc_grid, n_partials, chunk_rows, parts, resident,
-                sorted_rows(d) if acc_mode == "sorted" else 0)
+                sorted_rows(d, sorted_vector(dtype_name, d)) if acc_mode == "sorted" else 0)
 
 
-def sorted_rows(d) -> int:
-    """accumulate_sorted's positions per block: each of its threads walks 64 (a thread a
-    feature, BLOCK // d rows at a time)."""
-    return BLOCK // min(d, BLOCK) * 64
+def sorted_vector(dtype_name, d) -> int:
+    """Features a thread of accumulate_sorted loads at once: a 16-byte vector where rows fill
+    them (X aligned: the host checks), else 1."""
+    return 16 // (4 if dtype_name == "float32" else 8) if vector_rows(dtype_name, d) else 1
+
+
+def sorted_kernel_names(dtype_name) -> tuple:
+    """accumulate_sorted's instances: a feature a load, and a 16-byte vector."""
+    t, v = _CTYPE[dtype_name], 16 // (4 if dtype_name == "float32" else 8)
+    return f"accumulate_sorted<{t},1>", f"accumulate_sorted<{t},{v}>"
+
+
+def sorted_rows(d, vec=1) -> int:
+    """accumulate_sorted's positions per block: each of its threads walks 64 (a thread
+    `vec` features, BLOCK // (d / vec) rows at a time)."""
+    return BLOCK // min(d // vec, BLOCK) * 64
 
 
 def one_wave(p: Plan, n, d, dtype_name, dev) -> Plan:

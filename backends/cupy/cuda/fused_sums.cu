@@ -122,17 +122,25 @@ __device__ __forceinline__ void flush_pair(u64* dst, u64& h, u64& l) {
 
 constexpr int SORTED_UNROLL = 4;  // rows whose loads are in flight at once, per thread
 
-// Block b sums sorted positions [b * rows_per_block, +rows_per_block): min(d, BLOCK) threads
-// a row (one feature each; the first also the weight), BLOCK / that rows at a time, each
-// thread every R-th position. Features beyond BLOCK take further sweeps.
-template <typename T>
+// V consecutive features of a row, one load (16 bytes when V > 1: the host passes V > 1 only
+// where d is a multiple of V and X is 16-byte aligned).
+template <typename T, int V>
+struct __align__(V > 1 ? 16 : sizeof(T)) RowPiece { T v[V]; };
+
+// Block b sums sorted positions [b * rows_per_block, +rows_per_block): min(d / V, BLOCK)
+// threads a row (V features each; the first also the weight), BLOCK / that rows at a time,
+// each thread every R-th position, the next step's row indices loaded while this step's
+// features are. Features beyond one block's threads take further sweeps.
+template <typename T, int V>
 __global__ void __launch_bounds__(BLOCK)
 accumulate_sorted(const T* __restrict__ X, const T* __restrict__ W, const int* __restrict__ order,
                   const int* __restrict__ starts, int n, int d, int k, int rows_per_block,
                   u64* __restrict__ acc, const double* __restrict__ scale, double two_l,
                   const bool* __restrict__ skip) {
     if (skip != nullptr && *skip) return;
-    const int lanes = d < BLOCK ? d : BLOCK;
+    typedef RowPiece<T, V> Piece;
+    const int pieces = d / V;
+    const int lanes = pieces < BLOCK ? pieces : BLOCK;
     const int R = BLOCK / lanes;
     const int r0 = threadIdx.x / lanes;
     const int lane = threadIdx.x - r0 * lanes;
@@ -148,42 +156,68 @@ accumulate_sorted(const T* __restrict__ X, const T* __restrict__ W, const int* _
         else top = mid;
     }
     const double sw = scale[d];
-    for (int j0 = 0; j0 < d; j0 += lanes) {
-        const int j = j0 + lane;
-        const bool feat = j < d;
-        const bool wcol = j0 == 0 && lane == 0;   // this thread also sums the weights
-        const double sj = feat ? scale[j] : 0.0;
+    const int step = R * SORTED_UNROLL;
+    for (int g0 = 0; g0 < pieces; g0 += lanes) {
+        const int g = g0 + lane;                  // this thread's piece of the row
+        const bool feat = g < pieces;
+        const bool wcol = g0 == 0 && lane == 0;   // this thread also sums the weights
+        double sj[V];
+        u64 h[V], l[V];
+#pragma unroll
+        for (int v = 0; v < V; ++v) {
+            sj[v] = feat ? scale[g * V + v] : 0.0;
+            h[v] = 0ull;
+            l[v] = 0ull;
+        }
+        u64 wh = 0ull, wl = 0ull;
         int c = c0, end = starts[c0 + 1];
-        u64 h = 0ull, l = 0ull, wh = 0ull, wl = 0ull;
-        for (int p = first; p < hi; p += R * SORTED_UNROLL) {
-            int row[SORTED_UNROLL];
-            T x[SORTED_UNROLL], w[SORTED_UNROLL];
+        int row[SORTED_UNROLL];
+#pragma unroll
+        for (int u = 0; u < SORTED_UNROLL; ++u) {
+            const int q = first + u * R;
+            row[u] = q < hi ? order[q] : -1;
+        }
+        for (int p = first; p < hi; p += step) {
+            Piece x[SORTED_UNROLL];
+            T w[SORTED_UNROLL];
 #pragma unroll
             for (int u = 0; u < SORTED_UNROLL; ++u) {
-                const int q = p + u * R;
-                row[u] = q < hi ? order[q] : -1;
-            }
+                if (row[u] >= 0 && feat) {
+                    x[u] = reinterpret_cast<const Piece*>(X + (i64)row[u] * d)[g];
+                } else {
 #pragma unroll
-            for (int u = 0; u < SORTED_UNROLL; ++u) {
-                x[u] = row[u] >= 0 && feat ? X[(i64)row[u] * d + j] : (T)0;
+                    for (int v = 0; v < V; ++v) x[u].v[v] = (T)0;
+                }
                 w[u] = row[u] >= 0 ? weight_at(W, row[u]) : (T)0;
+            }
+            int next[SORTED_UNROLL];              // the next step's rows, loading meanwhile
+#pragma unroll
+            for (int u = 0; u < SORTED_UNROLL; ++u) {
+                const int q = p + step + u * R;
+                next[u] = q < hi ? order[q] : -1;
             }
 #pragma unroll
             for (int u = 0; u < SORTED_UNROLL; ++u) {
                 const int q = p + u * R;
                 if (row[u] < 0) continue;
                 if (q >= end) {   // cluster c ended: add its words, move to q's cluster
-                    u64* dst = acc + ((i64)c * (d + 1) + j) * 2;
-                    if (feat) flush_pair(dst, h, l);
+                    u64* dst = acc + ((i64)c * (d + 1) + g * V) * 2;
+                    if (feat) {
+#pragma unroll
+                        for (int v = 0; v < V; ++v) flush_pair(dst + 2 * v, h[v], l[v]);
+                    }
                     if (wcol) flush_pair(acc + ((i64)c * (d + 1) + d) * 2, wh, wl);
                     do { ++c; } while (starts[c + 1] <= q);
                     end = starts[c + 1];
                 }
                 i64 fh, fl;
                 if (feat) {
-                    to_fixed((double)x[u] * (double)w[u], sj, two_l, fh, fl);
-                    h += (u64)fh;
-                    l += (u64)fl;
+#pragma unroll
+                    for (int v = 0; v < V; ++v) {
+                        to_fixed((double)x[u].v[v] * (double)w[u], sj[v], two_l, fh, fl);
+                        h[v] += (u64)fh;
+                        l[v] += (u64)fl;
+                    }
                 }
                 if (wcol) {
                     to_fixed((double)w[u], sw, two_l, fh, fl);
@@ -191,8 +225,14 @@ accumulate_sorted(const T* __restrict__ X, const T* __restrict__ W, const int* _
                     wl += (u64)fl;
                 }
             }
+#pragma unroll
+            for (int u = 0; u < SORTED_UNROLL; ++u) row[u] = next[u];
         }
-        if (feat) flush_pair(acc + ((i64)c * (d + 1) + j) * 2, h, l);
+        if (feat) {
+            u64* dst = acc + ((i64)c * (d + 1) + g * V) * 2;
+#pragma unroll
+            for (int v = 0; v < V; ++v) flush_pair(dst + 2 * v, h[v], l[v]);
+        }
         if (wcol) flush_pair(acc + ((i64)c * (d + 1) + d) * 2, wh, wl);
     }
 }
