@@ -1,14 +1,14 @@
 """`cupy-fused`: the speed engine. Hand-written CUDA (cuda/fused_*.cu) through cupy.RawModule.
 
-One Lloyd iteration (`lloyd_iter`, called by the driver) is three launches and no host
+One Lloyd iteration (`lloyd_iter`, called by the driver) is a few launches and no host
 synchronisation: pack_centers (-2c and ||c||^2 for the distance expansion, in numpy's
 rounding), one assignment pass (distance + argmin with the centers streamed through shared
-memory; for small d the per-cluster sums accumulated in the same pass, else a second
-kernel), and finalize_sums, which turns the fixed-point sums into float64 and writes the
-assignment's inertia and the labels changed, counted by the assignment pass itself. Nothing of
-size n x k exists anywhere; working memory is O(k d + blocks). The driver (kmeans_xp.lloyd)
-updates the centers, relocates empty clusters (`farthest`) and reads one small array per
-iteration, which it fetches while the next iteration runs.
+memory; for small d the per-cluster sums accumulated in the same pass, else a second kernel,
+after a counting sort of the rows by label where d > 16 and the sums miss shared memory),
+and finalize_sums (fixed-point sums to float64, the assignment's inertia, labels changed).
+Nothing of size n x k exists anywhere; working memory is O(k d + blocks), + n words to sort.
+The driver (kmeans_xp.lloyd) updates the centers, relocates empty clusters (`farthest`) and
+reads one small array per iteration, which it fetches while the next iteration runs.
 
 Paths (chosen per problem, `fused_plan.plan`): small (d <= 16), gemm (d > 16; on float32 up to
 d=160 the tensor-core kernel in split precision, 3xTF32, else or with gemm_kernel="simt" the
