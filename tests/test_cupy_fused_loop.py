@@ -77,15 +77,21 @@ def test_one_iteration_is_three_launches_and_reads_nothing_back(fake_cupy, monke
 
 
 
-@pytest.mark.parametrize("d,fuse", [(3, "auto"), (3, False), (17, "auto")])
+@pytest.mark.parametrize("d,fuse,sort", [(3, "auto", False), (3, False, False),
+                                         (17, "auto", False), (17, "auto", True)])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_a_skipped_iteration_leaves_its_work_out(fake_cupy, d, fuse, dtype):
+def test_a_skipped_iteration_leaves_its_work_out(fake_cupy, monkeypatch, d, fuse, sort, dtype):
     """ahead_gate: with its `skip` flag set, lloyd_iter runs no assignment and no sums (the
-    driver drops that iteration); with it clear, and on the next call, the iteration is the
-    ungated one, bit for bit."""
+    driver drops that iteration; sort: nor the counting sort, whose counts stay zeroed);
+    with it clear, and on the next call, the iteration is the ungated one, bit for bit."""
     import array_api_compat.numpy as xp
+    from kmeans_xp_backends.cupy import fused_plan
     from kmeans_xp_backends.cupy.fused import CupyFusedBackend
 
+    if sort:
+        plan = fused_plan.plan
+        monkeypatch.setattr(fused_plan, "plan", lambda *a, **kw: plan(*a, **kw)._replace(
+            acc_mode="sorted", acc_rows=50, acc_grid=21, acc_smem=0))
     X = asymmetric_data(1031, d, 6, dtype=dtype, seed=5)
     X -= X.mean(axis=0)
     C = X[:6].copy()
@@ -96,6 +102,8 @@ def test_a_skipped_iteration_leaves_its_work_out(fake_cupy, d, fuse, dtype):
     skipped = be.lloyd_iter(X, None, C, other, xp=xp, skip=np.ones(1, dtype=bool))
     assert float(np.sum(skipped.weight_in_clusters)) == 0
     assert float(skipped.n_changed) == 0
+    if sort:
+        assert be._ws.plan.acc_mode == "sorted" and not be._ws.sort_counts.any()
     for skip in (np.zeros(1, dtype=bool), None):
         it = be.lloyd_iter(X, None, C, other, xp=xp, skip=skip)
         assert np.array_equal(it.labels, ref.labels)
