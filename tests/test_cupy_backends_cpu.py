@@ -393,12 +393,14 @@ def test_prefetched_kernels_compile_together_on_other_threads(monkeypatch):
 @pytest.mark.parametrize("name", ALL_CUPY)
 @pytest.mark.parametrize("d,k,init,dtype", [
     (3, 7, "k-means++", np.float32), (3, 300, "array", np.float64),
-    (40, 9, "k-means||", np.float32), (5, 6, "random", np.float64)])
+    (40, 9, "k-means||", np.float32), (5, 6, "random", np.float64),
+    (40, 300, "array", np.float32)])
 def test_warm_up_compiles_ahead_what_the_fit_asks_for(emulated_cupy, name, d, k, init, dtype):
     """The kernels a fit's placement compiles ahead (`warm_up`) are those the fit asks for:
     every kernel it looks up is in a module compiled ahead, and none of those goes unused (a
     compile for nothing costs a cold fit a CPU core for 0.1-0.3 s). What only some fits ask
-    for is left to compile on first use: relocation (no empty cluster here) and streaming."""
+    for is left to compile on first use: relocation (no empty cluster here) and streaming.
+    (d=40, k=300: cupy-fused's sums in cluster order, a group of their own.)"""
     from kmeans_xp_backends.cupy.common import together
     X = asymmetric_data(1500, d, k, dtype=dtype, seed=3, offset=2.0)
     init = X[:k].copy() if init == "array" else init
@@ -522,3 +524,10 @@ def test_the_plan_sorts_the_sums_where_they_pay():
     p = fused_plan.plan(2 * 10**6, 3, 100_000, "float32", h200)
     assert p.acc_mode == "global" and "sort_buffers" not in p.fixed_bytes
     assert fused_plan.plan(10**6, 128, 10, "float32", h200).acc_mode == "shared"
+    # compiled apart from the other sums' group, which every fit compiles
+    from kmeans_xp_backends.cupy.common import together
+    assert "sort_count" not in together("fused_sums.cu", "finalize_sums")
+    assert together("fused_sums.cu", "accumulate_sorted<float,4>") == together(
+        "fused_sums.cu", "sort_count") == ("accumulate_sorted<float,1>",
+                                           "accumulate_sorted<float,4>", "sort_count",
+                                           "sort_offsets", "sort_place")

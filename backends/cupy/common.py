@@ -146,17 +146,18 @@ def cuda_files() -> list[str]:
     return sorted(p.name for p in CUDA_DIR.glob("*.cu"))
 
 
-#: kernels compiled together, in one NVRTC run per file and value type T, because a fit that
-#: launches one of them launches most of the others (each NVRTC run costs about 0.3 s the
-#: first time on the H200 host); any other instance is compiled alone
+#: kernels compiled together, in one NVRTC run per group, file and value type T, because a
+#: fit that launches one of a group launches most of the others (each NVRTC run costs about
+#: 0.3 s the first time on the H200 host); any other instance is compiled alone. The sums in
+#: cluster order are a group of their own: only fits with d > 16 and many clusters run them
 TOGETHER = {
-    "stats.cu": ("weighted_total<{t}>", "count_changed", "column_absmax<{t}>",
-                 "fixed_point_scales", "count_labels", "column_moments<{t}>"),
-    "direct.cu": ("direct_inertia<{t}>", "labelled_sq_dist<{t}>", "relocation_keys<{t}>"),
-    "seeding.cu": ("seeding_draw", "seeding_potentials<{t}>", "seeding_update<{t}>"),
-    "fused_sums.cu": ("accumulate_shared<{t}>", "accumulate_global<{t}>", "finalize_sums",
-                      "accumulate_sorted<{t},1>", "accumulate_sorted<{t},{v}>", "sort_count",
-                      "sort_offsets", "sort_place"),
+    "stats.cu": (("weighted_total<{t}>", "count_changed", "column_absmax<{t}>",
+                  "fixed_point_scales", "count_labels", "column_moments<{t}>"),),
+    "direct.cu": (("direct_inertia<{t}>", "labelled_sq_dist<{t}>", "relocation_keys<{t}>"),),
+    "seeding.cu": (("seeding_draw", "seeding_potentials<{t}>", "seeding_update<{t}>"),),
+    "fused_sums.cu": (("accumulate_shared<{t}>", "accumulate_global<{t}>", "finalize_sums"),
+                      ("accumulate_sorted<{t},1>", "accumulate_sorted<{t},{v}>", "sort_count",
+                       "sort_offsets", "sort_place")),
 }
 _TYPE_ARG = re.compile(r"<(float|double)[,>]")
 #: {(file, instances): Future of the loaded cupy.RawModule}, compiled or being compiled
@@ -173,8 +174,11 @@ def together(file: str, name: str) -> tuple:
     m = _TYPE_ARG.search(name)
     t = m.group(1) if m else "float"
     v = 4 if t == "float" else 2   # values in 16 bytes
-    names = tuple(g.format(t=t, v=v) for g in TOGETHER.get(file, ()))
-    return names if name in names else (name,)
+    for group in TOGETHER.get(file, ()):
+        names = tuple(g.format(t=t, v=v) for g in group)
+        if name in names:
+            return names
+    return (name,)
 
 
 def _compile(file, names, device_id):

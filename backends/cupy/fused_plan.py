@@ -194,6 +194,8 @@ def fit_kernel_names(p, dtype_name: str, d: int) -> list:
         names = [assign_kernel_name(p, dtype_name, d, vector_rows(dtype_name, d))]
     else:
         names = []
+    if p.acc_mode == "sorted":   # (its group: the counting sort's kernels too)
+        names.append(f"accumulate_sorted<{t},{sorted_vector(dtype_name, d)}>")
     names += ["finalize_sums", f"pack_centers<{t}>", f"column_absmax<{t}>"]
     return [(KERNEL_FILES[n.split("<")[0]], n) for n in names]
 
