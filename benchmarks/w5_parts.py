@@ -50,6 +50,7 @@ def parts(cp, opts, X, init):
 def sums_ways(cp, n, d, k):
     """ms of one pass's sums by global atomics and by cluster order (CUDA events, median of 9),
     on the labels of one assignment from k sampled centers; the accumulators must agree."""
+    from kmeans_xp_backends.cupy import fused_plan as fp
     from kmeans_xp_backends.cupy.fused import CupyFusedBackend
 
     from benchmarks.mma_probe import timed
@@ -61,7 +62,8 @@ def sums_ways(cp, n, d, k):
     be._pack(ws, init)
     be._assign_pass(ws, labels)
     row, words = {"n": n, "d": d, "k": k, "acc_mode": ws.plan.acc_mode}, {}
-    for mode, grid in (("global", max(1, min(-(-n * (d + 1) // 256), 132 * 16))),
+    dev = fp.device_facts(cp.cuda.Device().id)
+    for mode, grid in (("global", fp.global_acc_grid(n, d, dev)),
                        ("sorted", ws.plan.acc_grid)):
         ws.plan = ws.plan._replace(acc_mode=mode, acc_grid=grid)
         ws.acc.fill(0)

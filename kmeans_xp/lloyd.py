@@ -94,9 +94,10 @@ def relocate_empty(backend, X, sample_weight, centers_old, labels, sums, weights
     new = empty[:len(fw)]
     moved = x * fw[:, None]
     rows = np.unique(np.concatenate([old, new]))
+    at_old = np.searchsorted(rows, old)
     s = np.zeros((rows.size, s_old.shape[1]), dtype=np.float64)
-    s[np.searchsorted(rows, old)] = s_old       # (a cluster giving several points: one row)
-    np.subtract.at(s, np.searchsorted(rows, old), moved)
+    s[at_old] = s_old       # (a cluster giving several points: one row)
+    np.subtract.at(s, at_old, moved)
     np.subtract.at(w, old, fw)
     s[np.searchsorted(rows, new)], w[new] = moved, fw
     at = np.arange(len(w))  # row i of the result: sums' row i, or row j of s at k + j

@@ -90,10 +90,15 @@ def gemm_kernel_name(dtype_name: str, vec: bool) -> str:
     return f"assign_gemm<{_CTYPE[dtype_name]},{tm},{tn},{'true' if vec else 'false'}>"
 
 
+def vector_width(dtype_name: str) -> int:
+    """Values of X's dtype in a 16-byte vector."""
+    return 16 // (4 if dtype_name == "float32" else 8)
+
+
 def vector_rows(dtype_name: str, d: int) -> bool:
     """Rows of X fill whole 16-byte vectors (the GEMM-like kernels' VEC loads, with X's
     pointer 16-byte aligned)."""
-    return d % (16 // (4 if dtype_name == "float32" else 8)) == 0
+    return d % vector_width(dtype_name) == 0
 
 
 def mma_dk(d: int) -> int:
@@ -175,7 +180,8 @@ def common_kernel_names(dtype_name: str) -> tuple:
             if dtype_name == "float32" else ())
     return (gemm_kernel_name(dtype_name, True), gemm_kernel_name(dtype_name, False), *tf32,
             f"accumulate_shared<{t}>", f"accumulate_global<{t}>",
-            *sorted_kernel_names(dtype_name), "sort_count", "sort_offsets", "sort_place",
+            f"accumulate_sorted<{t},1>", f"accumulate_sorted<{t},{vector_width(dtype_name)}>",
+            "sort_count", "sort_offsets", "sort_place",
             "finalize_sums",
             f"pack_centers<{t}>", f"column_absmax<{t}>", "fixed_point_scales",
             f"weighted_total<{t}>", f"direct_inertia<{t}>", f"relocation_keys<{t}>")
@@ -280,7 +286,7 @@ class Plan(NamedTuple):
                        # (kpad, S) [+ its small part], ||c||^2 (kpad) (pack_centers)
     S: int
     kpad: int
-    acc_mode: str      # "fused", "shared", "sorted" (d > 16: 0.52 against 0.76 ms a W5 sum
+    acc_mode: str      # "fused", "shared", "sorted" (d > 16: 0.37 against 0.77 ms a W5 sum
                        # on the H200) or "global"
     acc_smem: int
     acc_grid: int
@@ -370,6 +376,7 @@ def plan(n, d, k, dtype_name, dev, *, precision="fp32", fuse="auto", P=None, G=N
         assign_smem = tile + (sums_smem if fused else 0)
         per_sm = max(1, min(2048 // BLOCK, dev.smem_sm // (assign_smem + 1024)))
         assign_grid = max(1, min(cdiv(n, BLOCK * P), dev.sms * per_sm))
+    acc_rows = 0
     if fused:
         acc_mode, acc_smem, acc_grid = "fused", 0, 0
     elif sums_smem <= min(dev.smem_block - 2048, 160 * 1024):
@@ -378,11 +385,11 @@ def plan(n, d, k, dtype_name, dev, *, precision="fp32", fuse="auto", P=None, G=N
         acc_grid = max(1, min(cdiv(n, BLOCK), dev.sms * per_sm))
     elif d > SMALL_D_MAX:  # rows counting-sorted by cluster, summed in registers
         acc_mode, acc_smem = "sorted", 0
-        acc_grid = cdiv(n, sorted_rows(d, sorted_vector(dtype_name, d)))
+        acc_rows = sorted_rows(d, sorted_vector(dtype_name, d))
+        acc_grid = cdiv(n, acc_rows)
     else:  # few features: n*(d+1)*2 atomics are few (0.06 ms at n=2M, d=3, k=100k on the
         # H200, where the sort alone took 0.5: a cluster of ~20 rows ends at every step)
-        acc_mode, acc_smem = "global", 0
-        acc_grid = max(1, min(cdiv(n * (d + 1), BLOCK), dev.sms * 16))
+        acc_mode, acc_smem, acc_grid = "global", 0, global_acc_grid(n, d, dev)
     chunk_rows = n
     n_chunks = 1
     if path == "tf32":
@@ -404,19 +411,18 @@ def plan(n, d, k, dtype_name, dev, *, precision="fp32", fuse="auto", P=None, G=N
         parts["tf32_distance_chunk"] = chunk_rows * kpad * 4
     return Plan(path, fused, P, G or CENTER_GROUP, tc, assign_smem, assign_grid, layout, S,
                 kpad, acc_mode, acc_smem, acc_grid, n_partials, chunk_rows, parts, resident,
-                sorted_rows(d, sorted_vector(dtype_name, d)) if acc_mode == "sorted" else 0)
+                acc_rows)
 
 
 def sorted_vector(dtype_name, d) -> int:
     """Features a thread of accumulate_sorted loads at once: a 16-byte vector where rows fill
     them (X aligned: the host checks), else 1."""
-    return 16 // (4 if dtype_name == "float32" else 8) if vector_rows(dtype_name, d) else 1
+    return vector_width(dtype_name) if vector_rows(dtype_name, d) else 1
 
 
-def sorted_kernel_names(dtype_name) -> tuple:
-    """accumulate_sorted's instances: a feature a load, and a 16-byte vector."""
-    t, v = _CTYPE[dtype_name], 16 // (4 if dtype_name == "float32" else 8)
-    return f"accumulate_sorted<{t},1>", f"accumulate_sorted<{t},{v}>"
+def global_acc_grid(n, d, dev) -> int:
+    """accumulate_global's grid: a thread an element, at most 16 blocks a multiprocessor."""
+    return max(1, min(cdiv(n * (d + 1), BLOCK), dev.sms * 16))
 
 
 def sorted_rows(d, vec=1) -> int:

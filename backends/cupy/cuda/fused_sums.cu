@@ -122,6 +122,20 @@ __device__ __forceinline__ void flush_pair(u64* dst, u64& h, u64& l) {
 
 constexpr int SORTED_UNROLL = 4;  // rows whose loads are in flight at once, per thread
 
+// Cluster c's sums of one thread (V features from g * V; with wcol the weights too) added to
+// its fixed-point words, and zeroed.
+template <int V>
+__device__ __forceinline__ void flush_cluster(u64* acc, int c, int d, int g, bool feat,
+                                              bool wcol, u64 (&h)[V], u64 (&l)[V], u64& wh,
+                                              u64& wl) {
+    u64* const row = acc + (i64)c * (d + 1) * 2;
+    if (feat) {
+#pragma unroll
+        for (int v = 0; v < V; ++v) flush_pair(row + 2 * (g * V + v), h[v], l[v]);
+    }
+    if (wcol) flush_pair(row + 2 * d, wh, wl);
+}
+
 // V consecutive features of a row, one load (16 bytes when V > 1: the host passes V > 1 only
 // where d is a multiple of V and X is 16-byte aligned).
 template <typename T, int V>
@@ -201,12 +215,7 @@ accumulate_sorted(const T* __restrict__ X, const T* __restrict__ W, const int* _
                 const int q = p + u * R;
                 if (row[u] < 0) continue;
                 if (q >= end) {   // cluster c ended: add its words, move to q's cluster
-                    u64* dst = acc + ((i64)c * (d + 1) + g * V) * 2;
-                    if (feat) {
-#pragma unroll
-                        for (int v = 0; v < V; ++v) flush_pair(dst + 2 * v, h[v], l[v]);
-                    }
-                    if (wcol) flush_pair(acc + ((i64)c * (d + 1) + d) * 2, wh, wl);
+                    flush_cluster<V>(acc, c, d, g, feat, wcol, h, l, wh, wl);
                     do { ++c; } while (starts[c + 1] <= q);
                     end = starts[c + 1];
                 }
@@ -228,12 +237,7 @@ accumulate_sorted(const T* __restrict__ X, const T* __restrict__ W, const int* _
 #pragma unroll
             for (int u = 0; u < SORTED_UNROLL; ++u) row[u] = next[u];
         }
-        if (feat) {
-            u64* dst = acc + ((i64)c * (d + 1) + g * V) * 2;
-#pragma unroll
-            for (int v = 0; v < V; ++v) flush_pair(dst + 2 * v, h[v], l[v]);
-        }
-        if (wcol) flush_pair(acc + ((i64)c * (d + 1) + d) * 2, wh, wl);
+        flush_cluster<V>(acc, c, d, g, feat, wcol, h, l, wh, wl);
     }
 }
 
