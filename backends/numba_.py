@@ -38,7 +38,8 @@ from kmeans_xp.memory import MemoryEstimate, chunk_rows, host_available_memory, 
 from kmeans_xp.rows import HostRows, is_memmap
 from kmeans_xp.validation import Interval
 
-from .cpu_threads import BLAS_ONE_THREAD, thread_count
+from . import numpy_stats
+from .cpu_threads import BLAS_ONE_THREAD, spawn, thread_count
 from .numpy_ import NumpyPlacement
 
 #: features the narrow kernel holds in registers (X padded with zero features up to it)
@@ -298,3 +299,8 @@ class NumbaBackend(KMeansBackend):
     def labels_inertia(self, X, sample_weight, centers, *, xp=None):
         labels, _, _, _, inertia, _ = self._pass(X, sample_weight, centers, ASSIGN | INERTIA)
         return labels, np.float64(inertia)
+
+    def farthest(self, X, sample_weight, centers, labels, m, *, xp=None):
+        """The default's points on all cores (`numpy_stats.farthest`, the numpy backend's)."""
+        return numpy_stats.farthest(X, sample_weight, np.asarray(centers), np.asarray(labels),
+                                    m, spawn, self.threads)

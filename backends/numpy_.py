@@ -40,13 +40,15 @@ from kmeans_xp.backend import (
     ReduceResult,
     compact_labels_dtype,
 )
+from kmeans_xp.chunks import mean_of_sums, tolerance_of_sums
 from kmeans_xp.memory import MemoryEstimate, chunk_rows, host_available_memory, resolve_budget
 from kmeans_xp.namespaces import DLPACK_FOREIGN, dlpack_source, foreign_device_type
 from kmeans_xp.rows import HostRows, is_memmap
 from kmeans_xp.validation import Interval
 
 from . import numpy_blocks as blocks
-from .cpu_threads import BLAS_ONE_THREAD, blas_controller, thread_count
+from . import numpy_stats as stats
+from .cpu_threads import BLAS_ONE_THREAD, blas_controller, spawn, thread_count
 
 #: Rows per GEMM sub-chunk. Each NumPy call takes the GIL for its setup and hands it over
 #: to the next waiting thread (a wake-up: tens of microseconds on a 16-core VM), so on T
@@ -56,11 +58,15 @@ from .cpu_threads import BLAS_ONE_THREAD, blas_controller, thread_count
 #: GEMM of fewer rows packs the centers for little work). Measured at W1 (n=2M, d=3, k=200;
 #: H200 host, 2026-12-02, cpu_probe.json), when a sub-chunk took four calls: 176 ms per
 #: iteration on 16 cores with 512 KiB sub-chunks, 76 ms with 8 MiB (73 us of work per
-#: thread); 307 ms on one thread with 512 KiB, 404 ms with 8 MiB. It takes two calls now
-#: (lloyd_iter), so half that work makes as many GIL hand-overs
+#: thread); 307 ms on one thread with 512 KiB, 404 ms with 8 MiB. With two calls a
+#: sub-chunk (lloyd_iter), 2026-12-03 (h200-2026-12-03e) on 16 threads: W1 60.9 ms with
+#: 40 us (4.6 MiB), 54.7 with 8 MiB, 64.1 and 85.5 capped at 2 and 1 MiB (in L2, but more
+#: calls); a later call 68.0 with 120 us (8 MiB) against 66.7 with 40 us (runs move by
+#: 10%); d=128 (k=1024) 102.7 ms with 120 us (612 rows) against 106.1 with 40 us (256
+#: rows), 104.8 with 1024 rows. One thread keeps sub-chunks under 1 MiB (W1: 857 KiB)
 TARGET_BLOCK_BYTES = 8 << 20
 SUB_BYTES_PER_THREAD = 512 << 10
-SUB_NS_PER_THREAD = 40_000
+SUB_NS_PER_THREAD = 120_000
 ENTRY_NS, FEATURE_NS = 0.5, 0.02
 MIN_ROWS = 256
 #: rows and buffer bytes per thread task at most (one task per thread when n allows: a
@@ -84,6 +90,10 @@ AUGMENT_MAX_D = 1 << 30
 #: 16, 145 with 32. (Chunk GEMMs threaded by BLAS itself, argmin on the pool, ran 2.2-3.9x
 #: slower than the per-thread GEMMs at W1, W2 and d=128 there: not kept)
 SORTED_SUMS_GROUP = 16
+#: bytes of one thread's x - c_label pieces in the final pass (`numpy_blocks.sq_dist_block`):
+#: at least a GEMM sub-chunk's rows, more where the budget allows (each piece is four NumPy
+#: calls, and on many threads every call queues for the GIL)
+DIFF_BYTES = 2 << 20
 #: bytes of Python objects a call creates (thread pool, futures, thread-local dicts)
 PYTHON_OVERHEAD = 48 << 10
 
@@ -93,7 +103,7 @@ class _Plan:
     need."""
 
     __slots__ = ("sub", "block", "threads", "budget", "per_thread", "shared", "k", "d",
-                 "itemsize", "augmented", "sorted_sums", "group")
+                 "itemsize", "augmented", "sorted_sums", "group", "diff_rows")
 
     def __init__(self, n, d, k, itemsize, max_memory, threads):
         self.k, self.d, self.itemsize = k, d, itemsize
@@ -130,11 +140,19 @@ class _Plan:
             # equal blocks over all of X: the same ones (and so the same sums, bit for bit)
             # for any thread count, and a short last block cannot leave a thread waiting
             self.block = -(-n // -(-n // cap))
-        else:  # one block per thread, at least one sub-chunk's rows
+        else:  # one block per thread, at least one sub-chunk's rows, all alike
             self.block = min(max(sub, -(-n // t)), n)
+            if self.block:
+                self.block = -(-n // -(-n // self.block))
         self.sub = max(1, min(sub, self.block))
         self.shared = shared_fixed
         self.per_thread = thread_fixed + self.sub * sub_row + self.block * block_row
+        # the final pass's pieces: past the sub-chunk's rows (counted in sub_row) out of
+        # what the budget leaves this thread
+        diff_row = d * itemsize + (8 * d if itemsize != 8 else 0)
+        spare = max(0, (self.budget - shared_fixed) // t - self.per_thread)
+        self.diff_rows = min(self.block, max(self.sub, min(DIFF_BYTES, spare) // diff_row))
+        self.per_thread += (self.diff_rows - self.sub) * diff_row
 
     @property
     def total(self):
@@ -174,9 +192,25 @@ class NumpyPlacement(Placement):
     def namespace(self, X):
         return super().namespace(X.data if isinstance(X, HostRows) else X)
 
+    def feature_stats(self, X, tol, *, xp):
+        """The driver's mean and tol, bit for bit, on the backend's threads
+        (`numpy_stats`)."""
+        if not stats.parallel_columns(X):
+            return super().feature_stats(X, tol, xp=xp)
+        n, threads = X.shape[0], self.backend.threads
+        mean = mean_of_sums(stats.column_sums(X, spawn, threads), n, X.dtype, xp)
+        if tol == 0:
+            return mean, 0.0
+        sq, shift = stats.tolerance_sums(X, mean, self.backend.driver_rows(X), spawn, threads)
+        return mean, tolerance_of_sums(sq, shift, n, tol, xp)
+
     def center(self, X, mean, *, xp, in_place=False):
         if mean is not None and not in_place and is_memmap(X):
             return HostRows(X, mean)
+        if (mean is not None and type(X) is np.ndarray and X.flags.c_contiguous
+                and X.shape[0] >= stats.MIN_PARALLEL_ROWS):
+            return stats.centered(X, mean, spawn, self.backend.threads,
+                                  out=X if in_place else None)
         return super().center(X, mean, xp=xp, in_place=in_place)
 
 
@@ -231,13 +265,14 @@ class NumpyBackend(KMeansBackend):
     def _buffers(self, plan, dtype, copy_rows):
         """This thread's buffers for `plan`, allocated once and reused across iterations."""
         key = (plan.sub, plan.block, plan.k, plan.d, np.dtype(dtype).str, plan.augmented,
-               plan.sorted_sums, copy_rows, plan.group)
+               plan.sorted_sums, copy_rows, plan.group, plan.diff_rows)
         cached = getattr(self._local, "bufs", None)
         if cached is None or cached[0] != key:
             self._local.bufs = None  # drop the old ones before allocating
             bufs = blocks.allocate(plan.block, plan.sub, plan.k, plan.d, dtype,
                                    augmented=plan.augmented, sorted_sums=plan.sorted_sums,
-                                   copy_rows=copy_rows, group=plan.group)
+                                   copy_rows=copy_rows, group=plan.group,
+                                   diff_rows=plan.diff_rows)
             cached = (key, bufs)
             self._local.bufs = cached
         return cached[1]
@@ -292,7 +327,7 @@ class NumpyBackend(KMeansBackend):
                     if labels_old is not None:
                         acc.changed += int(np.count_nonzero(lab != labels_old[s0:e0]))
                 if direct:
-                    dist = blocks.sq_dist_block(rows, lab, c, bufs, plan.sub)
+                    dist = blocks.sq_dist_block(rows, lab, c, bufs, plan.diff_rows)
                     acc.direct += float(dist.sum() if w64 is None else np.dot(dist, w64))
             return acc
 
@@ -331,6 +366,11 @@ class NumpyBackend(KMeansBackend):
         labelling (no n distances: the final pass of a fit on a memmap stays in budget)."""
         labels, _, acc, _ = self._run(X, sample_weight, centers, mode="final")
         return labels, np.float64(acc.direct)
+
+    def farthest(self, X, sample_weight, centers, labels, m, *, xp=None):
+        """The default's points (`numpy_stats.farthest`), on the backend's threads."""
+        return stats.farthest(X, sample_weight, np.asarray(centers), np.asarray(labels), m,
+                              spawn, self.threads)
 
     def finish(self):
         """End of a fit: drop every thread's buffers and stop the pool (a later call on this

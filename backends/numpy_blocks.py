@@ -93,12 +93,15 @@ def key_dtype(k):
     return np.uint8 if k <= 1 << 8 else np.uint16 if k <= 1 << 16 else np.intp
 
 
-def allocate(block, sub, k, d, dtype, *, augmented, sorted_sums, copy_rows, group=None):
+def allocate(block, sub, k, d, dtype, *, augmented, sorted_sums, copy_rows, group=None,
+             diff_rows=None):
     """One thread's buffers (allocated once per fit and reused by every pass). copy_rows:
     X's rows are copied before use (centered from a memmap, or X not C-contiguous); the
-    augmented GEMM's buffer holds them where there is one."""
+    augmented GEMM's buffer holds them where there is one. diff_rows: rows of the final
+    pass's x - c_label pieces (default: sub)."""
+    diff_rows = diff_rows or sub
     b = {"D": np.empty((sub, k), dtype=dtype),
-         "diff": np.empty((sub, d), dtype=dtype),    # x - c_label (`sq_dist_block`)
+         "diff": np.empty((diff_rows, d), dtype=dtype),   # x - c_label (`sq_dist_block`)
          "idx": np.empty(sub, dtype=np.intp),
          "lab": np.empty(block, dtype=np.intp),      # the block's labels
          "offs": np.arange(sub, dtype=np.intp) * k,   # row starts in the flat GEMM result
@@ -106,7 +109,7 @@ def allocate(block, sub, k, d, dtype, *, augmented, sorted_sums, copy_rows, grou
          "w64": np.empty(block, dtype=np.float64),
          "m64": np.empty(block, dtype=np.float64)}
     if np.dtype(dtype) != np.float64:
-        b["diff64"] = np.empty((sub, d), dtype=np.float64)
+        b["diff64"] = np.empty((diff_rows, d), dtype=np.float64)
     if augmented:
         b["Xa"] = np.empty((block, d + 1), dtype=dtype)
         b["Xa"][:, d] = 1
@@ -193,15 +196,16 @@ def block_labels(labels, s0, e0, bufs):
     return lab
 
 
-def sq_dist_block(rows, lab, c, bufs, sub):
+def sq_dist_block(rows, lab, c, bufs, step):
     """(r,) float64 ||x - c_label||^2 of the block's rows, by differences: x - c in X's
     dtype, as the driver's `chunks.labelled_sq_dist`, squared and added in float64. In the
-    thread's "m64" buffer. (Cast by a copy: an einsum that casts, or a subtraction of mixed
-    types, allocates NumPy's casting buffers on every call.)"""
+    thread's "m64" buffer, `step` rows at a time (a row's value does not depend on it).
+    (Cast by a copy: an einsum that casts, or a subtraction of mixed types, allocates
+    NumPy's casting buffers on every call.)"""
     r0 = rows.shape[0]
     out = bufs["m64"][:r0]
-    for s in range(0, r0, sub):
-        e = min(s + sub, r0)
+    for s in range(0, r0, step):
+        e = min(s + step, r0)
         diff = bufs["diff"][:e - s]
         np.take(c, lab[s:e], axis=0, out=diff, mode="clip")
         np.subtract(rows[s:e], diff, out=diff)

@@ -39,13 +39,15 @@ SUB16 = {"SUB_NS_PER_THREAD": 10**9, "TARGET_BLOCK_BYTES": 16 << 20}
 VARIANTS = {
     "W1": {"sums=sorted (all d; partition differs on a tie case)": SORTED,
            "sub=8MiB": {"SUB_NS_PER_THREAD": 10**9},
-           "sub=16MiB": SUB16},
+           "sub=16MiB": SUB16,
+           "sub_ns=40000 (before 12-03)": {"SUB_NS_PER_THREAD": 40_000}},
     "W2": {"sums=sorted (all d; partition differs on a tie case)": SORTED,
-           "sub=8MiB": {"SUB_NS_PER_THREAD": 10**9}},
+           "sub=8MiB": {"SUB_NS_PER_THREAD": 10**9},
+           "sub_ns=40000 (before 12-03)": {"SUB_NS_PER_THREAD": 40_000}},
     "d128": {"gemm=K=d+add (no [x, 1] copy)": {"AUGMENT_MAX_D": 32},
+             "sub_ns=40000 (before 12-03)": {"SUB_NS_PER_THREAD": 40_000},
              "sub=1024rows": {"MIN_ROWS": 1024},
              "sub=8MiB": {"SUB_NS_PER_THREAD": 10**9},
-             "sums: all features cast at once": {"SORTED_SUMS_GROUP": 0},
              "sums: 32 features cast at a time": {"SORTED_SUMS_GROUP": 32},
              "sums: 8 features cast at a time": {"SORTED_SUMS_GROUP": 8}},
 }
@@ -148,7 +150,7 @@ def lloyd_rows(name, X, init, iters, repeats, quick, old):
                 rows[f"numpy {variant} threads=1 one-core"] = median_time(_patched(
                     nb, attrs, _one_core(_fit("numpy", X, init, iters, threads=1))),
                     repeats) / iters
-        if _has_numba():
+        if _has_numba() and not os.environ.get("KMEANS_XP_PROBE_NO_NUMBA_VARIANTS"):
             import kmeans_xp_backends.numba_ as nu
             for variant, attrs in NUMBA_VARIANTS.get(name, {}).items():
                 rows[f"numba {variant} threads=all"] = median_time(

@@ -46,7 +46,8 @@ for step in "$@"; do
         python3 -c "import cupy, numpy, sys; print('cupy', cupy.__version__, 'numpy',
 numpy.__version__, 'cuda runtime', cupy.cuda.runtime.runtimeGetVersion(), 'python',
 sys.version.split()[0])"
-        nproc; date -u; git -C "$ROOT" log --oneline -1 2>/dev/null; } > "$OUT/machine.txt" 2>&1
+        nproc; date -u; git -C "$ROOT" log --oneline -1 2>/dev/null
+        lscpu 2>/dev/null | grep -E "^(Model name|Thread|Core|Socket|CPU\(s\)|NUMA node|L[123])"; } > "$OUT/machine.txt" 2>&1
       cat "$OUT/machine.txt" ;;
     old)
       install_old
@@ -185,6 +186,16 @@ sys.version.split()[0])"
       install_new
       timeout 240 python3 benchmarks/w5_parts.py "$OUT/w5_parts.json" > "$OUT/w5_parts.log" 2>&1
       tail -n 6 "$OUT/w5_parts.log" | cut -c1-300 ;;
+    cpuparts)
+      install_new
+      (cd benchmarks && timeout 200 python3 cpu_fit_parts.py ${PARTS_ARGS:-}) > "$OUT/cpu_fit_parts.log" 2>&1
+      cat "$OUT/cpu_fit_parts.log" ;;
+    stages)
+      install_new
+      for w in ${STAGE_WORKLOADS:-W1 d128}; do for t in "" "--threads 1"; do
+        timeout 150 python3 benchmarks/numpy_stages.py $w $t --iters 5 >> "$OUT/numpy_stages.log" 2>&1
+      done; done
+      grep "wall" "$OUT/numpy_stages.log" ;;
     cpu)
       install_new
       python3 benchmarks/cpu_probe.py ${CPU_ARGS:-} --out "$OUT/cpu_probe.json" > "$OUT/cpu_probe.log" 2>&1

@@ -355,7 +355,7 @@ class KMeansBackend:
         if sample_weight is not None:
             dist = xp.where(sample_weight > 0, dist, xp.full_like(dist, -1.0))
         idx = xp.argsort(dist, descending=True, stable=True)[:m]
-        w = (xp.ones(m, dtype=xp.float64, device=device(dist)) if sample_weight is None
+        w = (xp.ones(idx.shape[0], dtype=xp.float64, device=device(dist)) if sample_weight is None
              else xp.astype(xp.take(sample_weight, idx), xp.float64))
         return Farthest(xp.astype(idx, xp.int64), xp.take(X, idx, axis=0), w,
                         xp.take(labels, idx), xp.take(dist, idx))

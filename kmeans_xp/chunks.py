@@ -101,8 +101,12 @@ def _c_contiguous(A) -> bool:
 def feature_mean(X, xp):
     """Per-feature mean: X's float64 `column_sums` divided by n, then cast to X's dtype, so
     every backend centers X the same way."""
-    sums = column_sums(X, xp)
-    return xp.astype(sums / operand(X.shape[0], sums, xp), X.dtype)
+    return mean_of_sums(column_sums(X, xp), X.shape[0], X.dtype, xp)
+
+
+def mean_of_sums(sums, n, dtype, xp):
+    """The mean of `feature_mean` from X's float64 column sums."""
+    return xp.astype(sums / operand(n, sums, xp), dtype)
 
 
 def tolerance(X, mean, tol, xp, rows) -> float:
@@ -117,7 +121,12 @@ def tolerance(X, mean, tol, xp, rows) -> float:
         c = xp.astype(X[sl, ...], xp.float64) - mean64
         a, b = column_sums(c * c, xp), column_sums(c, xp)
         sq, shift = (a, b) if sq is None else (sq + a, shift + b)
-    n = operand(X.shape[0], sq, xp)
+    return tolerance_of_sums(sq, shift, X.shape[0], tol, xp)
+
+
+def tolerance_of_sums(sq, shift, n, tol, xp) -> float:
+    """`tolerance` from the float64 sums of (x - mean)^2 and of x - mean per feature."""
+    n = operand(n, sq, xp)
     rounding = shift / n
     var = sq / n - rounding * rounding   # the mean's rounding, removed
     # d values, averaged on the host: a GPU library's first full reduction compiles for seconds
