@@ -62,13 +62,15 @@ from .cpu_threads import BLAS_ONE_THREAD, blas_controller, spawn, thread_count
 #: sub-chunk (lloyd_iter), 2026-12-03 (h200-2026-12-03e) on 16 threads: W1 60.9 ms with
 #: 40 us (4.6 MiB), 54.7 with 8 MiB, 64.1 and 85.5 capped at 2 and 1 MiB (in L2, but more
 #: calls); a later call 68.0 with 120 us (8 MiB) against 66.7 with 40 us (runs move by
-#: 10%); d=128 (k=1024) 102.7 ms with 120 us (612 rows) against 106.1 with 40 us (256
-#: rows), 104.8 with 1024 rows. One thread keeps sub-chunks under 1 MiB (W1: 857 KiB)
+#: 10%), and 120 us took a 65k-row mini-batch step past its memory test (12.3 MB against
+#: 10.4: 21k-row sub-chunks on 2 threads at k=20). At d=128 (k=1024)
+#: the floor decides: 118.9 ms with 256 rows, 109.6 with 512 (MIN_ROWS), 105.0 with 1024
+#: (a 4 MiB result, past L2)
 TARGET_BLOCK_BYTES = 8 << 20
 SUB_BYTES_PER_THREAD = 512 << 10
-SUB_NS_PER_THREAD = 120_000
+SUB_NS_PER_THREAD = 40_000
 ENTRY_NS, FEATURE_NS = 0.5, 0.02
-MIN_ROWS = 256
+MIN_ROWS = 512
 #: rows and buffer bytes per thread task at most (one task per thread when n allows: a
 #: fixed, even split)
 TARGET_TASK_ROWS = 1 << 18

@@ -99,17 +99,14 @@ def allocate(block, sub, k, d, dtype, *, augmented, sorted_sums, copy_rows, grou
     X's rows are copied before use (centered from a memmap, or X not C-contiguous); the
     augmented GEMM's buffer holds them where there is one. diff_rows: rows of the final
     pass's x - c_label pieces (default: sub)."""
-    diff_rows = diff_rows or sub
     b = {"D": np.empty((sub, k), dtype=dtype),
-         "diff": np.empty((diff_rows, d), dtype=dtype),   # x - c_label (`sq_dist_block`)
+         "diff_rows": diff_rows or sub,   # x - c_label's buffers: at the first `sq_dist_block`
          "idx": np.empty(sub, dtype=np.intp),
          "lab": np.empty(block, dtype=np.intp),      # the block's labels
          "offs": np.arange(sub, dtype=np.intp) * k,   # row starts in the flat GEMM result
          "xnorm": np.empty(block, dtype=dtype),
          "w64": np.empty(block, dtype=np.float64),
          "m64": np.empty(block, dtype=np.float64)}
-    if np.dtype(dtype) != np.float64:
-        b["diff64"] = np.empty((diff_rows, d), dtype=np.float64)
     if augmented:
         b["Xa"] = np.empty((block, d + 1), dtype=dtype)
         b["Xa"][:, d] = 1
@@ -204,6 +201,11 @@ def sq_dist_block(rows, lab, c, bufs, step):
     NumPy's casting buffers on every call.)"""
     r0 = rows.shape[0]
     out = bufs["m64"][:r0]
+    if "diff" not in bufs:   # (a pass that keeps no distances never makes them)
+        shape = (bufs["diff_rows"], rows.shape[1])
+        bufs["diff"] = np.empty(shape, dtype=rows.dtype)
+        if rows.dtype != np.float64:
+            bufs["diff64"] = np.empty(shape, dtype=np.float64)
     for s in range(0, r0, step):
         e = min(s + step, r0)
         diff = bufs["diff"][:e - s]
