@@ -16,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from kmeans_xp.backend import Farthest
+from kmeans_xp.rows import is_memmap
 
 #: rows per block of a pass (a block's float64 buffers stay in a core's cache)
 BLOCK_ROWS = 1 << 14
@@ -24,11 +25,13 @@ MIN_PARALLEL_ROWS = 1 << 16
 
 
 def parallel_columns(X) -> bool:
-    """Whether `column_sums` gives np.sum(X, axis=0, dtype=float64)'s bits for X: NumPy adds
-    a C-ordered X's rows in order only where it has two columns or more (one column is a
-    contiguous reduction, summed pairwise)."""
+    """Whether X's sums run here: `column_sums` gives np.sum(X, axis=0, dtype=float64)'s
+    bits where NumPy adds a C-ordered X's rows in order, with two columns or more (one column
+    is a contiguous reduction, summed pairwise). Not a memory-mapped X: one pass over the
+    file, not one per thread, keeps a file larger than memory streaming once."""
     return (isinstance(X, np.ndarray) and X.ndim == 2 and X.shape[1] >= 2
-            and X.shape[0] >= MIN_PARALLEL_ROWS and X.flags.c_contiguous)
+            and X.shape[0] >= MIN_PARALLEL_ROWS and X.flags.c_contiguous
+            and not is_memmap(X))
 
 
 def _column_groups(d, threads):

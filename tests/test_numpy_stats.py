@@ -33,7 +33,7 @@ SHAPES = [(12_345, 1), (12_345, 2), (9_001, 3), (5_003, 5), (3_001, 130)]
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("n,d", SHAPES)
-def test_column_sums_and_centering_are_numpys(n, d, dtype):
+def test_column_sums_and_centering_are_numpys(n, d, dtype, tmp_path):
     X = skewed(n, d, dtype)
     if d >= 2:
         assert st.parallel_columns(X)
@@ -41,6 +41,8 @@ def test_column_sums_and_centering_are_numpys(n, d, dtype):
     else:  # one column is summed pairwise by NumPy: left to it
         assert not st.parallel_columns(X)
     assert not st.parallel_columns(np.asfortranarray(X)) or d == 1
+    assert not st.parallel_columns(np.memmap(tmp_path / "X", dtype=dtype, mode="w+",
+                                             shape=X.shape))
     mean = feature_mean(X, xp)
     got = st.centered(X, mean, spawn, 7)
     assert got.dtype == X.dtype and np.array_equal(got, X - mean)
