@@ -110,3 +110,18 @@ def test_two_fits_at_once_share_the_pool():
     with ThreadPoolExecutor(4) as ex:
         outs = list(ex.map(lambda t: st.column_sums(X, spawn, t), [2, 3, 4, 5, 6, 7, 8, 9]))
     assert all(np.array_equal(o, ref) for o in outs)
+
+
+def test_farthest_of_a_memmap_seen_centered(tmp_path):
+    """X given as `HostRows` (a memmap centered block by block): the same points."""
+    from kmeans_xp.rows import HostRows
+    rng = np.random.default_rng(5)
+    data = np.memmap(tmp_path / "X", dtype=np.float32, mode="w+", shape=(20_011, 4))
+    data[:] = rng.standard_normal(data.shape)
+    X = HostRows(data, data.mean(axis=0))
+    C = rng.standard_normal((6, 4)).astype(np.float32)
+    labels = rng.integers(0, 6, data.shape[0]).astype(np.uint8)
+    be = NumpyBackend(n_threads=4)
+    for a, b in zip(be.farthest(X, None, C, labels, 5),
+                    KMeansBackend.farthest(be, X, None, C, labels, 5, xp=xp)):
+        assert a.dtype == b.dtype and np.array_equal(a, b)
