@@ -19,26 +19,6 @@ def thread_count(requested=None) -> int:
 
 
 _CONTROLLER = None
-_POOL = None
-_POOL_LOCK = threading.Lock()
-
-
-def spawn(job, count):
-    """[job(0), ..., job(count - 1)], on `count` threads of a process-wide pool (made at first
-    use, grown when asked for more): the placement's passes over X (`numpy_stats`), which
-    run between a backend's own passes. Called from outside the pool only (a job that waits
-    on the pool could wait for itself)."""
-    global _POOL
-    if count <= 1:
-        return [job(0)]
-    with _POOL_LOCK:
-        if _POOL is None or _POOL._max_workers < count:
-            old, _POOL = _POOL, ThreadPoolExecutor(count, thread_name_prefix="kmeans_xp-cpu")
-            if old is not None:
-                old.shutdown(wait=False)   # (its queued jobs still run)
-        # (submitted under the lock: another fit cannot shut this pool down in between)
-        futures = [_POOL.submit(job, t) for t in range(count)]
-    return [f.result() for f in futures]
 
 
 def blas_controller():

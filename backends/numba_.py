@@ -34,12 +34,13 @@ from kmeans_xp.backend import (
     ReduceResult,
     compact_labels_dtype,
 )
+from kmeans_xp.chunks import spawn
 from kmeans_xp.memory import MemoryEstimate, chunk_rows, host_available_memory, resolve_budget
 from kmeans_xp.rows import HostRows, is_memmap
 from kmeans_xp.validation import Interval
 
 from . import numpy_stats
-from .cpu_threads import BLAS_ONE_THREAD, spawn, thread_count
+from .cpu_threads import BLAS_ONE_THREAD, thread_count
 from .numpy_ import NumpyPlacement
 
 #: features the narrow kernel holds in registers (X padded with zero features up to it)

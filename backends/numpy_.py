@@ -40,7 +40,7 @@ from kmeans_xp.backend import (
     ReduceResult,
     compact_labels_dtype,
 )
-from kmeans_xp.chunks import mean_of_sums, tolerance_of_sums
+from kmeans_xp.chunks import mean_of_sums, spawn, tolerance
 from kmeans_xp.memory import MemoryEstimate, chunk_rows, host_available_memory, resolve_budget
 from kmeans_xp.namespaces import DLPACK_FOREIGN, dlpack_source, foreign_device_type
 from kmeans_xp.rows import HostRows, is_memmap
@@ -48,7 +48,7 @@ from kmeans_xp.validation import Interval
 
 from . import numpy_blocks as blocks
 from . import numpy_stats as stats
-from .cpu_threads import BLAS_ONE_THREAD, blas_controller, spawn, thread_count
+from .cpu_threads import BLAS_ONE_THREAD, blas_controller, thread_count
 
 #: Rows per GEMM sub-chunk. Each NumPy call takes the GIL for its setup and hands it over
 #: to the next waiting thread (a wake-up: tens of microseconds on a 16-core VM), so on T
@@ -199,12 +199,10 @@ class NumpyPlacement(Placement):
         (`numpy_stats`)."""
         if not stats.parallel_columns(X):
             return super().feature_stats(X, tol, xp=xp)
-        n, threads = X.shape[0], self.backend.threads
-        mean = mean_of_sums(stats.column_sums(X, spawn, threads), n, X.dtype, xp)
-        if tol == 0:
-            return mean, 0.0
-        sq, shift = stats.tolerance_sums(X, mean, self.backend.driver_rows(X), spawn, threads)
-        return mean, tolerance_of_sums(sq, shift, n, tol, xp)
+        threads = self.backend.threads
+        mean = mean_of_sums(stats.column_sums(X, spawn, threads), X.shape[0], X.dtype, xp)
+        return mean, tolerance(X, mean, tol, xp, self.backend.driver_rows(X), chunk_sums=(
+            lambda sl, mean64: stats.deviation_sums_by_columns(X, sl, mean64, spawn, threads)))
 
     def center(self, X, mean, *, xp, in_place=False):
         if mean is not None and not in_place and is_memmap(X):

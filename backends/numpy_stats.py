@@ -6,8 +6,8 @@ Each keeps the reference's order of additions, so that every CPU backend centers
 relocates the same way whatever its thread count:
 
 - NumPy sums a C-ordered (n, d >= 2) X over axis 0 row after row (each column in order);
-  here each thread takes a group of columns and carries its running sums from one block of
-  rows to the next (a cumulative sum whose first row is the carry: the same additions);
+  here each thread takes a column or a group of columns and carries its running sums from
+  one block of rows to the next (the block's first row is the carry: the same additions);
 - the tolerance's chunks are the driver's (`chunks.tolerance`), each split by columns;
 - X - mean and ||x - c_label||^2 are per element and per row: any split gives the same bits.
 """
@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from kmeans_xp.backend import Farthest
+from kmeans_xp.backend import Farthest, farthest_order
+from kmeans_xp.chunks import deviation_sums, sq_dist_to_labels
 from kmeans_xp.rows import is_memmap
 
 #: rows per block of a pass (a block's float64 buffers stay in a core's cache)
@@ -75,31 +76,19 @@ def column_sums(X, spawn, threads):
     return sums
 
 
-def tolerance_sums(X, mean, rows, spawn, threads):
-    """(sum of (x - mean)^2, sum of (x - mean)) per feature in float64, as
-    `chunks.tolerance` adds them: chunk after chunk of `rows` rows, each chunk's column sums
-    NumPy's (in row order), the chunks' added in order. Each chunk is split by columns over
-    the threads (so the float64 copies stay one chunk's)."""
-    n, d = X.shape
-    mean64 = np.asarray(mean, dtype=np.float64)
-    sq = shift = None
-    # (groups of two columns or more: see the job)
+def deviation_sums_by_columns(X, sl, mean64, spawn, threads):
+    """`chunks.deviation_sums` of X's rows `sl`, its columns split over the threads in
+    groups of two or more (NumPy sums one column pairwise, as a contiguous reduction; two or
+    more row after row, as the whole chunk's): `chunks.tolerance`'s chunk_sums."""
+    d = X.shape[1]
     groups = _column_groups(d, max(1, min(threads, d // 2)))
-    for s in range(0, n, rows):
-        e = min(s + rows, n)
 
-        def job(t, s=s, e=e):
-            j0, j1 = groups[t]
-            c = X[s:e, j0:j1].astype(np.float64) - mean64[j0:j1]
-            # (a single column would be summed pairwise, as a contiguous reduction: two
-            # columns or more are added row after row, as the whole chunk's are)
-            return np.sum(c * c, axis=0), np.sum(c, axis=0)
+    def job(t):
+        j0, j1 = groups[t]
+        return deviation_sums(X[sl, j0:j1], mean64[j0:j1], np)
 
-        parts = spawn(job, len(groups))
-        a = np.concatenate([p[0] for p in parts])
-        b = np.concatenate([p[1] for p in parts])
-        sq, shift = (a, b) if sq is None else (sq + a, shift + b)
-    return sq, shift
+    parts = spawn(job, len(groups))
+    return (np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]))
 
 
 def centered(X, mean, spawn, threads, out=None):
@@ -148,8 +137,7 @@ def farthest(X, sample_weight, centers, labels, m, spawn, threads):
         idx, dist = [], []
         for s in range(bounds[t], bounds[t + 1], BLOCK_ROWS):
             e = min(s + BLOCK_ROWS, bounds[t + 1])
-            diff = X[s:e] - np.take(centers, labels[s:e], axis=0)
-            dd = np.sum(diff * diff, axis=1).astype(np.float64)
+            dd = sq_dist_to_labels(X[s:e], centers, labels[s:e], np).astype(np.float64)
             if w is not None:
                 dd = np.where(w[s:e] > 0, dd, -1.0)
             keep = _at_least_mth(dd, m)
@@ -160,7 +148,7 @@ def farthest(X, sample_weight, centers, labels, m, spawn, threads):
     parts = spawn(job, len(bounds) - 1)
     idx = np.concatenate([p[0] for p in parts]).astype(np.int64)
     dist = np.concatenate([p[1] for p in parts])
-    order = np.lexsort((idx, -dist))[:m]
+    order = farthest_order(idx, dist, m)
     idx, dist = idx[order], dist[order]
     weight = (np.ones(len(idx), dtype=np.float64) if w is None
               else w[idx].astype(np.float64))

@@ -10,7 +10,7 @@ import json
 import statistics
 import time
 
-from cpu_probe import WORKLOADS, data
+from cpu_probe import WORKLOADS, data, median_time
 
 
 def parts(X, init, iters, repeats, backend="numpy"):
@@ -28,12 +28,8 @@ def parts(X, init, iters, repeats, backend="numpy"):
 
 def sklearn_fit(X, init, iters, repeats):
     from sklearn.cluster import KMeans as SK
-    times = []
-    for _ in range(repeats + 1):
-        t0 = time.perf_counter()
-        SK(init.shape[0], init=init, n_init=1, max_iter=iters, tol=0, algorithm="lloyd").fit(X)
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times[1:])
+    return median_time(lambda: SK(init.shape[0], init=init, n_init=1, max_iter=iters, tol=0,
+                                  algorithm="lloyd").fit(X), repeats)
 
 
 def main():

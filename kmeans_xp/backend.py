@@ -124,6 +124,14 @@ class Farthest(NamedTuple):
     sq_dist: Any   # (m,) float64 their squared distances
 
 
+def farthest_order(index, sq_dist, m):
+    """Positions of the m first candidates (NumPy arrays of their indices in X and
+    distances) in `Farthest`'s order: distance descending, lower index first among equals.
+    Where each part of X gave every point at least as far as its m-th, these are X's m
+    farthest."""
+    return np.lexsort((index, -sq_dist))[:m]
+
+
 class WorkerLostError(RuntimeError):
     """A worker of a cluster, and the blocks of X it held, were lost during a computation
     that cannot recompute them; the message says which and what to do."""

@@ -31,27 +31,47 @@ def _threads():
         return os.cpu_count() or 1
 
 
+def _shared_pool():
+    """The process's pool of one thread per core (made at first use)."""
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(_threads(), thread_name_prefix="kmeans_xp-rows")
+        return _pool
+
+
 def map_rows(fn, n, rows, xp):
     """[fn(slice) for each chunk of rows], in row order. On NumPy the chunks run on all cores
     (its ufuncs release the GIL on large arrays), each thread holding at most rows / threads
     rows, so the memory bound of `rows` still holds; other namespaces run them in turn (a GPU
     queues them; dask builds one graph)."""
-    global _pool
     threads = _threads() if is_numpy_namespace(xp) else 1
     if threads == 1 or n < 2 * MIN_THREAD_ROWS:
         return [fn(sl) for sl in row_chunks(n, rows)]
     step = max(MIN_THREAD_ROWS, min(rows // threads, -(-n // (4 * threads))))
-    with _pool_lock:
-        if _pool is None:
-            _pool = ThreadPoolExecutor(threads, thread_name_prefix="kmeans_xp-rows")
-    return list(_pool.map(fn, row_chunks(n, step)))
+    return list(_shared_pool().map(fn, row_chunks(n, step)))
+
+
+def spawn(job, count):
+    """[job(0), ..., job(count - 1)] on `map_rows`'s pool (NumPy work of the CPU backends
+    outside their own passes); jobs beyond its threads wait for one, so a job must not wait
+    on another."""
+    if count <= 1:
+        return [job(0)]
+    return list(_shared_pool().map(job, range(count)))
 
 
 def labelled_sq_dist(X, centers, labels, xp, rows):
     """Yield (rows slice, ||x - c_label||^2) chunk by chunk, by differences."""
     for sl in row_chunks(X.shape[0], rows):
-        diff = X[sl, ...] - xp.take(centers, labels[sl], axis=0)
-        yield sl, xp.sum(diff * diff, axis=1)
+        yield sl, sq_dist_to_labels(X[sl, ...], centers, labels[sl], xp)
+
+
+def sq_dist_to_labels(rows, centers, labels, xp):
+    """||x - c_label||^2 of `rows` in their dtype, by differences (a row's value does not
+    depend on which rows come with it)."""
+    diff = rows - xp.take(centers, labels, axis=0)
+    return xp.sum(diff * diff, axis=1)
 
 
 def weighted_total(values, weights, xp):
@@ -98,6 +118,13 @@ def _c_contiguous(A) -> bool:
     return bool(is_contiguous()) if callable(is_contiguous) else True
 
 
+def deviation_sums(rows, mean64, xp):
+    """(sum of (x - mean)^2, sum of x - mean) per feature of `rows`, in float64: `tolerance`'s
+    sums of one chunk."""
+    c = xp.astype(rows, xp.float64) - mean64
+    return column_sums(c * c, xp), column_sums(c, xp)
+
+
 def feature_mean(X, xp):
     """Per-feature mean: X's float64 `column_sums` divided by n, then cast to X's dtype, so
     every backend centers X the same way."""
@@ -109,24 +136,20 @@ def mean_of_sums(sums, n, dtype, xp):
     return xp.astype(sums / operand(n, sums, xp), dtype)
 
 
-def tolerance(X, mean, tol, xp, rows) -> float:
+def tolerance(X, mean, tol, xp, rows, chunk_sums=None) -> float:
     """scikit-learn's tol: absolute, tol times the mean per-feature variance of X. The
     variance is of X - mean in float64 (two-pass), so an offset in float32 X cannot inflate
-    it (np.var of float32 X at a 1e6 offset is 68x too large)."""
+    it (np.var of float32 X at a 1e6 offset is 68x too large). chunk_sums(slice, mean64):
+    a chunk's `deviation_sums`, computed elsewhere (the numpy backend's threads)."""
     if tol == 0:
         return 0.0
     mean64 = xp.astype(mean, xp.float64)
     sq = shift = None
     for sl in row_chunks(X.shape[0], rows):
-        c = xp.astype(X[sl, ...], xp.float64) - mean64
-        a, b = column_sums(c * c, xp), column_sums(c, xp)
+        a, b = (deviation_sums(X[sl, ...], mean64, xp) if chunk_sums is None
+                else chunk_sums(sl, mean64))
         sq, shift = (a, b) if sq is None else (sq + a, shift + b)
-    return tolerance_of_sums(sq, shift, X.shape[0], tol, xp)
-
-
-def tolerance_of_sums(sq, shift, n, tol, xp) -> float:
-    """`tolerance` from the float64 sums of (x - mean)^2 and of x - mean per feature."""
-    n = operand(n, sq, xp)
+    n = operand(X.shape[0], sq, xp)
     rounding = shift / n
     var = sq / n - rounding * rounding   # the mean's rounding, removed
     # d values, averaged on the host: a GPU library's first full reduction compiles for seconds

@@ -7,11 +7,10 @@ import kmeans_xp_backends.numpy_stats as st
 import numpy as np
 import pytest
 from array_api_compat import numpy as xp
-from kmeans_xp_backends.cpu_threads import spawn
 from kmeans_xp_backends.numpy_ import NumpyBackend
 
 from kmeans_xp.backend import KMeansBackend, Placement
-from kmeans_xp.chunks import feature_mean, tolerance, tolerance_of_sums
+from kmeans_xp.chunks import feature_mean, spawn, tolerance
 
 
 @pytest.fixture(autouse=True)
@@ -56,8 +55,12 @@ def test_column_sums_and_centering_are_numpys(n, d, dtype, tmp_path):
 def test_tolerance_sums_are_the_drivers(n, d, dtype, rows):
     X = skewed(n, d, dtype, seed=1)
     mean = feature_mean(X, xp)
-    sq, shift = st.tolerance_sums(X, mean, rows, spawn, 9)
-    assert tolerance_of_sums(sq, shift, n, 1e-4, xp) == tolerance(X, mean, 1e-4, xp, rows)
+
+    def by_columns(sl, mean64):
+        return st.deviation_sums_by_columns(X, sl, mean64, spawn, 9)
+
+    assert (tolerance(X, mean, 1e-4, xp, rows, chunk_sums=by_columns)
+            == tolerance(X, mean, 1e-4, xp, rows))
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])

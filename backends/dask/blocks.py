@@ -18,7 +18,7 @@ import time
 
 import numpy as np
 
-from kmeans_xp.backend import LABELS_DTYPE
+from kmeans_xp.backend import LABELS_DTYPE, farthest_order
 from kmeans_xp.namespaces import to_numpy
 
 #: local backends tried, in order, on CuPy blocks
@@ -217,7 +217,7 @@ def merge_farthest(parts, m):
     """The m farthest of the blocks' candidates: distance descending, lower index first
     among equals (the order `Farthest` defines)."""
     idx, x, weight, label, dist = (np.concatenate([p[j] for p in parts]) for j in range(5))
-    order = np.lexsort((idx, -dist))[:m]
+    order = farthest_order(idx, dist, m)
     return idx[order], x[order], weight[order], label[order], dist[order]
 
 
