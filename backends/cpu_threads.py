@@ -54,6 +54,11 @@ class BlasOneThread:
             self._thread = ThreadPoolExecutor(1, thread_name_prefix="kmeans_xp-blas")
         return self._thread.submit(fn).result()
 
+    @property
+    def users(self) -> int:
+        """Passes holding BLAS to one thread now."""
+        return self._users
+
     def include_new_libraries(self):
         """A BLAS library was loaded after the controller was made (SciPy's, which numba
         calls): the next limit looks at the loaded libraries again."""
@@ -84,5 +89,13 @@ class BlasOneThread:
                 self._on_own_thread(lambda: lim.__exit__(None, None, None))
 
 
+    def _after_fork(self):
+        """In a forked child: no pass runs, and the thread that owned the limit is gone
+        (threadpoolctl's limit, inherited, stays as it was)."""
+        self._lock, self._users, self._limit, self._thread = threading.Lock(), 0, None, None
+
+
 #: the one instance all CPU backends share
 BLAS_ONE_THREAD = BlasOneThread()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=BLAS_ONE_THREAD._after_fork)

@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import numbers
 import threading
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -47,6 +48,7 @@ from kmeans_xp.rows import HostRows, is_memmap
 from kmeans_xp.validation import Interval
 
 from . import numpy_blocks as blocks
+from . import numpy_pool, numpy_shm
 from . import numpy_stats as stats
 from .cpu_threads import BLAS_ONE_THREAD, blas_controller, thread_count
 
@@ -96,6 +98,23 @@ SORTED_SUMS_GROUP = 16
 #: at least a GEMM sub-chunk's rows, more where the budget allows (each piece is four NumPy
 #: calls, and on many threads every call queues for the GIL)
 DIFF_BYTES = 2 << 20
+#: a Lloyd run's passes go to the worker processes (`numpy_pool`: one GIL each, so GEMM
+#: sub-chunks of one thread's size) when a pass is estimated at this many nanoseconds of one
+#: thread's work (k * (ENTRY_NS + FEATURE_NS * d) per row); the first such pass of a process
+#: starts them (in the background: a few hundred milliseconds of each core)
+PROCESS_MIN_NS = 50e6
+#: ... with fewer features than this ('auto'). Below SORTED_SUMS_MIN_D the threads' sums
+#: hold the GIL for part of each bincount. On the H200 host's 16 cores (h200-2026-12-03f,
+#: workers_probe.json), per pass: W1 (d=3) 26-27 ms on the workers against 46-58 on threads,
+#: W2 44-60 against 83-93; d=128 77-103 against 74-95, no gain, and its copy of X in shared
+#: memory (4 KiB pages) took 12 ms more to make and 10 more to free
+PROCESS_MAX_D = 16
+#: the fit's centered copy of X goes to shared memory (where the workers read it) from this
+#: many bytes, on two threads or more
+SHARED_MIN_BYTES = 1 << 20
+#: a worker's GEMM sub-chunks are sized as for this many threads sharing a GIL (1: none, so
+#: their (rows, k) results stay in L2)
+PROCESS_SUB_THREADS = 1
 #: bytes of Python objects a call creates (thread pool, futures, thread-local dicts)
 PYTHON_OVERHEAD = 48 << 10
 
@@ -105,7 +124,8 @@ class _Plan:
     need."""
 
     __slots__ = ("sub", "block", "threads", "budget", "per_thread", "shared", "k", "d",
-                 "itemsize", "augmented", "sorted_sums", "group", "diff_rows")
+                 "itemsize", "augmented", "sorted_sums", "group", "diff_rows", "sub_alone",
+                 "n_ns")
 
     def __init__(self, n, d, k, itemsize, max_memory, threads):
         self.k, self.d, self.itemsize = k, d, itemsize
@@ -147,6 +167,10 @@ class _Plan:
             if self.block:
                 self.block = -(-n // -(-n // self.block))
         self.sub = max(1, min(sub, self.block))
+        # a worker process's sub-chunks: one thread's (it shares no GIL), never more rows
+        self.sub_alone = max(1, min(_sub_rows(d, k, itemsize, PROCESS_SUB_THREADS),
+                                    self.sub))
+        self.n_ns = n * k * (ENTRY_NS + FEATURE_NS * d)
         self.shared = shared_fixed
         self.per_thread = thread_fixed + self.sub * sub_row + self.block * block_row
         # the final pass's pieces: past the sub-chunk's rows (counted in sub_row) out of
@@ -167,6 +191,14 @@ def _sub_rows(d, k, itemsize, threads):
     cache = SUB_BYTES_PER_THREAD // row_bytes
     work = int(max(1, threads) * SUB_NS_PER_THREAD / (k * (ENTRY_NS + FEATURE_NS * d)))
     return max(MIN_ROWS, cache, min(work, TARGET_BLOCK_BYTES // row_bytes))
+
+
+def _wants_workers(processes, plan):
+    """Whether a Lloyd pass of `plan` goes to the worker processes (`numpy_pool`): asked
+    for, or 'auto' with few features (PROCESS_MAX_D) and a pass long enough
+    (PROCESS_MIN_NS)."""
+    return processes is True or (processes == "auto" and numpy_pool.available() and
+                                 plan.d < PROCESS_MAX_D and plan.n_ns >= PROCESS_MIN_NS)
 
 
 def _thread_fixed_bytes(k, d):
@@ -209,8 +241,13 @@ class NumpyPlacement(Placement):
             return HostRows(X, mean)
         if (mean is not None and type(X) is np.ndarray and X.flags.c_contiguous
                 and X.shape[0] >= stats.MIN_PARALLEL_ROWS):
-            return stats.centered(X, mean, spawn, self.backend.threads,
-                                  out=X if in_place else None)
+            out = X if in_place else None
+            dtype = np.result_type(X, mean)
+            shares = getattr(self.backend, "shares_memory", None)   # (numba's: no)
+            if out is None and shares is not None and shares(X.size * dtype.itemsize,
+                                                             X.shape[1]):
+                out = numpy_shm.shared_empty(X.shape, dtype)
+            return stats.centered(X, mean, spawn, self.backend.threads, out=out)
         return super().center(X, mean, xp=xp, in_place=in_place)
 
 
@@ -219,12 +256,21 @@ class NumpyBackend(KMeansBackend):
     namespaces = frozenset({"numpy"})
     device = "cpu"
     options = {"n_threads": Option(None, None, Interval(numbers.Integral, 1),
-                                   doc="threads over row blocks (default: usable cores)")}
+                                   doc="threads over row blocks (default: usable cores)"),
+               "processes": Option("auto", "auto", True, False, doc=(
+                   "a Lloyd run's passes on worker processes, one per thread, reading the "
+                   "fit's centered copy of X in shared memory (Linux); 'auto': where a "
+                   "pass is long enough"))}
     placement_class = NumpyPlacement
 
     def __init__(self, max_memory="auto", **options):
         super().__init__(max_memory, **options)
+        if self.processes is True and not numpy_pool.available():
+            raise ValueError(f"backend_options={{'processes': True}}: the numpy backend's "
+                             f"worker processes share memory as Linux does (this is "
+                             f"{numpy_pool.sys.platform}); use 'auto' or False")
         self.threads = thread_count(self.n_threads)
+        self._run_workers = numpy_pool.RunWorkers()
         self._pool = None
         self._pool_threads = 0
         self._local = threading.local()
@@ -238,13 +284,20 @@ class NumpyBackend(KMeansBackend):
 
     @classmethod
     def estimate_memory(cls, n_samples, n_features, n_clusters, *, itemsize, max_memory="auto",
-                        n_threads=None):
+                        n_threads=None, processes="auto"):
         threads = thread_count(n_threads)
         plan = cls._plan(n_samples, n_features, n_clusters, itemsize, max_memory, threads)
         # min_sq_dist: `assign`'s distances (k-means||, predict); a fit's final pass keeps
         # none. Labels are the driver's part (`memory.driver_bytes`)
         parts = {"chunk_buffers": plan.threads * plan.per_thread, "shared": plan.shared,
                  "min_sq_dist": n_samples * itemsize}
+        if plan.threads > 1 and _wants_workers(processes, plan):
+            # a run on the worker processes (`numpy_shm.RunBuffers`; their buffers are the
+            # threads' above): labels, an accumulator slot per worker, the centers
+            parts["worker_run"] = (
+                n_samples * np.dtype(compact_labels_dtype(n_clusters)).itemsize
+                + plan.threads * blocks.Acc.flat_size(plan.k, plan.d) * 8
+                + plan.k * plan.d * itemsize)
         # chunk_rows: the rows one thread holds at a time (its task); the GEMM runs on
         # cache-sized sub-chunks of min(chunk_rows, plan.sub) rows within it
         return MemoryEstimate(parts, sum(parts.values()), plan.block)
@@ -280,64 +333,57 @@ class NumpyBackend(KMeansBackend):
     # -- the contract -----------------------------------------------------------------------
     def _run(self, X, sample_weight, centers, *, labels_in=None, labels_old=None,
              mode="iter"):
-        """One pass over X in blocks; mode "assign" (int32 labels, distances), "reduce"
-        (sums of labels_in's clusters), "iter" (compact labels, sums, inertia, changed
-        labels), "final" (int32 labels and their inertia by differences) or "inertia"
-        (labels_in's inertia by differences). X seen centered (`HostRows`: a memmap) is
-        read and centered block by block. Thread t takes a fixed, contiguous run of blocks
-        and adds them in order into its own accumulators, which are then added in thread
-        order: the float64 sums do not depend on which thread ran when (deterministic)."""
+        """One pass over X in blocks (`numpy_blocks.Pass` says what each mode does), on the
+        run's worker processes where it has them (`_workers_for`), else on the pool's
+        threads. X seen centered (`HostRows`: a memmap) is read and centered block by
+        block. Thread t takes a fixed, contiguous run of blocks and adds them in order into
+        its own accumulators, which are then added in thread order: the float64 sums do not
+        depend on which thread ran when (deterministic), nor on threads or processes."""
         X, mean = (X.data, X.mean) if isinstance(X, HostRows) else (np.asarray(X), None)
         n, d = X.shape
         k = centers.shape[0]
         plan = self._plan(n, d, k, X.dtype.itemsize, self.max_memory, self.threads)
         copy_rows = mean is not None or not X.flags.c_contiguous
+        w = None if sample_weight is None else np.asarray(sample_weight)
+        n_tasks = -(-n // plan.block)
+        threads = max(1, min(plan.threads, n_tasks))
+        run = self._run_workers
+        if run.pass_on_workers(X, mean, w, mode, plan, threads, n_tasks, copy_rows,
+                               _wants_workers(self.processes, plan)):
+            self._local = threading.local()   # (the threads' buffers: the workers have theirs)
+            try:
+                return run.run(X, centers, mode, labels_in, labels_old, plan)
+            except numpy_pool.WorkerEnded as exc:
+                self.processes = False
+                warnings.warn(f"{exc}; the numpy backend goes on with threads",
+                              RuntimeWarning, stacklevel=2)
         assign = mode in ("assign", "iter", "final")
-        reduce = mode in ("reduce", "iter")
-        direct = mode in ("final", "inertia")   # inertia by differences
         ops = blocks.Operands(centers, X.dtype, plan.augmented) if assign else None
-        c = ops.c if assign else np.asarray(centers, dtype=X.dtype) if direct else None
+        c = ops.c if assign else np.asarray(centers, dtype=X.dtype) if mode in (
+            "final", "inertia") else None
+        labels = min_sq = None
         if assign:
             labels = np.empty(n, dtype=compact_labels_dtype(k) if mode == "iter" else
                               np.int32)
             min_sq = np.empty(n, dtype=X.dtype) if mode == "assign" else None
-        else:
-            labels, min_sq = np.asarray(labels_in), None
-        w = None if sample_weight is None else np.asarray(sample_weight)
-        sums = blocks.sorted_sums if plan.sorted_sums else blocks.bincount_sums
-        n_tasks = -(-n // plan.block)
-        threads = max(1, min(plan.threads, n_tasks))
+        p = blocks.Pass(mode, X, mean, w, plan, ops, c, labels=labels, min_sq=min_sq,
+                        labels_in=None if labels_in is None else np.asarray(labels_in),
+                        labels_old=labels_old, threads=threads, n_tasks=n_tasks,
+                        sub=plan.sub)
 
         def job(t):
-            bufs = self._buffers(plan, X.dtype, copy_rows)
-            acc = blocks.Acc(k, d, plan.sorted_sums)
-            for i in range(t * n_tasks // threads, (t + 1) * n_tasks // threads):
-                s0, e0 = i * plan.block, min((i + 1) * plan.block, n)
-                rows, src = blocks.block_rows(X, mean, s0, e0, bufs, gemm=assign)
-                if assign:  # the block's labels (intp), then stored in the output's type
-                    lab = bufs["lab"][:e0 - s0]
-                    blocks.assign_block(rows, ops, lab, None if min_sq is None else
-                                        min_sq[s0:e0], bufs, plan.sub)
-                    np.copyto(labels[s0:e0], lab, casting="unsafe")
-                else:
-                    lab = blocks.block_labels(labels, s0, e0, bufs)
-                w64 = blocks.block_weights(w, s0, e0, bufs) if reduce or direct else None
-                if reduce:
-                    sums(rows, src, lab, w64, acc, bufs, sq_norms=assign)
-                    if labels_old is not None:
-                        acc.changed += int(np.count_nonzero(lab != labels_old[s0:e0]))
-                if direct:
-                    dist = blocks.sq_dist_block(rows, lab, c, bufs, plan.diff_rows)
-                    acc.direct += float(dist.sum() if w64 is None else np.dot(dist, w64))
-            return acc
+            return blocks.run_share(p, t, self._buffers(plan, X.dtype, copy_rows))
 
         # (BLAS held to one thread, shared by every fit of the process)
         with BLAS_ONE_THREAD if assign and threads > 1 else contextlib.nullcontext():
             accs = self._spawn(job, threads)
-        total = None
-        for a in accs:  # thread order
-            total = a if total is None else total.merge(a)
-        return labels, min_sq, total, ops
+        return labels, min_sq, blocks.merged(accs), ops
+
+    def shares_memory(self, nbytes, d):
+        """Whether the fit's centered copy of X (nbytes, d features) goes to shared memory,
+        where the worker processes read it (`numpy_shm.shared_empty`)."""
+        return (self.processes is True or self.processes == "auto" and d < PROCESS_MAX_D) and (
+            numpy_pool.available() and self.threads > 1 and nbytes >= SHARED_MIN_BYTES)
 
     def assign(self, X, centers, *, xp=None):
         labels, min_sq, _, _ = self._run(X, None, centers, mode="assign")
@@ -373,8 +419,9 @@ class NumpyBackend(KMeansBackend):
                               spawn, self.threads)
 
     def finish(self):
-        """End of a fit: drop every thread's buffers and stop the pool (a later call on this
-        backend makes them again)."""
+        """End of a fit: give the worker processes back, drop every thread's buffers and stop
+        the pool (a later call on this backend makes them again)."""
+        self._run_workers.detach()
         self._local = threading.local()  # the old one, and all threads' buffers, go with it
         if self._pool is not None:
             self._pool.shutdown(wait=True)

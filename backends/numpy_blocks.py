@@ -75,6 +75,27 @@ class Acc:
         self.direct += other.direct
         return self
 
+    @staticmethod
+    def flat_size(k, d):
+        return k * d + k + 3
+
+    def to_flat(self, out):
+        """Write the accumulators into `out` (`flat_size` float64: a worker process's slot
+        in shared memory)."""
+        kd, k = self.sums.size, self.weights.size
+        out[:kd] = self.sums.reshape(-1)
+        out[kd:kd + k] = self.weights
+        out[kd + k:] = (self.sq_norms, self.changed, self.direct)
+
+    @classmethod
+    def from_flat(cls, flat, k, d, feature_major=False):
+        acc = cls(k, d, feature_major)
+        acc.sums.reshape(-1)[:] = flat[:k * d]
+        acc.weights[:] = flat[k * d:k * d + k]
+        acc.sq_norms, changed, acc.direct = (float(v) for v in flat[k * d + k:])
+        acc.changed = int(changed)
+        return acc
+
     def cluster_sums(self):
         """(k, d) float64."""
         return np.ascontiguousarray(self.sums.T) if self.feature_major else self.sums
@@ -85,6 +106,14 @@ class Acc:
         cross = float(np.einsum("ij,ij->", c64, self.cluster_sums()))
         return self.sq_norms - 2.0 * cross + float(np.dot(self.weights,
                                                           np.einsum("ij,ij->i", c64, c64)))
+
+
+def merged(accs):
+    """The accumulators added in thread order (into the first)."""
+    total = None
+    for a in accs:
+        total = a if total is None else total.merge(a)
+    return total
 
 
 def key_dtype(k):
@@ -308,3 +337,54 @@ def bincount_sums(Xb, src, lab, w64, acc, bufs, sq_norms):
         if sq_norms:
             acc.sq_norms += float(np.dot(x64, xw))
         acc.sums[:, j] += np.bincount(lab, weights=xw, minlength=k)
+
+
+class Pass:
+    """One pass over X as each thread, or worker process, runs its share (`run_share`): the
+    mode ("assign": int32 labels and distances; "reduce": sums of labels_in's clusters;
+    "iter": labels, sums, inertia, changed labels; "final": labels and their inertia by
+    differences; "inertia": labels_in's, by differences), X (seen centered with `mean`: a
+    memmap's rows), the weights, the backend's plan, the centers (`Operands` where the pass
+    assigns, `c` in X's dtype where it takes differences) and the arrays of all n rows.
+    Share t of `threads` is a fixed, contiguous run of the n_tasks blocks."""
+
+    __slots__ = ("mode", "X", "mean", "w", "plan", "ops", "c", "labels", "min_sq",
+                 "labels_in", "labels_old", "threads", "n_tasks", "sub")
+
+    def __init__(self, mode, X, mean, w, plan, ops, c, *, labels=None, min_sq=None,
+                 labels_in=None, labels_old=None, threads=1, n_tasks=1, sub=1):
+        self.mode, self.X, self.mean, self.w, self.plan = mode, X, mean, w, plan
+        self.ops, self.c, self.labels, self.min_sq = ops, c, labels, min_sq
+        self.labels_in, self.labels_old = labels_in, labels_old
+        self.threads, self.n_tasks, self.sub = threads, n_tasks, sub
+
+
+def run_share(p, t, bufs):
+    """Share t of pass `p` on this thread's buffers: its blocks in order, added into its own
+    accumulators (returned). A block's changed labels are counted before its new labels are
+    stored: a worker process reads the old ones where it writes the new."""
+    plan, n = p.plan, p.X.shape[0]
+    assign = p.mode in ("assign", "iter", "final")
+    reduce = p.mode in ("reduce", "iter")
+    direct = p.mode in ("final", "inertia")   # inertia by differences
+    sums = sorted_sums if plan.sorted_sums else bincount_sums
+    acc = Acc(plan.k, plan.d, plan.sorted_sums)
+    for i in range(t * p.n_tasks // p.threads, (t + 1) * p.n_tasks // p.threads):
+        s0, e0 = i * plan.block, min((i + 1) * plan.block, n)
+        rows, src = block_rows(p.X, p.mean, s0, e0, bufs, gemm=assign)
+        if assign:  # the block's labels (intp), then stored in the output's type
+            lab = bufs["lab"][:e0 - s0]
+            assign_block(rows, p.ops, lab, None if p.min_sq is None else p.min_sq[s0:e0],
+                         bufs, p.sub)
+            if p.labels_old is not None:
+                acc.changed += int(np.count_nonzero(lab != p.labels_old[s0:e0]))
+            np.copyto(p.labels[s0:e0], lab, casting="unsafe")
+        else:
+            lab = block_labels(p.labels_in, s0, e0, bufs)
+        w64 = block_weights(p.w, s0, e0, bufs) if reduce or direct else None
+        if reduce:
+            sums(rows, src, lab, w64, acc, bufs, sq_norms=assign)
+        if direct:
+            dist = sq_dist_block(rows, lab, p.c, bufs, plan.diff_rows)
+            acc.direct += float(dist.sum() if w64 is None else np.dot(dist, w64))
+    return acc

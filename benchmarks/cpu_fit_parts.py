@@ -10,7 +10,7 @@ import json
 import statistics
 import time
 
-from cpu_probe import WORKLOADS, data, median_time
+from cpu_probe import WORKLOADS, data, median_time, start_worker_pool
 
 
 def parts(X, init, iters, repeats, backend="numpy"):
@@ -38,6 +38,7 @@ def main():
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()
+    start_worker_pool()
     for name in args.only.split(","):
         X, init = data(*WORKLOADS[name])
         ours = parts(X, init, args.iters, args.repeats)

@@ -36,15 +36,21 @@ SUB16 = {"SUB_NS_PER_THREAD": 10**9, "TARGET_BLOCK_BYTES": 16 << 20}
 #: float64 'duplicates' case: tests/test_numpy_variants.py KNOWN_DIFFERENCES). Chunk GEMMs
 #: threaded by BLAS itself ran 2.2-3.9x slower on the H200 host (cpu_probe_call3.json of
 #: benchmarks/results/h200-2026-12-02f) and are gone
+THREADS_ONLY = {"PROCESS_MIN_NS": float("inf")}   # no worker processes
+WORKER_BIG_SUB = {"PROCESS_SUB_THREADS": 16}       # workers' sub-chunks sized as threads'
 VARIANTS = {
-    "W1": {"sums=sorted (all d; partition differs on a tie case)": SORTED,
+    "W1": {"threads only (before 12-03b)": THREADS_ONLY,
+           "workers: sub-chunks of 16 threads": WORKER_BIG_SUB,
+           "sums=sorted (all d; partition differs on a tie case)": SORTED,
            "sub=8MiB": {"SUB_NS_PER_THREAD": 10**9},
            "sub=16MiB": SUB16,
            "sub_ns=120000": {"SUB_NS_PER_THREAD": 120_000}},
-    "W2": {"sums=sorted (all d; partition differs on a tie case)": SORTED,
+    "W2": {"threads only (before 12-03b)": THREADS_ONLY,
+           "sums=sorted (all d; partition differs on a tie case)": SORTED,
            "sub=8MiB": {"SUB_NS_PER_THREAD": 10**9},
            "sub_ns=120000": {"SUB_NS_PER_THREAD": 120_000}},
-    "d128": {"gemm=K=d+add (no [x, 1] copy)": {"AUGMENT_MAX_D": 32},
+    "d128": {"workers (not 'auto' at d >= 16)": {"PROCESS_MAX_D": 1 << 30},
+             "gemm=K=d+add (no [x, 1] copy)": {"AUGMENT_MAX_D": 32},
              "sub=256rows (before 12-03)": {"MIN_ROWS": 256},
              "sub=1024rows": {"MIN_ROWS": 1024},
              "sub=8MiB": {"SUB_NS_PER_THREAD": 10**9},
@@ -116,6 +122,18 @@ def _patched(module, attrs, fn):
             for a, v in saved.items():
                 setattr(module, a, v)
     return run
+
+
+def start_worker_pool():
+    """The numpy backend's worker processes, started and ready before anything is timed (a
+    process's first fit starts them in the background: workers_probe.py times that)."""
+    from kmeans_xp_backends import numpy_pool
+    from kmeans_xp_backends.cpu_threads import thread_count
+    if numpy_pool.available() and thread_count() > 1:
+        t0 = time.perf_counter()
+        ready = numpy_pool.start_pool(thread_count(), timeout=120)
+        print(f"worker pool of {thread_count()}: ready={ready} in "
+              f"{time.perf_counter() - t0:.2f} s", flush=True)
 
 
 def lloyd_rows(name, X, init, iters, repeats, quick, old):
@@ -242,6 +260,7 @@ def main():
     ap.add_argument("--no-stages", action="store_true",
                     help="skip the stage breakdowns (numpy_stages.py) of " + ", ".join(STAGES))
     args = ap.parse_args()
+    start_worker_pool()
     old = _Old(args.old) if args.old else None
     out = {"cores": len(os.sched_getaffinity(0)), "iters": args.iters, "workloads": {}}
     for name, (n, d, k) in WORKLOADS.items():

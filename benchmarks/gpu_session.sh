@@ -17,7 +17,8 @@
 # (MiniBatchKMeans against scikit-learn's, on the CPU and the GPU, and over a 12 GB memmap), some (the GPU tests in $TEST_FILES),
 # fused (probe_fused.py, $FUSED_ARGS), ncu (Nsight Compute on the small-d kernel, $NCU_OPTS),
 # mma (mma_probe.py, the tensor-core kernels, $MMA_ARGS), w5parts (a W5 iteration's device
-# time by part, w5_parts.py),
+# time by part, w5_parts.py), cputests (CPU tests in $CPU_TEST_FILES on the device's cores),
+# workers (the numpy backend's worker processes pass by pass, workers_probe.py),
 # pack (everything under $OUT into one session.tgz: the device returns a few files only).
 #   bash benchmarks/gpu_session.sh machine old tests new
 set -uo pipefail
@@ -196,6 +197,16 @@ sys.version.split()[0])"
         timeout 150 python3 benchmarks/numpy_stages.py $w $t --iters 5 >> "$OUT/numpy_stages.log" 2>&1
       done; done
       grep "wall" "$OUT/numpy_stages.log" ;;
+    workers)
+      install_new
+      (cd benchmarks && timeout 300 python3 workers_probe.py ${WORKERS_ARGS:-} \
+        --out "$OUT/workers_probe$pass.json") > "$OUT/workers_probe$pass.log" 2>&1
+      cat "$OUT/workers_probe$pass.log" | cut -c1-400 ;;
+    cputests)
+      install_new
+      timeout ${CPU_TEST_TIMEOUT:-240} python3 -m pytest -q -p no:cacheprovider \
+        ${CPU_TEST_FILES:-tests/test_numpy_workers.py} > "$OUT/cpu_tests.log" 2>&1
+      tail -n 3 "$OUT/cpu_tests.log" ;;
     cpu)
       install_new
       python3 benchmarks/cpu_probe.py ${CPU_ARGS:-} --out "$OUT/cpu_probe.json" > "$OUT/cpu_probe.log" 2>&1

@@ -138,7 +138,8 @@ def breakdown(X, centers, threads=None, iters=5, attrs=None, clock="wall"):
     sink = _Sink(time.thread_time if clock == "cpu" else time.perf_counter)
     one_core = threadpool_limits(1) if threads == 1 else contextlib.nullcontext()
     with one_core, _patched(attrs or {}):
-        be = nb.NumpyBackend(n_threads=threads)
+        # (the threads' stages: worker processes would run them out of this sink's sight)
+        be = nb.NumpyBackend(n_threads=threads, processes=False)
         with _instrumented(sink):
             labels = be.lloyd_iter(X, None, centers, None).labels   # warm-up: buffers, pool
             sink.clear()

@@ -40,6 +40,16 @@ def _shared_pool():
         return _pool
 
 
+def _after_fork():
+    """In a forked child the pool's threads are gone: the next use makes a new pool."""
+    global _pool, _pool_lock
+    _pool, _pool_lock = None, threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork)
+
+
 def map_rows(fn, n, rows, xp):
     """[fn(slice) for each chunk of rows], in row order. On NumPy the chunks run on all cores
     (its ufuncs release the GIL on large arrays), each thread holding at most rows / threads

@@ -86,7 +86,7 @@ def test_one_small_read_per_iteration(monkeypatch):
 
 
 @pytest.mark.parametrize("options,match", [
-    ({"n_thread": 2}, r"takes no option\(s\) \['n_thread'\].*knows: \['n_threads'\]"),
+    ({"n_thread": 2}, r"takes no option\(s\) \['n_thread'\].*knows: \['n_threads', 'processes'\]"),
     ({"n_threads": 0}, r"n_threads.*must be.*got 0"),
     ({"n_threads": -3}, r"n_threads.*must be.*got -3"),
     ({"n_threads": 2.5}, r"n_threads.*must be.*got 2.5"),
