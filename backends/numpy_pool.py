@@ -94,9 +94,12 @@ class Pool:
     def ready(self) -> bool:
         """Whether every worker has started (reads their greetings, without waiting)."""
         for t, conn in enumerate(self.conns):
-            if not self._ready[t] and conn.poll(0):
-                self._ready[t] = conn.recv() == "ready"
-        self.ready_once = all(self._ready)
+            try:
+                if not self._ready[t] and conn.poll(0):
+                    self._ready[t] = conn.recv() == "ready"
+            except (EOFError, OSError):   # (it ended before its greeting)
+                pass
+        self.ready_once = self.ready_once or all(self._ready)
         return self.ready_once and self.alive()
 
     def send(self, message):
@@ -172,11 +175,13 @@ def _pool(count):
         if pool is not None:
             if not pool.busy.acquire(blocking=False):
                 return None
-            started = pool.ready_once
+            pool.ready()
+            # (a worker ended before it said it was ready: it could not start)
+            failed = not pool.alive() and not pool.ready_once
             pool.close()
             pool.busy.release()
             _POOL = None
-            if not started:   # (it ended before all its workers said they were ready)
+            if failed:
                 _FAILED.append("a worker process ended before it was ready")
                 warnings.warn("the numpy backend's worker processes could not start (see "
                               "their error above); it runs on threads", RuntimeWarning,

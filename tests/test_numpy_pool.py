@@ -281,6 +281,7 @@ def test_processes_option_is_checked():
             np.zeros((4, 2), dtype=np.float32) + np.arange(4)[:, None])
 
 
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")
 def test_a_fork_of_the_process_starts_its_own_pool(runs):
     """A child forked from a process with a pool (a user's multiprocessing) neither talks to
     its parent's workers nor waits on them: its fit starts a pool of its own."""
@@ -320,3 +321,33 @@ def test_estimate_counts_a_run_on_the_workers():
     assert "worker_run" not in off
     one = estimate_memory(2_000_000, 3, 200, backend_options={"n_threads": 1}).parts
     assert "worker_run" not in one
+
+
+def test_a_pool_that_cannot_start_warns_once_and_fits_run_on_threads(runs, monkeypatch):
+    """Workers that die before they are ready (here: an interpreter that cannot import
+    the worker) leave every later fit on threads, with one warning, and the same results."""
+    with npool._POOL_LOCK:
+        npool._POOL.close()
+    monkeypatch.setattr(npool.sys, "executable", "/bin/false")
+    monkeypatch.setattr(npool, "_FAILED", [])
+    assert not npool.start_pool(WORKERS, timeout=2)
+    X = asymmetric_data(6_000, 3, 4, dtype=np.float32, seed=7)
+    with pytest.warns(RuntimeWarning, match="could not start"):
+        b = KMeans(4, init=X[:4], n_init=1, max_iter=4, tol=0, backend="numpy",
+                   backend_options={"processes": True, "n_threads": WORKERS}).fit(X)
+    a = KMeans(4, init=X[:4], n_init=1, max_iter=4, tol=0, backend="numpy",
+               backend_options={"processes": False, "n_threads": WORKERS}).fit(X)
+    _same(a, b)
+    assert runs == [] and npool._FAILED
+    monkeypatch.undo()   # (the real interpreter back; the next test starts a pool)
+    npool._POOL = None
+    assert npool.start_pool(WORKERS, timeout=60)
+
+
+def test_a_pool_of_another_size_replaces_one_still_starting(runs):
+    with npool._POOL_LOCK:
+        npool._POOL.close()
+        npool._POOL = None
+    npool.start_pool(WORKERS + 1)   # not waited for
+    assert npool.start_pool(WORKERS, timeout=60)
+    assert npool._POOL.count == WORKERS and not npool._FAILED
