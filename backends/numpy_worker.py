@@ -62,7 +62,9 @@ class _WorkerRun:
     def __init__(self, t, meta, x_fd, run_fd):
         self.t, self.meta = t, meta
         try:
-            self._maps = [mmap.mmap(fd, 0, access=mmap.ACCESS_WRITE) for fd in (x_fd, run_fd)]
+            # (X read only: a worker never writes it)
+            self._maps = [mmap.mmap(x_fd, 0, access=mmap.ACCESS_READ),
+                          mmap.mmap(run_fd, 0, access=mmap.ACCESS_WRITE)]
         finally:
             os.close(x_fd)
             os.close(run_fd)
