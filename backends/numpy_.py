@@ -348,15 +348,15 @@ class NumpyBackend(KMeansBackend):
         n_tasks = -(-n // plan.block)
         threads = max(1, min(plan.threads, n_tasks))
         run = self._run_workers
-        if run.pass_on_workers(X, mean, w, mode, plan, threads, n_tasks, copy_rows,
-                               _wants_workers(self.processes, plan)):
-            self._local = threading.local()   # (the threads' buffers: the workers have theirs)
-            try:
+        try:
+            if run.pass_on_workers(X, mean, w, mode, plan, threads, n_tasks, copy_rows,
+                                   _wants_workers(self.processes, plan)):
+                self._local = threading.local()   # (the threads' buffers: workers have theirs)
                 return run.run(X, centers, mode, labels_in, labels_old, plan)
-            except numpy_pool.WorkerEnded as exc:
-                self.processes = False
-                warnings.warn(f"{exc}; the numpy backend goes on with threads",
-                              RuntimeWarning, stacklevel=2)
+        except numpy_pool.WorkerEnded as exc:
+            self.processes = False
+            warnings.warn(f"{exc}; the numpy backend goes on with threads", RuntimeWarning,
+                          stacklevel=2)
         assign = mode in ("assign", "iter", "final")
         ops = blocks.Operands(centers, X.dtype, plan.augmented) if assign else None
         c = ops.c if assign else np.asarray(centers, dtype=X.dtype) if mode in (

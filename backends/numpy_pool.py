@@ -102,9 +102,22 @@ class Pool:
         self.ready_once = self.ready_once or all(self._ready)
         return self.ready_once and self.alive()
 
-    def send(self, message):
-        for conn in self.conns:
-            conn.send(message)
+    def send(self, message, t=None):
+        """`message` to worker t, or to all; raises `WorkerEnded` where one has ended."""
+        for i in range(len(self.conns)) if t is None else (t,):
+            try:
+                self.conns[i].send(message)
+            except OSError:   # (a broken pipe: it ended)
+                raise self._ended(i) from None
+
+    def _ended(self, t):
+        proc = self.procs[t]
+        try:
+            proc.wait(JOIN_S)
+        except subprocess.TimeoutExpired:
+            pass
+        return WorkerEnded(f"the numpy backend's worker process {t} (pid {proc.pid}) ended "
+                           f"during a pass, exit code {proc.returncode}")
 
     def replies(self):
         """Each worker's reply to the last message, in worker order: the first error a
@@ -115,14 +128,7 @@ class Pool:
             try:
                 reply = conn.recv()
             except (EOFError, OSError):
-                proc = self.procs[t]
-                try:
-                    proc.wait(JOIN_S)
-                except subprocess.TimeoutExpired:
-                    pass
-                raise WorkerEnded(f"the numpy backend's worker process {t} (pid {proc.pid}) "
-                                  f"ended during a pass, exit code {proc.returncode}"
-                                  ) from None
+                raise self._ended(t) from None
             if reply[0] == "ok":
                 self.last_times.append(reply[1:])
             elif failed is None:
@@ -332,9 +338,12 @@ class RunWorkers:
 
 
 def _send_attach(pool, t, meta, fds):
-    pool.conns[t].send(("attach", t, meta))   # (t: its share of each pass)
-    for fd in fds:
-        send_handle(pool.conns[t], fd, pool.procs[t].pid)
+    pool.send(("attach", t, meta), t)   # (t: its share of each pass)
+    try:
+        for fd in fds:
+            send_handle(pool.conns[t], fd, pool.procs[t].pid)
+    except OSError:
+        raise pool._ended(t) from None
 
 
 def _release(pool, bufs, broken=False):

@@ -44,7 +44,7 @@ def runs(monkeypatch):
 
     monkeypatch.setattr(npool.RunWorkers, "_attach", counting)
     yield attached
-    assert not npool._POOL.busy.locked()
+    assert npool._POOL is None or not npool._POOL.busy.locked()
 
 
 def _both(X, fit_kw=None, cls=KMeans, **kw):
@@ -218,7 +218,10 @@ def test_a_workers_error_reaches_the_caller(runs, monkeypatch):
     assert npool._POOL is pool and len(runs) == 2
 
 
-def test_a_killed_worker_leaves_the_fit_to_the_threads(runs, monkeypatch):
+@pytest.mark.parametrize("dead_before_send", [True, False])
+def test_a_killed_worker_leaves_the_fit_to_the_threads(runs, monkeypatch, dead_before_send):
+    """A worker killed between passes (the next send meets a broken pipe) or as a pass
+    starts (its reply never comes): the pass and the rest of the fit run on threads."""
     X = asymmetric_data(6_000, 3, 4, dtype=np.float64, seed=2)
     ref = KMeans(4, init=X[:4], n_init=1, max_iter=5, tol=0, backend="numpy",
                  backend_options={"processes": False, "n_threads": WORKERS}).fit(X)
@@ -228,6 +231,8 @@ def test_a_killed_worker_leaves_the_fit_to_the_threads(runs, monkeypatch):
         passes.append(1)
         if len(passes) == 2:
             os.kill(self._run[0].procs[0].pid, signal.SIGKILL)
+            if dead_before_send:
+                self._run[0].procs[0].wait()
         return run(self, *a, **kw)
 
     monkeypatch.setattr(npool.RunWorkers, "run", killing)
@@ -351,3 +356,20 @@ def test_a_pool_of_another_size_replaces_one_still_starting(runs):
     npool.start_pool(WORKERS + 1)   # not waited for
     assert npool.start_pool(WORKERS, timeout=60)
     assert npool._POOL.count == WORKERS and not npool._FAILED
+
+
+def test_a_worker_dead_at_attach_leaves_the_fit_to_the_threads(runs, monkeypatch):
+    X = asymmetric_data(6_000, 3, 4, dtype=np.float32, seed=3)
+    ref = KMeans(4, init=X[:4], n_init=1, max_iter=4, tol=0, backend="numpy",
+                 backend_options={"processes": False, "n_threads": WORKERS}).fit(X)
+    alive = npool.Pool.alive
+    monkeypatch.setattr(npool.Pool, "alive", lambda self: True)   # (not seen before attach)
+    pool = npool._POOL
+    os.kill(pool.procs[1].pid, signal.SIGKILL)
+    pool.procs[1].wait()
+    with pytest.warns(RuntimeWarning, match="worker process 1 .* ended"):
+        km = KMeans(4, init=X[:4], n_init=1, max_iter=4, tol=0, backend="numpy",
+                    backend_options={"processes": True, "n_threads": WORKERS}).fit(X)
+    _same(km, ref)
+    monkeypatch.setattr(npool.Pool, "alive", alive)
+    assert npool._POOL is None and npool.start_pool(WORKERS, timeout=60)
