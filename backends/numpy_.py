@@ -109,6 +109,8 @@ PROCESS_MIN_NS = 50e6
 #: W2 44-60 against 83-93; d=128 77-103 against 74-95, no gain, and its copy of X in shared
 #: memory (4 KiB pages) took 12 ms more to make and 10 more to free
 PROCESS_MAX_D = 16
+#: seconds a fit that will use the worker processes waits for a pool still starting
+WORKERS_WAIT_S = 2.0
 #: the fit's centered copy of X goes to shared memory (where the workers read it) from this
 #: many bytes, on two threads or more
 SHARED_MIN_BYTES = 1 << 20
@@ -193,12 +195,12 @@ def _sub_rows(d, k, itemsize, threads):
     return max(MIN_ROWS, cache, min(work, TARGET_BLOCK_BYTES // row_bytes))
 
 
-def _wants_workers(processes, plan):
-    """Whether a Lloyd pass of `plan` goes to the worker processes (`numpy_pool`): asked
-    for, or 'auto' with few features (PROCESS_MAX_D) and a pass long enough
-    (PROCESS_MIN_NS)."""
+def _wants_workers(processes, d, n_ns):
+    """Whether a Lloyd pass (d features, n_ns nanoseconds of one thread's work, `_Plan`)
+    goes to the worker processes (`numpy_pool`): asked for, or 'auto' with few features
+    (PROCESS_MAX_D) and a pass long enough (PROCESS_MIN_NS)."""
     return processes is True or (processes == "auto" and numpy_pool.available() and
-                                 plan.d < PROCESS_MAX_D and plan.n_ns >= PROCESS_MIN_NS)
+                                 d < PROCESS_MAX_D and n_ns >= PROCESS_MIN_NS)
 
 
 def _thread_fixed_bytes(k, d):
@@ -212,6 +214,12 @@ class NumpyPlacement(Placement):
     DLPack (no copy), the results going back in its library (`Placement.from_backend`). A
     memory-mapped X is centered block by block as it is read (`HostRows`), not copied: the
     fit holds in memory its buffers and O(n) arrays, and reads the file once per pass."""
+
+    def warm_up(self, X, n_clusters, init):
+        """The worker processes of a fit that will use them (`NumpyBackend.warm_workers`)."""
+        warm = getattr(self.backend, "warm_workers", None)   # (numba's: none)
+        if warm is not None and getattr(X, "ndim", 0) == 2:
+            warm(X.shape, n_clusters)
 
     def converts_from(self, namespace, X=None):
         return namespace == "list" or (namespace in DLPACK_FOREIGN and
@@ -291,7 +299,7 @@ class NumpyBackend(KMeansBackend):
         # none. Labels are the driver's part (`memory.driver_bytes`)
         parts = {"chunk_buffers": plan.threads * plan.per_thread, "shared": plan.shared,
                  "min_sq_dist": n_samples * itemsize}
-        if plan.threads > 1 and _wants_workers(processes, plan):
+        if plan.threads > 1 and _wants_workers(processes, plan.d, plan.n_ns):
             # a run on the worker processes (`numpy_shm.RunBuffers`; their buffers are the
             # threads' above): labels, an accumulator slot per worker, the centers
             parts["worker_run"] = (
@@ -350,7 +358,7 @@ class NumpyBackend(KMeansBackend):
         run = self._run_workers
         try:
             if run.pass_on_workers(X, mean, w, mode, plan, threads, n_tasks, copy_rows,
-                                   _wants_workers(self.processes, plan)):
+                                   _wants_workers(self.processes, plan.d, plan.n_ns)):
                 self._local = threading.local()   # (the threads' buffers: workers have theirs)
                 return run.run(X, centers, mode, labels_in, labels_old, plan)
         except numpy_pool.WorkerEnded as exc:
@@ -378,6 +386,16 @@ class NumpyBackend(KMeansBackend):
         with BLAS_ONE_THREAD if assign and threads > 1 else contextlib.nullcontext():
             accs = self._spawn(job, threads)
         return labels, min_sq, blocks.merged(accs), ops
+
+    def warm_workers(self, shape, k):
+        """For a fit of X's shape that will run on the worker processes: start the pool in
+        the background at a process's first such fit (its passes run on threads until the
+        pool is ready), or wait for a pool still starting, at most WORKERS_WAIT_S (the
+        rest of its start costs less than a fit on threads)."""
+        n, d = shape
+        if self.threads > 1 and _wants_workers(self.processes, d,
+                                               n * k * (ENTRY_NS + FEATURE_NS * d)):
+            numpy_pool.warm(self.threads, WORKERS_WAIT_S)
 
     def shares_memory(self, nbytes, d):
         """Whether the fit's centered copy of X (nbytes, d features) goes to shared memory,

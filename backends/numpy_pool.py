@@ -162,6 +162,20 @@ def start_pool(count, timeout=None):
     return pool is not None and pool.ready()
 
 
+def warm(count, wait_s):
+    """Start the pool of `count` workers in the background, or wait up to `wait_s` for one
+    that is starting."""
+    with _POOL_LOCK:
+        pool = _POOL
+        starting = pool is not None and pool.count == count and pool.alive()
+    if not starting:
+        _pool(count)
+        return
+    deadline = time.perf_counter() + wait_s
+    while not pool.ready() and pool.alive() and time.perf_counter() < deadline:
+        time.sleep(0.005)
+
+
 _POOL = None
 _POOL_LOCK = threading.Lock()
 _FAILED = []   # why a pool could not start in this process (then none is tried again)

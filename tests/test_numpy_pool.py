@@ -373,3 +373,20 @@ def test_a_worker_dead_at_attach_leaves_the_fit_to_the_threads(runs, monkeypatch
     _same(km, ref)
     monkeypatch.setattr(npool.Pool, "alive", alive)
     assert npool._POOL is None and npool.start_pool(WORKERS, timeout=60)
+
+
+def test_a_fit_starts_the_pool_and_the_next_waits_for_it(runs, monkeypatch):
+    """The first fit that will use the workers starts the pool in the background (its
+    passes on threads meanwhile); a fit while the pool is still starting waits for it."""
+    monkeypatch.setattr(nb, "PROCESS_MIN_NS", 0)
+    with npool._POOL_LOCK:
+        npool._POOL.close()
+        npool._POOL = None
+    X = asymmetric_data(6_000, 3, 4, dtype=np.float32, seed=4)
+    fit = lambda: KMeans(4, init=X[:4], n_init=1, max_iter=3, tol=0,  # noqa: E731
+                         backend="numpy", backend_options={"n_threads": WORKERS}).fit(X)
+    a = fit()
+    assert npool._POOL is not None and npool._POOL.count == WORKERS
+    b = fit()   # (waits for the pool the first one started)
+    _same(a, b)
+    assert runs[-1:] == [X.shape]
