@@ -54,11 +54,6 @@ class BlasOneThread:
             self._thread = ThreadPoolExecutor(1, thread_name_prefix="kmeans_xp-blas")
         return self._thread.submit(fn).result()
 
-    @property
-    def users(self) -> int:
-        """Passes holding BLAS to one thread now."""
-        return self._users
-
     def include_new_libraries(self):
         """A BLAS library was loaded after the controller was made (SciPy's, which numba
         calls): the next limit looks at the loaded libraries again."""

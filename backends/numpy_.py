@@ -103,19 +103,15 @@ DIFF_BYTES = 2 << 20
 #: thread's work (k * (ENTRY_NS + FEATURE_NS * d) per row); the first such pass of a process
 #: starts them (in the background: a few hundred milliseconds of each core)
 PROCESS_MIN_NS = 50e6
-#: ... with fewer features than this ('auto'). Below SORTED_SUMS_MIN_D the threads' sums
-#: hold the GIL for part of each bincount. On the H200 host's 16 cores (h200-2026-12-03f,
-#: workers_probe.json), per pass: W1 (d=3) 26-27 ms on the workers against 46-58 on threads,
-#: W2 44-60 against 83-93; d=128 77-103 against 74-95, no gain, and its copy of X in shared
-#: memory (4 KiB pages) took 12 ms more to make and 10 more to free
+#: ... with fewer features than this ('auto': below SORTED_SUMS_MIN_D the threads' sums hold
+#: the GIL). H200 host, 16 cores (h200-2026-12-03f), per pass, workers against threads: W1
+#: 26-27 ms against 46-58, W2 44-60 against 83-93, d=128 77-103 against 74-95
 PROCESS_MAX_D = 16
 #: seconds a fit that will use the worker processes waits for a pool still starting
 WORKERS_WAIT_S = 2.0
-#: the fit's centered copy of X goes to shared memory (where the workers read it) from this
-#: many bytes, on two threads or more
+#: the fit's centered copy of X goes to shared memory (the workers read it) from this size
 SHARED_MIN_BYTES = 1 << 20
-#: a worker's GEMM sub-chunks are sized as for this many threads sharing a GIL (1: none, so
-#: their (rows, k) results stay in L2)
+#: a worker's GEMM sub-chunks are sized as for this many threads sharing a GIL (1: in L2)
 PROCESS_SUB_THREADS = 1
 #: bytes of Python objects a call creates (thread pool, futures, thread-local dicts)
 PYTHON_OVERHEAD = 48 << 10
@@ -172,7 +168,7 @@ class _Plan:
         # a worker process's sub-chunks: one thread's (it shares no GIL), never more rows
         self.sub_alone = max(1, min(_sub_rows(d, k, itemsize, PROCESS_SUB_THREADS),
                                     self.sub))
-        self.n_ns = n * k * (ENTRY_NS + FEATURE_NS * d)
+        self.n_ns = _pass_ns(n, d, k)
         self.shared = shared_fixed
         self.per_thread = thread_fixed + self.sub * sub_row + self.block * block_row
         # the final pass's pieces: past the sub-chunk's rows (counted in sub_row) out of
@@ -195,12 +191,19 @@ def _sub_rows(d, k, itemsize, threads):
     return max(MIN_ROWS, cache, min(work, TARGET_BLOCK_BYTES // row_bytes))
 
 
-def _wants_workers(processes, d, n_ns):
-    """Whether a Lloyd pass (d features, n_ns nanoseconds of one thread's work, `_Plan`)
-    goes to the worker processes (`numpy_pool`): asked for, or 'auto' with few features
-    (PROCESS_MAX_D) and a pass long enough (PROCESS_MIN_NS)."""
+def _pass_ns(n, d, k):
+    """A pass's estimated nanoseconds of one thread's work."""
+    return n * k * (ENTRY_NS + FEATURE_NS * d)
+
+
+def _wants_workers(processes, d, n_ns=None):
+    """Whether a Lloyd pass (d features, n_ns nanoseconds of one thread's work, `_pass_ns`;
+    None: not known yet, as when X is centered) goes to the worker processes
+    (`numpy_pool`): asked for, or 'auto' with few features (PROCESS_MAX_D) and a pass long
+    enough (PROCESS_MIN_NS)."""
     return processes is True or (processes == "auto" and numpy_pool.available() and
-                                 d < PROCESS_MAX_D and n_ns >= PROCESS_MIN_NS)
+                                 d < PROCESS_MAX_D and (n_ns is None or
+                                                        n_ns >= PROCESS_MIN_NS))
 
 
 def _thread_fixed_bytes(k, d):
@@ -342,7 +345,7 @@ class NumpyBackend(KMeansBackend):
     def _run(self, X, sample_weight, centers, *, labels_in=None, labels_old=None,
              mode="iter"):
         """One pass over X in blocks (`numpy_blocks.Pass` says what each mode does), on the
-        run's worker processes where it has them (`_workers_for`), else on the pool's
+        run's worker processes where it has them (`numpy_pool.RunWorkers`), else on the pool's
         threads. X seen centered (`HostRows`: a memmap) is read and centered block by
         block. Thread t takes a fixed, contiguous run of blocks and adds them in order into
         its own accumulators, which are then added in thread order: the float64 sums do not
@@ -389,19 +392,16 @@ class NumpyBackend(KMeansBackend):
 
     def warm_workers(self, shape, k):
         """For a fit of X's shape that will run on the worker processes: start the pool in
-        the background at a process's first such fit (its passes run on threads until the
-        pool is ready), or wait for a pool still starting, at most WORKERS_WAIT_S (the
-        rest of its start costs less than a fit on threads)."""
-        n, d = shape
-        if self.threads > 1 and _wants_workers(self.processes, d,
-                                               n * k * (ENTRY_NS + FEATURE_NS * d)):
+        the background (passes run on threads until it is ready), or wait for one still
+        starting, at most WORKERS_WAIT_S (less than a fit on threads costs)."""
+        if self.threads > 1 and _wants_workers(self.processes, shape[1], _pass_ns(*shape, k)):
             numpy_pool.warm(self.threads, WORKERS_WAIT_S)
 
     def shares_memory(self, nbytes, d):
         """Whether the fit's centered copy of X (nbytes, d features) goes to shared memory,
         where the worker processes read it (`numpy_shm.shared_empty`)."""
-        return (self.processes is True or self.processes == "auto" and d < PROCESS_MAX_D) and (
-            numpy_pool.available() and self.threads > 1 and nbytes >= SHARED_MIN_BYTES)
+        return (self.threads > 1 and nbytes >= SHARED_MIN_BYTES and
+                _wants_workers(self.processes, d))
 
     def assign(self, X, centers, *, xp=None):
         labels, min_sq, _, _ = self._run(X, None, centers, mode="assign")

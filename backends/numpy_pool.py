@@ -157,8 +157,9 @@ def start_pool(count, timeout=None):
     until ready (a benchmark's warm-up, a test): False if it was not ready in time."""
     pool = _pool(count)
     deadline = time.perf_counter() + (timeout or 0)
-    while pool is not None and not pool.ready() and time.perf_counter() < deadline:
-        time.sleep(0.01)
+    while (pool is not None and not pool.ready() and pool.alive() and
+           time.perf_counter() < deadline):
+        time.sleep(0.005)
     return pool is not None and pool.ready()
 
 
@@ -168,12 +169,7 @@ def warm(count, wait_s):
     with _POOL_LOCK:
         pool = _POOL
         starting = pool is not None and pool.count == count and pool.alive()
-    if not starting:
-        _pool(count)
-        return
-    deadline = time.perf_counter() + wait_s
-    while not pool.ready() and pool.alive() and time.perf_counter() < deadline:
-        time.sleep(0.005)
+    start_pool(count, wait_s if starting else None)
 
 
 _POOL = None
@@ -363,16 +359,16 @@ def _send_attach(pool, t, meta, fds):
 def _release(pool, bufs, broken=False):
     global _POOL
     try:
+        if not broken:
+            try:
+                pool.send(("detach",))
+            except WorkerEnded:   # (one ended since the run's last pass)
+                broken = True
         if broken:
             with _POOL_LOCK:
                 pool.close()
                 if _POOL is pool:
                     _POOL = None
-        else:
-            try:
-                pool.send(("detach",))
-            except OSError:
-                pass
     finally:
         bufs.close()
         pool.busy.release()

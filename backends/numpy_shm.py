@@ -55,35 +55,33 @@ def segment_of(X):
     return entry[1], X.ctypes.data - entry[2]
 
 
+def view(buffer, spec):
+    """The array that spec = (byte offset, dtype, shape) describes in `buffer` (a run's
+    segment or X's, mapped here or in a worker)."""
+    offset, dtype, shape = spec
+    return np.frombuffer(buffer, dtype=dtype, count=int(np.prod(shape)),
+                         offset=offset).reshape(shape)
+
+
 class RunBuffers:
     """A run's segment: labels (compact), one accumulator slot per worker, the centers and
-    the weights (copied in once)."""
+    the weights (copied in once). `meta`: each array's spec (`view`), for the workers."""
 
     def __init__(self, n, labels_dtype, count, slot_len, centers_shape, dtype, w):
-        ld, dt = np.dtype(labels_dtype), np.dtype(dtype)
-        parts = [("labels", n * ld.itemsize), ("slots", count * slot_len * 8),
-                 ("centers", int(np.prod(centers_shape)) * dt.itemsize),
-                 ("w", 0 if w is None else n * w.dtype.itemsize)]
-        self.layout, at = {}, 0
-        for name, size in parts:
-            self.layout[name] = at
-            at += -(-size // 64) * 64
+        parts = [("labels", labels_dtype, (n,)), ("slots", np.float64, (count, slot_len)),
+                 ("centers", dtype, tuple(centers_shape))]
+        parts += [] if w is None else [("w", w.dtype, (n,))]
+        self.meta, at = {"w": None}, 0
+        for name, dt, shape in parts:
+            dt = np.dtype(dt)
+            self.meta[name] = (at, dt.str, shape)
+            at += -(-int(np.prod(shape)) * dt.itemsize // 64) * 64
         self.fd, self._map = segment(at, "kmeans_xp-run")
-        self.labels = self._view("labels", ld, (n,))
-        self.slots = self._view("slots", np.float64, (count, slot_len))
-        self.centers = self._view("centers", dt, centers_shape)
-        self.w = None if w is None else self._view("w", w.dtype, (n,))
+        self.labels, self.slots, self.centers, self.w = (
+            None if self.meta[name] is None else view(self._map, self.meta[name])
+            for name in ("labels", "slots", "centers", "w"))
         if w is not None:
             self.w[:] = w
-        self.meta = {"labels": (self.layout["labels"], ld.str, (n,)),
-                     "slots": (self.layout["slots"], "<f8", (count, slot_len)),
-                     "centers": (self.layout["centers"], dt.str, tuple(centers_shape)),
-                     "w": None if w is None else (self.layout["w"], w.dtype.str, (n,))}
-
-    def _view(self, name, dtype, shape):
-        count = int(np.prod(shape))
-        return np.frombuffer(self._map, dtype=dtype, count=count,
-                             offset=self.layout[name]).reshape(shape)
 
     def close(self):
         self.labels = self.slots = self.centers = self.w = None

@@ -15,9 +15,8 @@ import types
 from multiprocessing.connection import Connection
 from multiprocessing.reduction import recv_handle
 
-import numpy as np
-
 from . import numpy_blocks as blocks
+from .numpy_shm import view
 
 
 def main():
@@ -68,15 +67,11 @@ class _WorkerRun:
         finally:
             os.close(x_fd)
             os.close(run_fd)
-        offset, dtype, shape = meta["x"]
-        self.X = np.frombuffer(self._maps[0], dtype=dtype, count=int(np.prod(shape)),
-                               offset=offset).reshape(shape)
-        view = {name: None if meta[name] is None else np.frombuffer(
-            self._maps[1], dtype=meta[name][1], count=int(np.prod(meta[name][2])),
-            offset=meta[name][0]).reshape(meta[name][2])
-            for name in ("labels", "slots", "centers", "w")}
-        self.labels, self.slot = view["labels"], view["slots"][t]
-        self.centers, self.w = view["centers"], view["w"]
+        self.X = view(self._maps[0], meta["x"])
+        self.labels, slots, self.centers, self.w = (
+            None if meta[name] is None else view(self._maps[1], meta[name])
+            for name in ("labels", "slots", "centers", "w"))
+        self.slot = slots[t]
         self.plan = plan = types.SimpleNamespace(**meta["plan"])
         self.bufs = blocks.allocate(plan.block, plan.sub_alone, plan.k, plan.d, self.X.dtype,
                                     augmented=plan.augmented, sorted_sums=plan.sorted_sums,

@@ -390,3 +390,19 @@ def test_a_fit_starts_the_pool_and_the_next_waits_for_it(runs, monkeypatch):
     b = fit()   # (waits for the pool the first one started)
     _same(a, b)
     assert runs[-1:] == [X.shape]
+
+
+def test_a_worker_dead_before_a_runs_end_ends_the_pool_quietly(runs):
+    """A worker that dies after a run's last pass on it, before the run detaches (here: the
+    backend's `finish`), costs the pool, not an error."""
+    X = asymmetric_data(6_000, 3, 4, dtype=np.float32, seed=8)
+    be = get_backend("numpy")(processes=True, n_threads=WORKERS)
+    Xc = be.placement.center(X, X.mean(axis=0), xp=np)
+    be.lloyd_iter(Xc, None, Xc[:4].copy(), None)
+    assert runs == [X.shape]
+    pool = npool._POOL
+    os.kill(pool.procs[0].pid, signal.SIGKILL)
+    pool.procs[0].wait()
+    be.finish()   # detaches: the detach message meets a broken pipe
+    assert npool._POOL is None and not pool.busy.locked()
+    assert npool.start_pool(WORKERS, timeout=60)
