@@ -1,5 +1,5 @@
 """First-party backends of kmeans_xp (installed as ``kmeans_xp_backends``).
 
-Each module holds one backend; the registry (`kmeans_xp.registry`) imports them lazily, so
+Each module holds one backend; the registry (`kmeans_xp.contract.registry`) imports them lazily, so
 importing kmeans_xp never imports CuPy or Dask.
 """

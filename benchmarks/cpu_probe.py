@@ -27,7 +27,7 @@ WORKLOADS = {"W1": (2_000_000, 3, 200), "W2": (2_000_000, 3, 500),
 if os.environ.get("KMEANS_XP_PROBE_TINY"):   # a smoke run of the script itself
     WORKLOADS = {"W1": (20_000, 3, 20), "W2": (20_000, 3, 50), "d128": (2_000, 128, 16)}
 
-#: variants of the numpy backend: label -> module attributes of kmeans_xp_backends.numpy_ set
+#: variants of the numpy backend: label -> module attributes of kmeans_xp_backends.numpy.backend set
 #: for the row (the defaults are restored after it); rows of each workload. Every variant
 #: gives the default's labels (tests/test_numpy_variants.py)
 SORTED = {"SORTED_SUMS_MIN_D": 0}                  # label-grouped sums for every d
@@ -64,7 +64,7 @@ ONE_CORE_VARIANTS = {"W1": ("sums=sorted (all d; partition differs on a tie case
 #: cores and on one, default constants
 STAGES = ("W1", "d128")
 
-#: variants of the numba backend (module kmeans_xp_backends.numba_), as VARIANTS
+#: variants of the numba backend (module kmeans_xp_backends.numba.backend), as VARIANTS
 NUMBA_VARIANTS = {
     "W1": {"tile=128": {"NARROW_TILE": 128}, "tile=512": {"NARROW_TILE": 512},
            "tasks<=16": {"MAX_TASKS": 16}, "tasks<=256": {"MAX_TASKS": 256}},
@@ -127,7 +127,7 @@ def _patched(module, attrs, fn):
 def start_worker_pool():
     """The numpy backend's worker processes, started and ready before anything is timed (a
     process's first fit starts them in the background: workers_probe.py times that)."""
-    from kmeans_xp_backends import numpy_pool
+    from kmeans_xp_backends.numpy import pool as numpy_pool
     from kmeans_xp_backends.cpu_threads import thread_count
     if numpy_pool.available() and thread_count() > 1:
         t0 = time.perf_counter()
@@ -137,7 +137,7 @@ def start_worker_pool():
 
 
 def lloyd_rows(name, X, init, iters, repeats, quick, old):
-    import kmeans_xp_backends.numpy_ as nb
+    import kmeans_xp_backends.numpy.backend as nb
     from sklearn.cluster import KMeans as SK
     k = init.shape[0]
     rows = {"sklearn": median_time(lambda: SK(k, init=init, n_init=1, max_iter=iters, tol=0,
@@ -169,7 +169,7 @@ def lloyd_rows(name, X, init, iters, repeats, quick, old):
                     nb, attrs, _one_core(_fit("numpy", X, init, iters, threads=1))),
                     repeats) / iters
         if _has_numba() and not os.environ.get("KMEANS_XP_PROBE_NO_NUMBA_VARIANTS"):
-            import kmeans_xp_backends.numba_ as nu
+            import kmeans_xp_backends.numba.backend as nu
             for variant, attrs in NUMBA_VARIANTS.get(name, {}).items():
                 rows[f"numba {variant} threads=all"] = median_time(
                     _patched(nu, attrs, _fit("numba", X, init, iters)), repeats) / iters
@@ -184,7 +184,7 @@ def plusplus_rows(n, k, repeats):
     from array_api_compat import numpy as xp
     from sklearn.cluster import kmeans_plusplus
 
-    from kmeans_xp.init import kmeans_plusplus as ours
+    from kmeans_xp.algorithms.init import kmeans_plusplus as ours
     X, _ = data(n, 3, k, seed=1)
     # (plain NumPy on both sides: nothing to compile, no warm-up run)
     return {"sklearn kmeans_plusplus": median_time(lambda: kmeans_plusplus(

@@ -209,7 +209,7 @@ def blas_threads_matmul(threads, n=65536, d=3, k=200):
 def backend_scaling(threads, n, d, k, repeats=3):
     """Best of `repeats` lloyd_iter times by thread count; one thread on one core (BLAS held
     to one thread too, as the pool holds it for its threads)."""
-    import kmeans_xp_backends.numpy_ as nb
+    import kmeans_xp_backends.numpy.backend as nb
     from threadpoolctl import threadpool_limits
     rng = np.random.default_rng(0)
     X = (rng.standard_normal((n, d)) * np.arange(1, d + 1)).astype(np.float32)

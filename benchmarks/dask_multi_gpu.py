@@ -102,8 +102,8 @@ def lloyd_loop(backend, X, sw, centers, xp, iters, warmup, sync, details=None):
     iteration, final centers as NumPy, per-iteration seconds). With `details` (a list), each
     timed iteration's backend.last_iter_timings is appended, with the iteration's start and
     end (this host's clock)."""
-    from kmeans_xp.lloyd import new_centers
-    from kmeans_xp.namespaces import to_numpy
+    from kmeans_xp.algorithms.lloyd import new_centers
+    from kmeans_xp.contract.namespaces import to_numpy
 
     per_iter = []
     labels = None
@@ -191,7 +191,7 @@ def run_single_gpu(args, n, init, result):
     import cupy as cp
     from array_api_compat import cupy as cp_xp
 
-    from kmeans_xp.registry import available_backends, get_backend
+    from kmeans_xp.contract.registry import available_backends, get_backend
 
     have = available_backends()
     name = args.single_backend or next((b for b in SINGLE_GPU_BACKENDS if b in have), None)

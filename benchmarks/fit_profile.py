@@ -36,8 +36,8 @@ def clock(cp, fn, repeats=20):
 def pass_rows(cp, out, backend_name="cupy-fused", workload="W1"):
     """ms per iteration of the backend's pass alone, pass + driver update, the driver loop."""
     from kmeans_xp import KMeans
-    from kmeans_xp import lloyd as L
-    from kmeans_xp.registry import get_backend
+    from kmeans_xp.algorithms import lloyd as L
+    from kmeans_xp.contract.registry import get_backend
     n, d, k = WORKLOADS[workload]
     X, init = data(n, d, k)
     Xg = cp.asarray(X - X.mean(axis=0))
@@ -66,7 +66,7 @@ def host_rows(cp, out, b, Xg, c_host, labels):
     (HostCenters) against pageable copies."""
     from kmeans_xp_backends.cupy import host_centers
 
-    from kmeans_xp import lloyd as L
+    from kmeans_xp.algorithms import lloyd as L
     c_host = c_host.astype(np.float32)
     c64 = c_host.astype(np.float64)
 

@@ -37,7 +37,7 @@ def candidates_share(KMeans, X, k, backend, repeats):
     around the candidates' part."""
     import cupy as cp
 
-    from kmeans_xp import init as init_mod
+    from kmeans_xp.algorithms import init as init_mod
     real = init_mod._plusplus_on_candidates
     spent = []
 
@@ -62,8 +62,9 @@ def agreement(X, k):
     from array_api_compat import cupy as cp_xp
     from array_api_compat import numpy as np_xp
 
-    from kmeans_xp.init import kmeans_plusplus, local_trials
-    from kmeans_xp.registry import get_backend
+    from kmeans_xp.algorithms.init import kmeans_plusplus
+    from kmeans_xp.contract.seeding import local_trials
+    from kmeans_xp.contract.registry import get_backend
     out = {}
     b = get_backend("cupy-kernels")()
     for dtype in (np.float32, np.float64):

@@ -3,8 +3,8 @@
     python benchmarks/kmeans_parallel_vs_pp.py                      # n=1M, d=3, k=200
     python benchmarks/kmeans_parallel_vs_pp.py --n 100000 --k 50 --seeds 0 --out /tmp/r.json
 
-Two workloads: the seed's data (two unit Gaussians at +-1, `kmeans_xp.data.seed_data`) and
-asymmetric blobs with k centers (`kmeans_xp.data.blobs`). For each seed, both inits run
+Two workloads: the seed's data (two unit Gaussians at +-1, `kmeans_xp.tools.data.seed_data`) and
+asymmetric blobs with k centers (`kmeans_xp.tools.data.blobs`). For each seed, both inits run
 through `KMeans(..., init=..., random_state=seed, max_iter=300)` on one backend, so the two
 differ only in their initial centers. Writes JSON (machine, settings, every run, a summary).
 """
@@ -37,7 +37,7 @@ def machine():
 
 
 def workload(name, n, d, k, dtype):
-    from kmeans_xp.data import blobs, seed_data
+    from kmeans_xp.tools.data import blobs, seed_data
     if name == "seed":
         return seed_data(n, d, dtype=dtype)
     if name == "blobs":
@@ -112,7 +112,7 @@ def main(argv=None):
         info["load_average_at_end"] = os.getloadavg()
     except (OSError, AttributeError):
         pass
-    from kmeans_xp.init import KMEANS_PARALLEL_OVERSAMPLING, KMEANS_PARALLEL_ROUNDS
+    from kmeans_xp.algorithms.init import KMEANS_PARALLEL_OVERSAMPLING, KMEANS_PARALLEL_ROUNDS
     result = {"benchmark": "kmeans_parallel_vs_pp", "machine": info,
               "settings": {**vars(args), "oversampling_factor": KMEANS_PARALLEL_OVERSAMPLING,
                            "rounds": KMEANS_PARALLEL_ROUNDS,

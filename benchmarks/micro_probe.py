@@ -58,7 +58,7 @@ def fit_breakdown(cp, out):
 def candidate_step(cp, out):
     from cupyx.profiler import benchmark
 
-    from kmeans_xp.init import sq_dist
+    from kmeans_xp.algorithms.init import sq_dist
     X, _ = data(500_000, 3, 500, seed=1)
     Xg = cp.asarray(X)
     XT = cp.ascontiguousarray(Xg.T)

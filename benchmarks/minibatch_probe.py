@@ -70,7 +70,7 @@ def sklearn_row(X, init, args):
 
 def ours_row(X, init, args, backend, ref=None, labels=False):
     from kmeans_xp import MiniBatchKMeans
-    from kmeans_xp.namespaces import to_numpy
+    from kmeans_xp.contract.namespaces import to_numpy
     km = MiniBatchKMeans(backend=backend, **params(args, init))
     t0 = time.perf_counter()
     km.fit(X)

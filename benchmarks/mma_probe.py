@@ -14,7 +14,7 @@ events around the assignment alone (`_assign_pass`: labels, inertia partials, ch
 centers packed once before), median of --reps after two warm-ups; W5 also times a whole
 `lloyd_iter` (pack + pass + sums + finalize). Correctness on the first 4096 rows: tf32 labels
 against the float64 exact argmin within TF32's rounding bound, 3xTF32 labels against the SIMT
-kernel's (differences counted, and whether each is a near tie: kmeans_xp.label_bounds). A
+kernel's (differences counted, and whether each is a near tie: kmeans_xp.testing.label_bounds). A
 failing variant prints its error and the probe goes on. About a minute on an H200.
 """
 from __future__ import annotations
@@ -69,9 +69,9 @@ def exact_reference(cp, Xs, C):
 
 
 def tf32_violations(cp, Xs, C, lab, D):
-    """Labels farther than TF32's rounding allows (kmeans_xp.label_bounds.tf32_error), and the
+    """Labels farther than TF32's rounding allows (kmeans_xp.testing.label_bounds.tf32_error), and the
     share equal to the exact argmin."""
-    from kmeans_xp.label_bounds import tf32_error
+    from kmeans_xp.testing.label_bounds import tf32_error
     Xh, Ch, lab, D = Xs.get(), C.get(), cp.asnumpy(lab), D.get()
     rows, best_i = np.arange(len(lab)), D.argmin(1)
     nx2, nc2 = (Xh.astype(np.float64) ** 2).sum(1), (Ch.astype(np.float64) ** 2).sum(1)
@@ -151,7 +151,7 @@ def tf32_round(a):
 def same_operands(cp, case, name, a, b, Xs, init):
     """Labels of two TF32 kernels (the same rounded operands, another summation order):
     how many differ, and how many of those are not near ties of the rounded operands."""
-    from kmeans_xp.label_bounds import near_tie
+    from kmeans_xp.testing.label_bounds import near_tie
     diff = cp.flatnonzero(a != b)
     Xr, Cr = tf32_round(Xs[diff].get()), tf32_round(init.get())
     ties = near_tie(Xr, Cr, a[diff].get(), b[diff].get(), np.float32)
@@ -166,7 +166,7 @@ def main(argv):
     import cupy as cp
 
     from benchmarks.probe_fused import make_data
-    from kmeans_xp.label_bounds import near_tie
+    from kmeans_xp.testing.label_bounds import near_tie
     out_path = argv[1] if len(argv) > 1 and not argv[1].startswith("--") else "mma_probe.json"
     reps = int(argv[argv.index("--reps") + 1]) if "--reps" in argv else 7
     props = cp.cuda.runtime.getDeviceProperties(0)

@@ -97,8 +97,8 @@ class _TimedNumpy:
 
 @contextlib.contextmanager
 def _instrumented(sink):
-    import kmeans_xp_backends.numpy_ as nb
-    import kmeans_xp_backends.numpy_blocks as blocks
+    import kmeans_xp_backends.numpy.backend as nb
+    import kmeans_xp_backends.numpy.blocks as blocks
     saved = [(blocks, "np", blocks.np), (nb, "np", nb.np)]
     saved += [(blocks, k, getattr(blocks, k)) for k in KERNELS if hasattr(blocks, k)]
     try:
@@ -114,7 +114,7 @@ def _instrumented(sink):
 
 
 def _patched(attrs):
-    import kmeans_xp_backends.numpy_ as nb
+    import kmeans_xp_backends.numpy.backend as nb
 
     @contextlib.contextmanager
     def ctx():
@@ -133,7 +133,7 @@ def breakdown(X, centers, threads=None, iters=5, attrs=None, clock="wall"):
     """{"threads", "wall_ms", "clock", "stages": {name: thread-ms}} per lloyd_iter (from
     the same centers each time) on `threads` pool threads (None: all cores); threads=1 holds
     BLAS to one thread as well. clock "cpu": stages in each thread's CPU time."""
-    import kmeans_xp_backends.numpy_ as nb
+    import kmeans_xp_backends.numpy.backend as nb
     from threadpoolctl import threadpool_limits
     sink = _Sink(time.thread_time if clock == "cpu" else time.perf_counter)
     one_core = threadpool_limits(1) if threads == 1 else contextlib.nullcontext()

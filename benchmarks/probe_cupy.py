@@ -5,7 +5,7 @@ workloads (float32), with the issue's targets.
 
 W1 n=2M d=3 k=200, W3 n=20M d=3 k=1000, W5 n=1M d=128 k=4096 (targets: cupy-chunked W3 <=
 150 ms, W5 <= 45 ms; cupy-kernels W3 <= 60 ms). One iteration is what a fit does per
-iteration through the driver (`kmeans_xp.lloyd`): the backend's `lloyd_iter` (assignment,
+iteration through the driver (`kmeans_xp.algorithms.lloyd`): the backend's `lloyd_iter` (assignment,
 per-cluster sums, inertia and changed labels), the driver's center update, the one small
 fetch of the statistics (and a relocation when a cluster is empty). It is timed as the
 difference of two `KMeans.fit` runs from the same centers with tol=0 (max_iter=2 and 2+m,

@@ -4,7 +4,7 @@
 
 W1 n=2M d=3 k=200, W2 n=2M d=3 k=500, W3 n=20M d=3 k=1000, W5 n=1M d=128 k=4096, each for a
 few backend options (fused or split passes; fp32, tf32 through cuBLAS, tf32 fused). One
-"iteration" is what the driver (`kmeans_xp.lloyd`) does per iteration on this backend: its
+"iteration" is what the driver (`kmeans_xp.algorithms.lloyd`) does per iteration on this backend: its
 `lloyd_iter` (pack_centers, the assignment pass + fused or separate sums, finalize), the
 driver's center update and its one fetch of the statistics (relocation when a cluster is
 empty). Warm-up first (NVRTC compile, pool growth), the device synchronised before each clock
@@ -57,7 +57,7 @@ def make_data(cp, n, d, k, seed=0):
 
 
 def time_iterations(cp, be, X, w, init, iters, repeats):
-    """ms per iteration through the driver (`kmeans_xp.lloyd.kmeans_single_lloyd`: lloyd_iter,
+    """ms per iteration through the driver (`kmeans_xp.algorithms.lloyd.kmeans_single_lloyd`: lloyd_iter,
     the center update, the one fetch, relocation when a cluster is empty) as the difference of
     runs of 2 and 2 + iters iterations (tol=0), so the final pass and inertia cancel out; and,
     by CUDA events, one lloyd_iter and one assignment on the device, a lloyd_iter's host time,
@@ -65,7 +65,7 @@ def time_iterations(cp, be, X, w, init, iters, repeats):
     inertia by direct differences."""
     from array_api_compat import array_namespace
 
-    from kmeans_xp.lloyd import kmeans_single_lloyd
+    from kmeans_xp.algorithms.lloyd import kmeans_single_lloyd
     xp = array_namespace(X)
 
     relocations = []  # the relocations (farthest calls) of the last run, by empty clusters
@@ -116,7 +116,7 @@ def time_iterations(cp, be, X, w, init, iters, repeats):
 
 def check_labels(cp, be, X, init, rows):
     """Share of a subsample's labels equal to the numpy backend's (ties may differ)."""
-    from kmeans_xp_backends.numpy_ import NumpyBackend
+    from kmeans_xp_backends.numpy.backend import NumpyBackend
     Xs = X[:rows]
     got = be.assign(Xs, init).labels.get()
     ref = NumpyBackend().assign(Xs.get(), init.get()).labels

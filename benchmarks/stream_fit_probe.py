@@ -37,7 +37,7 @@ def fit_row(cp, X, init, backend, iters, limit=15 * GiB, options=None):
     """One fit under a pool limit (0: none): its times, peak, inertia, mean and a hash of the
     first 1e7 labels, and whether X came back unchanged and unlocked."""
     from kmeans_xp import KMeans
-    from kmeans_xp.namespaces import to_numpy
+    from kmeans_xp.contract.namespaces import to_numpy
     pool = cp.get_default_memory_pool()
     pool.free_all_blocks()
     pool.set_limit(size=limit)

@@ -1,4 +1,4 @@
-"""pytest-benchmark suites on `kmeans_xp.bench`'s protocol, one case per (workload, row).
+"""pytest-benchmark suites on `kmeans_xp.tools.bench`'s protocol, one case per (workload, row).
 
 Every case uses the workload's data and its ONE shared init, a fixed iteration count (tol=0),
 and checks the fit against the numpy backend (label agreement and inertia) before anything is
@@ -20,8 +20,8 @@ import functools
 import numpy as np
 import pytest
 
-from kmeans_xp import bench
-from kmeans_xp.registry import list_backends
+from kmeans_xp.tools import bench
+from kmeans_xp.contract.registry import list_backends
 
 #: small by default (seconds in all); the seed's workloads (issues 3-5) behind --big
 SMALL = {

@@ -29,8 +29,8 @@ import numpy as np
 import pytest
 
 from kmeans_xp import KMeans
-from kmeans_xp.data import seed_data
-from kmeans_xp.memory import host_available_memory, resolve_budget
+from kmeans_xp.tools.data import seed_data
+from kmeans_xp.contract.memory import host_available_memory, resolve_budget
 from kmeans_xp.testing import asymmetric_data
 
 sklearn_cluster = pytest.importorskip("sklearn.cluster")
@@ -157,7 +157,7 @@ def checked(workload):
 def memory(workload):
     """The numpy backend's working memory: the estimate, and one Lloyd iteration's measured
     peak (tracemalloc, fresh backend so its buffers are counted), against max_memory."""
-    from kmeans_xp_backends.numpy_ import NumpyBackend
+    from kmeans_xp_backends.numpy.backend import NumpyBackend
 
     from kmeans_xp import estimate_memory
 

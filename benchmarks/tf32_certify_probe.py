@@ -1,7 +1,7 @@
 """How many rows a TF32 pass could prove exact (issue 13's exact W5 target, a route not built
 yet): a row's TF32 label is the exact nearest center when its second-nearest TF32 distance
 exceeds the nearest by more than the two centers' TF32 error bounds
-(`kmeans_xp.label_bounds.tf32_error`); the other rows would need an exact pass. Lloyd in
+(`kmeans_xp.testing.label_bounds.tf32_error`); the other rows would need an exact pass. Lloyd in
 float64 on the CPU on W5-like blobs (probe_fused's data: k blobs, features on scales 1..90,
 centers drawn from X), scaled down to n=100k, k=410 (W5's n/k = 244); per iteration, the
 share of rows that cannot be proven, with the per-center bound and with the largest center
@@ -16,7 +16,7 @@ import sys
 
 import numpy as np
 
-from kmeans_xp.label_bounds import tf32_error
+from kmeans_xp.testing.label_bounds import tf32_error
 
 
 def w5_like(n, d, k, seed=0):

@@ -18,7 +18,7 @@ from host_calls import host_us_per_call  # (this script's folder is on sys.path)
 from kmeans_xp_backends.cupy import fused, host_centers, placement, reductions
 from regression_probe import WORKLOADS, data
 
-import kmeans_xp.lloyd as lloyd
+import kmeans_xp.algorithms.lloyd as lloyd
 from kmeans_xp import KMeans
 
 events, depth = [], [0]

@@ -1,6 +1,6 @@
 """Where one W5 Lloyd iteration's device time goes on cupy-fused (issue 13's tf32 target is
 per iteration): CUDA-event times of pack_centers, the assignment pass, the sums (fixed-point
-accumulate), finalize, and the driver's center update (`kmeans_xp.lloyd._update`: means,
+accumulate), finalize, and the driver's center update (`kmeans_xp.algorithms.lloyd._update`: means,
 shift, the small array it reads), at n=1M, d=128, k=4096, float32; median of 9 after two
 warm-ups, for the tf32 default and the exact default. Then the sums both ways where k*(d+1)
 does not fit in shared memory (`sums_ways`): accumulate_global's atomics per element against
@@ -22,7 +22,7 @@ def parts(cp, opts, X, init):
     from kmeans_xp_backends.cupy.fused import CupyFusedBackend
 
     from benchmarks.mma_probe import timed
-    from kmeans_xp.lloyd import _update
+    from kmeans_xp.algorithms.lloyd import _update
     be = CupyFusedBackend(**opts)
     ws = be._workspace(X, init.shape[0])
     labels = cp.empty(ws.n, dtype=cp.int32)

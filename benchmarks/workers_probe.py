@@ -50,8 +50,8 @@ def main():
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
-    import kmeans_xp_backends.numpy_ as nb
-    import kmeans_xp_backends.numpy_pool as npool
+    import kmeans_xp_backends.numpy.backend as nb
+    import kmeans_xp_backends.numpy.pool as npool
     from kmeans_xp_backends.cpu_threads import thread_count
     t0 = time.perf_counter()
     ok = npool.start_pool(thread_count(), timeout=60)

@@ -5,7 +5,7 @@
 
 `list_backends()` says what is installed; `estimate_memory(...)` says what a fit will need.
 """
-from .backend import (
+from kmeans_xp.contract.backend import (
     AssignResult,
     Farthest,
     IterStats,
@@ -15,20 +15,20 @@ from .backend import (
     ReduceResult,
     WorkerLostError,
 )
-from .estimator import ConvergenceWarning, KMeans
-from .lloyd import LloydResult
-from .memory import Budget, KMeansMemoryError, MemoryEstimate
-from .minibatch import MiniBatchKMeans
-from .planning import estimate_memory
-from .registry import (
+from kmeans_xp.estimators.kmeans import ConvergenceWarning, KMeans
+from kmeans_xp.algorithms.lloyd import LloydResult
+from kmeans_xp.contract.memory import Budget, KMeansMemoryError, MemoryEstimate
+from kmeans_xp.estimators.minibatch import MiniBatchKMeans
+from kmeans_xp.contract.planning import estimate_memory
+from kmeans_xp.contract.registry import (
     BackendNotAvailableError,
     available_backends,
     get_backend,
     list_backends,
     register_backend,
 )
-from .spherical import SphericalKMeans
-from .validation import InvalidParameterError, NotFittedError
+from kmeans_xp.estimators.spherical import SphericalKMeans
+from kmeans_xp.estimators.validation import InvalidParameterError, NotFittedError
 
 __version__ = "0.1.0"
 

@@ -13,7 +13,7 @@ import types
 import numpy as np
 from kmeans_xp_backends.cupy import budget, common, fused_plan, staging
 
-from kmeans_xp import registry
+from kmeans_xp.contract import registry
 
 
 class FakeOOM(MemoryError):

@@ -2,11 +2,12 @@
 import array_api_strict as xps
 import numpy as np
 import pytest
-from kmeans_xp_backends.array_api import ArrayAPIBackend
-from kmeans_xp_backends.numpy_ import NumpyBackend
+from kmeans_xp_backends.array_api.backend import ArrayAPIBackend
+from kmeans_xp_backends.numpy.backend import NumpyBackend
 
-from kmeans_xp import AssignResult, KMeans, KMeansBackend, ReduceResult, registry
-from kmeans_xp.backend import Placement
+from kmeans_xp import AssignResult, KMeans, KMeansBackend, ReduceResult
+from kmeans_xp.contract import registry
+from kmeans_xp.contract.backend import Placement
 from kmeans_xp.testing import asymmetric_data, check_backend
 from tests._helpers import AUTO_CPU
 
@@ -138,7 +139,7 @@ class SeedsWithTheFirstCandidate(NumpyBackend):
     """Its own k-means++ steps take the first candidate, not the best: other rows."""
 
     def seeding(self, X, sample_weight, n_local_trials, *, xp):
-        from kmeans_xp.init import Seeding
+        from kmeans_xp.algorithms.init import Seeding
         steps = Seeding(X, sample_weight, xp, X.shape[0])
         trial = steps.trial
         steps.trial = lambda closest, cand: (cand[:1], trial(closest, cand[:1])[1])
@@ -201,7 +202,7 @@ def test_array_api_results_in_callers_namespace_and_device(dev):
                       ("fit_predict", KMeans(6, init=init).fit_predict(X))]:
         assert isinstance(arr, type(X)), f"{name} is {type(arr)}"
         assert arr.device == expect_dev, f"{name} on {arr.device}"
-    # int32 labels, as the numpy backend's and scikit-learn's (`kmeans_xp.backend`'s
+    # int32 labels, as the numpy backend's and scikit-learn's (`kmeans_xp.contract.backend`'s
     # "Labels"; sklearn's check_array_api_input compares the dtypes)
     assert km.labels_.dtype == xps.int32 and km.cluster_centers_.dtype == xps.float64
     assert km.predict(X).dtype == xps.int32

@@ -1,4 +1,4 @@
-"""kmeans_xp.bench: the protocol (one init, fixed iterations, computed agreement, speed-ups) and
+"""kmeans_xp.tools.bench: the protocol (one init, fixed iterations, computed agreement, speed-ups) and
 failures as rows. Tiny sizes: CPU only, well under a second each."""
 import importlib
 import importlib.util
@@ -8,13 +8,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from kmeans_xp_backends.numpy_ import NumpyBackend
+from kmeans_xp_backends.numpy.backend import NumpyBackend
 
-from kmeans_xp import bench, plot
-from kmeans_xp.backend import KMeansBackend
-from kmeans_xp.bench import comparison
-from kmeans_xp.memory import KMeansMemoryError
-from kmeans_xp.registry import list_backends, register_backend
+from kmeans_xp.tools import bench, plot
+from kmeans_xp.contract.backend import KMeansBackend
+from kmeans_xp.tools.bench import comparison
+from kmeans_xp.contract.memory import KMeansMemoryError
+from kmeans_xp.contract.registry import list_backends, register_backend
 
 TINY = dict(n=3000, d=3, k=8, iters=4, repeats=2, warmup_iters=1)
 
@@ -42,7 +42,7 @@ class Exploding(NumpyBackend):
 
 @pytest.fixture
 def toy_backends():
-    from kmeans_xp import registry
+    from kmeans_xp.contract import registry
     for cls in (SwappedFeatures, Exploding):
         register_backend(cls)
     yield
@@ -83,7 +83,7 @@ def test_compare_measures_every_row_with_the_protocol():
 def test_every_row_gets_the_same_single_init(monkeypatch):
     seen, calls = [], []
     real_init, real_fit = bench.shared_init, bench.BackendEntry.fit
-    # compare() looks the init up where it is defined, kmeans_xp.bench.comparison
+    # compare() looks the init up where it is defined, kmeans_xp.tools.bench.comparison
     monkeypatch.setattr(comparison, "shared_init",
                         lambda X, w: calls.append(1) or real_init(X, w))
     monkeypatch.setattr(bench.BackendEntry, "fit",
@@ -156,7 +156,7 @@ def test_seed_reference_oom_under_a_memory_cap_is_a_row():
 
 
 def test_seed_fit_uses_every_feature():
-    from kmeans_xp.bench import seed as seed_reference
+    from kmeans_xp.tools.bench import seed as seed_reference
     from kmeans_xp.testing import asymmetric_data
     X = asymmetric_data(500, 3, 5, seed=3)
     C = X[:5].copy()
@@ -167,7 +167,7 @@ def test_seed_fit_uses_every_feature():
 
 
 def test_seed_peak_formula_matches_the_measured_h200_numbers():
-    from kmeans_xp.bench.seed import peak_bytes
+    from kmeans_xp.tools.bench.seed import peak_bytes
     assert peak_bytes(2_000_000, 200, 3) / 2**30 == pytest.approx(20.9, rel=0.01)
     assert peak_bytes(2_000_000, 500, 3) / 2**30 == pytest.approx(52.2, rel=0.01)
 
@@ -311,8 +311,8 @@ BENCH_DIR = Path(bench.__file__).resolve().parent
 
 
 @pytest.mark.parametrize("module, names", [
-    ("kmeans_xp.bench.seed", ["SeedEntry", "SEED_ROW", "fit_xp", "peak_bytes"]),
-    ("kmeans_xp.bench.torch_rows", ["TorchEntry", "TORCH_ROW", "fit_torch", "memory_estimate"]),
+    ("kmeans_xp.tools.bench.seed", ["SeedEntry", "SEED_ROW", "fit_xp", "peak_bytes"]),
+    ("kmeans_xp.tools.bench.torch_rows", ["TorchEntry", "TORCH_ROW", "fit_torch", "memory_estimate"]),
 ])
 def test_reference_rows_are_modules_of_the_package(module, names):
     mod = importlib.import_module(module)
@@ -330,7 +330,7 @@ def test_no_bench_module_reaches_into_the_benchmarks_directory():
 
 def test_every_package_under_kmeans_xp_is_listed_for_the_wheel():
     tomllib = pytest.importorskip("tomllib")
-    root = BENCH_DIR.parents[1]
+    root = BENCH_DIR.parents[2]
     listed = set(tomllib.loads((root / "pyproject.toml").read_text())
                  ["tool"]["setuptools"]["packages"])
     found = {".".join(p.parent.relative_to(root).parts)
@@ -339,7 +339,7 @@ def test_every_package_under_kmeans_xp_is_listed_for_the_wheel():
 
 
 def test_seed_row_runs_end_to_end_on_numpy():
-    from kmeans_xp.bench import protocol, seed
+    from kmeans_xp.tools.bench import protocol, seed
     w = bench.Workload(**{**TINY, "repeats": 1})
     X = bench.make_data(w)
     C = bench.shared_init(X, w)

@@ -10,11 +10,11 @@ import sys
 
 import numpy as np
 import pytest
-from kmeans_xp_backends.numpy_ import NumpyBackend
+from kmeans_xp_backends.numpy.backend import NumpyBackend
 
 import kmeans_xp
-from kmeans_xp import bench, cli, plot
-from kmeans_xp.registry import list_backends, register_backend
+from kmeans_xp.tools import bench, cli, plot
+from kmeans_xp.contract.registry import list_backends, register_backend
 
 TINY = ["--n", "2000", "--k", "6", "--iters", "3", "--repeats", "1", "--warmup-iters", "1"]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -321,7 +321,7 @@ class Failing(NumpyBackend):
 
 
 def test_all_rows_failing_is_a_failed_command(capsys):
-    from kmeans_xp import registry
+    from kmeans_xp.contract import registry
     register_backend(Failing)
     try:
         assert cli.main(["compare", *TINY, "--backends", Failing.name, "--quiet",

@@ -303,7 +303,8 @@ def test_device_kmeans_plusplus_draws_numpys_rows(cp, dtype, d, k, weighted):
     from array_api_compat import numpy as np_xp
     from kmeans_xp_backends.cupy.seeding import DeviceSeeding
 
-    from kmeans_xp.init import kmeans_plusplus, local_trials
+    from kmeans_xp.algorithms.init import kmeans_plusplus
+    from kmeans_xp.contract.seeding import local_trials
     X, _, w = _centered_problem(100_003, d, 9, dtype, seed=d + k)
     w = w if weighted else None
     Xd, wd = cp.asarray(X), None if w is None else cp.asarray(w)

@@ -437,7 +437,7 @@ def test_device_feature_stats_are_the_numpy_backends(fake_cupy):
     is the numpy backend's bit for bit, and tol (one pass, about the first rows' mean) its
     two-pass float64 one, at an offset that would spoil a naive sum of squares."""
     from kmeans_xp import get_backend as gb
-    from kmeans_xp.chunks import feature_mean, tolerance
+    from kmeans_xp.contract.chunks import feature_mean, tolerance
     X = asymmetric_data(70_001, 3, 5, dtype=np.float32, seed=2) + np.float32(1e4)
     backend = gb("cupy-kernels")()  # (its placement holds it weakly)
     place = backend.placement

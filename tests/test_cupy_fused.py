@@ -6,7 +6,7 @@ Sizes keep n*k*d modest so the file runs in well under 3 minutes on an H200.
 Labels: the kernels round every distance as numpy's BLAS expansion does (||c||^2 summed in
 np.einsum's order, an in-order FMA chain for x.c), so labels equal numpy's wherever OpenBLAS's
 kernel is such a chain. Where it is not (another BLAS, K blocking for large d), a label may
-differ only on a near tie, within the rounding bound of `kmeans_xp.label_bounds.near_tie`; that
+differ only on a near tie, within the rounding bound of `kmeans_xp.testing.label_bounds.near_tie`; that
 is what is asserted, with no cap on how many (their number depends on how many near ties the
 data has, not on the code). Whole fits in float32 with d >= 4 are compared by adjusted Rand
 index and inertia when their partitions differ (a last-bit difference in one center can move a
@@ -15,11 +15,11 @@ partition."""
 import numpy as np
 import pytest
 from kmeans_xp_backends.cupy import fused_plan
-from kmeans_xp_backends.numpy_ import NumpyBackend
+from kmeans_xp_backends.numpy.backend import NumpyBackend
 from sklearn.metrics import adjusted_rand_score
 
 from kmeans_xp import KMeans
-from kmeans_xp.label_bounds import near_tie, tf32_error
+from kmeans_xp.testing.label_bounds import near_tie, tf32_error
 from kmeans_xp.testing import asymmetric_data, check_backend
 
 pytestmark = pytest.mark.gpu
@@ -305,7 +305,7 @@ def test_tf32_option_close_to_fp32(cp, kernel):
                                    (1031, 5, 3), (517, 64, 4097)])
 def test_tf32_assignment_within_tf32_rounding(cp, kernel, n, d, k):
     """Every tf32 label is the exact argmin or a center whose exact distance is within the TF32
-    rounding bound (`kmeans_xp.label_bounds.tf32_error`). Covers the fused kernel's fragment
+    rounding bound (`kmeans_xp.testing.label_bounds.tf32_error`). Covers the fused kernel's fragment
     layout, its K tail (d = 33, 20: not a multiple of 16 or 4, so the scalar loads), row and
     column tails (n, k not multiples of 128), and min_sq_dist. The v2 kernel ("fused") at d =
     160, 1024 streams X's K slices (past its resident limit); k = 1 and 4097: one and many

@@ -1,4 +1,4 @@
-"""cupy-fused through the driver (kmeans_xp.lloyd) equals the numpy backend through the driver,
+"""cupy-fused through the driver (kmeans_xp.algorithms.lloyd) equals the numpy backend through the driver,
 with the real kernels run on the CPU (tests/_fake_cupy.py): every case of the driver's matrix
 (relocation guard, weights with zeros and None, empty clusters forcing relocation,
 duplicates, tol 0 and > 0, max_iter 1, k = 1), float32 and float64, the fused small-d pass,

@@ -4,14 +4,14 @@ defines mma.sync, ldmatrix and cp.async by the PTX ISA): its tiling, the residen
 X paths, 16- and 4-byte copies, the K, row and column tails, the pre-rounded operands of
 pack_centers (layouts 3 and 4) and the epilogue. precision="tf32" labels must be the exact
 argmin up to TF32's rounding; gemm_kernel="3xtf32" labels must be numpy's up to near ties (the
-bounds of kmeans_xp.label_bounds). What the GPU adds (the hardware's fragment layouts,
+bounds of kmeans_xp.testing.label_bounds). What the GPU adds (the hardware's fragment layouts,
 its accumulation order, launch limits, speed) is left to the gpu tests. Skipped without g++."""
 import numpy as np
 import pytest
 from kmeans_xp_backends.cupy import fused_plan
-from kmeans_xp_backends.numpy_ import NumpyBackend
+from kmeans_xp_backends.numpy.backend import NumpyBackend
 
-from kmeans_xp.label_bounds import near_tie, tf32_error
+from kmeans_xp.testing.label_bounds import near_tie, tf32_error
 from kmeans_xp.testing import asymmetric_data
 from tests._cuda_emulator import EmulatedKernels
 

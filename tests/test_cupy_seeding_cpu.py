@@ -1,5 +1,5 @@
 """k-means++ on the device (kmeans_xp_backends.cupy.seeding, cuda/seeding.cu), its kernels run
-on the CPU (the fake_cupy fixture): the same centers as the xp steps of kmeans_xp.init from
+on the CPU (the fake_cupy fixture): the same centers as the xp steps of kmeans_xp.algorithms.init from
 the same random state, with and without weights, on a centered copy and on DeviceRows, and the
 cases it leaves to the xp steps. The GPU run is in tests/test_cupy_backends.py."""
 import numpy as np
@@ -7,8 +7,9 @@ import pytest
 from array_api_compat import numpy as np_xp
 
 from kmeans_xp import KMeans
-from kmeans_xp.init import kmeans_parallel, kmeans_plusplus, local_trials
-from kmeans_xp.registry import get_backend
+from kmeans_xp.algorithms.init import kmeans_parallel, kmeans_plusplus
+from kmeans_xp.contract.seeding import local_trials
+from kmeans_xp.contract.registry import get_backend
 from kmeans_xp.testing import asymmetric_data
 
 

@@ -12,8 +12,9 @@ from kmeans_xp_backends.cupy import staging, streaming
 from kmeans_xp_backends.cupy.staging import is_memmap
 from kmeans_xp_backends.cupy.streaming import HostRows, plan_stream
 
-from kmeans_xp import KMeans, KMeansMemoryError, estimate_memory, get_backend, lloyd
-from kmeans_xp.lloyd import kmeans_single_lloyd
+from kmeans_xp import KMeans, KMeansMemoryError, estimate_memory, get_backend
+from kmeans_xp.algorithms import lloyd
+from kmeans_xp.algorithms.lloyd import kmeans_single_lloyd
 from kmeans_xp.testing import asymmetric_data
 
 BACKENDS = ("cupy-kernels", "cupy-chunked")
@@ -366,7 +367,7 @@ def test_device_rows_through_the_driver_and_kmeans_plusplus(fake_cupy, name):
     k-means++ draws the same centers from it as from that copy."""
     from kmeans_xp_backends.cupy.streaming import DeviceRows
 
-    from kmeans_xp.init import kmeans_plusplus
+    from kmeans_xp.algorithms.init import kmeans_plusplus
     X, init = _problem(4099, 3, 9, np.float64, seed=16)
     init[4] = X.max(axis=0) * 40  # empty at first: relocation gathers rows of DeviceRows
     mean = X.mean(axis=0)

@@ -14,7 +14,7 @@ from kmeans_xp_backends.dask.backend import DaskBackend  # noqa: E402
 from kmeans_xp_backends.dask.namespace import DaskNamespace  # noqa: E402
 
 from kmeans_xp import KMeans  # noqa: E402
-from kmeans_xp.registry import select_backend  # noqa: E402
+from kmeans_xp.contract.registry import select_backend  # noqa: E402
 from kmeans_xp.testing import asymmetric_data, check_backend  # noqa: E402
 
 
@@ -234,7 +234,7 @@ def test_cluster_iteration_futures_path(client, reduce):
     inertia, changed labels against the last labels) match the numpy backend's, and with
     timings each block's own time comes back."""
     from distributed import Future, futures_of
-    from kmeans_xp_backends.numpy_ import NumpyBackend
+    from kmeans_xp_backends.numpy.backend import NumpyBackend
     X, init, w = _problem(np.float64, n=500)
     backend = DaskBackend(engine="graph", reduce=reduce, split_every=2, timings=True)
     Xd, wd, xp = _fitted_blocks(backend, da.from_array(X, chunks=(120, 3)), w)
@@ -290,7 +290,7 @@ def test_one_round_trip_per_iteration(client, monkeypatch, engine):
     """The driver's loop costs one graph (graph engine) or one call to the actors (actors
     engine) per iteration, and one more each for the final assignment and the inertia:
     the statistics come with the sums, nothing O(n) comes to the client."""
-    import kmeans_xp.estimator as est
+    import kmeans_xp.estimators.kmeans as est
     X, init, w = _problem(np.float64, n=400)
     seen = {}
     loop = est.kmeans_single_lloyd
@@ -391,7 +391,7 @@ def test_primitives_match_numpy_defaults(client):
     """inertia and farthest, block by block on both engines, against the contract's
     defaults on NumPy (the numpy backend): zero weights excluded, ties to the lower index."""
     import array_api_compat.numpy as anp
-    from kmeans_xp_backends.numpy_ import NumpyBackend
+    from kmeans_xp_backends.numpy.backend import NumpyBackend
     X, init, w = _problem(np.float64, n=300)
     numpy = NumpyBackend()
     far = numpy.farthest(X, w, init, numpy.assign(X, init, xp=anp).labels, 1, xp=anp)
@@ -535,7 +535,7 @@ def test_mean_is_the_numpy_backends_whatever_the_chunks(local_scheduler, chunks)
     matches the driver's definition."""
     import array_api_compat.numpy as anp
 
-    from kmeans_xp.chunks import feature_mean, tolerance
+    from kmeans_xp.contract.chunks import feature_mean, tolerance
     X = asymmetric_data(1000, 3, 5, dtype=np.float64, seed=4) + 1e6  # a large offset
     backend = DaskBackend()
     Xd = backend.placement.to_backend(da.from_array(X, chunks=chunks))

@@ -1,11 +1,11 @@
-"""The driver's semantics, made right in the one place they live (kmeans_xp.lloyd)."""
+"""The driver's semantics, made right in the one place they live (kmeans_xp.algorithms.lloyd)."""
 import numpy as np
 import pytest
-from kmeans_xp_backends.numpy_ import NumpyBackend
+from kmeans_xp_backends.numpy.backend import NumpyBackend
 
 from kmeans_xp import KMeans
-from kmeans_xp.backend import InvalidOptionError
-from kmeans_xp.chunks import feature_mean, tolerance
+from kmeans_xp.contract.backend import InvalidOptionError
+from kmeans_xp.contract.chunks import feature_mean, tolerance
 from kmeans_xp.testing import asymmetric_data
 
 
@@ -71,7 +71,7 @@ def test_float64_sums_are_deterministic_across_fits():
 
 def test_one_small_read_per_iteration(monkeypatch):
     """The driver reads one small array per iteration (and one for the final inertia)."""
-    from kmeans_xp.backend import Placement
+    from kmeans_xp.contract.backend import Placement
     reads = []
     real = Placement.fetch
 
@@ -118,7 +118,7 @@ class AsyncNumpy(NumpyBackend):
 @pytest.fixture
 def always_ahead(monkeypatch):
     """However long an iteration takes on this machine, the driver issues the next ahead."""
-    from kmeans_xp import lloyd
+    from kmeans_xp.algorithms import lloyd
     monkeypatch.setattr(lloyd, "AHEAD_MAX_ITERATION_S", float("inf"))
 
 
@@ -137,7 +137,8 @@ def test_long_iterations_are_read_before_the_next_is_issued(monkeypatch, limit):
     issues the next (a pass lost to a relocation would cost more than the wait saves), and
     the final assignment is a separate pass (`labels_inertia`); the answer is the same
     either way."""
-    from kmeans_xp import lloyd, registry
+    from kmeans_xp.algorithms import lloyd
+    from kmeans_xp.contract import registry
     monkeypatch.setattr(lloyd, "AHEAD_MAX_ITERATION_S", limit)
     X = asymmetric_data(5003, 3, 10, seed=2)
     registry.register_backend(AsyncNumpy)
@@ -160,7 +161,7 @@ def test_long_iterations_are_read_before_the_next_is_issued(monkeypatch, limit):
 
 def test_issuing_ahead_costs_no_extra_pass_at_tol_or_max_iter(always_ahead):
     X = asymmetric_data(5003, 3, 10, seed=2)
-    from kmeans_xp import registry
+    from kmeans_xp.contract import registry
     registry.register_backend(AsyncNumpy)
     try:
         AsyncNumpy.calls = 0
@@ -179,7 +180,7 @@ def test_column_sums_in_row_blocks_equal_the_plain_sum(n):
     float64 sums as one pass, to rounding, for n below, off and on a multiple of the blocks,
     and for a strided view."""
     xps = pytest.importorskip("array_api_strict")
-    from kmeans_xp.chunks import column_sums
+    from kmeans_xp.contract.chunks import column_sums
     A = asymmetric_data(n, 3, 5, dtype=np.float32, seed=n) + np.float32(1e3)
     got = np.asarray(column_sums(xps.asarray(A), xps))
     ref = A.astype(np.float64).sum(axis=0)
@@ -192,8 +193,8 @@ def test_column_sums_in_row_blocks_equal_the_plain_sum(n):
 def test_relocation_moves_points_in_sklearns_order():
     """relocate_empty equals scikit-learn's loop bit for bit where one cluster gives several
     points (the subtractions from it happen in the candidates' order) and with weights."""
-    from kmeans_xp.backend import Farthest
-    from kmeans_xp.lloyd import relocate_empty
+    from kmeans_xp.contract.backend import Farthest
+    from kmeans_xp.algorithms.lloyd import relocate_empty
 
     rng = np.random.default_rng(7)
     k, d, m = 9, 5, 4

@@ -112,12 +112,12 @@ def test_pickle_holds_host_copies_and_predicts_without_the_fit_backend(monkeypat
     import array_api_strict as xps
     import numpy as np
 
-    from kmeans_xp import registry
+    from kmeans_xp.contract import registry
     km = KMeans(5, random_state=0, backend="array-api").fit(xps.asarray(X))
     km2 = pickle.loads(pickle.dumps(km))
     assert type(km2.cluster_centers_) is np.ndarray and type(km2.labels_) is np.ndarray
     real = registry.get_backend_info
-    monkeypatch.setattr("kmeans_xp.predicting.get_backend_info",
+    monkeypatch.setattr("kmeans_xp.estimators.predicting.get_backend_info",
                         lambda name: (False, None) if name == "array-api" else real(name))
     np.testing.assert_array_equal(km2.predict(X), np.from_dlpack(km.labels_))
 

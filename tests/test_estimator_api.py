@@ -301,7 +301,7 @@ def test_callable_init_gets_data_k_and_random_state():
 def test_label_counts_where_the_labels_live():
     """Points per cluster from NumPy and dask labels alike (dask: only the k counts are
     computed and fetched, not the labels)."""
-    from kmeans_xp.namespaces import label_counts
+    from kmeans_xp.contract.namespaces import label_counts
     labels = np.array([0, 2, 2, 5, 0, 2])
     np.testing.assert_array_equal(label_counts(labels, 7), [2, 0, 3, 0, 0, 1, 0])
     da = pytest.importorskip("dask.array")

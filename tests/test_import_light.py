@@ -67,7 +67,7 @@ def test_stays_light_even_where_heavy_libraries_and_gpu_backends_are_installed(t
         for name in ("cupy-kernels", "cupy-chunked", "cupy-fused"):
             spec = registry.BUILTIN_BACKENDS[name]
             registry.BUILTIN_BACKENDS[name] = spec._replace(
-                target="kmeans_xp_backends.numpy_:NumpyBackend")
+                target="kmeans_xp_backends.numpy.backend:NumpyBackend")
     """) + FIT + textwrap.dedent("""
         infos = kmeans_xp.list_backends()
         loaded["listed"] = sorted(m for m in HEAVY if m in sys.modules)

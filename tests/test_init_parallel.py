@@ -5,13 +5,13 @@ import warnings
 import numpy as np
 import pytest
 from array_api_compat import numpy as np_xp
-from kmeans_xp_backends.numpy_ import NumpyBackend
+from kmeans_xp_backends.numpy.backend import NumpyBackend
 
 from kmeans_xp import KMeans
-from kmeans_xp.estimator import ConvergenceWarning
-from kmeans_xp.init import kmeans_parallel
+from kmeans_xp.estimators.kmeans import ConvergenceWarning
+from kmeans_xp.algorithms.init import kmeans_parallel
 from kmeans_xp.testing import asymmetric_data
-from kmeans_xp.validation import INIT_METHODS, validate_params
+from kmeans_xp.estimators.validation import INIT_METHODS, validate_params
 
 
 def _run(X, k, seed, w=None, backend="numpy", **kw):

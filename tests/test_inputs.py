@@ -128,7 +128,7 @@ def test_copy_x_false_never_writes_a_memmap(tmp_path):
 
 
 def test_copy_x_false_leaves_x_when_the_fit_fails(monkeypatch):
-    from kmeans_xp_backends.numpy_ import NumpyBackend
+    from kmeans_xp_backends.numpy.backend import NumpyBackend
     X = asymmetric_data(2000, 3, 5, seed=7, offset=10.0)
     before = X.copy()
 
@@ -150,7 +150,7 @@ def test_a_library_out_of_memory_error_leaves_as_ours_with_the_fit_memory_freed(
     unchanged."""
     import weakref
 
-    from kmeans_xp_backends.numpy_ import NumpyBackend
+    from kmeans_xp_backends.numpy.backend import NumpyBackend
 
     from kmeans_xp import KMeansMemoryError
 
@@ -170,7 +170,7 @@ def test_a_library_out_of_memory_error_leaves_as_ours_with_the_fit_memory_freed(
         raise DeviceOOM("out of memory allocating 8 MB")
 
     if where == "transform":
-        from kmeans_xp import predicting
+        from kmeans_xp.estimators import predicting
         monkeypatch.setattr(predicting, "_distances", out_of_memory)
     else:
         # (score's labels and inertia come from one pass, `labels_inertia`)
@@ -188,7 +188,7 @@ def test_a_library_out_of_memory_error_leaves_as_ours_with_the_fit_memory_freed(
 def test_torch_style_out_of_memory_is_ours_and_other_errors_pass_through(monkeypatch):
     """torch's OutOfMemoryError is a RuntimeError, not a MemoryError: it is recognised by
     its name and module; any other error leaves fit as it was raised."""
-    from kmeans_xp_backends.numpy_ import NumpyBackend
+    from kmeans_xp_backends.numpy.backend import NumpyBackend
 
     from kmeans_xp import KMeansMemoryError
 

@@ -18,7 +18,7 @@ def test_cpu_jax_array_fits_on_numpy_without_a_copy(monkeypatch):
     Xj = jnp.asarray(X)
     init = X[:7].copy()
     ref = KMeans(7, init=init, backend="numpy").fit(X)
-    from kmeans_xp_backends import numpy_
+    from kmeans_xp_backends.numpy import backend as numpy_
     seen = spy_to_backend(monkeypatch, numpy_.NumpyPlacement)
     km = KMeans(7, init=init).fit(Xj)
     assert km.backend_ == AUTO_CPU and "jax input on cpu" in km.backend_reason_

@@ -3,13 +3,13 @@ import tracemalloc
 
 import numpy as np
 import pytest
-from kmeans_xp_backends.numpy_ import NumpyBackend
+from kmeans_xp_backends.numpy.backend import NumpyBackend
 
-import kmeans_xp.init as init_mod
+import kmeans_xp.algorithms.init as init_mod
 from kmeans_xp import KMeans, KMeansMemoryError, MemoryEstimate, estimate_memory
-from kmeans_xp.backend import compact_labels_dtype
-from kmeans_xp.memory import chunk_rows, format_bytes, parse_memory, resolve_budget
-from kmeans_xp.namespaces import array_namespace
+from kmeans_xp.contract.backend import compact_labels_dtype
+from kmeans_xp.contract.memory import chunk_rows, format_bytes, parse_memory, resolve_budget
+from kmeans_xp.contract.namespaces import array_namespace
 from kmeans_xp.testing import asymmetric_data
 
 
@@ -201,7 +201,7 @@ def test_whole_fit_peak_under_estimate(n, d, k, dtype, max_memory, weighted, ini
 
 
 def test_early_memory_check_plans_with_the_backend_options():
-    from kmeans_xp import registry
+    from kmeans_xp.contract import registry
 
     seen = []
 
@@ -227,7 +227,8 @@ def test_early_memory_check_plans_with_the_backend_options():
 def test_backend_without_estimate_still_fits():
     """estimate_memory is optional: the base class raises NotImplementedError, and then
     the memory check is the backend's own, at its first chunk."""
-    from kmeans_xp import KMeansBackend, registry
+    from kmeans_xp import KMeansBackend
+    from kmeans_xp.contract import registry
 
     class NoEstimate(NumpyBackend):
         name = "no-estimate"

@@ -12,7 +12,7 @@ BACKENDS = ("cupy-kernels", "cupy-chunked", "cupy-fused")
 
 
 def _same(got, ref, dtype):
-    from kmeans_xp.namespaces import to_numpy
+    from kmeans_xp.contract.namespaces import to_numpy
     rtol = 1e-4 if dtype == np.float32 else 1e-9
     assert got.n_steps_ == ref.n_steps_ and got.n_iter_ == ref.n_iter_
     np.testing.assert_allclose(to_numpy(got.cluster_centers_), ref.cluster_centers_,

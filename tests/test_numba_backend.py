@@ -5,7 +5,8 @@ import importlib.util
 import numpy as np
 import pytest
 
-from kmeans_xp import KMeans, registry
+from kmeans_xp import KMeans
+from kmeans_xp.contract import registry
 from kmeans_xp.testing import asymmetric_data, check_backend
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("numba") is None,
@@ -20,7 +21,7 @@ def _clean_registry():
 
 
 def _backend():
-    from kmeans_xp_backends.numba_ import NumbaBackend
+    from kmeans_xp_backends.numba.backend import NumbaBackend
     return NumbaBackend
 
 
@@ -40,7 +41,7 @@ def test_one_thread_passes_contract():
 
 def test_gemm_path_passes_contract_at_every_d(monkeypatch):
     """The wide path (a BLAS GEMM per tile) taken for any d, the narrow one's cases too."""
-    import kmeans_xp_backends.numba_ as nb
+    import kmeans_xp_backends.numba.backend as nb
     monkeypatch.setattr(nb, "NARROW_D", 0)
 
     class Gemm(nb.NumbaBackend):
@@ -71,7 +72,7 @@ def test_sums_do_not_depend_on_the_thread_count(d):
 
 
 def test_the_split_is_the_same_for_any_thread_count():
-    from kmeans_xp_backends.numba_ import _Plan
+    from kmeans_xp_backends.numba.backend import _Plan
     for n, d, k, mem in [(2_000_000, 3, 200, "auto"), (200_000, 128, 1024, "auto"),
                          (20011, 3, 300, "2MB"), (97, 1, 1, "auto"),
                          (200_000, 128, 1024, "8MB"), (2_000_000, 3, 5000, "3MB")]:
@@ -102,7 +103,7 @@ def test_exact_ties_go_to_the_lowest_index_as_on_the_numpy_backend():
     rng = np.random.default_rng(3)
     X = rng.integers(-4, 5, size=(4001, 3)).astype(np.float32)
     C = np.repeat(rng.integers(-4, 5, size=(9, 3)), 2, axis=0).astype(np.float32)
-    from kmeans_xp_backends.numpy_ import NumpyBackend
+    from kmeans_xp_backends.numpy.backend import NumpyBackend
     ref = NumpyBackend().assign(X, C)
     got = _backend()().assign(X, C)
     np.testing.assert_array_equal(got.labels, ref.labels)
@@ -132,8 +133,8 @@ def test_strided_and_fortran_input():
 
 
 def test_the_flags_are_the_kernels():
-    import kmeans_xp_backends.numba_ as nb
-    import kmeans_xp_backends.numba_kernels as nk
+    import kmeans_xp_backends.numba.backend as nb
+    import kmeans_xp_backends.numba.kernels as nk
     names = ("ASSIGN", "MIN_SQ", "SUMS", "INERTIA", "CHANGED")
     assert [getattr(nb, f) for f in names] == [getattr(nk, f) for f in names]
 
@@ -163,7 +164,7 @@ def test_auto_picks_numba_where_installed_and_numpy_where_not(monkeypatch):
 
 
 def test_estimate_bounds_the_plan():
-    from kmeans_xp_backends.numba_ import _Plan
+    from kmeans_xp_backends.numba.backend import _Plan
 
     from kmeans_xp import estimate_memory
     for n, d, k, mem in [(2_000_000, 3, 500, "auto"), (200_000, 128, 1024, "auto"),
@@ -172,5 +173,5 @@ def test_estimate_bounds_the_plan():
         plan = _Plan(n, d, k, 4, mem, 16)
         assert est.parts["task_sums"] == plan.accumulators
         if mem != "auto":
-            from kmeans_xp.memory import parse_memory
+            from kmeans_xp.contract.memory import parse_memory
             assert plan.total <= parse_memory(mem), (n, d, k, mem)

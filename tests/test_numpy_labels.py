@@ -5,10 +5,10 @@ import tracemalloc
 
 import numpy as np
 import pytest
-from kmeans_xp_backends.numpy_ import NumpyBackend
+from kmeans_xp_backends.numpy.backend import NumpyBackend
 
 from kmeans_xp import KMeans
-from kmeans_xp.backend import compact_labels_dtype, user_labels
+from kmeans_xp.contract.backend import compact_labels_dtype, user_labels
 from kmeans_xp.testing import asymmetric_data
 
 

@@ -1,5 +1,5 @@
 """The numpy backend (and the numba backend) on a numpy.memmap reads X block by block
-(`kmeans_xp.rows.HostRows`): no centered copy, no n x d temporary. The anonymous memory of a
+(`kmeans_xp.contract.rows.HostRows`): no centered copy, no n x d temporary. The anonymous memory of a
 fit (RssAnon, sampled in a thread; and the NumPy allocations tracemalloc sees) stays within
 max_memory (the backend's buffers are planned inside it), plus labels_ (int32, the output),
 the compact labels of the last two iterations (1 byte a row each up to 256 clusters; gone
@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from kmeans_xp import KMeans
-from kmeans_xp.backend import LABELS_DTYPE, compact_labels_dtype
+from kmeans_xp.contract.backend import LABELS_DTYPE, compact_labels_dtype
 
 SLACK = 6 << 20  # Python objects, the thread pool, allocator rounding
 #: RssAnon only: what glibc's per-thread arenas keep of the small blocks freed in them

@@ -10,14 +10,14 @@ import signal
 import time
 import types
 
-import kmeans_xp_backends.numpy_ as nb
-import kmeans_xp_backends.numpy_pool as npool
-import kmeans_xp_backends.numpy_shm as shm
+import kmeans_xp_backends.numpy.backend as nb
+import kmeans_xp_backends.numpy.pool as npool
+import kmeans_xp_backends.numpy.shm as shm
 import numpy as np
 import pytest
 
 from kmeans_xp import KMeans, MiniBatchKMeans, SphericalKMeans
-from kmeans_xp.registry import get_backend
+from kmeans_xp.contract.registry import get_backend
 from kmeans_xp.testing import asymmetric_data
 
 pytestmark = pytest.mark.skipif(not npool.available(), reason="worker processes: Linux")

@@ -3,14 +3,14 @@ the tolerance's sums, the centered copy, the farthest points) give the driver's 
 threaded NumPy results bit for bit, in float32 and float64, with n not a multiple of a block,
 one to many features, many threads; and a fit's mean, tol and centered X are the base
 placement's."""
-import kmeans_xp_backends.numpy_stats as st
+import kmeans_xp_backends.numpy.stats as st
 import numpy as np
 import pytest
 from array_api_compat import numpy as xp
-from kmeans_xp_backends.numpy_ import NumpyBackend
+from kmeans_xp_backends.numpy.backend import NumpyBackend
 
-from kmeans_xp.backend import KMeansBackend, Placement
-from kmeans_xp.chunks import feature_mean, spawn, tolerance
+from kmeans_xp.contract.backend import KMeansBackend, Placement
+from kmeans_xp.contract.chunks import feature_mean, spawn, tolerance
 
 
 @pytest.fixture(autouse=True)
@@ -94,7 +94,7 @@ def test_farthest_is_the_default(dtype, weighted, m):
 
 def test_numba_farthest_is_the_default():
     pytest.importorskip("numba")
-    from kmeans_xp_backends.numba_ import NumbaBackend
+    from kmeans_xp_backends.numba.backend import NumbaBackend
     rng = np.random.default_rng(3)
     X = rng.integers(-2, 3, (20_003, 3)).astype(np.float32)
     C = rng.integers(-2, 3, (5, 3)).astype(np.float32)
@@ -117,7 +117,7 @@ def test_two_fits_at_once_share_the_pool():
 
 def test_farthest_of_a_memmap_seen_centered(tmp_path):
     """X given as `HostRows` (a memmap centered block by block): the same points."""
-    from kmeans_xp.rows import HostRows
+    from kmeans_xp.contract.rows import HostRows
     rng = np.random.default_rng(5)
     data = np.memmap(tmp_path / "X", dtype=np.float32, mode="w+", shape=(20_011, 4))
     data[:] = rng.standard_normal(data.shape)

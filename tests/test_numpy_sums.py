@@ -4,7 +4,7 @@ and empty clusters, for every label key type (uint8, uint16, intp); the result d
 depend on the thread count; its two GEMM forms ([x, 1] @ [-2 C^T; ||c||^2], and x @ -2 C^T
 plus ||c||^2) give the same labels; lloyd_iter's inertia, taken from the sums, is the direct
 sum of w ||x - c||^2."""
-import kmeans_xp_backends.numpy_ as nb
+import kmeans_xp_backends.numpy.backend as nb
 import numpy as np
 import pytest
 

@@ -8,14 +8,14 @@ default is already proven, or its differences are listed here (`KNOWN_DIFFERENCE
 import functools
 import warnings
 
-import kmeans_xp_backends.numpy_ as nb
+import kmeans_xp_backends.numpy.backend as nb
 import numpy as np
 import pytest
 
 from benchmarks.cpu_probe import VARIANTS
 from kmeans_xp import KMeans
 from kmeans_xp.testing import asymmetric_data
-from kmeans_xp.testing_fits import lloyd_cases
+from kmeans_xp.testing.fits import lloyd_cases
 
 #: the distinct variants (constants -> the probe's labels)
 _BY_ATTRS = {}
@@ -106,7 +106,7 @@ def test_every_variant_is_a_constant_of_the_backend():
 
 
 def test_grouped_sums_cast_a_group_at_a_time(monkeypatch):
-    import kmeans_xp_backends.numpy_blocks as blocks
+    import kmeans_xp_backends.numpy.blocks as blocks
     calls = []
     monkeypatch.setattr(nb, "SORTED_SUMS_GROUP", 16)
     monkeypatch.setattr(nb, "TARGET_TASK_ROWS", 500)

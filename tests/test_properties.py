@@ -11,8 +11,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kmeans_xp import KMeans
-from kmeans_xp.init import kmeans_plusplus, random_init
-from kmeans_xp.namespaces import array_namespace
+from kmeans_xp.algorithms.init import kmeans_plusplus, random_init
+from kmeans_xp.contract.namespaces import array_namespace
 from kmeans_xp.testing import asymmetric_data
 
 SETTINGS = settings(max_examples=25, deadline=None, derandomize=True,

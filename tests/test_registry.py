@@ -9,10 +9,11 @@ from importlib.metadata import EntryPoint
 import array_api_strict as xps
 import numpy as np
 import pytest
-from kmeans_xp_backends.numpy_ import NumpyBackend
+from kmeans_xp_backends.numpy.backend import NumpyBackend
 
 import kmeans_xp
-from kmeans_xp import KMeans, KMeansBackend, registry
+from kmeans_xp import KMeans, KMeansBackend
+from kmeans_xp.contract import registry
 from kmeans_xp.testing import asymmetric_data
 from tests._helpers import AUTO_CPU
 
@@ -78,7 +79,7 @@ def test_list_backends_is_cached():
 
 
 def test_get_backend_returns_classes():
-    from kmeans_xp_backends.array_api import ArrayAPIBackend
+    from kmeans_xp_backends.array_api.backend import ArrayAPIBackend
     assert kmeans_xp.get_backend("numpy") is NumpyBackend
     assert kmeans_xp.get_backend("array-api") is ArrayAPIBackend
     assert issubclass(NumpyBackend, KMeansBackend)
@@ -155,9 +156,9 @@ def test_broken_plugins_warn_and_are_skipped(monkeypatch):
 PLUGIN_SOURCES = {
     "kxp_exit_plugin": "raise SystemExit(3)\n",
     "kxp_base_plugin": "class Stop(BaseException):\n    pass\nraise Stop('no GPU here')\n",
-    "kxp_plugin_a": "from kmeans_xp_backends.numpy_ import NumpyBackend\n"
+    "kxp_plugin_a": "from kmeans_xp_backends.numpy.backend import NumpyBackend\n"
                     "class A(NumpyBackend):\n    name = 'plugin-a'\n",
-    "kxp_plugin_b": "from kmeans_xp_backends.numpy_ import NumpyBackend\n"
+    "kxp_plugin_b": "from kmeans_xp_backends.numpy.backend import NumpyBackend\n"
                     "class B(NumpyBackend):\n    name = 'plugin-b'\n",
 }
 
@@ -330,7 +331,7 @@ py-modules = ["myplugin"]
 """
 
 PLUGIN_MODULE = """
-from kmeans_xp_backends.numpy_ import NumpyBackend
+from kmeans_xp_backends.numpy.backend import NumpyBackend
 
 
 class MyBackend(NumpyBackend):
@@ -408,7 +409,7 @@ def test_cache_clear_rereads_builtins(monkeypatch):
         with pytest.raises(kmeans_xp.BackendNotAvailableError):
             kmeans_xp.get_backend("dask")
     monkeypatch.setitem(registry.BUILTIN_BACKENDS, "dask", registry.BuiltinSpec(
-        "numpy", "kmeans_xp_backends.numpy_:NumpyBackend", "dask", False))
+        "numpy", "kmeans_xp_backends.numpy.backend:NumpyBackend", "dask", False))
     registry.list_backends.cache_clear()
     assert kmeans_xp.list_backends()["dask"].available
     assert kmeans_xp.get_backend("dask") is NumpyBackend
@@ -418,10 +419,10 @@ def test_auto_passes_over_a_backend_the_fit_would_not_fit_in(monkeypatch):
     """backend="auto" treats a backend whose memory check fails (a GPU whose free memory
     cannot hold X and the driver's arrays) like one that refuses the input: the next
     candidate runs the fit; the memory errors are reported when none has room."""
-    from kmeans_xp_backends.numpy_ import NumpyBackend
+    from kmeans_xp_backends.numpy.backend import NumpyBackend
 
     from kmeans_xp import KMeans, KMeansMemoryError
-    from kmeans_xp.memory import Budget
+    from kmeans_xp.contract.memory import Budget
     from kmeans_xp.testing import asymmetric_data
 
     class NoRoom(Budget):
@@ -462,9 +463,9 @@ def test_a_gpu_backend_without_a_usable_device_says_what_to_check(monkeypatch):
 def test_a_plugin_placement_with_the_one_argument_converts_from_still_works():
     """Placements written before converts_from was given the input (namespace alone) keep
     working: the base class passes X only to those that take it."""
-    from kmeans_xp_backends.numpy_ import NumpyBackend
+    from kmeans_xp_backends.numpy.backend import NumpyBackend
 
-    from kmeans_xp.backend import Placement
+    from kmeans_xp.contract.backend import Placement
 
     class OldPlacement(Placement):
         def converts_from(self, namespace):

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from kmeans_xp import KMeans, SphericalKMeans
-from kmeans_xp.sphere import ZeroNormError
+from kmeans_xp.contract.sphere import ZeroNormError
 from kmeans_xp.testing import asymmetric_data
 from tests._helpers import directions
 
@@ -236,7 +236,7 @@ def test_a_center_whose_points_cancel_keeps_its_direction():
     """Two clusters of two opposite points each: a mean of norm 0 has no direction."""
     from array_api_compat import numpy as np_xp
 
-    from kmeans_xp.lloyd import new_centers
+    from kmeans_xp.algorithms.lloyd import new_centers
     sums = np.array([[0.0, 0.0], [2.0, 0.0]])
     old = np.array([[0.6, 0.8], [1.0, 0.0]])
     got = new_centers(sums, np.array([2.0, 2.0]), old, np_xp, spherical=True)

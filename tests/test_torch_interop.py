@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from kmeans_xp import KMeans
-from kmeans_xp.registry import select_backend
+from kmeans_xp.contract.registry import select_backend
 from kmeans_xp.testing import asymmetric_data
 from tests._helpers import AUTO_CPU, spy_to_backend
 
@@ -37,7 +37,7 @@ def test_auto_picks_a_cpu_backend_for_cpu_tensor_same_result_as_numpy_input():
 
 
 def test_cpu_tensor_is_not_copied(monkeypatch):
-    from kmeans_xp_backends.numpy_ import NumpyPlacement
+    from kmeans_xp_backends.numpy.backend import NumpyPlacement
     seen = spy_to_backend(monkeypatch, NumpyPlacement)
     t = torch.from_numpy(_data())
     KMeans(6, random_state=0).fit(t)
@@ -112,7 +112,7 @@ def test_named_backends_on_cpu_tensor():
 def test_other_torch_devices_go_to_array_api():
     """A tensor neither on the CPU nor on CUDA (here torch's shape-only "meta" device) is not
     taken by the numpy backend: "auto" tries array-api alone for it."""
-    from kmeans_xp_backends.numpy_ import NumpyPlacement
+    from kmeans_xp_backends.numpy.backend import NumpyPlacement
     meta = torch.empty((100, 3), device="meta")
     assert not NumpyPlacement(None).converts_from("torch", meta)
     backend, why = select_backend("auto", meta, n_clusters=2)

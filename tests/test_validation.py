@@ -5,14 +5,14 @@ import array_api_strict as xps
 import numpy as np
 import pytest
 import scipy.sparse
-from kmeans_xp_backends.array_api import ArrayAPIBackend
-from kmeans_xp_backends.numpy_ import NumpyBackend
+from kmeans_xp_backends.array_api.backend import ArrayAPIBackend
+from kmeans_xp_backends.numpy.backend import NumpyBackend
 
 import kmeans_xp
-import kmeans_xp.estimator as est_mod
-import kmeans_xp.init as init_mod
+import kmeans_xp.estimators.kmeans as est_mod
+import kmeans_xp.algorithms.init as init_mod
 from kmeans_xp import KMeans, NotFittedError
-from kmeans_xp.backend import Placement
+from kmeans_xp.contract.backend import Placement
 from kmeans_xp.testing import asymmetric_data
 
 X = asymmetric_data(50, 3, 3, seed=0)

@@ -12,7 +12,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from kmeans_xp.backend import (
+from kmeans_xp.contract.backend import (
     AssignResult,
     IterStats,
     KMeansBackend,
@@ -20,7 +20,7 @@ from kmeans_xp.backend import (
     Placement,
     ReduceResult,
 )
-from kmeans_xp.memory import MemoryEstimate
+from kmeans_xp.contract.memory import MemoryEstimate
 
 from . import nearest, reductions
 from .budget import CupyBudget, NominalBudget
@@ -216,7 +216,7 @@ class CupyBackendBase(KMeansBackend):
         return super().labels_inertia(X, sample_weight, centers, xp=xp)
 
     def farthest(self, X, sample_weight, centers, labels, m, *, xp=None):
-        """The m points farthest from their own centers (kmeans_xp.backend.Farthest)."""
+        """The m points farthest from their own centers (kmeans_xp.contract.backend.Farthest)."""
         if self.is_streamed(X):
             engine = self.stream_engine(X.data, centers.shape[0], sample_weight)
             return engine.farthest(X, centers, labels, m)

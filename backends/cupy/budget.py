@@ -10,7 +10,7 @@ import weakref
 
 import numpy as np
 
-from kmeans_xp.memory import (
+from kmeans_xp.contract.memory import (
     Budget,
     KMeansMemoryError,
     accepted_options,

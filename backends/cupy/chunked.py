@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from kmeans_xp.memory import MemoryEstimate, chunk_rows
+from kmeans_xp.contract.memory import MemoryEstimate, chunk_rows
 
 from . import nearest, reductions
 from .base import BASE_OPTIONS, STREAM_OPTIONS, CupyBackendBase

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from kmeans_xp.memory import KMeansMemoryError, format_bytes
+from kmeans_xp.contract.memory import KMeansMemoryError, format_bytes
 
 #: the CUDA sources (one helper header, cuda/common.cuh, included by every .cu file)
 CUDA_DIR = Path(__file__).with_name("cuda")

@@ -7,7 +7,7 @@ memory; for small d the per-cluster sums accumulated in the same pass, else a se
 after a counting sort of the rows by label where d > 16 and the sums miss shared memory),
 and finalize_sums (fixed-point sums to float64, the assignment's inertia, labels changed).
 Nothing of size n x k exists anywhere; working memory is O(k d + blocks), + n words to sort.
-The driver (kmeans_xp.lloyd) updates the centers, relocates empty clusters (`farthest`) and
+The driver (kmeans_xp.algorithms.lloyd) updates the centers, relocates empty clusters (`farthest`) and
 reads one small array per iteration, which it fetches while the next iteration runs.
 
 Paths (chosen per problem, `fused_plan.plan`): small (d <= 16), gemm (d > 16; on float32 up to
@@ -34,9 +34,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from kmeans_xp.backend import AssignResult, IterStats, Option, ReduceResult
-from kmeans_xp.memory import KMeansMemoryError, MemoryEstimate, format_bytes, resolve_budget
-from kmeans_xp.namespaces import dtype_name as float_dtype_name
+from kmeans_xp.contract.backend import AssignResult, IterStats, Option, ReduceResult
+from kmeans_xp.contract.memory import KMeansMemoryError, MemoryEstimate, format_bytes, resolve_budget
+from kmeans_xp.contract.namespaces import dtype_name as float_dtype_name
 
 from . import common
 from . import fused_plan as fp

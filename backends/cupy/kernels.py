@@ -7,13 +7,13 @@ centers in shared memory; no n x k array) with the numpy backend's own arithmeti
 (||c||^2 - 2 x.c, one fused multiply-add per feature, first index on ties: the same partition,
 bit for bit), one pass adds w * x and w into float64 (k, d) / (k,) sums privatised per block
 in shared memory (no (k, n) mask), and two reductions give the assignment's inertia and the
-labels changed; the driver (kmeans_xp.lloyd) updates the centers on the device. Nothing is
+labels changed; the driver (kmeans_xp.algorithms.lloyd) updates the centers on the device. Nothing is
 chunked: the working memory is the outputs. NumPy X too large for the device is streamed from
 the host (see `streaming`).
 """
 from __future__ import annotations
 
-from kmeans_xp.memory import MemoryEstimate
+from kmeans_xp.contract.memory import MemoryEstimate
 
 from . import nearest
 from .base import BASE_OPTIONS, STREAM_OPTIONS, CupyBackendBase
@@ -44,7 +44,7 @@ class CupyKernelsBackend(CupyBackendBase):
     def estimate_memory(cls, n_samples, n_features, n_clusters, *, itemsize,
                         max_memory="auto", stream="auto") -> MemoryEstimate:
         """Device bytes of the backend's own part of a fit (the driver's arrays are counted by
-        the core, `kmeans_xp.memory.driver_bytes`): X on the device (`data`), the
+        the core, `kmeans_xp.contract.memory.driver_bytes`): X on the device (`data`), the
         assignment's distances, the centers' operands and statistics (k-means++'s steps:
         `seeding_bytes`). stream=True: the parts of a fit streamed from the host
         (see `CupyBackendBase.stream_estimate`); "auto" estimates X on the device."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kmeans_xp.backend import compact_labels_dtype
+from kmeans_xp.contract.backend import compact_labels_dtype
 
 from . import common
 from .common import BLOCK, NULL, ctype, cupy

@@ -18,9 +18,9 @@ import weakref
 
 import numpy as np
 
-from kmeans_xp.backend import Placement, user_labels, user_labels_dtype
-from kmeans_xp.memory import compute_itemsize, driver_bytes
-from kmeans_xp.namespaces import (
+from kmeans_xp.contract.backend import Placement, user_labels, user_labels_dtype
+from kmeans_xp.contract.memory import compute_itemsize, driver_bytes
+from kmeans_xp.contract.namespaces import (
     DLPACK_FOREIGN,
     array_namespace,
     as_like,
@@ -28,8 +28,8 @@ from kmeans_xp.namespaces import (
     dtype_name,
     foreign_device_type,
 )
-from kmeans_xp.scaling import rescaled
-from kmeans_xp.sphere import unit_rows
+from kmeans_xp.contract.scaling import rescaled
+from kmeans_xp.contract.sphere import unit_rows
 
 from . import common, reductions
 from .budget import host_x_error, unit_copy_error

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kmeans_xp.backend import Farthest
+from kmeans_xp.contract.backend import Farthest
 
 from . import common
 from .common import BLOCK, NULL, cupy
@@ -182,7 +182,7 @@ class TopKeys:
 
 
 def farthest(X, w, labels, C, m, *, rows=FARTHEST_ROWS):
-    """The m points of X farthest from their own centers (kmeans_xp.backend.Farthest): keys by
+    """The m points of X farthest from their own centers (kmeans_xp.contract.backend.Farthest): keys by
     direct differences chunk by chunk, ranked without an n-sized sort."""
     cp = cupy()
     n = X.shape[0]

@@ -1,4 +1,4 @@
-"""k-means++ on the device: `kmeans_xp.init.Seeding`'s three steps as the kernels of
+"""k-means++ on the device: `kmeans_xp.algorithms.init.Seeding`'s three steps as the kernels of
 cuda/seeding.cu. Per center three launches, and nothing is read back until all k centers are
 chosen: the xp steps cost about 20 CuPy calls per center (0.6 s for k=500 at n=500k on the
 H200, most of it host time per call); with a CuPy cumsum per center for the draws in place
@@ -36,7 +36,7 @@ def device_seeding_bytes(n, d, k, itemsize):
     steps): per sample the running distances and their float64 weighted values, and with
     weights their float64 copy, its scan and a temporary; every random number and draw by
     weight (16 bytes each); the reduction's partials and the scan's scratch."""
-    from kmeans_xp.init import local_trials
+    from kmeans_xp.contract.seeding import local_trials
     trials = local_trials(k)
     if not _fits(trials, d, itemsize):
         return None

@@ -1,4 +1,4 @@
-"""The sources of streaming (`streaming`): `HostRows` (`kmeans_xp.rows`, shared with the
+"""The sources of streaming (`streaming`): `HostRows` (`kmeans_xp.contract.rows`, shared with the
 numpy backend) and `DeviceRows`, X on the host or on the device seen mean-centered without a
 centered copy; which inputs are memmaps and may be page-locked; pinned host buffers and the
 asynchronous copies between them and the device.
@@ -11,8 +11,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from kmeans_xp.memory import host_available_memory
-from kmeans_xp.rows import HostRows, is_memmap
+from kmeans_xp.contract.memory import host_available_memory
+from kmeans_xp.contract.rows import HostRows, is_memmap
 
 from .common import cupy
 

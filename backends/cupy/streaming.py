@@ -31,8 +31,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from kmeans_xp.backend import AssignResult, IterStats, ReduceResult
-from kmeans_xp.memory import KMeansMemoryError, format_bytes
+from kmeans_xp.contract.backend import AssignResult, IterStats, ReduceResult
+from kmeans_xp.contract.memory import KMeansMemoryError, format_bytes
 
 from . import common, nearest, reductions, staging
 from .common import BLOCK, NULL, STREAM_HINT

@@ -32,7 +32,7 @@ import weakref
 
 import numpy as np
 
-from kmeans_xp.backend import LABELS_DTYPE, AssignResult, Farthest, IterStats, WorkerLostError
+from kmeans_xp.contract.backend import LABELS_DTYPE, AssignResult, Farthest, IterStats, WorkerLostError
 
 from .blocks import (
     add_vectors,

@@ -5,7 +5,7 @@ Every iteration computes each row block's labels and its statistics (partial sum
 weights, weighted inertia, labels changed since the last iteration) with the best local
 backend for the block (the numpy backend on NumPy blocks; cupy-fused, else cupy-chunked,
 else cupy-kernels on CuPy blocks); labels stay on the workers, and only the blocks' k x d
-statistics come back to the client, in one round trip, where the driver (`kmeans_xp.lloyd`)
+statistics come back to the client, in one round trip, where the driver (`kmeans_xp.algorithms.lloyd`)
 updates the small centers in NumPy. Two engines carry a call: "graph" (`graph`: one task
 graph per call) and "actors" (`actors`: one dask Actor per worker, one message each way per
 worker and call), the default on a distributed cluster. The final inertia and the farthest
@@ -23,10 +23,10 @@ from typing import ClassVar
 
 import numpy as np
 
-from kmeans_xp.backend import KMeansBackend, Option
-from kmeans_xp.memory import MemoryEstimate
-from kmeans_xp.namespaces import namespace_name
-from kmeans_xp.validation import Interval
+from kmeans_xp.contract.backend import KMeansBackend, Option
+from kmeans_xp.contract.memory import MemoryEstimate
+from kmeans_xp.contract.namespaces import namespace_name
+from kmeans_xp.contract.constraints import Interval
 
 from .actors import ActorEngine
 from .blocks import block_kind, first_cupy_backend
@@ -137,7 +137,7 @@ class DaskBackend(KMeansBackend):
         """MiniBatchKMeans's batches are gathered on the client and computed there by the
         backend of X's blocks (block_backend, else numpy or the first CuPy backend), with
         all the client's threads: a batch is a few thousand rows."""
-        from kmeans_xp.registry import get_backend
+        from kmeans_xp.contract.registry import get_backend
         kind = block_kind(X) if namespace_name(X) == "dask.array" else "numpy"
         name = self.block_backend or ("numpy" if kind == "numpy" else first_cupy_backend())
         return get_backend(name)(max_memory=self.max_memory)
@@ -188,7 +188,7 @@ class DaskBackend(KMeansBackend):
         the workers, the blocks' stats vectors (on the workers and gathered on the client),
         one block's working memory in its local (numpy) backend per worker thread, and, with
         the actors engine, labels_ copied out of the actors at the end of the fit."""
-        from kmeans_xp.registry import get_backend
+        from kmeans_xp.contract.registry import get_backend
         n, d, k = int(n_samples), int(n_features), int(n_clusters)
         rows = int(block_rows or min(n, max(1, (128 << 20) // (d * itemsize))))
         blocks = -(-n // rows)

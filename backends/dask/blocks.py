@@ -18,8 +18,8 @@ import time
 
 import numpy as np
 
-from kmeans_xp.backend import LABELS_DTYPE, farthest_order
-from kmeans_xp.namespaces import to_numpy
+from kmeans_xp.contract.backend import LABELS_DTYPE, farthest_order
+from kmeans_xp.contract.namespaces import to_numpy
 
 #: local backends tried, in order, on CuPy blocks
 CUPY_BLOCK_BACKENDS = ("cupy-fused", "cupy-chunked", "cupy-kernels")
@@ -84,7 +84,7 @@ def local_backend(spec):
         cache = _local.cache = {}
     backend = cache.get(spec)
     if backend is None:
-        from kmeans_xp.registry import get_backend
+        from kmeans_xp.contract.registry import get_backend
         kind, name, max_memory = spec
         name = name or ("numpy" if kind == "numpy" else first_cupy_backend())
         options = {"n_threads": 1} if name == "numpy" else {}
@@ -93,7 +93,7 @@ def local_backend(spec):
 
 
 def first_cupy_backend():
-    from kmeans_xp.registry import available_backends
+    from kmeans_xp.contract.registry import available_backends
     have = available_backends()
     for name in CUPY_BLOCK_BACKENDS:
         if name in have:
@@ -116,7 +116,7 @@ def _operands(xb, wb, centers, labels, kind):
 
 
 def as_user_labels(labels):
-    """A block's labels as the user gets them: int32 (`kmeans_xp.backend`'s "Labels")."""
+    """A block's labels as the user gets them: int32 (`kmeans_xp.contract.backend`'s "Labels")."""
     return labels if labels.dtype == LABELS_DTYPE else labels.astype(LABELS_DTYPE)
 
 
@@ -284,7 +284,7 @@ def checked_block(xb):
     """(the block, its max |x| as a (1, 1) float64 NumPy array), after the core's NaN/inf
     check (its error message, raised on the worker and re-raised on the client): one read
     of the block gives both."""
-    from kmeans_xp.validation import check_finite
+    from kmeans_xp.contract.chunks import check_finite
     return xb, np.full((1, 1), check_finite(xb, block_xp(xb), "X"))
 
 
@@ -302,8 +302,8 @@ def center_scale_block(xb, mean, scale):
 
 
 def unit_rows_block(xb, block_info=None):
-    """The block's rows at unit L2 norm (`kmeans_xp.sphere.unit_rows`): a row of norm 0
+    """The block's rows at unit L2 norm (`kmeans_xp.contract.sphere.unit_rows`): a row of norm 0
     raises ZeroNormError on the worker, numbered as a row of X."""
-    from kmeans_xp.sphere import unit_rows
+    from kmeans_xp.contract.sphere import unit_rows
     first = block_info[0]["array-location"][0][0] if block_info else 0
     return unit_rows(xb, block_xp(xb), xb.shape[0], first_row=first)

@@ -23,7 +23,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from kmeans_xp.backend import LABELS_DTYPE, AssignResult, Farthest, IterStats, ReduceResult
+from kmeans_xp.contract.backend import LABELS_DTYPE, AssignResult, Farthest, IterStats, ReduceResult
 
 from .blocks import (
     add_vectors,
@@ -54,7 +54,7 @@ def unpack_stats(total, k, d):
 
 
 def host_centers(centers):
-    from kmeans_xp.namespaces import to_numpy
+    from kmeans_xp.contract.namespaces import to_numpy
     return np.ascontiguousarray(to_numpy(centers))
 
 

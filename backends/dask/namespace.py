@@ -5,7 +5,7 @@ import sys
 
 import numpy as np
 
-from kmeans_xp.namespaces import namespace_name, to_numpy
+from kmeans_xp.contract.namespaces import namespace_name, to_numpy
 
 from .blocks import block_kind, cupy
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from kmeans_xp.backend import Placement
-from kmeans_xp.namespaces import array_namespace, namespace_name, to_numpy
+from kmeans_xp.contract.backend import Placement
+from kmeans_xp.contract.namespaces import array_namespace, namespace_name, to_numpy
 
 from .blocks import (
     block_absmax,

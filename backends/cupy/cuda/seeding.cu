@@ -1,4 +1,4 @@
-// k-means++'s three steps per center (kmeans_xp.init.Seeding) on the device, so the k-1
+// k-means++'s three steps per center (kmeans_xp.algorithms.init.Seeding) on the device, so the k-1
 // greedy steps need nothing from the host (kmeans_xp_backends.cupy.seeding launches them):
 //   seeding_draw: the candidates, drawn with probability w * D(x)^2 (numpy's searchsorted
 //     on the cumulative sum, from per-segment totals: no scan of all n);

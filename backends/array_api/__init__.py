@@ -1,0 +1,1 @@
+"""The `array-api` backend: the standard-only path, on any array-API namespace."""

@@ -1,0 +1,1 @@
+"""The `numba` backend: compiled distance + argmin and sums, parallel over rows."""

@@ -1,0 +1,307 @@
+"""The numba backend: the numpy backend's answers from compiled kernels, one pass over X per
+call (`numba_kernels`): nearest center, float64 per-cluster sums, inertia and changed labels
+fused, on numba's threads, X read once per iteration.
+
+An optional extra (``pip install 'kmeans_xp[numba]'``: numba, and SciPy for numba's BLAS);
+``backend="auto"`` takes it for NumPy input when numba is installed. Its kernels compile the
+first time they run and are cached on disk (numba's ``cache=True``), so a later process loads
+them.
+
+Work split (`_Plan`): X is cut into at most MAX_TASKS contiguous tasks, each with its own
+float64 accumulators, added in task order after the pass; the split depends on n, k, d and
+max_memory, never on the thread count, so a fit's sums (and so its centers) are the same bit
+for bit on 2 cores as on 16. Within a task, tiles of rows: NARROW_TILE rows for d <= 4
+(distances in registers), else as many rows as keep a tile's (k, rows) distances within
+WIDE_TILE_BYTES (one BLAS GEMM per tile; BLAS held to one thread while numba's threads run).
+Distances are the numpy backend's ``||c||^2 - 2 x.c`` bit for bit on the narrow path and
+where BLAS sums in feature order, so both backends break near-ties alike.
+"""
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import numbers
+import threading
+
+import numpy as np
+
+from kmeans_xp.contract.backend import (
+    LABELS_DTYPE,
+    AssignResult,
+    IterStats,
+    KMeansBackend,
+    Option,
+    ReduceResult,
+    compact_labels_dtype,
+)
+from kmeans_xp.contract.chunks import spawn
+from kmeans_xp.contract.memory import MemoryEstimate, chunk_rows, host_available_memory, resolve_budget
+from kmeans_xp.contract.rows import HostRows, is_memmap
+from kmeans_xp.contract.constraints import Interval
+
+from kmeans_xp_backends.numpy import stats as numpy_stats
+from kmeans_xp_backends.cpu_threads import BLAS_ONE_THREAD, thread_count
+from kmeans_xp_backends.numpy.backend import NumpyPlacement
+
+#: features the narrow kernel holds in registers (X padded with zero features up to it)
+NARROW_D = 4
+#: rows per narrow tile: its transposed rows, minima and labels stay in L1
+NARROW_TILE = 256
+#: a wide tile's (k, rows) GEMM result at most this large (L2), MIN..MAX_TILE rows
+WIDE_TILE_BYTES = 1 << 20
+MIN_TILE, MAX_TILE = 16, 1024
+#: tasks: at most MAX_TASKS, of at least MIN_TASK_ROWS rows, their float64 accumulators
+#: within ACCUMULATOR_BYTES (and a quarter of max_memory)
+MAX_TASKS = 64
+MIN_TASK_ROWS = 1024
+ACCUMULATOR_BYTES = 32 << 20
+#: bytes of Python and numba objects a call creates
+OVERHEAD = 64 << 10
+#: what a pass computes (numba_kernels' flags, repeated here so that planning and the
+#: module's import need no numba)
+ASSIGN, MIN_SQ, SUMS, INERTIA, CHANGED = 1, 2, 4, 8, 16
+
+_LAUNCH = threading.Lock()
+
+
+def _kernels():
+    """numba_kernels, imported on first use (numba is imported then, not with kmeans_xp)."""
+    from kmeans_xp_backends.numba import kernels as numba_kernels
+    return numba_kernels
+
+
+_wide_ready = False
+
+
+def _load_blas():
+    """SciPy's BLAS (what numba's np.dot calls) loaded, and seen by the BLAS thread limit."""
+    global _wide_ready
+    if not _wide_ready:
+        import scipy.linalg.cython_blas  # noqa: F401 - loads the library numba calls
+        BLAS_ONE_THREAD.include_new_libraries()
+        _wide_ready = True
+
+
+class _Plan:
+    """Tasks, tiles and threads of a pass, and the bytes they need."""
+
+    __slots__ = ("wide", "tile", "threads", "n_tasks", "task_rows", "shared", "scratch",
+                 "accumulators")
+
+    def __init__(self, n, d, k, itemsize, max_memory, threads):
+        self.wide = d > NARROW_D
+        budget = resolve_budget(max_memory, host_available_memory(), cap=1 << 30)
+        # centers as the kernels take them (the GEMM operand, ||c||^2, float64 copy), the
+        # merged sums and weights, and what a call creates
+        self.shared = (k * (max(d, NARROW_D) + 1) * itemsize + 2 * k * (d + 1) * 8
+                       + OVERHEAD)
+        acc = k * (d + 1) * 8 + 16
+        if self.wide:  # a tile's rows, GEMM result, minima and labels
+            row = (d + k + 1) * itemsize + 4
+            ideal = min(MAX_TILE, max(MIN_TILE, WIDE_TILE_BYTES // (k * itemsize)))
+        else:          # the transposed rows, minima and labels
+            row = (NARROW_D + 1) * itemsize + 4
+            ideal = NARROW_TILE
+        # the least it can run in: one thread, one task, one row per tile
+        rows = chunk_rows(budget, row, self.shared + acc, n_samples=n, floor=1,
+                          what=f"the numba backend (k={k}, d={d})")
+        self.tile = max(1, min(ideal, rows, n))
+        scratch = self.tile * row
+        # the tasks first, from the budget left beside one thread: the split (and so the
+        # sums' bits) never depends on the thread count; threads take what is left
+        room = (budget - self.shared - scratch) // acc
+        limit = max(1, min(MAX_TASKS, room, min(budget // 4, ACCUMULATOR_BYTES) // acc))
+        n_tasks = max(1, min(limit, -(-n // MIN_TASK_ROWS)))
+        self.task_rows = -(-n // n_tasks)
+        self.n_tasks = -(-n // self.task_rows)
+        self.accumulators = self.n_tasks * acc
+        self.threads = max(1, min(threads, (budget - self.shared - self.accumulators)
+                                  // scratch))
+        self.scratch = self.threads * scratch
+
+    @property
+    def total(self):
+        return self.shared + self.scratch + self.accumulators
+
+
+@contextlib.contextmanager
+def _launch(threads, blas):
+    """numba's threads at `threads` for this call (restored after), BLAS held to one thread
+    when the kernels call it from many; one launch at a time (numba's workqueue threading
+    layer cannot take two, and two would share the same cores anyway)."""
+    import numba
+    with _LAUNCH:
+        before = numba.get_num_threads()
+        numba.set_num_threads(max(1, min(threads, numba.config.NUMBA_NUM_THREADS)))
+        try:
+            with BLAS_ONE_THREAD if blas else contextlib.nullcontext():
+                yield
+        finally:
+            numba.set_num_threads(before)
+
+
+class _Partials:
+    """The tasks' accumulators, allocated once and reused while the shape holds."""
+
+    def __init__(self):
+        self.key = None
+        self.arrays = None
+
+    def get(self, n_tasks, k, d):
+        if self.key != (n_tasks, k, d):
+            self.arrays = None  # the old ones go first
+            self.arrays = (np.empty((n_tasks, k, d)), np.empty((n_tasks, k)),
+                           np.empty((n_tasks, 2)))
+            self.key = (n_tasks, k, d)
+        return self.arrays
+
+
+class NumbaPlacement(NumpyPlacement):
+    """NumpyPlacement, and a head start: the kernels a fit will run compiled (or loaded from
+    numba's cache) on another thread while X is validated, centered and seeded."""
+
+    def warm_up(self, X, n_clusters, init):
+        if not isinstance(X, np.ndarray) or X.ndim != 2 or X.shape[0] == 0:
+            return
+        rows = X[:64]
+        # what the fit computes on, typed alike: a memmap's own rows, or a centered copy of
+        # X (in X's layout: numba compiles one version per layout)
+        if is_memmap(X):
+            sample = HostRows(rows, rows[0])
+        elif X.flags.c_contiguous or X.flags.f_contiguous:
+            sample = np.asarray(rows - rows[0], order="F" if X.flags.f_contiguous else "C")
+        else:
+            return
+        centers = np.ascontiguousarray(rows[:max(1, min(n_clusters, rows.shape[0]))])
+        # (not a daemon: the interpreter waits for a compile rather than stop it midway)
+        threading.Thread(target=self._compile, args=(sample, centers, n_clusters),
+                         name="kmeans_xp-numba-compile").start()
+
+    def _compile(self, sample, centers, n_clusters):
+        b = self.backend
+        try:  # the iterations' compact labels for n_clusters, then the final pass's int32
+            b._pass(sample, None, centers, ASSIGN | SUMS | INERTIA,
+                    store=compact_labels_dtype(n_clusters))
+            b.labels_inertia(sample, None, centers)
+        except Exception:  # noqa: BLE001 - only a head start: the fit compiles what it runs
+            pass
+
+
+class NumbaBackend(KMeansBackend):
+    name = "numba"
+    namespaces = frozenset({"numpy"})
+    device = "cpu"
+    options = {"n_threads": Option(None, None, Interval(numbers.Integral, 1),
+                                   doc="numba threads over row tasks (default: usable cores)")}
+    placement_class = NumbaPlacement
+
+    def __init__(self, max_memory="auto", **options):
+        super().__init__(max_memory, **options)
+        self.threads = thread_count(self.n_threads)
+        self._partials = _Partials()
+
+    def reject_reason(self, X, *, n_clusters, sample_weight=None):
+        reason = super().reject_reason(X, n_clusters=n_clusters, sample_weight=sample_weight)
+        if reason is not None:
+            return reason
+        dtype = str(getattr(X, "dtype", "float64"))
+        if not dtype.endswith(("float32", "float64")):
+            return f"it computes on float32 and float64, not {dtype}"
+        shape = getattr(X, "shape", None)
+        wide = shape is not None and len(shape) == 2 and shape[1] > NARROW_D
+        if wide and importlib.util.find_spec("scipy") is None:
+            return (f"with more than {NARROW_D} features it calls SciPy's BLAS (numba's "
+                    f"np.dot), and SciPy is not installed")
+        return None
+
+    # -- memory -----------------------------------------------------------------------------
+    @classmethod
+    def estimate_memory(cls, n_samples, n_features, n_clusters, *, itemsize, max_memory="auto",
+                        n_threads=None):
+        plan = _Plan(n_samples, n_features, n_clusters, itemsize, max_memory,
+                     thread_count(n_threads))
+        parts = {"task_buffers": plan.scratch, "task_sums": plan.accumulators,
+                 "shared": plan.shared, "min_sq_dist": n_samples * itemsize}
+        return MemoryEstimate(parts, sum(parts.values()), plan.task_rows)
+
+    # -- one pass ---------------------------------------------------------------------------
+    def _pass(self, X, sample_weight, centers, flags, *, labels=None, labels_old=None,
+              store=LABELS_DTYPE):
+        """(labels, min_sq, sums, weights, inertia, changed) of one pass over X (see
+        `numba_kernels.pass_narrow`); what `flags` does not ask for is None. New labels are
+        of dtype `store`; labels and labels_old given are read as they are (the kernels
+        compile once per labels dtype: the iterations' compact one and int32)."""
+        K = _kernels()
+        data, mean = (X.data, X.mean) if isinstance(X, HostRows) else (X, None)
+        data = np.asarray(data)   # (a memmap as a plain view of its pages: read as touched)
+        n, d = data.shape
+        dtype = data.dtype
+        k = centers.shape[0]
+        plan = _Plan(n, d, k, dtype.itemsize, self.max_memory, self.threads)
+        empty = np.empty(0, dtype)
+        mean = empty if mean is None else np.ascontiguousarray(mean, dtype=dtype)
+        w = empty if sample_weight is None else np.ascontiguousarray(sample_weight, dtype=dtype)
+        C = np.ascontiguousarray(centers, dtype=dtype)
+        cn = np.einsum("ij,ij->i", C, C)  # in X's dtype, as the numpy backend's
+        if plan.wide:
+            g = np.multiply(C, -2)
+        else:
+            g = np.zeros((NARROW_D, k), dtype=dtype)
+            np.multiply(C.T, -2, out=g[:d])
+        c64 = C.astype(np.float64)
+        if flags & ASSIGN:
+            labels = np.empty(n, dtype=store)
+        else:
+            labels = np.ascontiguousarray(labels)
+        old = (np.empty(0, dtype=labels.dtype) if not flags & CHANGED
+               else np.ascontiguousarray(labels_old, dtype=labels.dtype))
+        min_sq = np.empty(n, dtype=dtype) if flags & MIN_SQ else empty
+        part_sums, part_w, part_stats = self._partials.get(plan.n_tasks, k, d)
+        kernel = K.pass_wide if plan.wide else K.pass_narrow
+        if plan.wide:
+            _load_blas()
+        sums = weights = None
+        inertia = changed = 0.0
+        with _launch(plan.threads, plan.wide and plan.threads > 1 and flags & ASSIGN):
+            kernel(data, mean, w, g, cn, c64, labels, old, min_sq, part_sums, part_w,
+                   part_stats, flags, plan.task_rows, plan.tile)
+            if flags & SUMS:
+                sums = np.empty((k, d))
+                weights = np.empty(k)
+                K.merge_partials(part_sums, part_w, sums, weights)
+            for t in range(plan.n_tasks):  # task order (read before another call reuses them)
+                inertia += float(part_stats[t, 0])
+                changed += float(part_stats[t, 1])
+        return labels, (min_sq if flags & MIN_SQ else None), sums, weights, inertia, changed
+
+    # -- the contract -----------------------------------------------------------------------
+    def assign(self, X, centers, *, xp=None):
+        labels, min_sq, *_ = self._pass(X, None, centers, ASSIGN | MIN_SQ)
+        return AssignResult(labels, min_sq)
+
+    def reduce(self, X, labels, sample_weight, n_clusters, *, xp=None):
+        no_centers = np.zeros((n_clusters, X.shape[1]), dtype=X.dtype)
+        _, _, sums, weights, _, _ = self._pass(X, sample_weight, no_centers, SUMS,
+                                               labels=labels)
+        return ReduceResult(sums, weights)
+
+    def lloyd_iter(self, X, sample_weight, centers, labels_old, *, xp=None):
+        flags = ASSIGN | SUMS | INERTIA | (0 if labels_old is None else CHANGED)
+        labels, _, sums, weights, inertia, changed = self._pass(
+            X, sample_weight, centers, flags, labels_old=labels_old,
+            store=compact_labels_dtype(centers.shape[0]))
+        if labels_old is None:
+            changed = float(labels.shape[0])
+        return IterStats(labels, sums, weights, np.float64(inertia), np.float64(changed))
+
+    def inertia(self, X, sample_weight, centers, labels, *, xp=None):
+        return np.float64(self._pass(X, sample_weight, centers, INERTIA, labels=labels)[4])
+
+    def labels_inertia(self, X, sample_weight, centers, *, xp=None):
+        labels, _, _, _, inertia, _ = self._pass(X, sample_weight, centers, ASSIGN | INERTIA)
+        return labels, np.float64(inertia)
+
+    def farthest(self, X, sample_weight, centers, labels, m, *, xp=None):
+        """The default's points on all cores (`numpy_stats.farthest`, the numpy backend's)."""
+        return numpy_stats.farthest(X, sample_weight, np.asarray(centers), np.asarray(labels),
+                                    m, spawn, self.threads)

@@ -1,0 +1,239 @@
+"""The driver: THE Lloyd loop, written once, for every backend.
+
+Mirrors scikit-learn's `_kmeans_single_lloyd`: stop on strict convergence (no label changed)
+or when the squared center shift is <= tol; relocate empty clusters to the points farthest
+from their centers (sklearn's rules, and its guard: when every point sits on its center
+nothing moves); finish with an assignment against the final centers so `labels_ ==
+predict(X)`; inertia from direct squared differences. X arrives mean-centered, or, for a
+spherical fit (`spherical=True`), as unit rows: then every center the loop makes (initial,
+updated, relocated, filled from the heaviest cluster) is projected onto the unit sphere in
+`new_centers`, the one place centers are made (`kmeans_xp.contract.sphere`).
+
+The backend computes an iteration's statistics where the data lives (`lloyd_iter`); the
+driver updates the k centers in xp code and reads one small array per iteration (shift,
+inertia, changed labels, filled clusters). On an asynchronous device the next iteration is
+issued before that array is read, so the device never waits for the host; it is dropped when
+the read says a cluster was empty (the centers change) or the run converged strictly. A
+backend with `ahead_gate` gets that condition as a device flag and leaves a dropped
+iteration's work out, so the driver issues every next iteration ahead; for the others a
+dropped one is a whole pass lost, and the driver issues ahead only while that is unlikely and
+cheap (`AHEAD_MAX_ITERATION_S`).
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from kmeans_xp.contract.namespaces import array_namespace, device, to_numpy
+from kmeans_xp.algorithms.progress import bar, logger
+from kmeans_xp.contract.sphere import unit_centers
+
+#: positions in the array the driver reads each iteration
+SHIFT, INERTIA, CHANGED, FILLED = range(4)
+#: a pass issued ahead saves the host's turn-around (a fraction of a millisecond) and is lost
+#: whenever the iteration relocates; past this many seconds an iteration is worth far more
+#: than the turn-around, and the driver reads its statistics before issuing the next one
+AHEAD_MAX_ITERATION_S = 0.01
+
+
+class LloydResult(NamedTuple):
+    labels: Any
+    inertia: float
+    centers: Any
+    n_iter: int
+    history: dict     # {"inertia": [...], "center_shift": [...]} per iteration
+
+
+def _rounding(x, dtype):
+    """A squared distance that is rounding, not distance: a point on its center can sit a
+    few ulps away when the center is a mean the backend rounded (float64 sums in order) or
+    not (exact sums), and the guard must not depend on which."""
+    eps = float(np.finfo(np.float32 if "32" in str(dtype) else np.float64).eps)
+    return (8 * eps) ** 2 * float(np.max(np.sum(x * x, axis=1), initial=0.0))
+
+
+def new_centers(sums, weights, centers_old, xp, *, fill_empty=True, filled=None,
+                spherical=False):
+    """Weighted means in centers_old's dtype. A cluster still empty after relocation takes
+    the center of the heaviest cluster, as scikit-learn's `_average_centers` does. Without
+    fill_empty an empty cluster's row is 0: the driver relocates before such centers are
+    used, and leaving the fill out saves a device program's worth of launches per iteration.
+    `filled` (weights > 0), when the caller has it already. `spherical`: the means projected
+    onto the unit sphere (in float64, before the rounding to centers_old's dtype); a mean of
+    norm 0 keeps its old center."""
+    w = weights[:, None]
+    filled = (weights > 0 if filled is None else filled)[:, None]
+    means = sums / xp.where(filled, w, 1.0)
+    if fill_empty:
+        heaviest = xp.take(means, xp.reshape(xp.argmax(weights), (1,)), axis=0)
+        means = xp.where(filled, means, heaviest)
+    if spherical:
+        means = unit_centers(means, centers_old, xp)
+    return xp.astype(means, centers_old.dtype, copy=False)
+
+
+def relocate_empty(backend, X, sample_weight, centers_old, labels, sums, weights, xp):
+    """scikit-learn's relocation: each empty cluster, in index order, takes the next point
+    farthest from its center, moving that point's weight and weighted coordinates out of its
+    old cluster. Nothing moves when all those points sit on their centers (distance 0).
+    Done on the host on the weights and the rows of sums it changes: the farthest points and
+    their clusters' rows of sums come down in one transfer (`_far_rows`), the changed rows go
+    back and one `take` puts them in place (k x d float64 both ways was a millisecond at
+    W5, each further read a device round trip). An empty cluster never gives a point, and
+    `np.subtract.at` subtracts in index order, as sklearn's loop does where a cluster gives
+    several points."""
+    w = to_numpy(weights).astype(np.float64)
+    empty = np.flatnonzero(w == 0)
+    far = backend.farthest(X, sample_weight, centers_old, labels, int(empty.size), xp=xp)
+    cxp, dev = backend.placement.namespace(sums), device(sums)
+    dist, fw, old, x, s_old = _far_rows(far, sums, cxp)
+    if dist.size == 0 or not dist.max() > _rounding(x, far.x.dtype):
+        return sums, weights
+    new = empty[:len(fw)]
+    moved = x * fw[:, None]
+    rows = np.unique(np.concatenate([old, new]))
+    at_old = np.searchsorted(rows, old)
+    s = np.zeros((rows.size, s_old.shape[1]), dtype=np.float64)
+    s[at_old] = s_old       # (a cluster giving several points: one row)
+    np.subtract.at(s, at_old, moved)
+    np.subtract.at(w, old, fw)
+    s[np.searchsorted(rows, new)], w[new] = moved, fw
+    at = np.arange(len(w))  # row i of the result: sums' row i, or row j of s at k + j
+    at[rows] = len(w) + np.arange(rows.size)
+    both = cxp.concat([sums, cxp.asarray(s, dtype=cxp.float64, device=dev)], axis=0)
+    return (cxp.take(both, cxp.asarray(at, device=dev), axis=0),
+            cxp.asarray(w, dtype=cxp.float64, device=dev))
+
+
+def _far_rows(far, sums, cxp):
+    """(distances, weights, labels, rows of X, their clusters' rows of sums) of the farthest
+    points on the host, float64 (labels int64), in one transfer where far's arrays and sums
+    share a namespace and device (else two); the empty clusters' rows of sums are not read:
+    the relocated points replace them."""
+    m, d = far.x.shape
+    fxp = array_namespace(far.x)
+    cols = [fxp.reshape(fxp.astype(a, fxp.float64), (m, 1))
+            for a in (far.sq_dist, far.weight, far.label)] + [fxp.astype(far.x, fxp.float64)]
+    if fxp is cxp and device(far.x) == device(sums):
+        rows = cxp.take(sums, cxp.astype(far.label, cxp.int64), axis=0)
+        host = to_numpy(cxp.concat(cols + [rows], axis=1))
+    else:
+        part = to_numpy(fxp.concat(cols, axis=1))
+        lab = cxp.asarray(part[:, 2].astype(np.int64), device=device(sums))
+        host = np.concatenate([part, to_numpy(cxp.take(sums, lab, axis=0))], axis=1)
+    return (host[:, 0], host[:, 1], host[:, 2].astype(np.int64), host[:, 3:3 + d],
+            host[:, 3 + d:])
+
+
+def _update(backend, X, sample_weight, centers, centers64, it, *, xp, cxp, relocate,
+            spherical, zero):
+    """(new centers, the same in float64, the small array to read) from one iteration's
+    statistics. Each xp call here is a device launch on a GPU, where an iteration's pass can
+    be shorter than a dozen of them: hence no copies (the statistics are float64 by
+    contract), the previous centers kept in float64, and the heaviest-cluster fill only
+    after a relocation (without one, an empty cluster sends the driver there)."""
+    sums, weights = it.weighted_sums, it.weight_in_clusters
+    if relocate:
+        sums, weights = relocate_empty(backend, X, sample_weight, centers, it.labels, sums,
+                                       weights, xp)
+    filled = weights > zero   # (a 0-d float64 operand on the centers' device, made once)
+    c_new = new_centers(sums, weights, centers, cxp, fill_empty=relocate, filled=filled,
+                        spherical=spherical)
+    c64 = cxp.astype(c_new, cxp.float64, copy=False)
+    diff = c64 - centers64
+    n_filled = cxp.sum(cxp.astype(filled, cxp.float64))
+    small = cxp.stack([cxp.sum(diff * diff), _f64(it.inertia, cxp), _f64(it.n_changed, cxp),
+                       n_filled])
+    return c_new, c64, small
+
+
+def _f64(a, xp):
+    return a if a.dtype == xp.float64 else xp.astype(a, xp.float64)
+
+
+def _log(verbose, text, *args):
+    if verbose:  # (formatted only then: the loop runs every 0.2 ms on a GPU)
+        logger.info(text.format(*args))
+
+
+def kmeans_single_lloyd(backend, X, sample_weight, centers, *, xp, max_iter, tol,
+                        verbose=0, spherical=False) -> LloydResult:
+    """One Lloyd run from `centers` (X's dtype) on any backend. `spherical`: X has unit
+    rows, and the centers are projected onto the unit sphere, the initial ones too (a row
+    of norm 0 stays 0: the estimator refuses such an init)."""
+    place = backend.placement
+    centers = place.small(centers)
+    cxp = place.namespace(centers)
+    if spherical:
+        centers = cxp.astype(unit_centers(centers, centers, cxp), centers.dtype)
+    centers64 = cxp.astype(centers, cxp.float64, copy=False)
+    zero = cxp.zeros((), dtype=cxp.float64, device=device(centers64))
+    k = centers.shape[0]
+    history = {"inertia": [], "center_shift": []}
+    strict = False
+    labels_old = None
+    ahead = None  # the next iteration, issued before this one's statistics are read
+    relocated = False
+    iteration_s = 0.0  # wall time between two reads: the device's time per iteration
+    gated = place.asynchronous and backend.ahead_gate and device(centers) == device(X)
+    t_read = time.perf_counter()
+    it = backend.lloyd_iter(X, sample_weight, centers, None, xp=xp)
+    progress = bar(max_iter, "Lloyd", verbose)
+    for i in range(max_iter):
+        progress.update(1)
+        c_new, c64, small = _update(backend, X, sample_weight, centers, centers64, it, xp=xp,
+                                    cxp=cxp, relocate=False, spherical=spherical,
+                                    zero=zero)
+        pending = place.fetch(small)
+        if gated:  # (left out on the device when a cluster came out empty: see below)
+            ahead = backend.lloyd_iter(X, sample_weight, c_new, it.labels, xp=xp,
+                                       skip=small[FILLED:] < k)  # (an array, not a scalar)
+        elif place.asynchronous and not relocated and iteration_s < AHEAD_MAX_ITERATION_S:
+            # (after a relocation, empty clusters tend to come again: the pass issued ahead
+            # would be dropped, a whole assignment lost)
+            ahead = backend.lloyd_iter(X, sample_weight, c_new, it.labels, xp=xp)
+        values = pending()
+        iteration_s, t_read = time.perf_counter() - t_read, time.perf_counter()
+        relocated = values[FILLED] < k
+        if relocated:
+            # (the iteration issued ahead was left out, or is dropped here: relocation changes
+            # the centers. These are final: with ahead_gate the next goes ahead of the read)
+            c_new, c64, small = _update(backend, X, sample_weight, centers, centers64, it,
+                                        xp=xp, cxp=cxp, relocate=True, spherical=spherical,
+                                        zero=zero)
+            pending = place.fetch(small)
+            ahead = backend.lloyd_iter(X, sample_weight, c_new, it.labels,
+                                       xp=xp) if gated else None
+            values = pending()
+        shift = float(values[SHIFT])
+        history["inertia"].append(float(values[INERTIA]))
+        history["center_shift"].append(shift)
+        _log(verbose, "Iteration {}, inertia {:.6g}, center shift {:.3g}", i,
+             values[INERTIA], shift)
+        centers, centers64 = place.persist(c_new), place.persist(c64)
+        if labels_old is not None and values[CHANGED] == 0:
+            _log(verbose, "Converged at iteration {}: strict convergence.", i)
+            strict = True
+            break
+        if shift <= tol:
+            _log(verbose, "Converged at iteration {}: center shift {:.3g} within tolerance "
+                          "{:.3g}.", i, shift, tol)
+            break
+        if i + 1 == max_iter:
+            break
+        labels_old = it.labels
+        it = ahead if ahead is not None else backend.lloyd_iter(
+            X, sample_weight, centers, labels_old, xp=xp)
+        ahead = None
+    progress.close()
+    labels = it.labels if strict else None if ahead is None else ahead.labels
+    # (the last iterations' labels go before the final assignment: n values each)
+    del it, ahead, labels_old
+    if labels is None:  # a final assignment, so that labels_ == predict(X)
+        labels, inertia = backend.labels_inertia(X, sample_weight, centers, xp=xp)
+    else:
+        inertia = backend.inertia(X, sample_weight, centers, labels, xp=xp)
+    inertia = float(to_numpy(inertia))
+    return LloydResult(labels, max(inertia, 0.0), centers, i + 1, history)

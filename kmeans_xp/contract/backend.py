@@ -1,0 +1,406 @@
+"""The backend contract: the few members a backend implements, and who calls them.
+
+A backend does the O(n k d) work (distance + argmin, per-cluster sums, and the statistics of
+an iteration) on one array library. The Lloyd semantics (convergence, empty clusters, the
+center update, inertia, n_init) belong to the driver (`kmeans_xp.algorithms.lloyd`) alone, so every
+backend gives the same answer for the same initial centers.
+
+    member            required  called by      what
+    name, namespaces  yes       registry       registry key; array libraries it computes on
+    device            no        registry/bench "cpu" or "gpu"
+    options           no        __init__       backend_options as {name: Option}
+    reject_reason     no        registry       None when X is taken, else a sentence (cheap)
+    assign            yes       driver, init,  (labels, min_sq_dist) against centers
+                                predict
+    reduce            yes       default        per-cluster float64 sums of w*x and of w
+                                lloyd_iter
+    lloyd_iter        no        driver         one iteration's IterStats (default: assign +
+                                               reduce + two reductions)
+    ahead_gate        no        driver         True when lloyd_iter takes `skip=`, a one-
+                                               element bool array on the device: where it
+                                               holds when the work runs, the work may be
+                                               left out (the driver drops that iteration;
+                                               default False)
+    inertia           no        driver, score  sum of w * ||x - c_label||^2 by differences
+    labels_inertia    no        driver, score  the assignment's labels and that inertia
+                                               (default: assign + inertia; a backend that
+                                               streams X does both in one pass)
+    farthest          no        driver         the m points farthest from their centers
+                                               (only when a cluster is empty)
+    batch_backend     no        MiniBatchKMeans the backend computing a batch gathered
+                                               from X (default: itself; dask: its blocks')
+    seeding           no        init           k-means++'s O(n) steps on the backend's
+                                               device (default None: xp code, init.Seeding)
+    seeding_bytes     no        estimate_memory the bytes of those steps (None: the xp
+                                               steps', memory.xp_seeding_bytes)
+    estimate_memory   no        estimate_memory working bytes per part, before anything runs
+    placement         no        estimator,     a `Placement`: a head start (`warm_up`), moving
+                                driver         X to the device and back, centering (unit rows
+                                               for a spherical fit), fetching, synchronising
+    memory            no        everyone       a `memory.Budget`: max_memory in bytes, stages
+                                               and their measured peaks, memory checks
+
+Labels: an integer array of values in [0, k), in any integer dtype that holds k. Between
+its own passes a backend may keep them compact (`compact_labels_dtype`: uint8 up to 256
+clusters, uint16 up to 65536, else int32: the numpy backend's `lloyd_iter` labels, a CuPy
+backend's streamed label store), the driver only compares and keeps them. What the user gets
+(labels_, predict, in every namespace) is int32, scikit-learn's dtype: the first-party
+backends' signed labels are int32 (numpy's `assign` and `labels_inertia`, array-api's
+`assign`, CuPy's, dask's label blocks), and `placement.from_backend` widens unsigned ones to
+int32 (`user_labels`: e.g. the last iteration's when a run converges strictly). A
+third-party backend should do the same (signed labels of another type reach the user as
+they are).
+
+`X` handed to the primitives is what `placement.center` returned (mean-centered X in the
+backend's namespace; for a spherical fit, the unit rows of `placement.unit_rows`, not
+centered); `sample_weight` is an (n,) array in X's namespace and dtype, or None for unit
+weights. Centers and the small results (k-sized sums, 0-d statistics) live in the
+namespace `placement.small` puts them in (X's own by default).
+"""
+from __future__ import annotations
+
+import inspect
+from typing import Any, ClassVar, NamedTuple
+
+import numpy as np
+
+from kmeans_xp.contract.chunks import count_changed, feature_mean, labelled_sq_dist, tolerance, weighted_total
+from kmeans_xp.contract.memory import Budget, MemoryEstimate
+from kmeans_xp.contract.namespaces import array_namespace, as_like, device, label_counts, namespace_name, to_numpy
+from kmeans_xp.contract.scaling import rescaled
+from kmeans_xp.contract.sphere import unit_rows
+
+#: the labels a user gets from a backend that chooses their type (`user_labels`)
+LABELS_DTYPE = np.dtype(np.int32)
+
+
+def compact_labels_dtype(k):
+    """The smallest dtype that holds labels 0..k-1: uint8, uint16, else int32."""
+    if k <= 1 << 8:
+        return np.dtype(np.uint8)
+    return np.dtype(np.uint16) if k <= 1 << 16 else LABELS_DTYPE
+
+
+def user_labels_dtype(dtype):
+    """The dtype labels of `dtype` reach the user in: unsigned (compact) ones as int32."""
+    return LABELS_DTYPE if isinstance(dtype, np.dtype) and dtype.kind == "u" else dtype
+
+
+def user_labels(arr):
+    """Labels as the user gets them: a NumPy or CuPy array of unsigned (compact) labels
+    widened to int32; anything else as it is."""
+    dtype = getattr(arr, "dtype", None)
+    return arr if user_labels_dtype(dtype) is dtype else arr.astype(LABELS_DTYPE)
+
+
+class AssignResult(NamedTuple):
+    labels: Any          # (n,) integer index of the nearest center (see "Labels" above)
+    min_sq_dist: Any     # (n,) squared distance to it, clamped at 0
+
+
+class ReduceResult(NamedTuple):
+    weighted_sums: Any        # (k, d) float64 sum of w * x per cluster
+    weight_in_clusters: Any   # (k,) float64 sum of w per cluster
+
+
+class IterStats(NamedTuple):
+    """One Lloyd iteration's results, computed where the data lives."""
+    labels: Any               # (n,) a new array each call (the driver keeps the last one);
+                              # may be compact (`compact_labels_dtype`)
+    weighted_sums: Any        # (k, d) float64
+    weight_in_clusters: Any   # (k,) float64
+    inertia: Any              # 0-d float64: sum of w * ||x - c_label||^2 of this
+                              # assignment (its min_sq_dist, or the same from the sums)
+    n_changed: Any            # 0-d float64: labels != labels_old (n when labels_old is None)
+
+
+class Farthest(NamedTuple):
+    """The m points farthest from their own centers: distance descending, lower index first
+    among equals, zero-weight points never (sklearn's relocation candidates)."""
+    index: Any     # (m,) int64
+    x: Any         # (m, d) their rows of the centered X
+    weight: Any    # (m,) float64
+    label: Any     # (m,) their labels
+    sq_dist: Any   # (m,) float64 their squared distances
+
+
+def farthest_order(index, sq_dist, m):
+    """Positions of the m first candidates (NumPy arrays of their indices in X and
+    distances) in `Farthest`'s order: distance descending, lower index first among equals.
+    Where each part of X gave every point at least as far as its m-th, these are X's m
+    farthest."""
+    return np.lexsort((index, -sq_dist))[:m]
+
+
+class WorkerLostError(RuntimeError):
+    """A worker of a cluster, and the blocks of X it held, were lost during a computation
+    that cannot recompute them; the message says which and what to do."""
+
+
+class InvalidOptionError(ValueError, TypeError):
+    """A backend_options entry the backend does not know, or a value it does not take
+    (a TypeError too, as Python's own error for an unexpected keyword is)."""
+
+
+class Option:
+    """One backend option: its default and the values it takes (values, types, or
+    `validation` constraints such as `Interval`)."""
+
+    def __init__(self, default, *allowed, doc="", attr=None):
+        # attr: the attribute the value is kept in, when the option's name is a member's
+        self.default, self.allowed, self.doc, self.attr = default, allowed, doc, attr
+
+    def accepts(self, value) -> bool:
+        for a in self.allowed:
+            if isinstance(a, type):
+                if isinstance(value, a) and not (isinstance(value, bool) and a is not bool):
+                    return True
+            elif callable(a):
+                if a(value):
+                    return True
+            elif value is a or (type(value) is type(a) and value == a):
+                return True
+        return False
+
+    def describe(self) -> str:
+        parts = [a.__name__ if isinstance(a, type) else repr(a) if not callable(a) else str(a)
+                 for a in self.allowed]
+        return " or ".join(parts) + (f" ({self.doc})" if self.doc else "")
+
+
+class Placement:
+    """Where X lives and how arrays get there and back. Default: X stays where it is, in its
+    own namespace, and everything is synchronous."""
+
+    #: True when work is queued (a GPU stream): the driver then issues the next iteration
+    #: before it reads the last one's statistics, so the device never waits on the host
+    asynchronous: ClassVar[bool] = False
+    #: max |X| measured by the last `to_backend` (None: not measured): input validated
+    #: lazily (dask) is measured there, fused with its NaN/inf check, for the fit's rescale
+    absmax = None
+
+    def __init__(self, backend):
+        self.backend = backend
+
+    def converts_from(self, namespace: str, X=None) -> bool:
+        """Whether input of this namespace is brought in (copied, or shared through DLPack)
+        by `to_backend`; X, the input itself, for namespaces whose arrays differ by device
+        (a torch tensor on the CPU or on a GPU)."""
+        return False
+
+    def warm_up(self, X, n_clusters, init):
+        """Before X moves: start, in the background, what a fit of X with these parameters
+        will need (a GPU placement compiles its kernels). Default: nothing."""
+
+    def to_backend(self, X):
+        """X (validated, floating) in the backend's namespace; default: as given."""
+        return X
+
+    def from_backend(self, arr, like):
+        """arr in the namespace and device of `like` (the user's input); default: as given,
+        or as a torch tensor on `like`'s device when `like` is one (`namespaces.as_like`).
+        Compact (unsigned) labels widen to int32 (`user_labels`)."""
+        return as_like(user_labels(arr), like)
+
+    def namespace(self, X):
+        """The namespace the driver computes with on X (the output of `to_backend`)."""
+        return array_namespace(X)
+
+    def small(self, x):
+        """A k-sized array (centers) where the driver's center math runs: X's namespace."""
+        return x
+
+    def persist(self, x):
+        """Make a lazily evaluated array concrete (dask); default: x."""
+        return x
+
+    def synchronize(self):
+        """Wait for the device, so a clock read after it measures finished work."""
+
+    def fetch(self, values):
+        """Start copying a small 1-d array to the host; returns a function that waits for it
+        and gives a NumPy array. Default: copied now."""
+        host = to_numpy(values)
+        return lambda: host
+
+    def label_counts(self, labels, n_clusters):
+        """Points per cluster (NumPy, length n_clusters), counted where the labels live."""
+        return label_counts(labels, n_clusters)
+
+    def feature_stats(self, X, tol, *, xp):
+        """(per-feature mean, absolute tol) of X (`chunks.feature_mean`, `chunks.tolerance`)."""
+        mean = feature_mean(X, xp)
+        return mean, tolerance(X, mean, tol, xp, self.backend.driver_rows(X))
+
+    def center(self, X, mean, *, xp, in_place=False):
+        """X - mean, the data the driver and the backend compute on (in place when asked: the
+        estimator adds the mean back). mean None (copy_x=False): X itself, computed on as
+        given and never written."""
+        if mean is None:
+            return X
+        if in_place:
+            X -= mean
+            return X
+        return X - mean
+
+    def center_scaled(self, X, mean, scale, *, xp):
+        """(X - mean) * scale, scale a power of two (exact): the data of a fit that rescales
+        X so its squared distances stay inside its dtype (`kmeans_xp.contract.scaling`)."""
+        return rescaled(self.center(X, mean, xp=xp), scale, xp)
+
+    def unit_rows(self, X, *, xp):
+        """X's rows scaled to unit L2 norm, the data of a spherical fit (`SphericalKMeans`),
+        on an array the fit owns, never X itself (`sphere.unit_rows`, chunk by chunk); a row
+        of norm 0 raises `sphere.ZeroNormError`."""
+        return unit_rows(X, xp, self.backend.driver_rows(X))
+
+    def finish(self, kept=None):
+        """The fit has ended and dropped its arrays: release per-fit buffers. `kept`, the
+        arrays the estimator keeps (a dict), comes back, moved where the placement wants them
+        (a GPU placement handing its memory back re-allocates them exactly, in the same dict
+        so that the caller holds no old copy)."""
+        return kept
+
+
+class KMeansBackend:
+    """Base class of all backends. Subclasses set `name` and `namespaces` and implement
+    `assign` and `reduce`; the rest has defaults (see the module's table)."""
+
+    name: ClassVar[str] = ""
+    namespaces: ClassVar[frozenset] = frozenset()
+    device: ClassVar[str] = "cpu"
+    options: ClassVar[dict] = {}
+    placement_class: ClassVar[type] = Placement
+    budget_class: ClassVar[type] = Budget
+    ahead_gate: ClassVar[bool] = False
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        # options become attributes: one named like a member would hide it
+        clash = sorted(k for k, o in cls.options.items()
+                       if callable(getattr(cls, o.attr or k, None)))
+        if clash:
+            raise TypeError(f"{cls.__name__}: options {clash} are named like members of "
+                            f"the backend; rename them")
+
+    def __init__(self, max_memory="auto", **options):
+        unknown = sorted(set(options) - set(self.options))
+        if unknown:
+            raise InvalidOptionError(
+                f"backend {self.name!r} takes no option(s) {unknown}; backend_options it "
+                f"knows: {sorted(self.options) or 'none'}")
+        for key, opt in self.options.items():
+            value = options.get(key, opt.default)
+            if not opt.accepts(value):
+                raise InvalidOptionError(
+                    f"backend {self.name!r}: backend_options[{key!r}] must be "
+                    f"{opt.describe()}, got {value!r}")
+            setattr(self, opt.attr or key, value)
+        self.memory = self.budget_class(max_memory, backend=self)
+        self.placement = self.placement_class(self)
+
+    @property
+    def max_memory(self):
+        return self.memory.max_memory
+
+    @property
+    def memory_report(self) -> dict:
+        return self.memory.report
+
+    # -- capability -------------------------------------------------------------------------
+    def accepts(self, X, *, n_clusters, sample_weight=None) -> bool:
+        return self.reject_reason(X, n_clusters=n_clusters, sample_weight=sample_weight) is None
+
+    def reject_reason(self, X, *, n_clusters, sample_weight=None):
+        """None when the backend takes X, else a sentence saying why not (no compute)."""
+        ns = namespace_name(X)
+        if ns not in self.namespaces and not _converts_from(self.placement, ns, X):
+            return f"it computes on {sorted(self.namespaces)}, not {ns} arrays"
+        return None
+
+    def driver_rows(self, X) -> int:
+        """Rows per chunk for the O(n d) passes done in xp code (init, defaults below): a
+        quarter of the budget, at (d + 64) values a row."""
+        n, d = X.shape
+        itemsize = 8 if "64" in str(X.dtype) else 4
+        per_row = (d * 4 + 64) * itemsize
+        return int(max(256, min(n, self.memory.bytes() // 4 // per_row)))
+
+    # -- the heavy primitives ---------------------------------------------------------------
+    def assign(self, X, centers, *, xp) -> AssignResult:
+        raise NotImplementedError
+
+    def reduce(self, X, labels, sample_weight, n_clusters, *, xp) -> ReduceResult:
+        raise NotImplementedError
+
+    def lloyd_iter(self, X, sample_weight, centers, labels_old, *, xp) -> IterStats:
+        labels, min_sq = self.assign(X, centers, xp=xp)
+        sums, weights = self.reduce(X, labels, sample_weight, centers.shape[0], xp=xp)
+        return IterStats(labels, sums, weights,
+                         weighted_total(min_sq, sample_weight, xp),
+                         count_changed(labels, labels_old, xp))
+
+    def inertia(self, X, sample_weight, centers, labels, *, xp):
+        """0-d float64: sum of w * ||x - c_label||^2, by differences (not the expansion)."""
+        total = xp.zeros((), dtype=xp.float64, device=device(centers))
+        for sl, dist in labelled_sq_dist(X, centers, labels, xp, self.driver_rows(X)):
+            w = None if sample_weight is None else sample_weight[sl]
+            total = total + weighted_total(dist, w, xp)
+        return total
+
+    def labels_inertia(self, X, sample_weight, centers, *, xp):
+        """(labels against centers, their `inertia`): the final assignment of a run and
+        `score`. Default: `assign`, whose distances are dropped, then `inertia`."""
+        labels = self.assign(X, centers, xp=xp).labels
+        return labels, self.inertia(X, sample_weight, centers, labels, xp=xp)
+
+    def farthest(self, X, sample_weight, centers, labels, m, *, xp) -> Farthest:
+        """The m farthest points (see `Farthest`); default: distances of all n points, then a
+        stable descending sort (it runs only when a cluster is empty)."""
+        parts = [xp.astype(dist, xp.float64)
+                 for _, dist in labelled_sq_dist(X, centers, labels, xp, self.driver_rows(X))]
+        dist = parts[0] if len(parts) == 1 else xp.concat(parts)
+        if sample_weight is not None:
+            dist = xp.where(sample_weight > 0, dist, xp.full_like(dist, -1.0))
+        idx = xp.argsort(dist, descending=True, stable=True)[:m]
+        w = (xp.ones(idx.shape[0], dtype=xp.float64, device=device(dist)) if sample_weight is None
+             else xp.astype(xp.take(sample_weight, idx), xp.float64))
+        return Farthest(xp.astype(idx, xp.int64), xp.take(X, idx, axis=0), w,
+                        xp.take(labels, idx), xp.take(dist, idx))
+
+    def batch_backend(self, X):
+        """The backend that computes MiniBatchKMeans's batches of X, gathered from X's rows
+        (default: this one). A backend whose X is spread over machines names a local one:
+        a batch is small, cheaper to compute where it is gathered than to send out."""
+        return self
+
+    def seeding(self, X, sample_weight, n_local_trials, *, xp):
+        """k-means++'s O(n) steps on X: an object with the methods of `kmeans_xp.algorithms.init.Seeding`
+        (first, candidates, trial) giving the same draws, or None for that xp code itself."""
+        return None
+
+    # -- memory -----------------------------------------------------------------------------
+    @classmethod
+    def seeding_bytes(cls, n_samples, n_features, n_clusters, itemsize):
+        """Bytes of k-means++ by `seeding` for a fit of this shape, or None where it leaves
+        k-means++ to the xp steps (the driver then counts `memory.xp_seeding_bytes`)."""
+        return None
+
+    @classmethod
+    def estimate_memory(cls, n_samples, n_features, n_clusters, *, itemsize,
+                        max_memory="auto", **options) -> MemoryEstimate:
+        raise NotImplementedError(f"backend {cls.name!r} gives no memory estimate")
+
+    def __repr__(self):
+        return f"<{type(self).__name__} {self.name!r}>"
+
+
+def _converts_from(placement, namespace, X):
+    """placement.converts_from(namespace, X); a plugin's placement written before the input
+    was passed takes the namespace alone."""
+    fn = placement.converts_from
+    try:
+        takes_x = len(inspect.signature(fn).parameters) >= 2
+    except (TypeError, ValueError):  # a builtin or C callable: give it both
+        takes_x = True
+    return fn(namespace, X) if takes_x else fn(namespace)

@@ -1,0 +1,251 @@
+"""Memory as a feature: budgets, estimates before anything runs, and the memory error.
+
+`max_memory` bounds the working memory of a fit beyond X, labels and centers. Backends size
+their chunks from it with `chunk_rows`, so memory stays bounded whatever n and k are.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import math
+import numbers
+import os
+import re
+import traceback
+from typing import NamedTuple
+
+from kmeans_xp.contract.seeding import local_trials
+
+_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9,
+          "gb": 10**9, "t": 10**12, "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30,
+          "tib": 2**40}
+
+#: fraction of free memory "auto" may use, leaving room for the rest of the process
+AUTO_FRACTION = 0.5
+#: "auto" on the host never takes more than this: bigger chunks stop paying once out of cache
+HOST_AUTO_CAP = 1 << 30
+
+
+class KMeansMemoryError(MemoryError):
+    """The fit cannot run within the memory it may use; the message says what to change.
+
+    `needed` and `allowed` (bytes, None where unknown) let a backend restate the error in
+    terms of its device (free memory, pool limit) when the budget came from "auto"."""
+
+    def __init__(self, *args, needed=None, allowed=None):
+        super().__init__(*args)
+        self.needed, self.allowed = needed, allowed
+
+
+class MemoryEstimate(NamedTuple):
+    parts: dict      # name -> bytes
+    total: int
+    chunk_rows: int  # rows per chunk the backend would use
+
+    def __str__(self):
+        rows = ", ".join(f"{k}={format_bytes(v)}" for k, v in self.parts.items())
+        return f"{format_bytes(self.total)} ({rows}; chunk of {self.chunk_rows} rows)"
+
+
+def format_bytes(n) -> str:
+    n = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1024
+    return f"{n:.2f} TiB"
+
+
+def parse_memory(value):
+    """'auto', a byte count, or a string like '2GB' / '512MiB' -> 'auto' or int bytes."""
+    if isinstance(value, str):
+        text = value.strip().lower()
+        if text == "auto":
+            return "auto"
+        m = re.fullmatch(r"([0-9]*\.?[0-9]+)\s*([a-z]*)", text)
+        if not m or m.group(2) not in _UNITS:
+            raise ValueError(
+                f"max_memory={value!r} is not understood; give 'auto', a number of bytes, "
+                f"or a string such as '2GB' or '512MiB'")
+        nbytes = int(float(m.group(1)) * _UNITS[m.group(2)])
+        if nbytes <= 0:  # "0GB" would pass the pattern and give a budget of nothing
+            raise ValueError(f"max_memory={value!r} is less than one byte; give 'auto', a "
+                             f"positive number of bytes, or a string such as '2GB'")
+        return nbytes
+    # numbers.Real takes NumPy scalars (np.int64 from arithmetic on shapes) too; bools are not
+    # byte counts, and nan/inf are not either
+    if (isinstance(value, bool) or not isinstance(value, numbers.Real)
+            or not math.isfinite(value) or value < 1):
+        raise ValueError(
+            f"max_memory={value!r} must be 'auto', a positive number of bytes, or a string "
+            f"such as '2GB'")
+    return int(value)
+
+
+def host_available_memory(default=4 << 30):
+    """Free host memory in bytes (MemAvailable on Linux: free plus reclaimable page cache),
+    or `default` where unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return default
+
+
+def resolve_budget(max_memory, available: int, cap: int | None = None) -> int:
+    """Bytes of working memory a fit may use."""
+    value = parse_memory(max_memory)
+    if value == "auto":
+        value = int(available * AUTO_FRACTION)
+        if cap is not None:
+            value = min(value, cap)
+    return max(int(value), 1)
+
+
+def chunk_rows(budget: int, bytes_per_row: int, fixed: int = 0, *, n_samples: int,
+               floor: int = 1, what: str = "the fit") -> int:
+    """Rows per chunk so that fixed + rows * bytes_per_row <= budget (at most n_samples)."""
+    rows = (budget - fixed) // max(bytes_per_row, 1)
+    if rows < floor:
+        needed = fixed + floor * bytes_per_row
+        raise KMeansMemoryError(
+            f"{what} needs at least {format_bytes(needed)} of working "
+            f"memory ({floor} rows of {bytes_per_row} B plus {format_bytes(fixed)} fixed), "
+            f"but max_memory allows {format_bytes(budget)}. Raise max_memory, use float32, "
+            f"or use fewer clusters.", needed=needed, allowed=budget)
+    return int(min(rows, max(n_samples, 1)))
+
+
+def compute_itemsize(dtype) -> int:
+    """Bytes per element of the dtype a fit computes in for input of `dtype`, as
+    `check_array` converts: float32 kept, float16 in float32, float64, ints and bools in
+    float64 (so an int8 input costs 8 bytes per value, not 1)."""
+    import numpy as np
+
+    dt = np.dtype(str(dtype).split(".")[-1]) if not isinstance(dtype, (type, np.dtype)) \
+        else np.dtype(dtype)
+    return 4 if dt.kind == "f" and dt.itemsize <= 4 else 8
+
+
+def accepted_options(fn, options):
+    """The backend_options `fn` takes (all of them when it takes **kwargs)."""
+    takes_any, names = _parameters(fn)
+    if takes_any:
+        return dict(options)
+    return {k: v for k, v in options.items() if k in names}
+
+
+@functools.lru_cache(maxsize=256)
+def _parameters(fn):
+    """(takes **kwargs, parameter names) of fn, once each (inspect.signature costs ~0.1 ms,
+    and every fit asks)."""
+    import inspect
+    params = inspect.signature(fn).parameters
+    return any(p.kind is p.VAR_KEYWORD for p in params.values()), frozenset(params)
+
+
+def xp_seeding_bytes(n_samples, n_clusters, itemsize) -> int:
+    """Bytes of k-means++ in xp code (`init.Seeding`): its weights, running distances and
+    their cumulative sums, and its chunks of distances to the candidates: 2 + log k of them,
+    about five such arrays alive, for up to every row at once when the budget allows."""
+    n = n_samples
+    trials = local_trials(max(n_clusters, 1))
+    return 5 * n * 8 + 3 * n * itemsize + n * trials * (5 * itemsize + 8)
+
+
+def driver_bytes(n_samples, n_features, n_clusters, itemsize, *, weighted=True,
+                 seeding=None) -> dict:
+    """What the driver keeps besides a backend's buffers, part by part: the centered copy of X
+    the fit computes on; its O(n) arrays (the labels of three iterations during Lloyd: the
+    last, the one before and the next one issued ahead on an asynchronous device; or, when
+    larger, k-means++'s during init: `seeding`, the bytes of the backend's own steps, else
+    `xp_seeding_bytes`); the sample weights when given; centers and sums."""
+    n = n_samples
+    init = xp_seeding_bytes(n, n_clusters, itemsize) if seeding is None else seeding
+    parts = {
+        "centered_copy": n * n_features * itemsize,
+        "labels_or_init": max(3 * n * 8, init),
+        "sample_weight": n * itemsize,
+        "centers_and_sums": 6 * n_clusters * (n_features + 1) * 8,
+    }
+    if not weighted:
+        del parts["sample_weight"]
+    return parts
+
+
+class Budget:
+    """A fit's memory: `max_memory` in bytes, and the peak bytes measured per stage
+    (`report`, the estimator's memory_report_). Default: host memory, nothing measured;
+    device backends measure their pool."""
+    #: whether the fit centers a copy of X (copy_x=True), set before `check`
+    centered_copy = True
+
+    def __init__(self, max_memory="auto", backend=None):
+        parse_memory(max_memory)  # a clear error now, not in the first chunk
+        self.max_memory = max_memory
+        self.backend = backend
+        self.report = {}
+
+    def check(self, X, n_clusters, options=None):
+        """Raise KMeansMemoryError now, before any work, when max_memory cannot hold even the
+        backend's smallest chunk (its `estimate_memory` applies the fit's plan and raises)."""
+        estimate = type(self.backend).estimate_memory
+        n, d = X.shape
+        try:
+            estimate(n, d, n_clusters, itemsize=compute_itemsize(X.dtype),
+                     max_memory=self.max_memory, **accepted_options(estimate, options or {}))
+        except NotImplementedError:
+            pass
+
+    def available(self) -> int:
+        """Bytes free where the backend computes."""
+        return host_available_memory()
+
+    def bytes(self, reserve=0) -> int:
+        """Working-memory bound in bytes for this fit ("auto": a share of what is free)."""
+        return resolve_budget(self.max_memory, max(self.available() - reserve, 0),
+                              cap=HOST_AUTO_CAP)
+
+    @contextlib.contextmanager
+    def stage(self, name):
+        """Context of one stage ("transfer", "init", "lloyd", "assign", ...)."""
+        yield
+
+    def record(self, name, peak):
+        self.report[name] = max(self.report.get(name, 0), int(peak))
+
+
+def explains_memory_errors(method):
+    """For the estimator's public methods: an out-of-memory error that is not ours (CuPy's
+    device one and NumPy's host one are MemoryErrors; torch's is a RuntimeError named
+    OutOfMemoryError) leaves as a KMeansMemoryError saying what ran out and what to change.
+    Either way the frames of the work that failed are cleared first, so the arrays they held
+    (device memory) are freed at once, even while the caller keeps the error (a notebook
+    does)."""
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        try:
+            return method(self, *args, **kwargs)
+        except Exception as exc:
+            if not _out_of_memory(exc):
+                raise
+            traceback.clear_frames(exc.__traceback__)
+            if isinstance(exc, KMeansMemoryError):
+                raise
+            raise KMeansMemoryError(
+                f"{type(self).__name__}.{method.__name__} ran out of memory "
+                f"({type(exc).__module__}.{type(exc).__name__}: {exc}). Lower max_memory, use "
+                f"float32, stream X from the host (backend_options={{'stream': True}} on the "
+                f"GPU backends that stream) or use the numpy backend.") from exc
+    return wrapper
+
+
+def _out_of_memory(exc) -> bool:
+    return isinstance(exc, MemoryError) or (
+        type(exc).__name__ == "OutOfMemoryError" and type(exc).__module__.startswith("torch"))

@@ -1,0 +1,121 @@
+"""What KMeans and MiniBatchKMeans share before and after their algorithms run: parameter and
+input checks, how many initialisations, the initial centers of one run, and handing the fit's
+device arrays back to the placement. Each estimator keeps its own algorithm and attributes.
+"""
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+
+from kmeans_xp.algorithms import init as _init
+from kmeans_xp.contract.namespaces import device, operand
+from kmeans_xp.estimators.predicting import require_known_shape
+from kmeans_xp.algorithms.progress import bar
+from kmeans_xp.contract.scaling import host_dtype_of
+from kmeans_xp.estimators.validation import check_array, check_init_array, check_sample_weight, validate_params
+
+
+class Fitting:
+    """Mixed into the estimators: the steps every fit takes in the same way."""
+
+    #: n_init="auto" for "random" and a callable (sklearn: 10 for KMeans, 3 for MiniBatchKMeans)
+    _default_n_init = 10
+
+    def _resolved_n_init(self):
+        if isinstance(self.init, str) and self.init in ("k-means++", "k-means||"):
+            default = 1
+        elif isinstance(self.init, str) or callable(self.init):
+            default = self._default_n_init
+        else:
+            default = 1
+        n_init = default if self.n_init == "auto" else self.n_init
+        if not isinstance(self.init, str) and not callable(self.init) and n_init != 1:
+            warnings.warn(f"Explicit initial center position passed: performing only one init "
+                          f"in {type(self).__name__} instead of n_init={n_init}.",
+                          RuntimeWarning, stacklevel=3)
+            n_init = 1
+        return n_init
+
+    def _check_params(self):
+        validate_params(self.get_params(), type(self).__name__)
+
+    def _checked_X(self, X, *, absmax=True):
+        """X validated (2-D, finite, float32/float64) and, with absmax, (X, max |X|)."""
+        out = check_array(X, owner=type(self).__name__, absmax=absmax)
+        require_known_shape(out[0] if absmax else out, self.backend, self.n_clusters)
+        return out
+
+    def _checked_weights(self, sample_weight, X, *, positive=True):
+        """Host weights in X's dtype (None stays None); with positive, at least n_clusters
+        of them must be > 0."""
+        n = X.shape[0]
+        sw = None if sample_weight is None else check_sample_weight(sample_weight, n,
+                                                                    host_dtype_of(X.dtype))
+        if positive:
+            count = n if sw is None else int(np.count_nonzero(sw))
+            if count < self.n_clusters:
+                raise ValueError(f"sample_weight is zero for all but {count} samples, fewer "
+                                 f"than n_clusters={self.n_clusters}: at least n_clusters "
+                                 f"samples need a positive weight.")
+        return sw
+
+    def _check_n_samples(self, n):
+        if n < self.n_clusters:
+            raise ValueError(f"n_samples={n} should be >= n_clusters={self.n_clusters}: ask "
+                             f"for at most {n} clusters or give more samples.")
+
+    def _init_array(self, d):
+        """The user's init centers (NumPy float64), or None for a method or a callable."""
+        if isinstance(self.init, str) or callable(self.init):
+            return None
+        return check_init_array(self.init, self.n_clusters, d)
+
+    def _check_inputs(self, X, sample_weight):
+        self._check_params()
+        X, absmax = self._checked_X(X)
+        self._check_n_samples(X.shape[0])
+        sw = self._checked_weights(sample_weight, X)
+        return X, sw, self._init_array(X.shape[1]), absmax
+
+    def _given_inits(self, X, init_array, n_init, rs):
+        """Host center arrays for each run when the user gives them (array or callable), else
+        None. A callable is called here, before X may be centered in place (copy_x=False),
+        so it always sees X as the user gave it; it draws from `rs` in run order as before."""
+        if init_array is not None:
+            return [init_array] * n_init
+        if not callable(self.init):
+            return None
+        k, d = self.n_clusters, X.shape[1]
+        return [check_init_array(self.init(X, k, random_state=rs), k, d) for _ in range(n_init)]
+
+    def _initial_centers(self, Xb, X_mean, sw, rs, xp, given, backend, scale):
+        """One run's initial centers on the centered (and scaled) Xb: `given` (host, in X's
+        units) moved there, else the init method drawn from `rs`."""
+        k = self.n_clusters
+        rows = backend.driver_rows(Xb)
+        if given is not None:
+            c = xp.asarray(given.astype(host_dtype_of(Xb.dtype)), device=device(Xb)) - X_mean
+            return c if scale == 1 else c * operand(scale, c, xp)
+        if self.init == "random":
+            return _init.random_init(Xb, k, sample_weight=sw, random_state=rs, xp=xp)[0]
+        persist = backend.placement.persist
+        if self.init == "k-means||":
+            return _init.kmeans_parallel(Xb, k, sample_weight=sw, random_state=rs, xp=xp,
+                                         rows=rows, backend=backend, persist=persist)[0]
+        progress = bar(k, "k-means++", self.verbose)
+        try:
+            seeding = backend.seeding(Xb, sw, _init.local_trials(k), xp=xp)
+            return _init.kmeans_plusplus(Xb, k, sample_weight=sw, random_state=rs, xp=xp,
+                                         rows=rows, persist=persist, progress=progress,
+                                         seeding=seeding)[0]
+        finally:
+            progress.close()
+
+    #: what a fit keeps on its backend's device: handed to `Placement.finish`, which may move it
+    _KEPT = ("labels_", "cluster_centers_", "_centers_fit", "_X_mean")
+
+    def _finish(self, place):
+        kept = {name: self.__dict__.pop(name) for name in self._KEPT if name in self.__dict__}
+        kept = place.finish(kept)
+        self.__dict__.update(kept)
