@@ -333,8 +333,9 @@ def test_every_package_under_kmeans_xp_is_listed_for_the_wheel():
     root = BENCH_DIR.parents[2]
     listed = set(tomllib.loads((root / "pyproject.toml").read_text())
                  ["tool"]["setuptools"]["packages"])
-    found = {".".join(p.parent.relative_to(root).parts)
-             for p in (root / "kmeans_xp").rglob("__init__.py")}
+    found = {".".join((package, *p.parent.relative_to(root / folder).parts))
+             for package, folder in (("kmeans_xp", "kmeans_xp"), ("kmeans_xp_backends", "backends"))
+             for p in (root / folder).rglob("__init__.py")}
     assert found <= listed
 
 

@@ -61,7 +61,7 @@ def test_stays_light_even_where_heavy_libraries_and_gpu_backends_are_installed(t
                 return 1
     """))
     code = textwrap.dedent("""
-        from kmeans_xp import registry
+        from kmeans_xp.contract import registry
         # GPU built-ins whose modules exist: only their GPU probe (importing cupy) stands
         # between them and being available
         for name in ("cupy-kernels", "cupy-chunked", "cupy-fused"):
