@@ -7,6 +7,7 @@ fails to load warns and is skipped by `list_backends()`, and naming it says why 
 """
 from __future__ import annotations
 
+import contextlib
 import difflib
 import functools
 import importlib
@@ -101,6 +102,24 @@ def register_backend(cls, *, replace=False):
     _runtime[cls.name] = cls
     list_backends.cache_clear()
     return cls
+
+
+@contextlib.contextmanager
+def registered(cls):
+    """`cls` is what its name resolves to inside the block, then the registry is as it was:
+    the class is used even when an installed backend (a built-in, a plugin, an older version
+    of it) has the same name."""
+    previous = _runtime.get(cls.name)
+    _runtime[cls.name] = cls
+    list_backends.cache_clear()
+    try:
+        yield cls
+    finally:
+        if previous is None:
+            _runtime.pop(cls.name, None)
+        else:
+            _runtime[cls.name] = previous
+        list_backends.cache_clear()
 
 
 def _gpu_present() -> tuple[bool, str]:

@@ -20,7 +20,6 @@ from kmeans_xp.contract.namespaces import device, to_numpy
 from kmeans_xp.testing.fits import (  # noqa: F401 - asymmetric_data and lloyd_cases are public here
     _dev,
     _host,
-    _registered,
     asymmetric_data,
     check_lloyd,
     check_minibatch,

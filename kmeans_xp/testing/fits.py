@@ -3,10 +3,9 @@ asymmetric test data, and KMeans, SphericalKMeans and MiniBatchKMeans fits throu
 that must give the numpy backend's answers from the same initial centers."""
 from __future__ import annotations
 
-import contextlib
-
 import numpy as np
 
+from kmeans_xp.contract import registry
 from kmeans_xp.contract.namespaces import to_numpy
 
 
@@ -26,26 +25,6 @@ def _dev(x):
 
 def _host(a):
     return to_numpy(a).astype(np.float64)
-
-
-@contextlib.contextmanager
-def _registered(cls):
-    """`cls` is what its name resolves to while the fit runs, then the registry is as it was:
-    the class under test is used even when an installed backend (a built-in, a plugin, an
-    older version of it) has the same name."""
-    from kmeans_xp.contract import registry
-
-    previous = registry._runtime.get(cls.name)
-    registry._runtime[cls.name] = cls
-    registry.list_backends.cache_clear()
-    try:
-        yield
-    finally:
-        if previous is None:
-            registry._runtime.pop(cls.name, None)
-        else:
-            registry._runtime[cls.name] = previous
-        registry.list_backends.cache_clear()
 
 
 #: the driver's test matrix: (name, KMeans kwargs, data maker, fit kwargs)
@@ -143,7 +122,7 @@ def check_lloyd(backend, to_arr, dtype, spherical=False):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             ref = cls(backend="numpy", **kwargs).fit(X, **fit_kw)
-            with _registered(type(backend)):
+            with registry.registered(type(backend)):
                 sw = fit_kw.get("sample_weight")
                 got = cls(backend=name, max_memory=backend.max_memory, **kwargs).fit(
                     to_arr(X), **({} if sw is None else {"sample_weight": to_arr(sw)}))
@@ -200,7 +179,7 @@ def check_minibatch(backend, to_arr, dtype):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             ref = MiniBatchKMeans(backend="numpy", **kwargs).fit(X, **fit_kw)
-            with _registered(type(backend)):
+            with registry.registered(type(backend)):
                 got = MiniBatchKMeans(backend=name, max_memory=backend.max_memory,
                                       **kwargs).fit(to_arr(X), sample_weight=None if sw is
                                                     None else to_arr(sw))
