@@ -6,7 +6,9 @@
     python benchmarks/dask_multi_gpu.py OUT.json --engine graph actors   # both (the default)
 
 Needs CuPy, dask, distributed and dask-cuda, and a machine with as many GPUs as the largest
---workers value (the 2-worker case is skipped, and says so, on one GPU). What it measures:
+--workers value (the 2-worker case is skipped, and says so, on one GPU). `--cpu` runs the same
+protocol on the CPU (NumPy blocks, the numpy backend, a `LocalCluster` of one-thread
+workers): how the test keeps this script working on a machine without a GPU. What it measures:
 
 1. single GPU: the best single-GPU backend installed (cupy-fused, else cupy-chunked), X made
    on GPU 0 block by block with the same generator the workers use (so it is the same X).
@@ -71,11 +73,14 @@ def block_bounds(n, n_blocks):
     return [base + (1 if i < extra else 0) for i in range(n_blocks)]
 
 
-def make_block(rows, d, block_index, n_blocks, seed, dtype="float32"):
-    """Block `block_index` of X, made on the current GPU: unit Gaussians centred at +1 in the
-    first half of the blocks, -1 in the second (the seed's workload), feature j scaled by
-    1 + 0.5 j so the features differ."""
-    import cupy as cp
+def make_block(rows, d, block_index, n_blocks, seed, dtype="float32", cpu=False):
+    """Block `block_index` of X, made on the current GPU (NumPy with `cpu`): unit Gaussians
+    centred at +1 in the first half of the blocks, -1 in the second (the seed's workload),
+    feature j scaled by 1 + 0.5 j so the features differ."""
+    if cpu:
+        cp = np
+    else:
+        import cupy as cp
     rng = cp.random.default_rng(seed * 1_000_003 + block_index)
     x = rng.standard_normal((rows, d), dtype=cp.float32)
     x *= cp.asarray(1.0 + 0.5 * np.arange(d), dtype=cp.float32)
@@ -83,10 +88,10 @@ def make_block(rows, d, block_index, n_blocks, seed, dtype="float32"):
     return x.astype(dtype, copy=False)
 
 
-def _dask_block(block_info=None, *, d, n_blocks, seed, out_dtype):
+def _dask_block(block_info=None, *, d, n_blocks, seed, out_dtype, cpu=False):
     loc = block_info[None]
     rows = loc["chunk-shape"][0]
-    return make_block(rows, d, loc["chunk-location"][0], n_blocks, seed, out_dtype)
+    return make_block(rows, d, loc["chunk-location"][0], n_blocks, seed, out_dtype, cpu)
 
 
 def initial_centers(k, d, seed, dtype):
@@ -187,7 +192,27 @@ def time_fit(X, init, iters, backend_name, backend_options=None):
             "inertia": km.inertia_}
 
 
+def run_single_cpu(args, n, init, result):
+    """--cpu: the single-device case on the numpy backend."""
+    from array_api_compat import numpy as np_xp
+
+    from kmeans_xp import get_backend
+    X = np.concatenate([make_block(r, args.d, i, args.blocks, args.seed, args.dtype, True)
+                        for i, r in enumerate(block_bounds(n, args.blocks))])
+    per_iter, final, times = lloyd_loop(get_backend("numpy")(), X, None, init.copy(), np_xp,
+                                        args.iters, args.warmup, lambda: None)
+    out = {"backend": "numpy", "per_iteration_s": per_iter, "iterations_s": times,
+           "final_centers_checksum": float(np.abs(final).sum())}
+    log(f"single CPU (numpy): {per_iter * 1e3:.1f} ms per iteration")
+    if args.fit:
+        out["fit"] = time_fit(X, init, args.iters, "numpy")
+    result["single_gpu"] = out
+    return final
+
+
 def run_single_gpu(args, n, init, result):
+    if args.cpu:
+        return run_single_cpu(args, n, init, result)
     import cupy as cp
     from array_api_compat import cupy as cp_xp
 
@@ -227,18 +252,24 @@ def run_dask(args, ns, init, n_workers, results, references):
     """One LocalCUDACluster of `n_workers` workers, every n of `ns` on it in turn; each
     case's result goes to results[n][key] (errors to results[n]["errors"][key])."""
     from distributed import Client
-    try:
-        from dask_cuda import LocalCUDACluster
-    except ImportError as exc:
-        raise RuntimeError("dask-cuda is not installed: pip install dask-cuda "
-                           "(or the wheel in shared/wheels/dask/)") from exc
 
     key = f"dask_{n_workers}_worker" + ("s" if n_workers > 1 else "")
-    devices = ",".join(str(i) for i in range(n_workers))
-    log(f"{key}: starting LocalCUDACluster on GPUs {devices}")
     t0 = time.perf_counter()
-    cluster = LocalCUDACluster(CUDA_VISIBLE_DEVICES=devices, n_workers=n_workers,
-                               threads_per_worker=1, dashboard_address=None)
+    if args.cpu:
+        from distributed import LocalCluster
+        log(f"{key}: starting a LocalCluster of {n_workers} one-thread workers")
+        cluster = LocalCluster(n_workers=n_workers, threads_per_worker=1, processes=False,
+                               dashboard_address=None)
+    else:
+        try:
+            from dask_cuda import LocalCUDACluster
+        except ImportError as exc:
+            raise RuntimeError("dask-cuda is not installed: pip install dask-cuda "
+                               "(or the wheel in shared/wheels/dask/)") from exc
+        devices = ",".join(str(i) for i in range(n_workers))
+        log(f"{key}: starting LocalCUDACluster on GPUs {devices}")
+        cluster = LocalCUDACluster(CUDA_VISIBLE_DEVICES=devices, n_workers=n_workers,
+                                   threads_per_worker=1, dashboard_address=None)
     client = Client(cluster)
     start_s = time.perf_counter() - t0
     try:
@@ -264,18 +295,22 @@ def engine_key(key, engine):
 def run_dask_case(args, n, init, client, key, case, reference, common):
     """X made and persisted once on the workers, then each --engine in turn on it; each
     engine's result under case[engine_key(key, engine)] (errors under case["errors"])."""
-    import cupy as cp
     import dask.array as da
     from distributed import futures_of, wait
     from kmeans_xp_backends.dask.backend import DaskBackend
+    if args.cpu:
+        meta = np.empty((0, 0), dtype=args.dtype)
+    else:
+        import cupy as cp
+        meta = cp.empty((0, 0), dtype=args.dtype)
 
     # the same rows as the single-GPU X: the same blocks in the same order
     n_blocks = args.blocks
     chunks = (tuple(block_bounds(n, n_blocks)), (args.d,))
-    log(f"{key}: n={n:,}: making X on the workers in {n_blocks} CuPy blocks")
-    X = da.map_blocks(_dask_block, dtype=np.dtype(args.dtype), chunks=chunks,
-                      meta=cp.empty((0, 0), dtype=args.dtype), d=args.d,
-                      n_blocks=n_blocks, seed=args.seed, out_dtype=args.dtype)
+    log(f"{key}: n={n:,}: making X on the workers in {n_blocks} blocks")
+    X = da.map_blocks(_dask_block, dtype=np.dtype(args.dtype), chunks=chunks, meta=meta,
+                      d=args.d, n_blocks=n_blocks, seed=args.seed, out_dtype=args.dtype,
+                      cpu=args.cpu)
     maker = DaskBackend()
     place = maker.placement
     t0 = time.perf_counter()
@@ -394,17 +429,22 @@ def main(argv=None):
     p.add_argument("--skip-single", action="store_true",
                    help="skip the single-GPU baseline (no speedups then)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--cpu", action="store_true",
+                   help="NumPy blocks on a LocalCluster of CPU workers (the test's mode)")
     args = p.parse_args(argv)
     if args.blocks is None:
         args.blocks = max(args.workers)
     if min(args.n) < args.k or args.k < 1 or args.d < 1 or args.iters < 1 or args.blocks < 1:
         fail("need n >= k >= 1, d >= 1, iters >= 1, blocks >= 1")
     try:
-        import cupy as cp
-        n_gpus = cp.cuda.runtime.getDeviceCount()
+        if args.cpu:
+            n_gpus = os.cpu_count()  # "devices" here: CPU workers
+        else:
+            import cupy as cp
+            n_gpus = cp.cuda.runtime.getDeviceCount()
     except Exception as exc:
         fail(f"CuPy with a CUDA GPU is needed ({type(exc).__name__}: {exc}); "
-             f"pip install 'kmeans_xp[cuda12]' (or [cuda13])")
+             f"pip install 'kmeans_xp[cuda12]' (or [cuda13]), or run with --cpu")
     for mod in ("dask", "distributed"):
         try:
             __import__(mod)

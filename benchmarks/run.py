@@ -1,0 +1,357 @@
+"""The benchmark command: the project's named workloads on every installed row, one results
+file per machine kind.
+
+    python benchmarks/run.py                       # this machine's kind and workloads
+    python benchmarks/run.py --device gpu          # GPU rows only (W1, W3, W5 in minutes)
+    python benchmarks/run.py --workloads W1 --backends cupy-fused,scikit-learn
+
+Each workload runs through `kmeans_xp.tools.bench.compare` (one shared init, tol=0, a warm-up
+fit, the device synchronised, the median of repeats) with the default rows: every installed
+kmeans_xp backend but the generic ones, and scikit-learn, faiss-cpu and torch where installed.
+With a CUDA GPU the workloads are W1, W3 and W5 (`kmeans_xp.tools.bench.WORKLOADS`; CPU rows
+timed once); without one, small CPU workloads (`CPU_WORKLOADS`).
+
+It REWRITES `<results-dir>/<kind>.md` (default `benchmarks/results/`; kind from the machine:
+`h100`, `h200`, `cpu-16core`, or `--kind`): the figures, the machine, the versions and the
+exact command. The raw JSON of each workload goes to `<raw-dir>/<kind>/` (ignored by git),
+and a compact table (ms per iteration and whole fit, per row and workload) ends the output.
+
+Run as a script, not with -m, so that PYTHONPATH chooses the code it times: to time another
+version, install it aside and point PYTHONPATH there (the lead's old-main check):
+
+    python -m pip install --no-deps --target /tmp/old <old checkout>
+    PYTHONPATH=/tmp/old python benchmarks/run.py --device gpu --results-dir /tmp/old-results
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shlex
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+#: CPU-only machines: the W workloads scaled to a couple of minutes on 2 cores, all rows
+CPU_WORKLOADS = {
+    "S1": dict(n=200_000, d=3, k=100),      # the main job's CPU default
+    "S3": dict(n=1_000_000, d=3, k=200),    # W1's shape at half its n
+    "S5": dict(n=50_000, d=128, k=512),     # W5's d
+}
+#: --size tiny: seconds on any machine, for the test that keeps this script alive
+TINY_WORKLOADS = {"T1": dict(n=3_000, d=3, k=8), "T5": dict(n=1_000, d=16, k=8)}
+#: a repeat this far (max - min over median) from the others marks a busy machine
+BUSY_SPREAD = 0.10
+
+
+def bench_module():
+    """`kmeans_xp.tools.bench`, or `kmeans_xp.bench` in versions before the layer packages
+    (so the same script times the old code)."""
+    try:
+        from kmeans_xp.tools import bench
+    except ImportError:
+        from kmeans_xp import bench
+    return bench
+
+
+def machine_kind(machine) -> str:
+    """`h100`, `h200`, `a100`, ... from the first GPU's name; `cpu-<cores>core` without one."""
+    gpus = [g for g in machine.get("gpus", []) if g.get("name")]
+    if gpus:
+        name = gpus[0]["name"].lower().replace("nvidia", "")
+        m = re.search(r"\b([a-z]+\d+[a-z]*)\b", name)
+        return m.group(1) if m else re.sub(r"[^a-z0-9]+", "-", name).strip("-")
+    return f"cpu-{machine['cpu']['usable_cores']}core"
+
+
+def gpu_specs(bench):
+    """The installed GPU rows of the default set."""
+    import kmeans_xp
+    specs = [name for name, info in kmeans_xp.list_backends().items()
+             if info.gpu and info.available and name not in bench.GENERIC]
+    if bench.torch_cuda():
+        specs.append(bench.TORCH_ROW)
+    return specs
+
+
+def cpu_specs(bench):
+    """The installed CPU rows of the default set (torch's on the CPU where it sees no GPU)."""
+    gpu = set(gpu_specs(bench))
+    return [s for s in bench.select("default").specs if s not in gpu]
+
+
+def plan(args, bench, has_gpu):
+    """[(name, Workload)] for the arguments."""
+    if args.size == "tiny":
+        table = TINY_WORKLOADS
+    else:
+        table = dict(bench.WORKLOADS) if has_gpu else {}
+        table.update(CPU_WORKLOADS)
+    names = args.workloads or (["T1", "T5"] if args.size == "tiny" else
+                               ["W1", "W3", "W5"] if has_gpu else list(CPU_WORKLOADS))
+    unknown = [n for n in names if n not in table]
+    if unknown:
+        raise SystemExit(f"run.py: unknown workload(s) {unknown}; known: {sorted(table)}")
+    out = []
+    for name in names:
+        w = bench.Workload(**table[name], iters=args.iters, repeats=args.repeats,
+                           cpu_repeats=args.cpu_repeats or (1 if has_gpu else None),
+                           seed=args.seed)
+        if args.size == "tiny":
+            w.warmup_iters = 1
+        out.append((name, w))
+    return out
+
+
+def spread(row):
+    """(max - min) / median of the repeats' times per iteration, or None with one repeat."""
+    times = row.get("times_per_iter_s") or []
+    if len(times) < 2:
+        return None
+    return (max(times) - min(times)) / statistics.median(times)
+
+
+def _ms(seconds):
+    return "-" if seconds is None else f"{seconds * 1e3:.2f}"
+
+
+def _s(seconds):
+    return "-" if seconds is None else f"{seconds:.3f}"
+
+
+def row_line(row):
+    if row["status"] != "ok":
+        msg = " ".join(str(row["message"]).split())[:90].replace("|", "/")
+        return f"| {row['name']} | {row['device']} | {row['status']}: {msg} | | | | | | |"
+    sp = spread(row)
+    sp_txt = "-" if sp is None else f"{100 * sp:.1f}%" + (" busy?" if sp > BUSY_SPREAD else "")
+    agree = "-" if row.get("agreement") is None else f"{row['agreement']:.4f}"
+    speed = "-" if row.get("speedup") is None else f"{row['speedup']:.2f}x"
+    return (f"| {row['name']} | {row['device']} | {_ms(row['time_per_iter_s'])} | {sp_txt} | "
+            f"{_s(row['fit_s'])} | {_s(row['end_to_end_s'])} | {row['n_iter']} | "
+            f"{row['inertia']:.6g} | {agree} | {speed} |")
+
+
+def workload_section(name, result, bench):
+    i = result["inputs"]
+    base = result.get("baseline") or {}
+    lines = [f"## {name}: n={i['n']:,} d={i['d']} k={i['k']}",
+             "",
+             f"{i['dtype']}, data={i['data']}, init={i['init']} (one shared init, "
+             f"{i['init_sha256_16']}), {i['iters']} iterations with tol=0; median of "
+             f"{i['repeats']} timed fits (CPU rows: {i.get('cpu_repeats') or i['repeats']}) "
+             f"after a warm-up fit. Speed-up over "
+             f"{base.get('name', 'no CPU row')}, the fastest CPU row.",
+             "",
+             "| row | device | ms/iter | spread | whole fit s | from host s | iters | inertia "
+             "| agree | speed-up |",
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    lines += [row_line(r) for r in result["rows"]]
+    notes = [bench.headline(result), bench.no_gpu_note(result)]
+    lines += [""] + [" ".join(n.split()) for n in notes if n] + [""]
+    skipped = bench.skipped_text(result)
+    if skipped:
+        lines += ["```", skipped.strip(), "```", ""]
+    return lines
+
+
+def versions_line(machine):
+    v = machine.get("versions", {})
+    return ", ".join(f"{k} {val}" for k, val in v.items())
+
+
+def machine_lines(machine):
+    cpu = machine["cpu"]
+    blas = ", ".join(f"{b.get('internal_api')} {b.get('version')} ({b.get('num_threads')} "
+                     f"threads)" for b in machine.get("blas", []) if b.get("user_api") == "blas")
+    gpus = "; ".join(f"{g.get('name')} ({g.get('memory_bytes', 0) / 2**30:.0f} GiB, "
+                     f"compute {g.get('compute_capability')}, CUDA runtime "
+                     f"{g.get('cuda_runtime')})" for g in machine.get("gpus", []))
+    mem = machine.get("host_memory_bytes") or 0
+    return [f"- CPU: {cpu['model']}, {cpu['usable_cores']} usable of {cpu['logical_cores']} "
+            f"logical cores; host memory {mem / 2**30:.0f} GiB; BLAS: {blas or 'unknown'}",
+            f"- GPU: {gpus or 'none'}",
+            f"- Platform: {machine.get('platform')}",
+            f"- Versions: {versions_line(machine)}",
+            f"- kmeans_xp commit: {machine.get('kmeans_xp_commit') or 'unknown'}"]
+
+
+def results_markdown(kind, command, sections, machine, wall_s):
+    lines = [f"# Benchmark results: {kind}",
+             "",
+             "Rewritten by the benchmark command each time it runs on this kind of machine; "
+             "earlier figures are in git's history. Every row of a workload starts from the "
+             "same centers and runs the same iterations (`kmeans_xp.tools.bench.compare`). "
+             "ms/iter: Lloyd time over iterations, the final labelling pass included; spread: "
+             "(max - min) / median over the timed repeats (`busy?` past "
+             f"{100 * BUSY_SPREAD:.0f}%); whole fit: the `fit` call on data in place; from "
+             "host: copy in, fit, results back.",
+             "",
+             "Reproduce:",
+             "",
+             "```",
+             command,
+             "```",
+             "",
+             f"Measured {machine['date']} in {wall_s / 60:.1f} min.",
+             ""] + machine_lines(machine) + [""]
+    for section in sections:
+        lines += section
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def compact_table(results):
+    """Rows x workloads: ms per iteration / whole fit seconds, for a quick side-by-side."""
+    names = list(results)
+    rows = list(dict.fromkeys(r["name"] for res in results.values() for r in res["rows"]))
+    header = ["row"] + [f"{n} ms/iter  fit s" for n in names]
+    body = []
+    for row in rows:
+        cells = [row]
+        for n in names:
+            r = next((x for x in results[n]["rows"] if x["name"] == row), None)
+            if r is None:
+                cells.append("")
+            elif r["status"] != "ok":
+                cells.append(r["status"])
+            else:
+                cells.append(f"{r['time_per_iter_s'] * 1e3:9.3f} {r['fit_s']:7.3f}")
+        body.append(cells)
+    widths = [max(len(line[i]) for line in [header] + body) for i in range(len(header))]
+    out = ["  ".join(c.ljust(widths[i]) if i == 0 else c.rjust(widths[i])
+                     for i, c in enumerate(line)) for line in [header] + body]
+    out.insert(1, "-" * len(out[0]))
+    return "\n".join(out)
+
+
+def code_commit():
+    """The commit (and `+changes` for a dirty tree) of the checkout kmeans_xp is imported
+    from, or None (an installed copy)."""
+    import subprocess
+
+    import kmeans_xp
+    for folder in Path(kmeans_xp.__file__).resolve().parents:
+        if (folder / ".git").exists():
+            def git(*a):
+                return subprocess.run(["git", "-C", str(folder), *a], capture_output=True,
+                                      text=True, timeout=10, check=False).stdout.strip()
+            head = git("rev-parse", "--short", "HEAD")
+            dirty = git("status", "--porcelain", "--untracked-files=no", "--", "kmeans_xp",
+                        "backends")
+            return head + (" + uncommitted changes" if dirty else "") if head else None
+    return None
+
+
+def more_versions():
+    """Versions of the peers' and backends' libraries that `machine_info` leaves out."""
+    from importlib.metadata import PackageNotFoundError, version
+    out = {}
+    for dist in ("numba", "faiss-cpu", "faiss-gpu", "scipy", "dask-cuda", "cuvs"):
+        try:
+            out[dist] = version(dist)
+        except PackageNotFoundError:
+            pass
+    return out
+
+
+def where_code_is():
+    import kmeans_xp
+    paths = [f"kmeans_xp {Path(kmeans_xp.__file__).parent}"]
+    try:
+        import kmeans_xp_backends
+        paths.append(f"kmeans_xp_backends {Path(kmeans_xp_backends.__file__).parent}")
+    except ImportError:
+        pass
+    return "; ".join(paths)
+
+
+def the_command(argv):
+    """The command line that reproduces this run (output folders left out)."""
+    keep, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+            continue
+        if a in ("--results-dir", "--raw-dir"):
+            skip = True
+            continue
+        if a.startswith(("--results-dir=", "--raw-dir=")):
+            continue
+        keep.append(a)
+    return " ".join(["python benchmarks/run.py", *map(shlex.quote, keep)])
+
+
+def parse(argv):
+    ap = argparse.ArgumentParser(prog="python benchmarks/run.py",
+                                 description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--kind", help="the results file's name (default: from the machine, e.g. "
+                                   "h100, h200, cpu-2core)")
+    ap.add_argument("--workloads", type=lambda s: [w for w in s.split(",") if w],
+                    help="comma-separated names (GPU: W1,W3,W5, also W2; CPU: S1,S3,S5)")
+    ap.add_argument("--device", choices=("all", "gpu", "cpu"), default="all",
+                    help="which installed rows run (default all)")
+    ap.add_argument("--backends", help="row specs instead of --device's set, as "
+                                       "`kmeans-xp compare --backends`")
+    ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--repeats", type=int, default=3, help="timed fits per row (median)")
+    ap.add_argument("--cpu-repeats", type=int, default=None,
+                    help="timed fits per CPU row (default: 1 with a GPU, else --repeats)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--size", choices=("full", "tiny"), default="full",
+                    help="tiny: seconds-long workloads T1, T5 (the test's)")
+    ap.add_argument("--results-dir", type=Path, default=ROOT / "benchmarks" / "results")
+    ap.add_argument("--raw-dir", type=Path, default=ROOT / "benchmarks" / "raw")
+    return ap.parse_args(argv)
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = parse(argv)
+    bench = bench_module()
+    t0 = time.perf_counter()
+    machine = bench.machine_info()
+    machine["kmeans_xp_commit"] = code_commit() or machine.get("kmeans_xp_commit")
+    machine["versions"].update(more_versions())
+    has_gpu = bool(bench.gpu_info()) and bench.cupy_gpu()
+    kind = args.kind or machine_kind(machine)
+    if args.backends:
+        backends = args.backends
+    elif args.device == "gpu":
+        backends = gpu_specs(bench)
+    elif args.device == "cpu":
+        backends = cpu_specs(bench)
+    else:
+        backends = "default"
+    if not backends:
+        raise SystemExit(f"run.py: no {args.device} row is installed here")
+    workloads = plan(args, bench, has_gpu)
+    raw = args.raw_dir / kind
+    raw.mkdir(parents=True, exist_ok=True)
+    print(f"kind {kind}; workloads {', '.join(n for n, _ in workloads)}; rows {backends}; "
+          f"code: {where_code_is()}", flush=True)
+    results, sections = {}, []
+    for name, w in workloads:
+        print(f"== {name}: n={w.n:,} d={w.d} k={w.k}", flush=True)
+        result = bench.compare(backends, w)
+        result["workload"] = name
+        (raw / f"{name}.json").write_text(json.dumps(result, indent=1, default=str) + "\n")
+        print(bench.format_table(result), flush=True)
+        results[name] = result
+        sections.append(workload_section(name, result, bench))
+    wall = time.perf_counter() - t0
+    args.results_dir.mkdir(parents=True, exist_ok=True)
+    path = args.results_dir / f"{kind}.md"
+    path.write_text(results_markdown(kind, the_command(argv), sections, machine, wall))
+    print(f"\n{kind}: ms per iteration and whole fit (s), {where_code_is()}")
+    print(compact_table(results))
+    print(f"wrote {path}; raw JSON in {raw}/")
+    return 0 if any(r["status"] == "ok" for res in results.values() for r in res["rows"]) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,79 @@
+"""The maintained tools in benchmarks/ run, at a small size on the CPU, so they cannot rot.
+
+They are scripts: each runs as a user runs it, in a subprocess (tests import nothing from
+benchmarks/). The benchmark command writes into a temporary folder, never into the tracked
+results.
+"""
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def run_tool(*args, timeout=240):
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.run([sys.executable, *map(str, args)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=timeout, env=env, check=False)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc.stdout
+
+
+def test_benchmark_command_rewrites_one_results_file_per_kind(tmp_path):
+    results, raw = tmp_path / "results", tmp_path / "raw"
+    args = ["benchmarks/run.py", "--size", "tiny", "--repeats", "2", "--kind", "test-kind",
+            "--backends", "numpy,scikit-learn", "--results-dir", results, "--raw-dir", raw]
+    out = run_tool(*args)
+    page = (results / "test-kind.md").read_text()
+    assert "python benchmarks/run.py --size tiny --repeats 2 --kind test-kind" in page
+    assert str(tmp_path) not in page                 # the command says no private folder
+    for name in ("T1", "T5"):
+        assert f"## {name}: " in page
+        assert json.loads((raw / "test-kind" / f"{name}.json").read_text())["rows"]
+    assert "| numpy | cpu |" in page and "Versions: python" in page and "CPU: " in page
+    assert "spread" in page
+    # the compact table that ends the output: one line per row, both workloads
+    tail = out.split("ms per iteration and whole fit", 1)[1]
+    assert "T1 ms/iter" in tail and "T5 ms/iter" in tail
+    assert any(line.startswith("numpy ") for line in tail.splitlines())
+    # a second run rewrites the file instead of adding to it
+    run_tool(*args[:-4], "--workloads", "T1", "--results-dir", results, "--raw-dir", raw)
+    page = (results / "test-kind.md").read_text()
+    assert "## T1: " in page and "## T5: " not in page
+    assert sorted(p.name for p in results.iterdir()) == ["test-kind.md"]
+
+
+def test_time_kernels_times_every_primitive(tmp_path):
+    out = run_tool("benchmarks/time_kernels.py", "--backends", "numpy", "--n", "5000",
+                   "--k", "8", "--repeats", "2", "--iters", "3", "--json", tmp_path / "k.json")
+    row = json.loads((tmp_path / "k.json").read_text())["rows"][0]
+    assert row["backend"] == "numpy" and "error" not in row, out
+    for key in ("assign_ms", "reduce_ms", "lloyd_iter_ms", "driver_iteration_ms"):
+        assert row[key] > 0
+
+
+def test_profile_fit_reports_the_stages_and_first_use(tmp_path):
+    out = run_tool("benchmarks/profile_fit.py", "--n", "5000", "--k", "8", "--iters", "3",
+                   "--repeats", "2", "--cprofile", "5", "--json", tmp_path / "p.json")
+    figures = json.loads((tmp_path / "p.json").read_text())
+    assert {"init", "lloyd", "per_iteration"} <= set(figures["stages_s"])
+    assert figures["n_iter"] == 3 and "kmeans_single_lloyd" in out
+    out = run_tool("benchmarks/profile_fit.py", "--n", "5000", "--k", "8", "--first-use")
+    assert "first use costs" in out
+
+
+def test_dask_multi_gpu_runs_its_protocol_on_cpu_workers(tmp_path):
+    pytest.importorskip("distributed")
+    path = tmp_path / "dask.json"
+    run_tool("benchmarks/dask_multi_gpu.py", path, "--cpu", "--n", "20000", "--k", "16",
+             "--iters", "2", "--warmup", "1", "--workers", "1", "2", "--fit")
+    case = json.loads(path.read_text())["cases"]["20000"]
+    assert not case["errors"], case["errors"]
+    for key in ("single_gpu", "dask_2_workers", "dask_2_workers_actors"):
+        assert case[key]["per_iteration_s"] > 0
+    # the same work: every case ends at the single-device centers
+    assert case["dask_2_workers_actors"]["max_abs_center_diff_vs_single_gpu"] < 1e-3
