@@ -422,16 +422,14 @@ def test_auto_passes_over_a_backend_the_fit_would_not_fit_in(monkeypatch):
     from kmeans_xp_backends.numpy.backend import NumpyBackend
 
     from kmeans_xp import KMeans, KMeansMemoryError
-    from kmeans_xp.contract.memory import Budget
     from kmeans_xp.testing import asymmetric_data
 
-    class NoRoom(Budget):
-        def check(self, X, n_clusters, options=None):
-            raise KMeansMemoryError("X (9 GB) does not fit on the GPU")
+    def no_room(self, X, plan, options=None):
+        raise KMeansMemoryError("X (9 GB) does not fit on the GPU")
 
     class Cramped(NumpyBackend):
         name = "cramped"
-        budget_class = NoRoom
+        check_memory = no_room
 
     kmeans_xp.register_backend(Cramped)
     monkeypatch.setattr(registry, "AUTO_GPU_FOR_HOST", ("cramped",))
@@ -440,7 +438,7 @@ def test_auto_passes_over_a_backend_the_fit_would_not_fit_in(monkeypatch):
     X = asymmetric_data(2001, 3, 5, seed=1)
     km = KMeans(5, random_state=0).fit(X)
     assert km.backend_ == "numpy"
-    monkeypatch.setattr(NumpyBackend, "budget_class", NoRoom)
+    monkeypatch.setattr(NumpyBackend, "check_memory", no_room)
     with pytest.raises(KMeansMemoryError, match=r"no installed backend has room.*cramped"):
         KMeans(5, random_state=0).fit(X)
 

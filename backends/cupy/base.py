@@ -23,7 +23,7 @@ from kmeans_xp.contract.backend import (
 from kmeans_xp.contract.memory import MemoryEstimate
 
 from . import nearest, reductions
-from .budget import CupyBudget, NominalBudget
+from .budget import CupyBudget, NominalBudget, centered_copy_error, host_x_error
 from .common import STREAM_HINT, ctype, cupy, device_empty, out_of_memory_error
 from .placement import CupyPlacement
 
@@ -82,6 +82,26 @@ class CupyBackendBase(KMeansBackend):
         inst.placement_class, inst.budget_class = Placement, NominalBudget
         KMeansBackend.__init__(inst, max_memory)
         return inst
+
+    def check_memory(self, X, plan, options=None):
+        """A NumPy X that is streamed must fit its chunks; one that is copied must fit on the
+        device; a device X that a backend without streaming centers on a copy (plan.copy_x)
+        must have room for the copy; then the backend's estimate (its chunk plan) must fit.
+        With max_memory="auto" the error states the device's side (free, total, the pool
+        limit, what to change)."""
+        place = self.placement
+        if isinstance(X, np.ndarray):
+            n, d = X.shape
+            itemsize = 4 if X.dtype == np.float32 else 8
+            if place.streams(X, plan.k):
+                self.stream_estimate(n, d, plan.k, itemsize, weighted=True)
+                return
+            # X once and the driver's arrays, or the fit would die copying or centering X
+            if place.fit_state_bytes(n, d, plan.k, itemsize) > self.memory.available():
+                raise host_x_error(X, self.supports_streaming)
+        elif plan.copy_x and not self.supports_streaming and not place.copy_fits(X):
+            raise centered_copy_error(self.name, X)
+        super().check_memory(X, plan, options)
 
     # -- shared helpers ---------------------------------------------------------------------
     def stage(self, name):

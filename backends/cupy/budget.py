@@ -1,19 +1,18 @@
 """CupyBudget: a CuPy fit's memory. max_memory="auto" is a share of what the device has free
 (plus the pool's cached blocks, under its limit); stages record the pool's peak used bytes
-(`memory_report_`); `check` refuses, before any work, a fit whose X or chunks cannot fit.
+(`memory_report_`). The errors a backend's memory check raises (`CupyBackendBase.check_memory`,
+before any work, for a fit whose X or chunks cannot fit) are made here.
 """
 from __future__ import annotations
 
 import contextlib
 import functools
-import weakref
 
 import numpy as np
 
 from kmeans_xp.contract.memory import (
     Budget,
     KMeansMemoryError,
-    accepted_options,
     compute_itemsize,
     format_bytes,
     parse_memory,
@@ -27,6 +26,12 @@ from .common import (
     device_memory_state,
     free_device_memory,
 )
+
+
+def device_free_bytes() -> int:
+    """Bytes usable on the current device now (free, plus the pool's cached blocks, under its
+    limit): `common.free_device_memory`'s first value."""
+    return free_device_memory()[0]
 
 
 @functools.lru_cache(maxsize=1)
@@ -82,16 +87,13 @@ def unit_copy_error(name, X):
 
 
 class CupyBudget(Budget):
-    """Device memory of one backend's fits."""
+    """Device memory of one backend's fits: what is free comes from the placement
+    (`CupyPlacement.free_memory`); the backend checks a fit against it
+    (`CupyBackendBase.check_memory`)."""
 
-    def __init__(self, max_memory="auto", backend=None):
-        super().__init__(max_memory, backend)
-        self.backend = None if backend is None else weakref.proxy(backend)  # no cycle
-        self.backend_class = type(backend)
+    def __init__(self, max_memory="auto", free_memory=None):
+        super().__init__(max_memory, free_memory or device_free_bytes)
         self._peak_stack = []
-
-    def available(self) -> int:
-        return free_device_memory()[0]
 
     def bytes(self, reserve=0) -> int:
         """max_memory in bytes; "auto" is DEVICE_AUTO_FRACTION of what is usable now, less
@@ -100,28 +102,6 @@ class CupyBudget(Budget):
         if value == "auto":
             return max(int((self.available() - reserve) * DEVICE_AUTO_FRACTION), 1)
         return value
-
-    def check(self, X, n_clusters, options=None):
-        """A NumPy X that is streamed must fit its chunks; one that is copied must fit on the
-        device; a device X that a backend without streaming centers on a copy must have room
-        for the copy; then the backend's estimate (its chunk plan) must fit. With max_memory="auto"
-        the error states the device's side (free, total, the pool limit, what to change)."""
-        b = self.backend
-        if isinstance(X, np.ndarray):
-            n, d = X.shape
-            itemsize = 4 if X.dtype == np.float32 else 8
-            if b.placement.streams(X, n_clusters):
-                b.stream_estimate(n, d, n_clusters, itemsize, weighted=True)
-                return
-            # X once and the driver's arrays, or the fit would die copying or centering X
-            if b.placement.fit_state_bytes(n, d, n_clusters, itemsize) > self.available():
-                raise host_x_error(X, b.supports_streaming)
-        elif self.centered_copy and not b.supports_streaming and not b.placement.copy_fits(X):
-            raise centered_copy_error(b.name, X)
-        estimate = self.backend_class.estimate_memory  # the base class's check, by class
-        n, d = X.shape
-        estimate(n, d, n_clusters, itemsize=compute_itemsize(X.dtype),
-                 max_memory=self.max_memory, **accepted_options(estimate, options or {}))
 
     @contextlib.contextmanager
     def explain(self, what, reserve, reserve_what, hint=DEVICE_HINT):

@@ -103,19 +103,13 @@ class FusedPlacement(CupyPlacement):
     #: n * k under which a pass is short enough (about 1 ms) for the host to pay
     SHORT_PASS = 2 * 10**9
 
-    def __init__(self, backend):
-        super().__init__(backend)
-        self._n = None
-
-    def center(self, X, mean, *, xp, in_place=False):
-        self._n = X.shape[0]
-        return super().center(X, mean, xp=xp, in_place=in_place)
-
-    def small(self, x):
+    def small(self, x, plan=None):
+        """On the device when the fit's pass (plan.n rows against these k centers) is long;
+        without a plan, by size alone (`CupyPlacement.small`)."""
         k = x.shape[0] if getattr(x, "ndim", 1) > 1 else 1
-        if self._n is not None and self._n * k >= self.SHORT_PASS:
+        if plan is not None and plan.n * k >= self.SHORT_PASS:
             return x if isinstance(x, self._cp.ndarray) else self._cp.asarray(x)
-        return super().small(x)
+        return super().small(x, plan)
 
 
 class CupyFusedBackend(CupyBackendBase):
@@ -127,7 +121,6 @@ class CupyFusedBackend(CupyBackendBase):
 
     name = "cupy-fused"
     placement_class = FusedPlacement
-    ahead_gate = True  # lloyd_iter(skip=): a dropped iteration costs a few launches
     options = {
         **BASE_OPTIONS,
         "precision": Option("fp32", "fp32", "tf32", doc="'fp32' (exact, default) or 'tf32' "
@@ -426,9 +419,10 @@ class CupyFusedBackend(CupyBackendBase):
     def lloyd_iter(self, X, sample_weight, centers, labels_old, *, xp=None, skip=None):
         """pack_centers, one assignment pass (+ the sums when not fused into it), finalize:
         new labels, sums, weights and the 0-d inertia and changed count, all on the device;
-        nothing waits for the device. `skip` (`ahead_gate`): a one-element device bool; where
-        it holds when the pass runs, the assignment and the sums return at once and the
-        statistics are meaningless (the driver drops that iteration)."""
+        nothing waits for the device. `skip` (taking it makes the backend `ahead_gate`): a
+        one-element device bool; where it holds when the pass runs, the assignment and the
+        sums return at once and the statistics are meaningless (the driver drops that
+        iteration), so a dropped iteration costs a few launches."""
         cp = self._cp
         ws = self._workspace(X, centers.shape[0], sample_weight)
         k, d = ws.k, ws.d

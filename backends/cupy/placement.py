@@ -19,6 +19,7 @@ import weakref
 import numpy as np
 
 from kmeans_xp.contract.backend import Placement, user_labels, user_labels_dtype
+from kmeans_xp.contract.chunks import tol_from_variances
 from kmeans_xp.contract.memory import compute_itemsize, driver_bytes
 from kmeans_xp.contract.namespaces import (
     DLPACK_FOREIGN,
@@ -32,7 +33,7 @@ from kmeans_xp.contract.scaling import rescaled
 from kmeans_xp.contract.sphere import unit_rows
 
 from . import common, reductions
-from .budget import host_x_error, unit_copy_error
+from .budget import device_free_bytes, host_x_error, unit_copy_error
 from .common import cupy, out_of_memory_error
 from .staging import download, upload
 
@@ -128,7 +129,7 @@ class CupyPlacement(Placement):
             return array_namespace(np.empty(0))
         return array_namespace(X)
 
-    def small(self, x):
+    def small(self, x, plan=None):
         """Centers on the device, whatever X's placement (the driver's center math runs
         there); on the host when they are no larger than `small_on_host` values."""
         cp = self._cp
@@ -138,6 +139,11 @@ class CupyPlacement(Placement):
 
     def synchronize(self):
         self._cp.cuda.get_current_stream().synchronize()
+
+    def free_memory(self) -> int:
+        """Bytes usable on the device now: free, plus the pool's cached blocks under its
+        limit (`budget.device_free_bytes`)."""
+        return device_free_bytes()
 
     def fetch(self, values):
         """An asynchronous copy of `values` (small, 1-d) into pinned host memory behind a
@@ -183,7 +189,7 @@ class CupyPlacement(Placement):
             # order, and a mean's last bit decides exact ties
             mean64, var = reductions.column_mean_var(X, need_var=tol != 0)
             mean = cp.asarray(mean64.astype(X.dtype))
-            return mean, 0.0 if tol == 0 else float(np.mean(var)) * tol
+            return mean, tol_from_variances(var, tol)
         return super().feature_stats(X, tol, xp=xp)
 
     def center(self, X, mean, *, xp, in_place=False):
@@ -228,7 +234,7 @@ class CupyPlacement(Placement):
         n, d = X.shape
         itemsize = compute_itemsize(X.dtype)
         need = n * d * itemsize + n * (3 * 4 + 2 * itemsize) + STREAM_AUTO_SLACK
-        return need <= self.backend.memory.available()
+        return need <= self.free_memory()
 
     def centers_chunkwise(self, X) -> bool:
         """Whether device X is centered chunk by chunk as it streams (`DeviceRows`) instead
@@ -260,7 +266,7 @@ class CupyPlacement(Placement):
             n, d = X.shape
             itemsize = 4 if X.dtype == np.float32 else 8
             state = self.fit_state_bytes(n, d, n_clusters, itemsize)
-            choice = state + STREAM_AUTO_SLACK > b.memory.available()
+            choice = state + STREAM_AUTO_SLACK > self.free_memory()
         self._stream_choice = (id(X), choice)
         return choice
 

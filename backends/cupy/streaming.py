@@ -32,6 +32,7 @@ from typing import NamedTuple
 import numpy as np
 
 from kmeans_xp.contract.backend import AssignResult, IterStats, ReduceResult
+from kmeans_xp.contract.chunks import tol_from_variances
 from kmeans_xp.contract.memory import KMeansMemoryError, format_bytes
 
 from . import common, nearest, reductions, staging
@@ -434,7 +435,4 @@ def _column_stats(Xd, acc):
 def mean_and_tol(engine, tol):
     """(mean in X's dtype, absolute tol) from one streamed pass (see the module's note)."""
     mean64, var = engine.stats(need_var=tol != 0)
-    mean = mean64.astype(engine.dtype)
-    if tol == 0:
-        return mean, 0.0
-    return mean, float(np.mean(var)) * tol
+    return mean64.astype(engine.dtype), tol_from_variances(var, tol)

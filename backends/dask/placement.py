@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from kmeans_xp.contract.backend import Placement
+from kmeans_xp.contract.chunks import tol_from_variances
 from kmeans_xp.contract.namespaces import array_namespace, namespace_name, to_numpy
 
 from .blocks import (
@@ -114,7 +115,7 @@ class DaskPlacement(Placement):
             return DaskNamespace.for_array(X)
         return array_namespace(X)
 
-    def small(self, x):
+    def small(self, x, plan=None):
         """Centers and the mean as NumPy on the client (computed if lazy)."""
         return np.asarray(to_numpy(x))
 
@@ -145,7 +146,7 @@ class DaskPlacement(Placement):
             _, moments = graph.run(X, moments_block, (mean,), columns=False, combine="add",
                                    size=2 * d)
             var = moments[:d] / n - (moments[d:] / n) ** 2   # the mean's rounding, removed
-            abs_tol = float(np.mean(var)) * tol
+            abs_tol = tol_from_variances(var, tol)
         return like_block(mean, block_kind(X)), abs_tol
 
     def center(self, X, mean, *, xp, in_place=False):

@@ -159,12 +159,15 @@ def _log(verbose, text, *args):
 
 
 def kmeans_single_lloyd(backend, X, sample_weight, centers, *, xp, max_iter, tol,
-                        verbose=0, spherical=False) -> LloydResult:
+                        verbose=0, spherical=False, plan=None) -> LloydResult:
     """One Lloyd run from `centers` (X's dtype) on any backend. `spherical`: X has unit
     rows, and the centers are projected onto the unit sphere, the initial ones too (a row
-    of norm 0 stays 0: the estimator refuses such an init)."""
+    of norm 0 stays 0: the estimator refuses such an init). `plan`: the fit's `FitPlan`
+    (default: X's and the centers' shapes), which the placement places the centers by."""
     place = backend.placement
-    centers = place.small(centers)
+    if plan is None:
+        plan = backend.plan(X, centers.shape[0], weighted=sample_weight is not None)
+    centers = place.small(centers, plan)
     cxp = place.namespace(centers)
     if spherical:
         centers = cxp.astype(unit_centers(centers, centers, cxp), centers.dtype)

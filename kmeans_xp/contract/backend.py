@@ -5,40 +5,46 @@ an iteration) on one array library. The Lloyd semantics (convergence, empty clus
 center update, inertia, n_init) belong to the driver (`kmeans_xp.algorithms.lloyd`) alone, so every
 backend gives the same answer for the same initial centers.
 
-    member            required  called by      what
-    name, namespaces  yes       registry       registry key; array libraries it computes on
-    device            no        registry/bench "cpu" or "gpu"
-    options           no        __init__       backend_options as {name: Option}
-    reject_reason     no        registry       None when X is taken, else a sentence (cheap)
-    assign            yes       driver, init,  (labels, min_sq_dist) against centers
-                                predict
-    reduce            yes       default        per-cluster float64 sums of w*x and of w
-                                lloyd_iter
-    lloyd_iter        no        driver         one iteration's IterStats (default: assign +
-                                               reduce + two reductions)
-    ahead_gate        no        driver         True when lloyd_iter takes `skip=`, a one-
-                                               element bool array on the device: where it
-                                               holds when the work runs, the work may be
-                                               left out (the driver drops that iteration;
-                                               default False)
-    inertia           no        driver, score  sum of w * ||x - c_label||^2 by differences
-    labels_inertia    no        driver, score  the assignment's labels and that inertia
-                                               (default: assign + inertia; a backend that
-                                               streams X does both in one pass)
-    farthest          no        driver         the m points farthest from their centers
-                                               (only when a cluster is empty)
-    batch_backend     no        MiniBatchKMeans the backend computing a batch gathered
-                                               from X (default: itself; dask: its blocks')
-    seeding           no        init           k-means++'s O(n) steps on the backend's
-                                               device (default None: xp code, init.Seeding)
-    seeding_bytes     no        estimate_memory the bytes of those steps (None: the xp
-                                               steps', memory.xp_seeding_bytes)
-    estimate_memory   no        estimate_memory working bytes per part, before anything runs
-    placement         no        estimator,     a `Placement`: a head start (`warm_up`), moving
-                                driver         X to the device and back, centering (unit rows
-                                               for a spherical fit), fetching, synchronising
-    memory            no        everyone       a `memory.Budget`: max_memory in bytes, stages
-                                               and their measured peaks, memory checks
+The contract a plugin implements (docs/plugins.md is its page): eleven names.
+
+    member            required  default / what
+    name, namespaces  yes       registry key; array libraries it computes on
+    assign            yes       (labels, min_sq_dist) against centers: driver, init, predict
+    reduce            yes       per-cluster float64 sums of w*x and of w
+    device            no        "cpu" ("gpu" for a device backend)
+    options           no        {}: backend_options as {name: Option}, set as attributes
+    reject_reason     no        None when X's namespace is in `namespaces` or the placement
+                                converts it, else a sentence (cheap, no compute)
+    lloyd_iter        no        one iteration's IterStats: assign + reduce + two reductions
+    estimate_memory   no        none: no check before a fit (check_backend wants one on NumPy
+                                input, to bound a lloyd_iter's peak)
+    placement_class   no        `Placement`: X stays where it is; a device plugin overrides
+                                converts_from, to_backend, from_backend, synchronize,
+                                free_memory
+    memory            given     the fit's `memory.Budget`: a backend chunks within
+                                `memory.bytes()` (a share of the placement's free memory)
+
+Hooks the first-party backends override for speed; each default derives from the members
+above, and `check_backend` checks an override against it, so a plugin needs none of them:
+
+    ahead_gate        derived: True when `lloyd_iter` takes `skip=`, a one-element bool
+                      array on the device: where it holds when the work runs, the work may
+                      be left out (the driver drops that iteration)
+    inertia           sum of w * ||x - c_label||^2 by differences (driver, score)
+    labels_inertia    assign + inertia (a backend that streams X does both in one pass)
+    farthest          the m points farthest from their centers (only when a cluster is empty)
+    batch_backend     the backend computing MiniBatchKMeans's gathered batches (itself; dask:
+                      its blocks')
+    seeding           k-means++'s O(n) steps on the backend's device (None: xp code)
+    seeding_bytes     the bytes of those steps (None: the xp steps', memory.xp_seeding_bytes)
+    check_memory      raise before any work when the fit's `FitPlan` cannot fit (default:
+                      `estimate_memory` applied to the plan)
+    budget_class      the `Budget` class (CuPy's measures its pool's peaks per stage)
+
+Collaborators get what they need as arguments: the placement and the memory check receive
+the fit's `FitPlan` (n, d, k, dtype, device, max_memory, copy_x, ...) rather than calling
+back into the backend or remembering an earlier call, and nothing outside a backend writes
+into its budget.
 
 Labels: an integer array of values in [0, k), in any integer dtype that holds k. Between
 its own passes a backend may keep them compact (`compact_labels_dtype`: uint8 up to 256
@@ -65,7 +71,8 @@ from typing import Any, ClassVar, NamedTuple
 import numpy as np
 
 from kmeans_xp.contract.chunks import count_changed, feature_mean, labelled_sq_dist, tolerance, weighted_total
-from kmeans_xp.contract.memory import Budget, MemoryEstimate
+from kmeans_xp.contract.fitplan import FitPlan
+from kmeans_xp.contract.memory import Budget, MemoryEstimate, accepted_options, host_available_memory
 from kmeans_xp.contract.namespaces import array_namespace, as_like, device, label_counts, namespace_name, to_numpy
 from kmeans_xp.contract.scaling import rescaled
 from kmeans_xp.contract.sphere import unit_rows
@@ -206,8 +213,10 @@ class Placement:
         """The namespace the driver computes with on X (the output of `to_backend`)."""
         return array_namespace(X)
 
-    def small(self, x):
-        """A k-sized array (centers) where the driver's center math runs: X's namespace."""
+    def small(self, x, plan=None):
+        """A k-sized array (centers) where the driver's center math runs: X's namespace.
+        `plan` (a `FitPlan`, None where the caller has none): the fit those centers serve,
+        for a placement that decides by its size."""
         return x
 
     def persist(self, x):
@@ -216,6 +225,12 @@ class Placement:
 
     def synchronize(self):
         """Wait for the device, so a clock read after it measures finished work."""
+
+    def free_memory(self) -> int:
+        """Bytes free where the backend computes: what max_memory="auto" takes a share of
+        (`memory.AUTO_FRACTION`). Default: the host's available memory (then "auto" is also
+        capped at `memory.HOST_AUTO_CAP`); a device placement reports its device's."""
+        return host_available_memory()
 
     def fetch(self, values):
         """Start copying a small 1-d array to the host; returns a function that waits for it
@@ -276,6 +291,14 @@ class KMeansBackend:
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
+        if "ahead_gate" not in vars(cls) and "lloyd_iter" in vars(cls):
+            # derived, not declared: a lloyd_iter that takes the driver's skip flag honours
+            # it; one that passes **kwargs on keeps what it overrides
+            params = inspect.signature(cls.lloyd_iter).parameters.values()
+            if any(p.name == "skip" for p in params):
+                cls.ahead_gate = True
+            elif not any(p.kind is p.VAR_KEYWORD for p in params):
+                cls.ahead_gate = False
         # options become attributes: one named like a member would hide it
         clash = sorted(k for k, o in cls.options.items()
                        if callable(getattr(cls, o.attr or k, None)))
@@ -296,8 +319,11 @@ class KMeansBackend:
                     f"backend {self.name!r}: backend_options[{key!r}] must be "
                     f"{opt.describe()}, got {value!r}")
             setattr(self, opt.attr or key, value)
-        self.memory = self.budget_class(max_memory, backend=self)
         self.placement = self.placement_class(self)
+        # the budget's free memory is the placement's: a device placement reports its own
+        own = type(self.placement).free_memory is not Placement.free_memory
+        self.memory = self.budget_class(max_memory,
+                                        free_memory=self.placement.free_memory if own else None)
 
     @property
     def max_memory(self):
@@ -317,6 +343,22 @@ class KMeansBackend:
         if ns not in self.namespaces and not _converts_from(self.placement, ns, X):
             return f"it computes on {sorted(self.namespaces)}, not {ns} arrays"
         return None
+
+    def plan(self, X, n_clusters, *, copy_x=True, weighted=False) -> FitPlan:
+        """The `FitPlan` of a fit of X (2-d, with a dtype) on this backend."""
+        return FitPlan.of(X, n_clusters, device=self.device, max_memory=self.max_memory,
+                          copy_x=copy_x, weighted=weighted)
+
+    def check_memory(self, X, plan, options=None):
+        """Raise KMeansMemoryError now, before any work, when max_memory cannot hold even
+        the smallest chunk of the fit `plan` describes: `estimate_memory` applies the plan
+        and raises (a backend without an estimate is not checked)."""
+        estimate = type(self).estimate_memory
+        try:
+            estimate(plan.n, plan.d, plan.k, itemsize=plan.itemsize, max_memory=self.max_memory,
+                     **accepted_options(estimate, options or {}))
+        except NotImplementedError:
+            pass
 
     def driver_rows(self, X) -> int:
         """Rows per chunk for the O(n d) passes done in xp code (init, defaults below): a

@@ -163,8 +163,17 @@ def tolerance(X, mean, tol, xp, rows, chunk_sums=None) -> float:
     n = operand(X.shape[0], sq, xp)
     rounding = shift / n
     var = sq / n - rounding * rounding   # the mean's rounding, removed
-    # d values, averaged on the host: a GPU library's first full reduction compiles for seconds
-    return float(np.mean(to_numpy(var))) * tol
+    return tol_from_variances(var, tol)
+
+
+def tol_from_variances(variances, tol) -> float:
+    """scikit-learn's absolute tol from X's per-feature variances (any namespace): their mean
+    times `tol`. The one place the formula lives: every backend that computes the variances
+    its own way (a streamed pass, dask's blocks, a kernel) hands them here. The d values are
+    averaged on the host: a GPU library's first full reduction compiles for seconds."""
+    if tol == 0:
+        return 0.0
+    return float(np.mean(to_numpy(variances))) * tol
 
 
 def check_finite(X, xp, name="X"):

@@ -181,36 +181,26 @@ def driver_bytes(n_samples, n_features, n_clusters, itemsize, *, weighted=True,
 
 class Budget:
     """A fit's memory: `max_memory` in bytes, and the peak bytes measured per stage
-    (`report`, the estimator's memory_report_). Default: host memory, nothing measured;
-    device backends measure their pool."""
-    #: whether the fit centers a copy of X (copy_x=True), set before `check`
-    centered_copy = True
+    (`report`, the estimator's memory_report_). It knows nothing of its backend: the free
+    memory it takes a share of comes as a function (the placement's `free_memory`; None: the
+    host's available memory, with "auto" capped at HOST_AUTO_CAP). Default: nothing
+    measured; device backends measure their pool. The fit's memory check is the backend's
+    (`KMeansBackend.check_memory`), given the fit's plan."""
 
-    def __init__(self, max_memory="auto", backend=None):
+    def __init__(self, max_memory="auto", free_memory=None):
         parse_memory(max_memory)  # a clear error now, not in the first chunk
         self.max_memory = max_memory
-        self.backend = backend
+        self._free_memory = free_memory
         self.report = {}
-
-    def check(self, X, n_clusters, options=None):
-        """Raise KMeansMemoryError now, before any work, when max_memory cannot hold even the
-        backend's smallest chunk (its `estimate_memory` applies the fit's plan and raises)."""
-        estimate = type(self.backend).estimate_memory
-        n, d = X.shape
-        try:
-            estimate(n, d, n_clusters, itemsize=compute_itemsize(X.dtype),
-                     max_memory=self.max_memory, **accepted_options(estimate, options or {}))
-        except NotImplementedError:
-            pass
 
     def available(self) -> int:
         """Bytes free where the backend computes."""
-        return host_available_memory()
+        return host_available_memory() if self._free_memory is None else self._free_memory()
 
     def bytes(self, reserve=0) -> int:
         """Working-memory bound in bytes for this fit ("auto": a share of what is free)."""
         return resolve_budget(self.max_memory, max(self.available() - reserve, 0),
-                              cap=HOST_AUTO_CAP)
+                              cap=HOST_AUTO_CAP if self._free_memory is None else None)
 
     @contextlib.contextmanager
     def stage(self, name):

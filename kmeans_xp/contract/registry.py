@@ -336,9 +336,10 @@ def _narrow_first(candidates, X):
 def select_backend(backend, X, *, n_clusters, sample_weight=None, backend_options=None,
                    max_memory="auto", check_memory=False, copy_x=True):
     """(backend instance, why it was chosen) for this input; never a silent fallback. With
-    check_memory (a fit), the chosen backend's `memory.check` passed too: "auto" passes over
-    a backend the fit would not fit in, a named one raises its KMeansMemoryError. copy_x:
-    whether the fit centers a copy of X (the check counts it)."""
+    check_memory (a fit), the chosen backend's `check_memory` passed too, given the fit's
+    plan: "auto" passes over a backend the fit would not fit in, a named one raises its
+    KMeansMemoryError. copy_x: whether the fit centers a copy of X (the plan carries it to
+    the check, which counts it)."""
     from kmeans_xp.contract.namespaces import DLPACK_FOREIGN, foreign_device_type, namespace_name
 
     options = dict(backend_options or {})
@@ -352,8 +353,8 @@ def select_backend(backend, X, *, n_clusters, sample_weight=None, backend_option
             raise ValueError(f"backend {backend!r} cannot take this input: {reason}. Backends "
                              f"that would: {takers or 'none installed'}.")
         if check_memory:
-            inst.memory.centered_copy = copy_x
-            inst.memory.check(X, n_clusters, options)
+            inst.check_memory(X, inst.plan(X, n_clusters, copy_x=copy_x,
+                                           weighted=sample_weight is not None), options)
         return inst, "named by the user"
 
     ns = namespace_name(X)
@@ -378,8 +379,8 @@ def select_backend(backend, X, *, n_clusters, sample_weight=None, backend_option
             inst = get_backend(name)(max_memory=max_memory, **options)
             try:  # a backend the fit would not fit in is passed over, as one that refuses
                 if check_memory:
-                    inst.memory.centered_copy = copy_x
-                    inst.memory.check(X, n_clusters, options)
+                    inst.check_memory(X, inst.plan(X, n_clusters, copy_x=copy_x,
+                                                   weighted=sample_weight is not None), options)
             except KMeansMemoryError as exc:
                 reasons.append(f"{name}: {exc}")
                 short_of_memory = exc

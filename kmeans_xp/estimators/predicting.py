@@ -189,7 +189,8 @@ class Predicting:
         backend, Xc, xp, X, centers = self._prepare(X, "score")
         sw = None if sample_weight is None else xp.asarray(check_sample_weight(
             sample_weight, Xc.shape[0], host_dtype_of(Xc.dtype)), device=device(Xc))
-        centers = backend.placement.small(centers)  # where the driver's inertia takes them
+        # where the driver's inertia takes them
+        centers = backend.placement.small(centers, backend.plan(Xc, centers.shape[0]))
         _, total = backend.labels_inertia(Xc, sw, centers, xp=xp)
         return -self._objective(float(to_numpy(total)))
 
