@@ -1,15 +1,15 @@
 """The CUDA sources of the CuPy backends (kmeans_xp_backends/cupy/cuda/) compile for Hopper
-(sm_90; sm_90a for the files common.ARCH_TARGETS names) with nvcc, every template instance the
-backends can ask NVRTC for, so CI catches compile errors without a GPU. Skipped without nvcc.
-Also reports registers and spills (-Xptxas -v) and fails if an assignment kernel spills in a
-way that would cost speed (any spill in the small-d kernels, the float32 GEMM-like kernels or
-the tensor-core kernels)."""
+(sm_90; sm_90a for the files that name it, common.arch_target) with nvcc, every template
+instance the backends can ask NVRTC for, so CI catches compile errors without a GPU. Skipped
+without nvcc. Also reports registers and spills (-Xptxas -v) and fails if an assignment kernel
+spills in a way that would cost speed (any spill in the small-d kernels, the float32 GEMM-like
+kernels or the tensor-core kernels)."""
 import re
 import shutil
 import subprocess
 
 import pytest
-from kmeans_xp_backends.cupy import common, fused_plan, nearest, reductions, seeding
+from kmeans_xp_backends.cupy import common, fused_plan, nearest, paths, reductions, seeding
 
 NVCC = shutil.which("nvcc")
 pytestmark = pytest.mark.skipif(NVCC is None, reason="nvcc is not on PATH")
@@ -48,7 +48,7 @@ def ptxas_report(tmp_path_factory):
         src.write_text(f'#include "{common.CUDA_DIR / file}"\n'
                        f"// every instance the backends name through name_expressions\n"
                        f"void* kmeans_xp_instances[] = {{\n    {refs}\n}};\n")
-        arch = common.ARCH_TARGETS.get(file, "sm_90")  # (wgmma: sm_90a, as NVRTC compiles it)
+        arch = common.arch_target(file) or "sm_90"  # (wgmma: sm_90a, as NVRTC compiles it)
         cmd = [NVCC, f"-arch={arch}", "-std=c++17", "-fmad=false", "-Xptxas", "-v", "-cubin",
                f"-I{common.CUDA_DIR}", "-o", str(tmp / f"instances_{i}.cubin"), str(src)]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
@@ -132,7 +132,7 @@ def test_wgmma_kernels_do_not_spill(ptxas_report):
     and must not spill."""
     funcs = _functions(ptxas_report)
     wg = {f: v for f, v in funcs.items() if "assign_wgmma" in f}
-    assert len(wg) == 4 * fused_plan.wgmma_atoms(fused_plan.WGMMA_MAX_D), sorted(funcs)
+    assert len(wg) == 4 * paths.wgmma_atoms(paths.WGMMA_MAX_D), sorted(funcs)
     spilling = {f: v for f, v in wg.items() if v[1] > 0 or v[0] > 255}
     assert not spilling, f"wgmma kernels spill: {spilling}"
 

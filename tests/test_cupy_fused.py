@@ -14,7 +14,7 @@ near tie and then a few points); float64 fits, and float32 fits with d <= 3, mus
 partition."""
 import numpy as np
 import pytest
-from kmeans_xp_backends.cupy import fused_plan
+from kmeans_xp_backends.cupy import fused_plan, paths
 from kmeans_xp_backends.numpy.backend import NumpyBackend
 from sklearn.metrics import adjusted_rand_score
 
@@ -113,7 +113,7 @@ def _check_primitives(cp, n, d, k, dtype, **options):
     lab, msq = be.assign(Xg, Cg)
     lab, msq = lab.get(), msq.get()
     split = options.get("gemm_kernel", "auto") == "3xtf32" or (
-        options.get("gemm_kernel", "auto") == "auto" and d <= fused_plan.MMA3_AUTO_MAX_D)
+        options.get("gemm_kernel", "auto") == "auto" and d <= paths.MMA3_AUTO_MAX_D)
     if split and d > 16 and dtype == np.float32:
         assert be._ws.plan.path in ("mma3", "wgmma3"), f"{where}: not the 3xTF32 kernel"
     assert lab.dtype == np.int32 and msq.dtype == dtype
@@ -123,7 +123,7 @@ def _check_primitives(cp, n, d, k, dtype, **options):
     scale = (X.astype(np.float64) ** 2).sum(1) + (C.astype(np.float64) ** 2).sum(1)[lab]
     assert np.all(msq >= 0)
     tol = 16 * eps * scale[same]
-    if split and d > fused_plan.MMA3_AUTO_MAX_D:  # the tensor cores' FP32 accumulation over a
+    if split and d > paths.MMA3_AUTO_MAX_D:  # the tensor cores' FP32 accumulation over a
         # long K: the a-priori bound of any order of the d products and norms (both sides)
         g = (d + 2) * eps / 2 / (1 - (d + 2) * eps / 2)
         nx = np.sqrt((X.astype(np.float64) ** 2).sum(1))[same]
@@ -315,8 +315,9 @@ def test_tf32_assignment_within_tf32_rounding(cp, kernel, n, d, k):
     lab, msq = be.assign(cp.asarray(X), cp.asarray(C))
     lab, msq = lab.get(), msq.get()
     assert be._ws.plan.path == {"fused": "mma", "fused-v1": "tf32mma", "cublas": "tf32",
-                                "wgmma": fused_plan.tf32_path(
-                                    "wgmma", d, fused_plan.device_facts(0))}[kernel]
+                                "wgmma": paths.choose(d, k, "float32", "tf32",
+                                                      fused_plan.device_facts(0),
+                                                      tf32_kernel="wgmma").path}[kernel]
     X64, C64 = X.astype(np.float64), C.astype(np.float64)
     rows = max(1, int(4e6 // (k * d)))  # exact distances in float64, ~32 MB at a time
     exact = np.concatenate([((X64[i:i + rows, None, :] - C64[None]) ** 2).sum(-1)
@@ -343,7 +344,7 @@ def test_tf32_auto_takes_the_wgmma_kernel_on_hopper(cp):
         X, C, _ = _problem(2053, d, k, np.float32, seed=d)
         be = _backend(precision="tf32")
         be.assign(cp.asarray(X), cp.asarray(C))
-        wanted = "wgmma" if facts.cc == 90 and d <= fused_plan.WGMMA_MAX_D else "mma"
+        wanted = "wgmma" if facts.cc == 90 and d <= paths.WGMMA_MAX_D else "mma"
         assert be._ws.plan.path == wanted, (d, be._ws.plan.path)
 
 

@@ -6,7 +6,7 @@ import types
 
 import numpy as np
 import pytest
-from kmeans_xp_backends.cupy import common, einsum_order, fused_plan
+from kmeans_xp_backends.cupy import common, einsum_order, fused_plan, paths
 
 
 def test_einsum_order_is_detected():
@@ -63,7 +63,7 @@ def test_every_kernel_the_backend_launches_has_a_file_and_an_instance():
         assert any(n.split("<")[0] == name for n in names), name
     for dt in ("float32", "float64"):
         for vec in (True, False):
-            assert fused_plan.gemm_kernel_name(dt, vec) in fused_plan.common_kernel_names(dt)
+            assert paths.gemm_kernel_name(dt, vec) in fused_plan.common_kernel_names(dt)
 
 
 def test_tf32_api_exists_in_installed_cupy():

@@ -9,7 +9,7 @@ import pytest
 
 cupy = pytest.importorskip("cupy")
 
-from kmeans_xp_backends.cupy import common, fused_plan, nearest, reductions  # noqa: E402
+from kmeans_xp_backends.cupy import common, fused_plan, nearest, paths, reductions  # noqa: E402
 
 INSTANCES = sorted(set(nearest.kernel_instances() + reductions.kernel_instances()
                        + fused_plan.kernel_instances()))
@@ -25,7 +25,7 @@ def test_instance_compiles_with_nvrtc(file, name):
     except Exception as exc:  # no NVRTC library here, or CuPy's internals moved
         pytest.skip(f"NVRTC unavailable: {exc}")
     try:
-        arch = common.ARCH_TARGETS.get(file, "sm_90")  # (wgmma: sm_90a, as at run time)
+        arch = common.arch_target(file) or "sm_90"  # (wgmma: sm_90a, as at run time)
         binary, mapping = program.compile((*common.NVRTC_OPTIONS, f"-arch={arch}",
                                            f"-I{include}"))
     except compiler.CompileException as exc:
@@ -43,7 +43,7 @@ def test_arch_compile_names_a_fix_where_cupy_lacks_its_nvrtc_wrapper(monkeypatch
             compiler=types.SimpleNamespace()))
     monkeypatch.setattr(common, "cupy", lambda: fake)
     monkeypatch.setenv("CUPY_CACHE_DIR", str(tmp_path))
-    name = fused_plan.wgmma_kernel_name(128, True)
+    name = paths.wgmma_kernel_name(128, True)
     with pytest.raises(RuntimeError, match="tf32_kernel"):
         common._ArchModule("fused_wgmma.cu", (name,), "sm_90a")
 

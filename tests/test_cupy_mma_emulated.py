@@ -8,7 +8,7 @@ bounds of kmeans_xp.testing.label_bounds). What the GPU adds (the hardware's fra
 its accumulation order, launch limits, speed) is left to the gpu tests. Skipped without g++."""
 import numpy as np
 import pytest
-from kmeans_xp_backends.cupy import fused_plan
+from kmeans_xp_backends.cupy import fused_plan, paths
 from kmeans_xp_backends.numpy.backend import NumpyBackend
 
 from kmeans_xp.testing.label_bounds import near_tie, tf32_error
@@ -115,15 +115,15 @@ def test_falls_back_where_the_v2_kernel_cannot_run():
                            tf32_kernel="fused").path != "wgmma"
     p = fused_plan.plan(10**6 + 3, 33, 300, "float32", h200, precision="tf32")
     assert p.path == "wgmma" and p.layout == 3 and p.S == 40
-    assert p.assign_smem == fused_plan.wgmma_smem(33) <= h200.smem_block - 1024
-    assert p.assign_grid == -(-(10**6 + 3) // (128 * fused_plan.wgmma_tile(False)[0]))
+    assert p.assign_smem == paths.wgmma_smem(33) <= h200.smem_block - 1024
+    assert p.assign_grid == -(-(10**6 + 3) // (128 * paths.wgmma_tile(False)[0]))
     # 3xTF32: the wgmma kernel in split precision on 9.0 (tf32_kernel picks the kernel), X's
     # parts in registers: no shared memory for X's rows
     p = fused_plan.plan(10**6, 128, 4096, "float32", h200, gemm_kernel="3xtf32",
                         tf32_kernel="wgmma")
     assert p.path == "wgmma3" and p.layout == 4
-    assert p.assign_smem == fused_plan.wgmma_smem(128, True) <= h200.smem_block - 1024
-    assert p.assign_smem == 1024 + 4 * 4 * 32 * 2 * fused_plan.WGMMA_STAGES * 64
+    assert p.assign_smem == paths.wgmma_smem(128, True) <= h200.smem_block - 1024
+    assert p.assign_smem == 1024 + 4 * 4 * 32 * 2 * paths.WGMMA_STAGES * 64
     assert p.assign_grid == -(-10**6 // 128)
     for d in (17, 64, 128):  # the default
         assert fused_plan.plan(10**6, d, 4096, "float32", h200).path == "wgmma3"

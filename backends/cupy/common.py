@@ -185,17 +185,25 @@ def _compile(file, names, device_id):
     """cuda/`file` compiled for `names` and loaded on device `device_id` (in this thread)."""
     cp = cupy()
     with cp.cuda.Device(device_id):
-        if file in ARCH_TARGETS:
-            return _ArchModule(file, names, ARCH_TARGETS[file])
+        arch = arch_target(file)
+        if arch is not None:
+            return _ArchModule(file, names, arch)
         module = cp.RawModule(code=source(file), options=NVRTC_OPTIONS,
                               name_expressions=list(names))
         module.get_function(names[0])  # RawModule compiles and loads on first use
     return module
 
 
-#: files compiled for an architecture-specific target: wgmma exists on sm_90a only, and
-#: CuPy's RawModule compiles for the plain sm_XX of the device
-ARCH_TARGETS = {"fused_wgmma.cu": "sm_90a"}
+_ARCH_LINE = re.compile(r"^// nvrtc-arch: (\S+)\s*$", re.M)
+
+
+@functools.lru_cache(maxsize=None)
+def arch_target(file: str):
+    """The architecture-specific target cuda/`file` names in a `// nvrtc-arch: sm_90a` line
+    (wgmma exists on sm_90a only, and CuPy's RawModule compiles for the plain sm_XX of the
+    device), or None: the device's own."""
+    m = _ARCH_LINE.search((CUDA_DIR / file).read_text())
+    return m.group(1) if m else None
 
 
 class _ArchModule:

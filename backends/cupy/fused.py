@@ -10,14 +10,10 @@ Nothing of size n x k exists anywhere; working memory is O(k d + blocks), + n wo
 The driver (kmeans_xp.algorithms.lloyd) updates the centers, relocates empty clusters (`farthest`) and
 reads one small array per iteration, which it fetches while the next iteration runs.
 
-Paths (chosen per problem, `fused_plan.plan`): small (d <= 16), gemm (d > 16; on float32 up to
-d=160 the tensor-core kernel in split precision, 3xTF32, else or with gemm_kernel="simt" the
-SIMT kernel), and
-precision="tf32" (float32 on TF32 tensor cores; not bit-exact FP32), tf32_kernel "auto" (the
-wgmma kernel on compute capability 9.0, cuda/fused_wgmma.cu, else "fused"), "wgmma", "fused"
-(our v2 mma.sync kernel with the argmin in its epilogue, cuda/fused_mma.cu), "fused-v1" (the
-first one, cuda/fused_tf32.cu, kept to compare) or "cublas" (cuBLAS GEMM per row chunk + a
-warp-per-row argmin).
+Paths: which assignment kernel a problem runs (small d, the SIMT GEMM tile, tensor-core
+kernels in TF32 or in split precision, 3xTF32; options precision, tf32_kernel, gemm_kernel),
+and why, is the table `paths.PATHS` (`paths.explain` says it for a problem); `fused_plan.plan`
+sizes the chosen path's grids and buffers.
 
 Determinism: the same input gives bit-identical labels, centers, inertia and history run to
 run on the same GPU. Per-cluster sums are accumulated in 64-bit fixed point (two words per
@@ -38,7 +34,7 @@ from kmeans_xp.contract.backend import AssignResult, IterStats, Option, ReduceRe
 from kmeans_xp.contract.memory import KMeansMemoryError, MemoryEstimate, format_bytes, resolve_budget
 from kmeans_xp.contract.namespaces import dtype_name as float_dtype_name
 
-from . import common
+from . import common, paths
 from . import fused_plan as fp
 from .base import BASE_OPTIONS, CupyBackendBase
 from .common import BLOCK, NULL, device_ptr, free_device_memory, launch, with_oom_retry
@@ -125,14 +121,14 @@ class CupyFusedBackend(CupyBackendBase):
         **BASE_OPTIONS,
         "precision": Option("fp32", "fp32", "tf32", doc="'fp32' (exact, default) or 'tf32' "
                             "(tensor cores, float32 input, not bit-exact)"),
-        "tf32_kernel": Option("auto", "auto", "wgmma", "fused", "fused-v1", "cublas",
+        "tf32_kernel": Option("auto", *paths.TF32_KERNELS,
                               doc="with tf32: our tensor-core kernel with the argmin fused "
                               "('wgmma': Hopper's asynchronous one; 'fused': mma.sync, v2; "
                               "'fused-v1' the first one; 'auto': wgmma on compute capability "
                               "9.0, else v2), or cuBLAS GEMM per chunk + argmin; also which "
                               "tensor-core kernel the exact 3xTF32 path runs ('auto', "
                               "'wgmma' or 'fused')"),
-        "gemm_kernel": Option("auto", "auto", "simt", "3xtf32", doc="precision='fp32', "
+        "gemm_kernel": Option("auto", *paths.GEMM_KERNELS, doc="precision='fp32', "
                               "d > 16, float32: the SIMT FMA kernel, or the tensor cores in "
                               "split precision (3xTF32: FP32-accurate, labels equal up to near "
                               "ties); 'auto': 3xTF32 up to d=160; float64 and GPUs before "
@@ -308,13 +304,12 @@ class CupyFusedBackend(CupyBackendBase):
             launch(ws.fn_fused if fuse else ws.fn_assign, p.assign_grid,
                    (X, w, ws.ops, _i32(ws.n), _i32(ws.k), _i32(p.tc), *tail, *extra),
                    shared_mem=smem)
-        elif p.path in ("gemm", "tf32mma", "mma", "mma3", "wgmma", "wgmma3"):
+        elif paths.VARIANTS[p.path].kind == "tile":   # (the argmin in the kernel)
             vec = fp.vector_rows(ws.dtype_name, ws.d) and device_ptr(X) % 16 == 0
             name = fp.assign_kernel_name(p, ws.dtype_name, ws.d, vec)
-            smem = {"gemm": 0, "tf32mma": fp.TF32_MMA_SMEM}.get(p.path, p.assign_smem)
             launch(fp.kernel(name), p.assign_grid,
                    (X, w, ws.ops, ws.cnorm, _i32(ws.n), _i32(ws.d), _i32(p.kpad), *tail),
-                   shared_mem=smem)
+                   shared_mem=p.assign_smem)
         else:
             self._assign_tf32(ws, w, tail)
         if accumulate and not p.fuse:

@@ -158,7 +158,6 @@ class Variant(NamedTuple):
     instance: Callable  # (dtype name, d, vec, resident) -> the template instance launched
     instances: Callable  # dtype name -> every instance (compile check, compile ahead)
     compile_ahead: bool = True  # compiled with the fit's other kernels while X moves
-    arch: str = ""  # NVRTC target where the plain sm_XX of the device lacks its instructions
 
 
 VARIANTS = {
@@ -199,13 +198,13 @@ VARIANTS = {
         lambda n, dt, dev: cdiv(n, 128 * wgmma_tile(False)[0]),
         lambda d, dev: (True, wgmma_smem(d)) if wgmma_fits(d, dev) else None,
         lambda dt, d, vec, res: wgmma_kernel_name(d, vec),
-        lambda dt: _wgmma_instances(False), arch="sm_90a"),
+        lambda dt: _wgmma_instances(False)),
     "wgmma3": Variant(
         "tile", "fused_wgmma.cu", ("float32",), 4,
         lambda n, dt, dev: cdiv(n, 128 * wgmma_tile(True)[0]),
         lambda d, dev: (True, wgmma_smem(d, True)) if wgmma_fits(d, dev, True) else None,
         lambda dt, d, vec, res: wgmma_kernel_name(d, vec, True),
-        lambda dt: _wgmma_instances(True), arch="sm_90a"),
+        lambda dt: _wgmma_instances(True)),
 }
 
 
@@ -301,7 +300,3 @@ def explain(d, k, dtype, precision, dev, **options) -> str:
     row = choose(d, k, dtype, precision, dev, **options)
     return f"{row.path}: {row.why}"
 
-
-def arch_targets() -> dict:
-    """{file: NVRTC target} of the variants compiled for an architecture-specific target."""
-    return {v.file: v.arch for v in VARIANTS.values() if v.arch}

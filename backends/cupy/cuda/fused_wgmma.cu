@@ -1,10 +1,11 @@
 // cupy-fused on Hopper's asynchronous tensor cores: wgmma (sm_90a only; NVRTC compiles this
-// file for it, common.ARCH_TARGETS), the TF32 distance GEMM with the argmin in its epilogue,
-// for precision="tf32" on a compute capability 9.0 GPU (tf32_kernel="auto" picks it there; the
-// mma.sync kernel of fused_mma.cu everywhere else), and in split precision (SPLIT, 3xTF32) for
-// the exact float32 path on such a GPU. Same operands, epilogue and results
-// contract as fused_mma.cu's TF32 kernel: dist = fl(x.tf32(-2c) + ||c||^2) with x rounded to
-// TF32 (rna), the first minimum per row in ascending columns, then finish_rows.
+// file for it: the nvrtc-arch line below, read by common.arch_target), the TF32 distance GEMM
+// with the argmin in its epilogue, for precision="tf32" on a compute capability 9.0 GPU
+// (tf32_kernel="auto" picks it there; the mma.sync kernel of fused_mma.cu everywhere else), and
+// in split precision (SPLIT, 3xTF32) for the exact float32 path on such a GPU. Same operands,
+// epilogue and results contract as fused_mma.cu's TF32 kernel: dist = fl(x.tf32(-2c) +
+// ||c||^2) with x rounded to TF32 (rna), the first minimum per row in ascending columns, then
+// finish_rows.
 //
 // Why another kernel: mma.sync keeps a warp's 64 x 64 tile's 128 accumulators in registers
 // (one block of 8 warps per SM), and each warp waits for its own mma results: 43% of the tensor
@@ -30,6 +31,7 @@
 // Accumulators (m64nN .f32, PTX ISA): warp q of the warpgroup, lane (g = lane/4, t = lane%4):
 // d[j][0..3] = (16q + g, 8j + 2t), (16q + g, 8j + 2t + 1), (16q + g + 8, 8j + 2t),
 // (16q + g + 8, 8j + 2t + 1): the mma.sync C fragment per 8 columns, so row_first_min applies.
+// nvrtc-arch: sm_90a
 #include "common.cuh"
 #include "cp_async.cuh"
 #include "tile_min.cuh"
