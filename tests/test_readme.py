@@ -1,6 +1,17 @@
-"""The README's test command is the one CI runs, and its plugin example works."""
+"""The README's test command is the one CI runs, and the Python blocks of the README and of
+docs/*.md run as pasted.
+
+A block runs unless the line before its fence says otherwise: `<!-- needs: gpu -->` (or a
+block that imports cupy or dask_cuda) runs only in the GPU suite; `<!-- not run: REASON -->`
+(a cluster, several GPUs) is only compiled. A page's blocks run in order in one fresh
+interpreter, in an empty folder, so a later block may use an earlier one's names.
+"""
 import pathlib
 import re
+import subprocess
+import sys
+
+import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -16,14 +27,15 @@ def test_ci_runs_the_readme_test_command():
     assert _readme_test_command() in ci
 
 
-def test_readme_plugin_example_passes_the_contract_suite():
-    text = (ROOT / "README.md").read_text()
-    code = re.search(r"```python\n(import numpy as np\nfrom kmeans_xp import [^\n]*KMeansBackend"
-                     r".+?)```", text, re.S).group(1)
-    ns = {}
-    exec(code, ns)
-    from kmeans_xp.testing import check_backend
-    assert check_backend(ns["MyBackend"]) > 0
+def test_readme_is_a_front_page():
+    """Under 350 lines, the test command in its first 60; every relative link of the README
+    and of docs/ leads to a file that exists."""
+    lines = (ROOT / "README.md").read_text().splitlines()
+    assert len(lines) < 350
+    assert lines.index(_readme_test_command()) < 60
+    for page in PAGES:
+        for target in re.findall(r"\]\(([^)#:\s]+)(?:#[^)]*)?\)", page.read_text()):
+            assert (page.parent / target).exists(), f"{page.name} links to {target}"
 
 
 def test_readme_quick_example_runs_fast_and_shows_progress():
@@ -43,3 +55,57 @@ def test_readme_quick_example_runs_fast_and_shows_progress():
     assert "Iteration 0, inertia" in run.stdout          # progress while it runs
     assert "Run 0: inertia" in run.stdout
     assert "data=" in run.stdout  # the cupy-fused plan printed on a machine without a GPU
+
+
+_BLOCK = re.compile(r"(?:^(<!--[^\n]*-->)[ \t]*\n)?^```python\n(.*?)^```", re.S | re.M)
+_GPU_IMPORT = re.compile(r"^\s*(?:import|from)\s+(?:cupy|dask_cuda)\b", re.M)
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+def doc_blocks(page):
+    """(kind, code) per Python block of a page: kind "cpu", "gpu" or "not run"."""
+    out = []
+    for comment, code in _BLOCK.findall(page.read_text()):
+        comment = comment or ""
+        if "quick-example" in comment:     # run on its own, with its time limit, above
+            continue
+        if "not run:" in comment:
+            out.append(("not run", code))
+        elif "needs: gpu" in comment or _GPU_IMPORT.search(code):
+            out.append(("gpu", code))
+        else:
+            out.append(("cpu", code))
+    return out
+
+
+def run_blocks(page, kinds, tmp_path):
+    code = "\n".join(c for kind, c in doc_blocks(page) if kind in kinds)
+    run = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True,
+                         text=True, check=False, timeout=600)
+    assert run.returncode == 0, f"{page.name}:\n{run.stderr[-3000:]}"
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_doc_blocks_compile(page):
+    for _, code in doc_blocks(page):
+        compile(code, str(page), "exec")
+
+
+#: pages whose blocks a test of their own runs (with more checks than "it runs")
+OWN_TEST = {"plugins.md": "tests/test_plugin_guide.py"}
+
+
+def _pages_with(kind):
+    return [p for p in PAGES if p.name not in OWN_TEST and
+            any(k == kind for k, _ in doc_blocks(p))]
+
+
+@pytest.mark.parametrize("page", _pages_with("cpu"), ids=lambda p: p.name)
+def test_doc_blocks_run_as_pasted(page, tmp_path):
+    run_blocks(page, ("cpu",), tmp_path)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("page", _pages_with("gpu"), ids=lambda p: p.name)
+def test_doc_gpu_blocks_run_as_pasted(page, tmp_path):
+    run_blocks(page, ("cpu", "gpu"), tmp_path)
