@@ -16,11 +16,19 @@ It REWRITES `<results-dir>/<kind>.md` (default `benchmarks/results/`; kind from 
 exact command. The raw JSON of each workload goes to `<raw-dir>/<kind>/` (ignored by git),
 and a compact table (ms per iteration and whole fit, per row and workload) ends the output.
 
-Run as a script, not with -m, so that PYTHONPATH chooses the code it times: to time another
-version, install it aside and point PYTHONPATH there (the lead's old-main check):
+Run as a script, not with -m, so that PYTHONPATH chooses the code it times. To time two
+versions on one machine (old main against new), install each aside and run the command once
+per copy; the results file of the other copy goes elsewhere:
 
-    python -m pip install --no-deps --target /tmp/old <old checkout>
-    PYTHONPATH=/tmp/old python benchmarks/run.py --device gpu --results-dir /tmp/old-results
+    git archive d20ee5b | (mkdir -p /tmp/old-src && tar -x -C /tmp/old-src)
+    python -m pip install -q --no-deps --no-build-isolation --target /tmp/old /tmp/old-src
+    python -m pip install -q --no-deps --no-build-isolation --target /tmp/new .
+    PYTHONPATH=/tmp/old python benchmarks/run.py --device gpu --label d20ee5b \
+        --results-dir /tmp/old-results
+    PYTHONPATH=/tmp/new python benchmarks/run.py --device gpu --label new
+
+Each run prints where kmeans_xp and kmeans_xp_backends came from, warns when a module came
+from another copy, and ends with the compact table to set side by side.
 """
 from __future__ import annotations
 
@@ -51,11 +59,13 @@ BUSY_SPREAD = 0.10
 def bench_module():
     """`kmeans_xp.tools.bench`, or `kmeans_xp.bench` in versions before the layer packages
     (so the same script times the old code)."""
-    try:
-        from kmeans_xp.tools import bench
-    except ImportError:
-        from kmeans_xp import bench
-    return bench
+    import importlib
+
+    import kmeans_xp
+    # asked by folder, not by trying the import: an editable install's finder would hand
+    # the old package the new `tools` subpackage
+    layered = (Path(kmeans_xp.__file__).parent / "tools" / "bench").is_dir()
+    return importlib.import_module("kmeans_xp.tools.bench" if layered else "kmeans_xp.bench")
 
 
 def machine_kind(machine) -> str:
@@ -205,10 +215,11 @@ def results_markdown(kind, command, sections, machine, wall_s):
 
 
 def compact_table(results):
-    """Rows x workloads: ms per iteration / whole fit seconds, for a quick side-by-side."""
+    """Rows x workloads: ms per iteration, whole fit on data in place and from host data
+    (seconds), for a quick side-by-side."""
     names = list(results)
     rows = list(dict.fromkeys(r["name"] for res in results.values() for r in res["rows"]))
-    header = ["row"] + [f"{n} ms/iter  fit s" for n in names]
+    header = ["row"] + [f"{n} ms/iter   fit s  host s" for n in names]
     body = []
     for row in rows:
         cells = [row]
@@ -219,7 +230,8 @@ def compact_table(results):
             elif r["status"] != "ok":
                 cells.append(r["status"])
             else:
-                cells.append(f"{r['time_per_iter_s'] * 1e3:9.3f} {r['fit_s']:7.3f}")
+                cells.append(f"{r['time_per_iter_s'] * 1e3:9.3f} {r['fit_s']:7.3f} "
+                             f"{r['end_to_end_s']:7.3f}")
         body.append(cells)
     widths = [max(len(line[i]) for line in [header] + body) for i in range(len(header))]
     out = ["  ".join(c.ljust(widths[i]) if i == 0 else c.rjust(widths[i])
@@ -269,6 +281,24 @@ def where_code_is():
     return "; ".join(paths)
 
 
+def mixed_modules():
+    """kmeans_xp modules loaded from outside the roots of the kmeans_xp and
+    kmeans_xp_backends packages that run (an editable install's finder can hand an older
+    copy a module it lacks): such a run times a mix of two versions."""
+    roots = []
+    for pkg in ("kmeans_xp", "kmeans_xp_backends"):
+        mod = sys.modules.get(pkg)
+        if mod is not None and getattr(mod, "__file__", None):
+            roots.append(str(Path(mod.__file__).resolve().parent))
+    out = []
+    for name, mod in list(sys.modules.items()):
+        path = getattr(mod, "__file__", None)
+        if name.split(".")[0] in ("kmeans_xp", "kmeans_xp_backends") and path and not any(
+                str(Path(path).resolve()).startswith(r) for r in roots):
+            out.append(f"{name} ({path})")
+    return out
+
+
 def the_command(argv):
     """The command line that reproduces this run (output folders left out)."""
     keep, skip = [], False
@@ -276,10 +306,10 @@ def the_command(argv):
         if skip:
             skip = False
             continue
-        if a in ("--results-dir", "--raw-dir"):
+        if a in ("--results-dir", "--raw-dir", "--label"):
             skip = True
             continue
-        if a.startswith(("--results-dir=", "--raw-dir=")):
+        if a.startswith(("--results-dir=", "--raw-dir=", "--label=")):
             continue
         keep.append(a)
     return " ".join(["python benchmarks/run.py", *map(shlex.quote, keep)])
@@ -304,6 +334,8 @@ def parse(argv):
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--size", choices=("full", "tiny"), default="full",
                     help="tiny: seconds-long workloads T1, T5 (the test's)")
+    ap.add_argument("--label", help="names the code timed (e.g. old-main, a commit) in the "
+                                     "output and the results file")
     ap.add_argument("--results-dir", type=Path, default=ROOT / "benchmarks" / "results")
     ap.add_argument("--raw-dir", type=Path, default=ROOT / "benchmarks" / "raw")
     return ap.parse_args(argv)
@@ -346,9 +378,18 @@ def main(argv=None):
     wall = time.perf_counter() - t0
     args.results_dir.mkdir(parents=True, exist_ok=True)
     path = args.results_dir / f"{kind}.md"
+    if args.label:
+        commit = machine.get("kmeans_xp_commit")
+        machine["kmeans_xp_commit"] = f"{args.label} ({commit})" if commit else args.label
     path.write_text(results_markdown(kind, the_command(argv), sections, machine, wall))
-    print(f"\n{kind}: ms per iteration and whole fit (s), {where_code_is()}")
+    label = f"{args.label}, " if args.label else ""
+    print(f"\n{kind}: ms per iteration; whole fit (s) on data in place and from host data; "
+          f"{label}{where_code_is()}")
     print(compact_table(results))
+    mixed = mixed_modules()
+    if mixed:
+        print("WARNING: these modules came from another copy of the code than kmeans_xp: "
+              + ", ".join(mixed), file=sys.stderr)
     print(f"wrote {path}; raw JSON in {raw}/")
     return 0 if any(r["status"] == "ok" for res in results.values() for r in res["rows"]) else 1
 

@@ -27,17 +27,18 @@ def test_benchmark_command_rewrites_one_results_file_per_kind(tmp_path):
     results, raw = tmp_path / "results", tmp_path / "raw"
     args = ["benchmarks/run.py", "--size", "tiny", "--repeats", "2", "--kind", "test-kind",
             "--backends", "numpy,scikit-learn", "--results-dir", results, "--raw-dir", raw]
-    out = run_tool(*args)
+    out = run_tool(*args, "--label", "this-code")
     page = (results / "test-kind.md").read_text()
     assert "python benchmarks/run.py --size tiny --repeats 2 --kind test-kind" in page
     assert str(tmp_path) not in page                 # the command says no private folder
+    assert "kmeans_xp commit: this-code" in page and "WARNING" not in out
     for name in ("T1", "T5"):
         assert f"## {name}: " in page
         assert json.loads((raw / "test-kind" / f"{name}.json").read_text())["rows"]
     assert "| numpy | cpu |" in page and "Versions: python" in page and "CPU: " in page
     assert "spread" in page
     # the compact table that ends the output: one line per row, both workloads
-    tail = out.split("ms per iteration and whole fit", 1)[1]
+    tail = out.split("ms per iteration; whole fit", 1)[1]
     assert "T1 ms/iter" in tail and "T5 ms/iter" in tail
     assert any(line.startswith("numpy ") for line in tail.splitlines())
     # a second run rewrites the file instead of adding to it
