@@ -96,11 +96,7 @@ def cpu_specs(bench):
 
 def plan(args, bench, has_gpu):
     """[(name, Workload)] for the arguments."""
-    if args.size == "tiny":
-        table = TINY_WORKLOADS
-    else:
-        table = dict(bench.WORKLOADS) if has_gpu else {}
-        table.update(CPU_WORKLOADS)
+    table = TINY_WORKLOADS if args.size == "tiny" else {**bench.WORKLOADS, **CPU_WORKLOADS}
     names = args.workloads or (["T1", "T5"] if args.size == "tiny" else
                                ["W1", "W3", "W5"] if has_gpu else list(CPU_WORKLOADS))
     unknown = [n for n in names if n not in table]
