@@ -115,7 +115,8 @@ def library_versions() -> dict:
 
 def _git_commit():
     import subprocess
-    root = Path(__file__).resolve().parents[2]
+    # the checkout that holds kmeans_xp (kmeans_xp/tools/bench/machine.py: three folders up)
+    root = Path(__file__).resolve().parents[3]
     if not (root / ".git").exists():
         return None
     try:
