@@ -151,6 +151,45 @@ def test_contract_catches_a_seeding_that_draws_other_rows():
         check_backend(SeedsWithTheFirstCandidate, cases=[(1031, 3, 13)], dtypes=(np.float64,))
 
 
+class OwnLoop(NumpyBackend):
+    """Runs the whole Lloyd loop itself (`lloyd`): here the driver's loop on its own
+    primitives, so it is the driver's, fit for fit."""
+    name = "own-loop"
+    runs = 0
+
+    def lloyd(self, X, sample_weight, centers, *, xp, max_iter, tol, spherical=False):
+        from kmeans_xp.algorithms.lloyd import kmeans_single_lloyd
+        type(self).runs += 1
+        return kmeans_single_lloyd(self, X, sample_weight, centers, xp=xp,
+                                   max_iter=self.iterations(max_iter), tol=tol,
+                                   spherical=spherical, backend_loop=False)
+
+    def iterations(self, max_iter):
+        return max_iter
+
+
+class OwnLoopStopsEarly(OwnLoop):
+    """Its own loop never runs more than two iterations."""
+    name = "bad-own-loop"
+
+    def iterations(self, max_iter):
+        return min(max_iter, 2)
+
+
+def test_the_driver_runs_a_backend_s_own_loop_and_the_suite_proves_it():
+    from kmeans_xp.testing import check_own_loop
+    X = asymmetric_data(1031, 3, 6, seed=6)
+    with registry.registered(OwnLoop):
+        km = KMeans(6, init=X[:6], backend="own-loop").fit(X)
+    assert OwnLoop.runs == 1 and km.backend_ == "own-loop"
+    assert check_backend(OwnLoop, cases=[(257, 3, 7)], dtypes=(np.float64,)) > 0
+    assert check_own_loop(OwnLoop(), lambda a: a, np.float32) > 0
+    with pytest.raises(AssertionError, match="its own loop|partition differs|n_iter"):
+        check_backend(OwnLoopStopsEarly, cases=[(257, 3, 7)], dtypes=(np.float64,))
+    with pytest.raises(AssertionError, match="its own loop"):
+        check_own_loop(OwnLoopStopsEarly(), lambda a: a, np.float64)
+
+
 class NeverChanges(NumpyBackend):
     """Primitives right, but its iterations report no changed label once there was a previous
     one, so every run stops after two; it even takes the name of the built-in, which the

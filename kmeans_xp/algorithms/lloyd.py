@@ -22,10 +22,10 @@ cheap (`AHEAD_MAX_ITERATION_S`).
 from __future__ import annotations
 
 import time
-from typing import Any, NamedTuple
 
 import numpy as np
 
+from kmeans_xp.contract.backend import LloydResult
 from kmeans_xp.contract.namespaces import array_namespace, device, to_numpy
 from kmeans_xp.algorithms.progress import bar, logger
 from kmeans_xp.contract.sphere import unit_centers
@@ -36,14 +36,6 @@ SHIFT, INERTIA, CHANGED, FILLED = range(4)
 #: whenever the iteration relocates; past this many seconds an iteration is worth far more
 #: than the turn-around, and the driver reads its statistics before issuing the next one
 AHEAD_MAX_ITERATION_S = 0.01
-
-
-class LloydResult(NamedTuple):
-    labels: Any
-    inertia: float
-    centers: Any
-    n_iter: int
-    history: dict     # {"inertia": [...], "center_shift": [...]} per iteration
 
 
 def _rounding(x, dtype):
@@ -159,11 +151,19 @@ def _log(verbose, text, *args):
 
 
 def kmeans_single_lloyd(backend, X, sample_weight, centers, *, xp, max_iter, tol,
-                        verbose=0, spherical=False, plan=None) -> LloydResult:
+                        verbose=0, spherical=False, plan=None,
+                        backend_loop=True) -> LloydResult:
     """One Lloyd run from `centers` (X's dtype) on any backend. `spherical`: X has unit
     rows, and the centers are projected onto the unit sphere, the initial ones too (a row
     of norm 0 stays 0: the estimator refuses such an init). `plan`: the fit's `FitPlan`
-    (default: X's and the centers' shapes), which the placement places the centers by."""
+    (default: X's and the centers' shapes), which the placement places the centers by.
+    A backend that runs the whole loop itself (`KMeansBackend.lloyd`, proved equal to this
+    one by `check_backend`) does, unless `backend_loop` is False."""
+    if backend_loop:
+        own = backend.lloyd(X, sample_weight, centers, xp=xp, max_iter=max_iter, tol=tol,
+                            spherical=spherical)
+        if own is not None:
+            return own
     place = backend.placement
     if plan is None:
         plan = backend.plan(X, centers.shape[0], weighted=sample_weight is not None)

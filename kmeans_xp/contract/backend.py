@@ -5,7 +5,7 @@ an iteration) on one array library. The Lloyd semantics (convergence, empty clus
 center update, inertia, n_init) belong to the driver (`kmeans_xp.algorithms.lloyd`) alone, so every
 backend gives the same answer for the same initial centers.
 
-The contract a plugin implements (docs/plugins.md is its page): eleven names.
+The contract a plugin implements (docs/plugins.md is its page): twelve names.
 
     member            required  default / what
     name, namespaces  yes       registry key; array libraries it computes on
@@ -16,6 +16,9 @@ The contract a plugin implements (docs/plugins.md is its page): eleven names.
     reject_reason     no        None when X's namespace is in `namespaces` or the placement
                                 converts it, else a sentence (cheap, no compute)
     lloyd_iter        no        one iteration's IterStats: assign + reduce + two reductions
+    lloyd             no        None: the driver runs the loop. A backend whose whole loop is
+                                one device program returns its LloydResult; check_backend
+                                proves it equal to the driver's
     estimate_memory   no        none: no check before a fit (check_backend wants one on NumPy
                                 input, to bound a lloyd_iter's peak)
     placement_class   no        `Placement`: X stays where it is; a device plugin overrides
@@ -119,6 +122,16 @@ class IterStats(NamedTuple):
     inertia: Any              # 0-d float64: sum of w * ||x - c_label||^2 of this
                               # assignment (its min_sq_dist, or the same from the sums)
     n_changed: Any            # 0-d float64: labels != labels_old (n when labels_old is None)
+
+
+class LloydResult(NamedTuple):
+    """One Lloyd run's outcome: the driver's (`kmeans_xp.algorithms.lloyd`), or a backend's
+    own loop's (`KMeansBackend.lloyd`), which must be the same."""
+    labels: Any
+    inertia: float
+    centers: Any
+    n_iter: int
+    history: dict     # {"inertia": [...], "center_shift": [...]} per iteration
 
 
 class Farthest(NamedTuple):
@@ -381,6 +394,14 @@ class KMeansBackend:
         return IterStats(labels, sums, weights,
                          weighted_total(min_sq, sample_weight, xp),
                          count_changed(labels, labels_old, xp))
+
+    def lloyd(self, X, sample_weight, centers, *, xp, max_iter, tol, spherical=False):
+        """A whole Lloyd run from `centers` (the arguments of `algorithms.lloyd.
+        kmeans_single_lloyd`): a `LloydResult` equal to the driver's (labels, iterations,
+        inertia, centers, history: `check_backend` compares them), or None for the driver's
+        own loop (the default; also a backend's answer for the fits its loop does not
+        cover)."""
+        return None
 
     def inertia(self, X, sample_weight, centers, labels, *, xp):
         """0-d float64: sum of w * ||x - c_label||^2, by differences (not the expansion)."""

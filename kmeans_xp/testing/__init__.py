@@ -3,7 +3,8 @@
 It checks the primitives against a brute-force float64 reference on asymmetric data (features
 on different scales and offsets, so a swapped or dropped feature fails), in float32 and
 float64, with n not a multiple of any chunk size, k from 1 to n, zero weights, a full
-Lloyd run that must give the numpy backend's partition from the same initial centers,
+Lloyd run that must give the numpy backend's partition from the same initial centers (and,
+for a backend that runs the whole loop itself, `lloyd`, the driver's on its primitives),
 MiniBatchKMeans's steps (its `lloyd_iter` on gathered batches, through `batch_backend`),
 which must give the numpy backend's centers, counts and steps, and for spherical k-means,
 the placement's unit rows and whole `SphericalKMeans` fits likewise.
@@ -23,6 +24,7 @@ from kmeans_xp.testing.fits import (  # noqa: F401 - asymmetric_data and lloyd_c
     asymmetric_data,
     check_lloyd,
     check_minibatch,
+    check_own_loop,
     check_unit_rows,
     lloyd_cases,
 )
@@ -93,9 +95,11 @@ def check_backend(cls, *, make_array=None, dtypes=(np.float32, np.float64),
             passed += check_seeding(backend, Xb, w, min(k, 6), xp, where)
         passed += check_memory_bound(backend, to_arr, dtype)
         passed += check_lloyd(backend, to_arr, dtype)
+        passed += check_own_loop(backend, to_arr, dtype)
         passed += check_minibatch(backend, to_arr, dtype)
         passed += check_unit_rows(backend, to_arr, dtype)
         passed += check_lloyd(backend, to_arr, dtype, spherical=True)
+        passed += check_own_loop(backend, to_arr, dtype, spherical=True)
     return passed
 
 

@@ -145,6 +145,49 @@ def check_lloyd(backend, to_arr, dtype, spherical=False):
     return checked
 
 
+def check_own_loop(backend, to_arr, dtype, spherical=False):
+    """A backend that runs the whole Lloyd loop itself (`KMeansBackend.lloyd`) gives, on
+    every case of the driver's matrix, what the driver gives on the same backend's
+    primitives: the same partition, iterations, inertia, centers and history. (`check_lloyd`
+    compares both with the numpy backend.) Nothing to check for a backend without one."""
+    import warnings
+
+    from kmeans_xp.contract.backend import KMeansBackend
+    from kmeans_xp.estimators.kmeans import KMeans
+    from kmeans_xp.estimators.spherical import SphericalKMeans
+
+    own = type(backend)
+    if own.lloyd is KMeansBackend.lloyd:
+        return 0
+    # the same backend with the loop left to the driver
+    driven = type(f"{own.__name__}Driven", (own,), {"lloyd": KMeansBackend.lloyd})
+    est, cases = (SphericalKMeans, spherical_cases) if spherical else (KMeans, lloyd_cases)
+    checked = 0
+    for case, kwargs, X, fit_kw in cases(dtype):
+        sw = fit_kw.get("sample_weight")
+        fits = []
+        for cls in (own, driven):
+            with warnings.catch_warnings(), registry.registered(cls):
+                warnings.simplefilter("ignore")
+                fits.append(est(backend=own.name, max_memory=backend.max_memory, **kwargs).fit(
+                    to_arr(X), **({} if sw is None else {"sample_weight": to_arr(sw)})))
+        got, ref = fits
+        where = f"{own.name} {np.dtype(dtype)} {est.__name__} case {case!r}: its own loop"
+        assert np.array_equal(to_numpy(got.labels_), to_numpy(ref.labels_)), \
+            f"{where} gives another partition than the driver's"
+        assert got.n_iter_ == ref.n_iter_, f"{where}: n_iter {got.n_iter_} != {ref.n_iter_}"
+        rtol = 1e-5 if dtype == np.float32 else 1e-11
+        assert abs(got.inertia_ - ref.inertia_) <= rtol * ref.inertia_ + 1e-12, \
+            f"{where}: inertia {got.inertia_} != {ref.inertia_}"
+        assert np.allclose(_host(got.cluster_centers_), _host(ref.cluster_centers_),
+                           rtol=rtol * 10, atol=rtol), f"{where}: centers"
+        for key in ("inertia", "center_shift"):
+            assert np.allclose(got.history_[key], ref.history_[key], rtol=rtol * 10,
+                               atol=1e-12), f"{where}: history {key}"
+        checked += 1
+    return checked
+
+
 def minibatch_cases(dtype):
     """MiniBatchKMeans's test matrix: (name, kwargs, data, fit kwargs); n is no multiple of
     the batch sizes, and the far centers are reassigned."""
