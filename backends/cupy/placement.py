@@ -15,6 +15,7 @@ before they are read.
 from __future__ import annotations
 
 import weakref
+from typing import Callable, NamedTuple
 
 import numpy as np
 
@@ -42,6 +43,22 @@ from .staging import download, upload
 STREAM_AUTO_SLACK = 64 << 20
 
 
+class CupySettings(NamedTuple):
+    """What a CupyPlacement knows of its backend's configuration, read once when the backend
+    is made (its options do not change after): the placement asks the backend nothing for
+    its decisions."""
+    name: str
+    streaming: bool        # the backend can stream X (`CupyBackendBase.supports_streaming`)
+    stream: object         # its stream option: "auto", True or False
+    free_pool: bool        # its free_memory option: hand the pool's blocks back at finish
+    seeding_bytes: Callable  # its class's `seeding_bytes` (k-means++'s device steps' bytes)
+
+    @classmethod
+    def of(cls, backend):
+        return cls(backend.name, bool(backend.supports_streaming), backend.stream,
+                   bool(getattr(backend, "free_memory", False)), type(backend).seeding_bytes)
+
+
 class CupyPlacement(Placement):
     asynchronous = True
     #: centers of at most this many values live on the host, where the driver's center math
@@ -50,8 +67,11 @@ class CupyPlacement(Placement):
 
     def __init__(self, backend):
         super().__init__(backend)
-        # no reference cycle: a backend nobody holds (predict's) is freed at once, and with
-        # it the streaming engine and X's page lock
+        self.settings = CupySettings.of(backend)
+        # the backend's own work it starts (compiling its kernels, its streaming engine, its
+        # buffers, its budget's stages), through a weak reference: no reference cycle, so a
+        # backend nobody holds (predict's) is freed at once, and with it the streaming
+        # engine and X's page lock
         self.backend = weakref.proxy(backend)
         self._cp = cupy()
         self._stream_choice = None  # (id of the host X, stream it?) decided once per X
@@ -77,7 +97,7 @@ class CupyPlacement(Placement):
         common.prefetch(kernels)
 
     def to_backend(self, X):
-        cp, b = self._cp, self.backend
+        cp = self._cp
         if foreign_device_type(X) == "cuda":
             # its device memory, shared through DLPack (never written: not _uploaded)
             X = cp.from_dlpack(dlpack_source(X))
@@ -89,14 +109,14 @@ class CupyPlacement(Placement):
         if streamed:
             self._stream_choice = (id(X), True)
             return X  # stays on the host: every pass streams it through the GPU
-        with b.memory.stage("transfer"):
+        with self.backend.memory.stage("transfer"):
             try:
                 Xd = upload(cp, X)
                 # (a namespace that only wraps host memory gives X itself back: not ours)
                 self._uploaded = Xd if Xd is not X else None
                 return Xd
             except cp.cuda.memory.OutOfMemoryError as exc:
-                raise host_x_error(X, b.supports_streaming) from exc
+                raise host_x_error(X, self.settings.streaming) from exc
 
     def _device_copy(self, X):
         cp = self._cp
@@ -225,7 +245,7 @@ class CupyPlacement(Placement):
             return Xu
         own = self._uploaded is not None and X is self._uploaded
         if not own and not self.copy_fits(X):
-            raise unit_copy_error(self.backend.name, X)
+            raise unit_copy_error(self.settings.name, X)
         return unit_rows(X, xp, rows, in_place=own)
 
     def copy_fits(self, X) -> bool:
@@ -239,15 +259,15 @@ class CupyPlacement(Placement):
     def centers_chunkwise(self, X) -> bool:
         """Whether device X is centered chunk by chunk as it streams (`DeviceRows`) instead
         of on a copy: with stream=True, or with "auto" when the copy does not fit."""
-        b = self.backend
-        if not b.supports_streaming or b.stream is False:
+        s = self.settings
+        if not s.streaming or s.stream is False:
             return False
-        return b.stream is True or not self.copy_fits(X)
+        return s.stream is True or not self.copy_fits(X)
 
     def fit_state_bytes(self, n, d, n_clusters, itemsize):
         """Device bytes a fit of host X needs beside the backend's buffers: X once (centered
         in place) and the driver's arrays."""
-        seeding = self.backend.seeding_bytes(n, d, n_clusters, itemsize)
+        seeding = self.settings.seeding_bytes(n, d, n_clusters, itemsize)
         parts = driver_bytes(n, d, n_clusters, itemsize, seeding=seeding)
         return n * d * itemsize + sum(parts.values()) - parts["centered_copy"]
 
@@ -255,13 +275,13 @@ class CupyPlacement(Placement):
     def streams(self, X, n_clusters=1) -> bool:
         """Whether this host X is streamed rather than copied to the device (decided once per
         X: the budget's check decides with the fit's k, to_backend reuses it)."""
-        b = self.backend
-        if not b.supports_streaming or not isinstance(X, np.ndarray):
+        s = self.settings
+        if not s.streaming or not isinstance(X, np.ndarray):
             return False
         if self._stream_choice is not None and self._stream_choice[0] == id(X):
             return self._stream_choice[1]
-        if b.stream != "auto":
-            choice = bool(b.stream)
+        if s.stream != "auto":
+            choice = bool(s.stream)
         else:
             n, d = X.shape
             itemsize = 4 if X.dtype == np.float32 else 8
@@ -278,7 +298,7 @@ class CupyPlacement(Placement):
         self.backend.release_buffers()
         self._stream_choice = None
         self._uploaded = None
-        if not getattr(self.backend, "free_memory", False):
+        if not self.settings.free_pool:
             return kept
         cp = self._cp
         kept = {} if kept is None else kept
