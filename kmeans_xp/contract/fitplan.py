@@ -37,7 +37,10 @@ class FitPlan:
         """The plan of a fit of X (anything with a 2-d `shape` and a `dtype`) into
         n_clusters clusters."""
         n, d = X.shape[0], X.shape[1]  # (as given: a lazy X may not know its n yet, nan)
-        itemsize = compute_itemsize(X.dtype)
+        try:
+            itemsize = compute_itemsize(X.dtype)
+        except TypeError:  # a dtype NumPy does not name (bfloat16): planned as float64
+            itemsize = 8
         return cls(n, d, int(n_clusters), "float32" if itemsize == 4 else "float64",
                    device=device, max_memory=parse_memory(max_memory), copy_x=bool(copy_x),
                    weighted=bool(weighted))
