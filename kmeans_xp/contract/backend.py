@@ -190,7 +190,10 @@ class Option:
 
 class Placement:
     """Where X lives and how arrays get there and back. Default: X stays where it is, in its
-    own namespace, and everything is synchronous."""
+    own namespace, and everything is synchronous. A device plugin overrides five members:
+    converts_from, to_backend, from_backend, synchronize and free_memory (docs/plugins.md);
+    the others are defaults that work on a device, which first-party placements override
+    for speed (asynchronous and fetch, warm_up, small, centering, finish)."""
 
     #: True when work is queued (a GPU stream): the driver then issues the next iteration
     #: before it reads the last one's statistics, so the device never waits on the host
