@@ -25,7 +25,7 @@ import time
 
 import numpy as np
 
-from kmeans_xp.contract.backend import LloydResult
+from kmeans_xp.contract.results import LloydResult
 from kmeans_xp.contract.namespaces import array_namespace, device, to_numpy
 from kmeans_xp.algorithms.progress import bar, logger
 from kmeans_xp.contract.sphere import unit_centers

@@ -49,17 +49,7 @@ the fit's `FitPlan` (n, d, k, dtype, device, max_memory, copy_x, ...) rather tha
 back into the backend or remembering an earlier call, and nothing outside a backend writes
 into its budget.
 
-Labels: an integer array of values in [0, k), in any integer dtype that holds k. Between
-its own passes a backend may keep them compact (`compact_labels_dtype`: uint8 up to 256
-clusters, uint16 up to 65536, else int32: the numpy backend's `lloyd_iter` labels, a CuPy
-backend's streamed label store), the driver only compares and keeps them. What the user gets
-(labels_, predict, in every namespace) is int32, scikit-learn's dtype: the first-party
-backends' signed labels are int32 (numpy's `assign` and `labels_inertia`, array-api's
-`assign`, CuPy's, dask's label blocks), and `placement.from_backend` widens unsigned ones to
-int32 (`user_labels`: e.g. the last iteration's when a run converges strictly). A
-third-party backend should do the same (signed labels of another type reach the user as
-they are).
-
+What the primitives return, and the labels' dtypes, are in `kmeans_xp.contract.results`.
 `X` handed to the primitives is what `placement.center` returned (mean-centered X in the
 backend's namespace; for a spherical fit, the unit rows of `placement.unit_rows`, not
 centered); `sample_weight` is an (n,) array in X's namespace and dtype, or None for unit
@@ -69,88 +59,26 @@ namespace `placement.small` puts them in (X's own by default).
 from __future__ import annotations
 
 import inspect
-from typing import Any, ClassVar, NamedTuple
-
-import numpy as np
+from typing import ClassVar
 
 from kmeans_xp.contract.chunks import count_changed, feature_mean, labelled_sq_dist, tolerance, weighted_total
 from kmeans_xp.contract.fitplan import FitPlan
 from kmeans_xp.contract.memory import Budget, MemoryEstimate, accepted_options, host_available_memory
 from kmeans_xp.contract.namespaces import array_namespace, as_like, device, label_counts, namespace_name, to_numpy
+from kmeans_xp.contract.results import (  # noqa: F401 - what the contract returns, named here too
+    LABELS_DTYPE,
+    AssignResult,
+    Farthest,
+    IterStats,
+    LloydResult,
+    ReduceResult,
+    compact_labels_dtype,
+    farthest_order,
+    user_labels,
+    user_labels_dtype,
+)
 from kmeans_xp.contract.scaling import rescaled
 from kmeans_xp.contract.sphere import unit_rows
-
-#: the labels a user gets from a backend that chooses their type (`user_labels`)
-LABELS_DTYPE = np.dtype(np.int32)
-
-
-def compact_labels_dtype(k):
-    """The smallest dtype that holds labels 0..k-1: uint8, uint16, else int32."""
-    if k <= 1 << 8:
-        return np.dtype(np.uint8)
-    return np.dtype(np.uint16) if k <= 1 << 16 else LABELS_DTYPE
-
-
-def user_labels_dtype(dtype):
-    """The dtype labels of `dtype` reach the user in: unsigned (compact) ones as int32."""
-    return LABELS_DTYPE if isinstance(dtype, np.dtype) and dtype.kind == "u" else dtype
-
-
-def user_labels(arr):
-    """Labels as the user gets them: a NumPy or CuPy array of unsigned (compact) labels
-    widened to int32; anything else as it is."""
-    dtype = getattr(arr, "dtype", None)
-    return arr if user_labels_dtype(dtype) is dtype else arr.astype(LABELS_DTYPE)
-
-
-class AssignResult(NamedTuple):
-    labels: Any          # (n,) integer index of the nearest center (see "Labels" above)
-    min_sq_dist: Any     # (n,) squared distance to it, clamped at 0
-
-
-class ReduceResult(NamedTuple):
-    weighted_sums: Any        # (k, d) float64 sum of w * x per cluster
-    weight_in_clusters: Any   # (k,) float64 sum of w per cluster
-
-
-class IterStats(NamedTuple):
-    """One Lloyd iteration's results, computed where the data lives."""
-    labels: Any               # (n,) a new array each call (the driver keeps the last one);
-                              # may be compact (`compact_labels_dtype`)
-    weighted_sums: Any        # (k, d) float64
-    weight_in_clusters: Any   # (k,) float64
-    inertia: Any              # 0-d float64: sum of w * ||x - c_label||^2 of this
-                              # assignment (its min_sq_dist, or the same from the sums)
-    n_changed: Any            # 0-d float64: labels != labels_old (n when labels_old is None)
-
-
-class LloydResult(NamedTuple):
-    """One Lloyd run's outcome: the driver's (`kmeans_xp.algorithms.lloyd`), or a backend's
-    own loop's (`KMeansBackend.lloyd`), which must be the same."""
-    labels: Any
-    inertia: float
-    centers: Any
-    n_iter: int
-    history: dict     # {"inertia": [...], "center_shift": [...]} per iteration
-
-
-class Farthest(NamedTuple):
-    """The m points farthest from their own centers: distance descending, lower index first
-    among equals, zero-weight points never (sklearn's relocation candidates)."""
-    index: Any     # (m,) int64
-    x: Any         # (m, d) their rows of the centered X
-    weight: Any    # (m,) float64
-    label: Any     # (m,) their labels
-    sq_dist: Any   # (m,) float64 their squared distances
-
-
-def farthest_order(index, sq_dist, m):
-    """Positions of the m first candidates (NumPy arrays of their indices in X and
-    distances) in `Farthest`'s order: distance descending, lower index first among equals.
-    Where each part of X gave every point at least as far as its m-th, these are X's m
-    farthest."""
-    return np.lexsort((index, -sq_dist))[:m]
-
 
 class WorkerLostError(RuntimeError):
     """A worker of a cluster, and the blocks of X it held, were lost during a computation

@@ -1,0 +1,92 @@
+"""What backends return: the primitives' results (`AssignResult`, `ReduceResult`), one
+iteration's (`IterStats`), a whole run's (`LloydResult`), the farthest points that empty
+clusters take (`Farthest`), and the labels' dtypes. `kmeans_xp.contract.backend` re-exports
+them with the contract that returns them.
+
+Labels: an integer array of values in [0, k), in any integer dtype that holds k. Between
+its own passes a backend may keep them compact (`compact_labels_dtype`: uint8 up to 256
+clusters, uint16 up to 65536, else int32: the numpy backend's `lloyd_iter` labels, a CuPy
+backend's streamed label store), the driver only compares and keeps them. What the user gets
+(labels_, predict, in every namespace) is int32, scikit-learn's dtype: the first-party
+backends' signed labels are int32 (numpy's `assign` and `labels_inertia`, array-api's
+`assign`, CuPy's, dask's label blocks), and `placement.from_backend` widens unsigned ones to
+int32 (`user_labels`: e.g. the last iteration's when a run converges strictly). A
+third-party backend should do the same (signed labels of another type reach the user as
+they are).
+"""
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import numpy as np
+
+#: the labels a user gets from a backend that chooses their type (`user_labels`)
+LABELS_DTYPE = np.dtype(np.int32)
+
+
+def compact_labels_dtype(k):
+    """The smallest dtype that holds labels 0..k-1: uint8, uint16, else int32."""
+    if k <= 1 << 8:
+        return np.dtype(np.uint8)
+    return np.dtype(np.uint16) if k <= 1 << 16 else LABELS_DTYPE
+
+
+def user_labels_dtype(dtype):
+    """The dtype labels of `dtype` reach the user in: unsigned (compact) ones as int32."""
+    return LABELS_DTYPE if isinstance(dtype, np.dtype) and dtype.kind == "u" else dtype
+
+
+def user_labels(arr):
+    """Labels as the user gets them: a NumPy or CuPy array of unsigned (compact) labels
+    widened to int32; anything else as it is."""
+    dtype = getattr(arr, "dtype", None)
+    return arr if user_labels_dtype(dtype) is dtype else arr.astype(LABELS_DTYPE)
+
+
+class AssignResult(NamedTuple):
+    labels: Any          # (n,) integer index of the nearest center (see "Labels" above)
+    min_sq_dist: Any     # (n,) squared distance to it, clamped at 0
+
+
+class ReduceResult(NamedTuple):
+    weighted_sums: Any        # (k, d) float64 sum of w * x per cluster
+    weight_in_clusters: Any   # (k,) float64 sum of w per cluster
+
+
+class IterStats(NamedTuple):
+    """One Lloyd iteration's results, computed where the data lives."""
+    labels: Any               # (n,) a new array each call (the driver keeps the last one);
+                              # may be compact (`compact_labels_dtype`)
+    weighted_sums: Any        # (k, d) float64
+    weight_in_clusters: Any   # (k,) float64
+    inertia: Any              # 0-d float64: sum of w * ||x - c_label||^2 of this
+                              # assignment (its min_sq_dist, or the same from the sums)
+    n_changed: Any            # 0-d float64: labels != labels_old (n when labels_old is None)
+
+
+class LloydResult(NamedTuple):
+    """One Lloyd run's outcome: the driver's (`kmeans_xp.algorithms.lloyd`), or a backend's
+    own loop's (`KMeansBackend.lloyd`), which must be the same."""
+    labels: Any
+    inertia: float
+    centers: Any
+    n_iter: int
+    history: dict     # {"inertia": [...], "center_shift": [...]} per iteration
+
+
+class Farthest(NamedTuple):
+    """The m points farthest from their own centers: distance descending, lower index first
+    among equals, zero-weight points never (sklearn's relocation candidates)."""
+    index: Any     # (m,) int64
+    x: Any         # (m, d) their rows of the centered X
+    weight: Any    # (m,) float64
+    label: Any     # (m,) their labels
+    sq_dist: Any   # (m,) float64 their squared distances
+
+
+def farthest_order(index, sq_dist, m):
+    """Positions of the m first candidates (NumPy arrays of their indices in X and
+    distances) in `Farthest`'s order: distance descending, lower index first among equals.
+    Where each part of X gave every point at least as far as its m-th, these are X's m
+    farthest."""
+    return np.lexsort((index, -sq_dist))[:m]
