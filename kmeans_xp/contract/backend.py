@@ -43,6 +43,8 @@ above, and `check_backend` checks an override against it, so a plugin needs none
     check_memory      raise before any work when the fit's `FitPlan` cannot fit (default:
                       `estimate_memory` applied to the plan)
     budget_class      the `Budget` class (CuPy's measures its pool's peaks per stage)
+    driver_rows       rows per chunk of the O(n d) passes done in xp code (a quarter of the
+                      budget; dask: all rows, it chunks them itself)
 
 Collaborators get what they need as arguments: the placement and the memory check receive
 the fit's `FitPlan` (n, d, k, dtype, device, max_memory, copy_x, ...) rather than calling
