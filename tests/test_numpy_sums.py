@@ -40,22 +40,6 @@ def test_sorted_sums_do_not_depend_on_threads(monkeypatch):
     np.testing.assert_allclose(one.weighted_sums, two.weighted_sums, rtol=1e-13)
 
 
-@pytest.mark.parametrize("d", [3, 40])
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_gemm_forms_give_the_same_assignment(monkeypatch, d, dtype):
-    rng = np.random.default_rng(d)
-    X = (rng.standard_normal((5003, d)) * np.arange(1, d + 1) + 2).astype(dtype)
-    C = X[rng.choice(len(X), 77, replace=False)].copy()
-    got = {}
-    for max_d in (0, 10**9):  # K = d plus ||c||^2, and the augmented K = d + 1
-        monkeypatch.setattr(nb, "AUGMENT_MAX_D", max_d)
-        got[max_d] = nb.NumpyBackend(n_threads=2, max_memory="2MB").assign(X, C)
-    np.testing.assert_array_equal(got[0].labels, got[10**9].labels)
-    rtol = 1e-5 if dtype == np.float32 else 1e-12
-    np.testing.assert_allclose(got[0].min_sq_dist, got[10**9].min_sq_dist, rtol=rtol,
-                               atol=rtol * float(np.abs(X).max()) ** 2)
-
-
 @pytest.mark.parametrize("d,min_d", [(3, 10**9), (3, 0), (24, 0)])
 @pytest.mark.parametrize("weighted", [False, True])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])

@@ -7,9 +7,8 @@ Work is split in two levels, both sized from `max_memory`:
   float64 accumulators (`numpy_blocks`: label-grouped rows and one flat reduceat on many
   threads, a bincount per feature on one);
 - a *sub-chunk* of the block is one GEMM whose (rows, k) result is reused while hot: argmin,
-  and in `assign` a flat take of each row's minimum. Few features: ``[x, 1] @ [-2 C^T;
-  ||c||^2]`` (the augmented row folds ``+ ||c||^2`` into the GEMM); many: ``x @ -2 C^T`` on X's
-  rows as they are, plus ``||c||^2`` added in cache (scikit-learn's way).
+  and in `assign` a flat take of each row's minimum. The GEMM is ``[x, 1] @ [-2 C^T;
+  ||c||^2]`` (the augmented row folds ``+ ||c||^2`` into the GEMM: one call, not two).
 
 Each NumPy call takes the GIL for its setup, so many short calls from many threads queue on
 it: the kernels make few, long calls whose loops release it (`numpy_blocks` says which do).
@@ -83,10 +82,6 @@ TARGET_TASK_BYTES = 32 << 20
 #: values in different orders (pairwise, sequential): the split is the one all backends'
 #: agreement tests were written against
 SORTED_SUMS_MIN_D = 16
-#: below this many features the GEMM takes the augmented [x, 1] (K = d + 1: no separate
-#: + ||c||^2 call per sub-chunk, one copy of the block); from it, K = d on X's rows as they
-#: are and ||c||^2 added in cache (one more call per sub-chunk, no copy)
-AUGMENT_MAX_D = 1 << 30
 #: the label-grouped sums cast and transpose this many features at a time into float64
 #: columns (a group's columns stay in cache for the dot and the reduceat, and the buffer is
 #: block x group, not block x d); 0: all d at once. Same sums, bit for bit. d=128 on the
@@ -122,12 +117,11 @@ class _Plan:
     need."""
 
     __slots__ = ("sub", "block", "threads", "budget", "per_thread", "shared", "k", "d",
-                 "itemsize", "augmented", "sorted_sums", "group", "diff_rows", "sub_alone",
+                 "itemsize", "sorted_sums", "group", "diff_rows", "sub_alone",
                  "n_ns")
 
     def __init__(self, n, d, k, itemsize, max_memory, threads):
         self.k, self.d, self.itemsize = k, d, itemsize
-        self.augmented = d < AUGMENT_MAX_D
         self.group = min(d, SORTED_SUMS_GROUP) if SORTED_SUMS_GROUP > 0 else d
         self.budget = resolve_budget(max_memory, host_available_memory(), cap=1 << 30)
         cache_rows = _sub_rows(d, k, itemsize, threads)
@@ -139,9 +133,7 @@ class _Plan:
         # in float64 (final pass)
         sub_row = (k + d) * itemsize + (8 * d if itemsize != 8 else 0) + 16
         self.sorted_sums = d >= SORTED_SUMS_MIN_D
-        # (a row copy counted whether or not X needs one: the estimate is made without X)
-        block_row = blocks.block_row_bytes(d, itemsize, augmented=self.augmented,
-                                           sorted_sums=self.sorted_sums, copy_rows=True,
+        block_row = blocks.block_row_bytes(d, itemsize, sorted_sums=self.sorted_sums,
                                            group=self.group)
         # fewer threads when the budget cannot hold one row per thread
         for t in range(max(1, threads), 0, -1):
@@ -218,7 +210,7 @@ class NumpyPlacement(Placement):
     memory-mapped X is centered block by block as it is read (`HostRows`), not copied: the
     fit holds in memory its buffers and O(n) arrays, and reads the file once per pass."""
 
-    def warm_up(self, X, n_clusters, init):
+    def warm_up(self, X, n_clusters, seeding):
         """The worker processes of a fit that will use them (`NumpyBackend.warm_workers`)."""
         warm = getattr(self.backend, "warm_workers", None)   # (numba's: none)
         if warm is not None and getattr(X, "ndim", 0) == 2:
@@ -326,16 +318,15 @@ class NumpyBackend(KMeansBackend):
         futures = [self._pool.submit(job, t) for t in range(threads)]
         return [f.result() for f in futures]
 
-    def _buffers(self, plan, dtype, copy_rows):
+    def _buffers(self, plan, dtype):
         """This thread's buffers for `plan`, allocated once and reused across iterations."""
-        key = (plan.sub, plan.block, plan.k, plan.d, np.dtype(dtype).str, plan.augmented,
-               plan.sorted_sums, copy_rows, plan.group, plan.diff_rows)
+        key = (plan.sub, plan.block, plan.k, plan.d, np.dtype(dtype).str, plan.sorted_sums,
+               plan.group, plan.diff_rows)
         cached = getattr(self._local, "bufs", None)
         if cached is None or cached[0] != key:
             self._local.bufs = None  # drop the old ones before allocating
             bufs = blocks.allocate(plan.block, plan.sub, plan.k, plan.d, dtype,
-                                   augmented=plan.augmented, sorted_sums=plan.sorted_sums,
-                                   copy_rows=copy_rows, group=plan.group,
+                                   sorted_sums=plan.sorted_sums, group=plan.group,
                                    diff_rows=plan.diff_rows)
             cached = (key, bufs)
             self._local.bufs = cached
@@ -354,13 +345,12 @@ class NumpyBackend(KMeansBackend):
         n, d = X.shape
         k = centers.shape[0]
         plan = self._plan(n, d, k, X.dtype.itemsize, self.max_memory, self.threads)
-        copy_rows = mean is not None or not X.flags.c_contiguous
         w = None if sample_weight is None else np.asarray(sample_weight)
         n_tasks = -(-n // plan.block)
         threads = max(1, min(plan.threads, n_tasks))
         run = self._run_workers
         try:
-            if run.pass_on_workers(X, mean, w, mode, plan, threads, n_tasks, copy_rows,
+            if run.pass_on_workers(X, mean, w, mode, plan, threads, n_tasks,
                                    _wants_workers(self.processes, plan.d, plan.n_ns)):
                 self._local = threading.local()   # (the threads' buffers: workers have theirs)
                 return run.run(X, centers, mode, labels_in, labels_old, plan)
@@ -369,7 +359,7 @@ class NumpyBackend(KMeansBackend):
             warnings.warn(f"{exc}; the numpy backend goes on with threads", RuntimeWarning,
                           stacklevel=2)
         assign = mode in ("assign", "iter", "final")
-        ops = blocks.Operands(centers, X.dtype, plan.augmented) if assign else None
+        ops = blocks.Operands(centers, X.dtype) if assign else None
         c = ops.c if assign else np.asarray(centers, dtype=X.dtype) if mode in (
             "final", "inertia") else None
         labels = min_sq = None
@@ -383,7 +373,7 @@ class NumpyBackend(KMeansBackend):
                         sub=plan.sub)
 
         def job(t):
-            return blocks.run_share(p, t, self._buffers(plan, X.dtype, copy_rows))
+            return blocks.run_share(p, t, self._buffers(plan, X.dtype))
 
         # (BLAS held to one thread, shared by every fit of the process)
         with BLAS_ONE_THREAD if assign and threads > 1 else contextlib.nullcontext():

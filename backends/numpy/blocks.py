@@ -30,24 +30,19 @@ from kmeans_xp.contract.rows import center_rows
 
 
 class Operands:
-    """The centers as the GEMM takes them, in X's dtype. Few features: the augmented
-    ``[-2 C^T; ||c||^2]`` (d + 1, k), so that one GEMM on ``[x, 1]`` gives ||c||^2 - 2 x.c.
-    Many: ``-2 C^T`` (d, k) on X's rows as they are, and ||c||^2 added to the GEMM's cached
-    result: no copy of X, and a GEMM of K = d. Either way the same value per entry (the
-    augmented GEMM's last step adds 1 * ||c||^2 to the same chain). ||c||^2 is summed in X's
-    dtype as scikit-learn's ``row_norms`` does, so near-ties break the same way."""
+    """The centers as the GEMM takes them, in X's dtype: the augmented ``[-2 C^T; ||c||^2]``
+    (d + 1, k), so that one GEMM on ``[x, 1]`` gives ||c||^2 - 2 x.c (no separate
+    + ||c||^2 call per sub-chunk). ||c||^2 is summed in X's dtype as scikit-learn's
+    ``row_norms`` does, so near-ties break the same way."""
 
-    __slots__ = ("gemm", "cnorm", "augmented", "c64", "c")
+    __slots__ = ("gemm", "c64", "c")
 
-    def __init__(self, centers, dtype, augmented):
+    def __init__(self, centers, dtype):
         c = np.asarray(centers, dtype=dtype)
         d = c.shape[1]
-        self.augmented = augmented
-        self.gemm = np.empty((d + augmented, c.shape[0]), dtype=dtype)
+        self.gemm = np.empty((d + 1, c.shape[0]), dtype=dtype)
         np.multiply(c.T, -2, out=self.gemm[:d])
-        self.cnorm = np.einsum("ij,ij->i", c, c)
-        if augmented:
-            self.gemm[d] = self.cnorm
+        self.gemm[d] = np.einsum("ij,ij->i", c, c)
         self.c64 = c.astype(np.float64)
         self.c = c
 
@@ -122,12 +117,11 @@ def key_dtype(k):
     return np.uint8 if k <= 1 << 8 else np.uint16 if k <= 1 << 16 else np.intp
 
 
-def allocate(block, sub, k, d, dtype, *, augmented, sorted_sums, copy_rows, group=None,
-             diff_rows=None):
-    """One thread's buffers (allocated once per fit and reused by every pass). copy_rows:
-    X's rows are copied before use (centered from a memmap, or X not C-contiguous); the
-    augmented GEMM's buffer holds them where there is one. diff_rows: rows of the final
-    pass's x - c_label pieces (default: sub)."""
+def allocate(block, sub, k, d, dtype, *, sorted_sums, group=None, diff_rows=None):
+    """One thread's buffers (allocated once per fit and reused by every pass). The augmented
+    GEMM's buffer [x, 1] also holds X's rows where they are copied before use (centered from
+    a memmap, or X not C-contiguous). diff_rows: rows of the final pass's x - c_label pieces
+    (default: sub)."""
     b = {"D": np.empty((sub, k), dtype=dtype),
          "diff_rows": diff_rows or sub,   # x - c_label's buffers: at the first `sq_dist_block`
          "idx": np.empty(sub, dtype=np.intp),
@@ -136,11 +130,8 @@ def allocate(block, sub, k, d, dtype, *, augmented, sorted_sums, copy_rows, grou
          "xnorm": np.empty(block, dtype=dtype),
          "w64": np.empty(block, dtype=np.float64),
          "m64": np.empty(block, dtype=np.float64)}
-    if augmented:
-        b["Xa"] = np.empty((block, d + 1), dtype=dtype)
-        b["Xa"][:, d] = 1
-    elif copy_rows:
-        b["xc"] = np.empty((block, d), dtype=dtype)
+    b["Xa"] = np.empty((block, d + 1), dtype=dtype)
+    b["Xa"][:, d] = 1
     if sorted_sums:
         kd = key_dtype(k)
         b["keys"] = np.empty(block, dtype=kd)
@@ -155,10 +146,10 @@ def allocate(block, sub, k, d, dtype, *, augmented, sorted_sums, copy_rows, grou
     return b
 
 
-def block_row_bytes(d, itemsize, *, augmented, sorted_sums, copy_rows, group=None):
+def block_row_bytes(d, itemsize, *, sorted_sums, group=None):
     """Bytes per block row of `allocate`'s buffers and of the transient arrays of one block
     (argsort's order)."""
-    n = (d + 1) * itemsize if augmented else d * itemsize if copy_rows else 0
+    n = (d + 1) * itemsize                      # the augmented rows [x, 1]
     n += itemsize + 24                          # ||x||^2 (assign), w64, m64, intp labels
     if sorted_sums:
         # keys and sorted keys (at most 8 bytes each), gathered rows in X's dtype, the
@@ -173,36 +164,31 @@ def block_rows(X, mean, s0, e0, bufs, *, gemm):
     """(rows, src): rows [s0, e0) as the kernels read them, and a C-contiguous array whose
     first d columns are those rows, for row gathers (X's own rows where they will do: a
     gather from the augmented buffer's 516-byte rows, then their transposition, took 3x
-    longer at d=128). Copied into this thread's buffer when the augmented GEMM needs them
+    longer at d=128). Copied into this thread's augmented buffer when the GEMM needs them
     (gemm; `assign_block` reads the buffer), when X is seen centered (mean: a memmap's rows,
     centered here, bit for bit the centered copy's) or is not C-contiguous."""
     r, d = e0 - s0, X.shape[1]
     rows = X[s0:e0]
     own = mean is None and rows.flags.c_contiguous
-    if "Xa" in bufs and (gemm or not own):
+    if gemm or not own:
         A = bufs["Xa"][:r]
         center_rows(X, mean, s0, e0, A[:, :d])
         return A[:, :d], rows if own else A
-    if own:
-        return rows, rows
-    xc = center_rows(X, mean, s0, e0, bufs["xc"][:r])
-    return xc, xc
+    return rows, rows
 
 
 def assign_block(rows, ops, labels, min_sq, bufs, sub):
     """Labels (intp, the block's) and, when min_sq is an array, squared distances of the
-    block's `rows` (`block_rows`, which filled the augmented buffer when there is one)."""
+    block's `rows` (`block_rows`, which filled the augmented buffer)."""
     r0 = rows.shape[0]
     D = bufs["D"]
-    A = bufs["Xa"][:r0] if ops.augmented else rows   # the GEMM's left operand: [x, 1] or x
+    A = bufs["Xa"][:r0]   # the GEMM's left operand: [x, 1]
     want = min_sq is not None
     for s in range(0, r0, sub):
         e = min(s + sub, r0)
         r = e - s
         Dv, lab = D[:r], labels[s:e]
         np.matmul(A[s:e], ops.gemm, out=Dv)
-        if not ops.augmented:
-            np.add(Dv, ops.cnorm, out=Dv)
         Dv.argmin(axis=1, out=lab)
         if want:  # each row's minimum: a flat take (no take_along_axis temporaries)
             idx = bufs["idx"][:r]

@@ -41,7 +41,7 @@ from kmeans_xp_backends.numpy import blocks as blocks
 from kmeans_xp_backends.numpy.shm import RunBuffers, segment_of
 
 #: what a worker reads of the backend's plan (sent as values: the worker imports no plan)
-PLAN_FIELDS = ("block", "sub_alone", "k", "d", "augmented", "sorted_sums", "group",
+PLAN_FIELDS = ("block", "sub_alone", "k", "d", "sorted_sums", "group",
                "diff_rows")
 #: seconds a worker waits for work before it leaves
 IDLE_S = 300.0
@@ -243,14 +243,12 @@ class RunWorkers:
         self._held = None      # weakref to the labels array the run's labels hold
         self._finalizer = None
 
-    def pass_on_workers(self, X, mean, w, mode, plan, threads, n_tasks, copy_rows,
-                        wanted) -> bool:
+    def pass_on_workers(self, X, mean, w, mode, plan, threads, n_tasks, wanted) -> bool:
         """Whether this pass runs on the workers: a Lloyd iteration on X in shared memory
         (`shared_empty`) with `wanted` true attaches a run once the pool is ready (it is
         started at the first such pass); the run's passes to its last ("final",
         "inertia") use it; anything else ends it."""
-        seen = _Seen(X, w, (plan.threads, plan.block, X.shape, X.dtype.str, plan.k,
-                            copy_rows))
+        seen = _Seen(X, w, (plan.threads, plan.block, X.shape, X.dtype.str, plan.k))
         if self._run is not None:
             if self._run[0].pid != os.getpid():   # (attached in the process this one forked)
                 self._run, self._held = None, None
@@ -267,10 +265,10 @@ class RunWorkers:
         pool = _pool(threads)
         if pool is None or not pool.ready() or not pool.busy.acquire(blocking=False):
             return False
-        self._attach(pool, X, w, where, plan, threads, n_tasks, copy_rows, seen)
+        self._attach(pool, X, w, where, plan, threads, n_tasks, seen)
         return True
 
-    def _attach(self, pool, X, w, where, plan, threads, n_tasks, copy_rows, seen):
+    def _attach(self, pool, X, w, where, plan, threads, n_tasks, seen):
         """Attach a run (`pool.busy` held): the workers map X and the run's memory."""
         from kmeans_xp.contract.backend import compact_labels_dtype
         try:
@@ -284,7 +282,7 @@ class RunWorkers:
         self._finalizer = weakref.finalize(self, _release, pool, bufs)
         plan_fields = {a: getattr(plan, a) for a in PLAN_FIELDS}
         meta = {"x": (where[1], X.dtype.str, X.shape), "plan": plan_fields, "threads": threads,
-                "n_tasks": n_tasks, "copy_rows": copy_rows, **bufs.meta}
+                "n_tasks": n_tasks, **bufs.meta}
         self._call(lambda: [_send_attach(pool, t, meta, (where[0], bufs.fd))
                             for t in range(threads)])
 
@@ -318,7 +316,7 @@ class RunWorkers:
                 for s in bufs.slots]
         labels = None if mode == "inertia" else self._take_labels(
             bufs, bufs.labels.dtype if mode == "iter" else np.int32)
-        ops = blocks.Operands(bufs.centers.copy(), X.dtype, plan.augmented) if (
+        ops = blocks.Operands(bufs.centers.copy(), X.dtype) if (
             mode == "iter") else None
         if mode != "iter":   # the run's last pass
             self.detach()

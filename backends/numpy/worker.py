@@ -74,8 +74,7 @@ class _WorkerRun:
         self.slot = slots[t]
         self.plan = plan = types.SimpleNamespace(**meta["plan"])
         self.bufs = blocks.allocate(plan.block, plan.sub_alone, plan.k, plan.d, self.X.dtype,
-                                    augmented=plan.augmented, sorted_sums=plan.sorted_sums,
-                                    copy_rows=meta["copy_rows"], group=plan.group,
+                                    sorted_sums=plan.sorted_sums, group=plan.group,
                                     diff_rows=plan.diff_rows)
 
     def serve(self, mode):
@@ -84,7 +83,7 @@ class _WorkerRun:
         (`sub_alone` of the backend's plan): it shares no GIL."""
         m, plan = self.meta, self.plan
         c = self.centers.copy()
-        ops = None if mode == "inertia" else blocks.Operands(c, self.X.dtype, plan.augmented)
+        ops = None if mode == "inertia" else blocks.Operands(c, self.X.dtype)
         p = blocks.Pass(mode, self.X, None, self.w, plan, ops, c, threads=m["threads"],
                         n_tasks=m["n_tasks"], sub=plan.sub_alone,
                         labels=None if mode == "inertia" else self.labels,
