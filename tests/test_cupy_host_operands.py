@@ -1,7 +1,7 @@
 """A CuPy fit applies no operator to a CuPy array and a host operand (a Python scalar, a NumPy
 array or scalar). CuPy sends such an operator through NumPy's ufunc dispatch, and its
 `__array_ufunc__` imports `cupyx.scipy.special`, and with it all of cupyx: 0.33 of a fresh
-process's 0.40 s first fit with CuPy's kernel cache warm (H200, 2026-12-02). A fresh
+process's first fit with CuPy's kernel cache warm, most of that fit's time. A fresh
 interpreter runs the fits with NumPy's binary ufuncs wrapped (CuPy's operators look them up
 by name at each call) and an import hook on cupyx, and reports each place in kmeans_xp or its
 backends that reached them. Marker gpu."""

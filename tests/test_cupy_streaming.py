@@ -191,7 +191,7 @@ def test_page_locked_x_streamed_in_many_chunks_is_the_in_memory_fit(cp, pool):
     """A page-locked X is copied in as soon as a slot is free: many short chunks and passes
     issued back to back, the fit of the in-memory X (at n=1e9 a race between a pass's first
     copies and the previous pass's compute gave a 1.8x inertia). Added after the device run
-    that found it; the 12 GB check is benchmarks/stream_check_probe.py."""
+    that found it."""
     n, d, k = 50_000_003, 3, 100
     rs = cp.random.RandomState(5)
     X = (rs.standard_normal((n, d), dtype=cp.float32)

@@ -16,8 +16,8 @@ from kmeans_xp.contract.rows import HostRows, is_memmap
 
 from .common import cupy
 
-#: host threads copying X into the pinned buffers (and back out): on the H200 host (16
-#: cores) the copy rate grows up to about this many (benchmarks/streaming_probe.py measures it)
+#: host threads copying X into the pinned buffers (and back out): the copy rate grows up to
+#: about this many (figure: benchmarks/profile_fit.py, kept in benchmarks/results/<kind>.md)
 STAGING_THREADS = max(1, min(16, os.cpu_count() or 2))
 #: a memmap is page-locked in place (read into RAM once, then copied at the full DMA rate)
 #: when it takes at most this share of the host's available memory; a larger one is staged
@@ -115,9 +115,9 @@ def parallel_copy(dst, src, pool):
 #: host X of at least this size goes to the device through pinned buffers (`upload`);
 #: smaller, one pageable copy costs less than setting the buffers up
 UPLOAD_STAGED_BYTES = 64 << 20
-#: bytes per pinned staging buffer of `upload` and `download`, and how many buffers: on the
-#: H200 host (benchmarks/results/h200-2026-12-02e, upload_probe) 2.4 GB went up at 12.6 GB/s
-#: in 16 MiB chunks, 21 in 32, 29 in 64 and 30 in 128; a third buffer changed nothing
+#: bytes per pinned staging buffer of `upload` and `download`, and how many buffers: the
+#: upload rate stops growing at this size, and a third buffer adds nothing (figure:
+#: benchmarks/profile_fit.py, kept in benchmarks/results/<kind>.md)
 UPLOAD_CHUNK_BYTES = 64 << 20
 UPLOAD_BUFFERS = 2
 

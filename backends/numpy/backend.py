@@ -52,21 +52,11 @@ from kmeans_xp_backends.numpy import stats as stats
 from kmeans_xp_backends.cpu_threads import BLAS_ONE_THREAD, blas_controller, thread_count
 
 #: Rows per GEMM sub-chunk. Each NumPy call takes the GIL for its setup and hands it over
-#: to the next waiting thread (a wake-up: tens of microseconds on a 16-core VM), so on T
-#: threads a sub-chunk must carry about T * SUB_NS_PER_THREAD of work, by the estimate
-#: k * (ENTRY_NS + FEATURE_NS * d) per row; on one thread its (rows, k) result stays within
-#: SUB_BYTES_PER_THREAD (L2); never past TARGET_BLOCK_BYTES, nor below MIN_ROWS rows (a
-#: GEMM of fewer rows packs the centers for little work). Measured at W1 (n=2M, d=3, k=200;
-#: H200 host, 2026-12-02, cpu_probe.json), when a sub-chunk took four calls: 176 ms per
-#: iteration on 16 cores with 512 KiB sub-chunks, 76 ms with 8 MiB (73 us of work per
-#: thread); 307 ms on one thread with 512 KiB, 404 ms with 8 MiB. With two calls a
-#: sub-chunk (lloyd_iter), 2026-12-03 (h200-2026-12-03e) on 16 threads: W1 60.9 ms with
-#: 40 us (4.6 MiB), 54.7 with 8 MiB, 64.1 and 85.5 capped at 2 and 1 MiB (in L2, but more
-#: calls); a later call 68.0 with 120 us (8 MiB) against 66.7 with 40 us (runs move by
-#: 10%), and 120 us took a 65k-row mini-batch step past its memory test (12.3 MB against
-#: 10.4: 21k-row sub-chunks on 2 threads at k=20). At d=128 (k=1024)
-#: the floor decides: 118.9 ms with 256 rows, 109.6 with 512 (MIN_ROWS), 105.0 with 1024
-#: (a 4 MiB result, past L2)
+#: to the next waiting thread, so on T threads a sub-chunk carries about
+#: T * SUB_NS_PER_THREAD of work, by the estimate k * (ENTRY_NS + FEATURE_NS * d) per row;
+#: on one thread its (rows, k) result stays within SUB_BYTES_PER_THREAD (L2); never past
+#: TARGET_BLOCK_BYTES, nor below MIN_ROWS rows (a GEMM of fewer rows packs the centers for
+#: little work). Figures: benchmarks/test_bench_numpy.py, kept in benchmarks/results/<kind>.md
 TARGET_BLOCK_BYTES = 8 << 20
 SUB_BYTES_PER_THREAD = 512 << 10
 SUB_NS_PER_THREAD = 40_000
@@ -84,10 +74,8 @@ TARGET_TASK_BYTES = 32 << 20
 SORTED_SUMS_MIN_D = 16
 #: the label-grouped sums cast and transpose this many features at a time into float64
 #: columns (a group's columns stay in cache for the dot and the reduceat, and the buffer is
-#: block x group, not block x d); 0: all d at once. Same sums, bit for bit. d=128 on the
-#: H200 host's 16 cores (cpu_probe_call3.json): 149 ms per iteration all at once, 136 with
-#: 16, 145 with 32. (Chunk GEMMs threaded by BLAS itself, argmin on the pool, ran 2.2-3.9x
-#: slower than the per-thread GEMMs at W1, W2 and d=128 there: not kept)
+#: block x group, not block x d). Same sums, bit for bit, whatever the group (figure at
+#: d=128: benchmarks/test_bench_numpy.py, kept in benchmarks/results/<kind>.md)
 SORTED_SUMS_GROUP = 16
 #: bytes of one thread's x - c_label pieces in the final pass (`numpy_blocks.sq_dist_block`):
 #: at least a GEMM sub-chunk's rows, more where the budget allows (each piece is four NumPy
@@ -99,8 +87,8 @@ DIFF_BYTES = 2 << 20
 #: starts them (in the background: a few hundred milliseconds of each core)
 PROCESS_MIN_NS = 50e6
 #: ... with fewer features than this ('auto': below SORTED_SUMS_MIN_D the threads' sums hold
-#: the GIL). H200 host, 16 cores (h200-2026-12-03f), per pass, workers against threads: W1
-#: 26-27 ms against 46-58, W2 44-60 against 83-93, d=128 77-103 against 74-95
+#: the GIL; from it, workers and threads take about as long: benchmarks/test_bench_numpy.py,
+#: kept in benchmarks/results/<kind>.md)
 PROCESS_MAX_D = 16
 #: seconds a fit that will use the worker processes waits for a pool still starting
 WORKERS_WAIT_S = 2.0
@@ -122,7 +110,7 @@ class _Plan:
 
     def __init__(self, n, d, k, itemsize, max_memory, threads):
         self.k, self.d, self.itemsize = k, d, itemsize
-        self.group = min(d, SORTED_SUMS_GROUP) if SORTED_SUMS_GROUP > 0 else d
+        self.group = min(d, SORTED_SUMS_GROUP)
         self.budget = resolve_budget(max_memory, host_available_memory(), cap=1 << 30)
         cache_rows = _sub_rows(d, k, itemsize, threads)
         # shared by all threads: the centers' operands and float64 copy, the summed result

@@ -1,7 +1,7 @@
 """The numpy backend's work on one block of rows, run by one pool thread on its own buffers.
 
 Every call here is one NumPy call on many rows, and each is one whose loop runs without the
-GIL (read in NumPy's sources and measured on 16 cores, `benchmarks/cpu_scaling_probe.py`):
+GIL (read in NumPy's sources, and timed on many cores by benchmarks/test_bench_numpy.py):
 matmul, argmin, take, argsort of small integer keys (a radix sort), casting copies, einsum,
 searchsorted, and ``np.add.reduceat`` on a *one-dimensional* float64 array. Not among them:
 np.bincount (its min/max pass and weight conversion hold the GIL), ``np.add.at``, and

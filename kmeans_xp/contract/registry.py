@@ -63,16 +63,15 @@ AUTO_DLPACK_PREFERENCE = {
 #: NumPy input at least this large (n * k * d) goes to a GPU backend under "auto" when one works
 AUTO_GPU_MIN_WORK = 2 * 10**8
 #: below this n * k * d, "auto" leaves the numba backend out on the CPU: a process's first
-#: numba fit imports numba and SciPy (0.8 s with its kernels cached on disk, about 10 s in a
-#: new environment), more than the numpy backend's whole fit takes there (W1, n*k*d = 1.2e9:
-#: 93 against 30 ms per iteration on 16 cores, 303 against 59 on 2)
+#: numba fit imports numba and SciPy (about a second with its kernels cached, more in a new
+#: environment), more than the numpy backend's whole fit takes there (figure: W1 rows of
+#: benchmarks/results/<kind>.md)
 AUTO_NUMBA_MIN_WORK = 10**8
 AUTO_GPU_FOR_HOST = ("cupy-fused", "cupy-chunked", "cupy-kernels")
 #: X with at most this many features goes to cupy-kernels before cupy-chunked (when cupy-fused
-#: does not take it): direct distances beat a cuBLAS GEMM of K = d there. H200, d=3, per
-#: iteration: W1 1.65 against 5.9 ms, W3 9.4 against 77, n=500M streamed from device memory
-#: 479 against 2166; at d=128 (W5) cupy-chunked wins, 41 against 151. The crossover between
-#: is not measured: 16 is where cupy-fused's direct small-d path ends.
+#: does not take it): direct distances beat a cuBLAS GEMM of K = d there, and at d=128 the
+#: GEMM wins (figures: W1, W3, W5 rows of benchmarks/results/<kind>.md); 16 is where
+#: cupy-fused's direct small-d path ends, the crossover between is not measured.
 AUTO_KERNELS_MAX_D = 16
 
 
