@@ -82,14 +82,14 @@ class CupyPlacement(Placement):
             namespace in DLPACK_FOREIGN and foreign_device_type(X) == "cuda")
 
     # -- data movement ----------------------------------------------------------------------
-    def warm_up(self, X, n_clusters, init):
+    def warm_up(self, X, n_clusters, seeding):
         """The fit's kernels compiled on other threads while X moves and its mean is taken: a
-        cold fit's first launches each waited for an NVRTC run of 0.1-0.3 s. k-means++ runs
-        its steps on the device in X's dtype, k-means|| on its float64 candidates, unless X
-        is streamed from the host."""
+        cold fit's first launches each waited for an NVRTC run of 0.1-0.3 s. The seeding
+        kernels in `seeding`'s dtype too, unless X is streamed from the host (its k-means++
+        then runs in xp code)."""
         (n, d), dtype = X.shape, dtype_name(X.dtype)
-        seeding = {"k-means++": dtype, "k-means||": "float64"}.get(init) if isinstance(
-            init, str) and not self.streams(X, n_clusters) else None
+        if seeding is not None and self.streams(X, n_clusters):
+            seeding = None
         try:
             kernels = self.backend.fit_kernels(n, d, n_clusters, dtype, seeding=seeding)
         except Exception:  # noqa: BLE001 - only a head start: each kernel compiles when used

@@ -160,7 +160,7 @@ class NumbaPlacement(NumpyPlacement):
     """NumpyPlacement, and a head start: the kernels a fit will run compiled (or loaded from
     numba's cache) on another thread while X is validated, centered and seeded."""
 
-    def warm_up(self, X, n_clusters, init):
+    def warm_up(self, X, n_clusters, seeding):
         if not isinstance(X, np.ndarray) or X.ndim != 2 or X.shape[0] == 0:
             return
         rows = X[:64]

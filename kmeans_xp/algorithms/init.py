@@ -2,16 +2,23 @@
 
 Randomness comes from a host `numpy.random.RandomState` (a few numbers per center); the O(n)
 work runs in the backend's namespace, over row chunks so memory stays bounded.
+
+`INIT_METHODS` is the table of the init methods an estimator accepts by name: how each runs
+and what it needs. Validation, the estimators' fits and the backends' head start read it; a
+new method is its function and a row there (and a test).
 """
 from __future__ import annotations
 
 import math
+from typing import Callable, NamedTuple
 
 import numpy as np
 
-from kmeans_xp.contract.seeding import local_trials
+from kmeans_xp.algorithms.progress import bar
 from kmeans_xp.contract.chunks import column_sums, map_rows, row_chunks
-from kmeans_xp.contract.namespaces import to_numpy
+from kmeans_xp.contract.memory import xp_seeding_bytes
+from kmeans_xp.contract.namespaces import dtype_name, to_numpy
+from kmeans_xp.contract.seeding import local_trials
 
 
 def sq_dist(Xc, P, xp):
@@ -320,3 +327,64 @@ def kmeans_parallel(X, n_clusters, *, sample_weight, random_state, xp, rows,
     indices = idx[np.asarray(picked, dtype=np.int64)]
     centers = xp.take(X, xp.asarray(indices, dtype=xp.int64, device=_device(X)), axis=0)
     return centers, indices
+
+
+# -- the table of init methods ----------------------------------------------------------------
+def _plusplus(X, k, *, sample_weight, random_state, xp, rows, backend=None, persist=None,
+              verbose=0):
+    """k-means++ with the backend's own O(n) steps where it has them (`seeding`)."""
+    progress = bar(k, "k-means++", verbose)
+    try:
+        seeding = (None if backend is None else
+                   backend.seeding(X, sample_weight, local_trials(k), xp=xp))
+        return kmeans_plusplus(X, k, sample_weight=sample_weight, random_state=random_state,
+                               xp=xp, rows=rows, persist=persist, progress=progress,
+                               seeding=seeding)[0]
+    finally:
+        progress.close()
+
+
+def _parallel(X, k, *, sample_weight, random_state, xp, rows, backend=None, persist=None,
+              verbose=0):
+    return kmeans_parallel(X, k, sample_weight=sample_weight, random_state=random_state, xp=xp,
+                           rows=rows, backend=backend, persist=persist)[0]
+
+
+def _random(X, k, *, sample_weight, random_state, xp, rows=None, backend=None, persist=None,
+            verbose=0):
+    return random_init(X, k, sample_weight=sample_weight, random_state=random_state, xp=xp)[0]
+
+
+class InitMethod(NamedTuple):
+    """An init method by name: how it runs and what it needs."""
+    #: (X, k, *, sample_weight, random_state, xp, rows, backend, persist, verbose) -> the
+    #: (k, d) initial centers on X's device (X centered; backend None: xp code alone)
+    run: Callable
+    #: n_init="auto" runs it once (a careful init), else the estimator's default number of
+    #: times (a cheap one, as scikit-learn does)
+    runs_once: bool
+    #: the dtype the backend's k-means++ steps (`KMeansBackend.seeding`) run in during this
+    #: init: "X" (X's own), "float64" (k-means||'s candidates), or None (it does not use them)
+    seeding: str | None
+    #: (n, k, itemsize) -> bytes of its O(n) arrays in xp code; the memory estimate counts
+    #: k-means++'s (`memory.xp_seeding_bytes`), which no method may exceed
+    xp_bytes: Callable
+
+
+INIT_METHODS = {
+    "k-means++": InitMethod(_plusplus, True, "X", xp_seeding_bytes),
+    # weights, their and the distances' cumulative sums (float64); running distances, labels
+    "k-means||": InitMethod(_parallel, True, "float64",
+                            lambda n, k, itemsize: 6 * 8 * n + 3 * itemsize * n),
+    # the drawing probabilities on the host (float64, two copies)
+    "random": InitMethod(_random, False, None, lambda n, k, itemsize: 2 * 8 * n),
+}
+
+
+def seeding_dtype(init, dtype) -> str | None:
+    """The dtype name the backend's k-means++ steps run in during `init` (a method name, an
+    array or a callable) of X of this dtype, or None where it does not use them."""
+    method = INIT_METHODS.get(init) if isinstance(init, str) else None
+    if method is None or method.seeding is None:
+        return None
+    return dtype_name(dtype) if method.seeding == "X" else method.seeding

@@ -141,9 +141,11 @@ class Placement:
         (a torch tensor on the CPU or on a GPU)."""
         return False
 
-    def warm_up(self, X, n_clusters, init):
+    def warm_up(self, X, n_clusters, seeding):
         """Before X moves: start, in the background, what a fit of X with these parameters
-        will need (a GPU placement compiles its kernels). Default: nothing."""
+        will need (a GPU placement compiles its kernels). `seeding`: the dtype name the
+        backend's k-means++ steps (`KMeansBackend.seeding`) will run in during init, or None
+        where the init does not use them. Default: nothing."""
 
     def to_backend(self, X):
         """X (validated, floating) in the backend's namespace; default: as given."""

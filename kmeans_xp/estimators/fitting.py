@@ -11,7 +11,6 @@ import numpy as np
 from kmeans_xp.algorithms import init as _init
 from kmeans_xp.contract.namespaces import device, operand
 from kmeans_xp.estimators.predicting import require_known_shape
-from kmeans_xp.algorithms.progress import bar
 from kmeans_xp.contract.scaling import host_dtype_of
 from kmeans_xp.estimators.validation import check_array, check_init_array, check_sample_weight, validate_params
 
@@ -23,7 +22,8 @@ class Fitting:
     _default_n_init = 10
 
     def _resolved_n_init(self):
-        if isinstance(self.init, str) and self.init in ("k-means++", "k-means||"):
+        method = _init.INIT_METHODS.get(self.init) if isinstance(self.init, str) else None
+        if method is not None and method.runs_once:
             default = 1
         elif isinstance(self.init, str) or callable(self.init):
             default = self._default_n_init
@@ -91,26 +91,14 @@ class Fitting:
 
     def _initial_centers(self, Xb, X_mean, sw, rs, xp, given, backend, scale):
         """One run's initial centers on the centered (and scaled) Xb: `given` (host, in X's
-        units) moved there, else the init method drawn from `rs`."""
-        k = self.n_clusters
-        rows = backend.driver_rows(Xb)
+        units) moved there, else the init method (`init.INIT_METHODS`) drawn from `rs`."""
         if given is not None:
             c = xp.asarray(given.astype(host_dtype_of(Xb.dtype)), device=device(Xb)) - X_mean
             return c if scale == 1 else c * operand(scale, c, xp)
-        if self.init == "random":
-            return _init.random_init(Xb, k, sample_weight=sw, random_state=rs, xp=xp)[0]
-        persist = backend.placement.persist
-        if self.init == "k-means||":
-            return _init.kmeans_parallel(Xb, k, sample_weight=sw, random_state=rs, xp=xp,
-                                         rows=rows, backend=backend, persist=persist)[0]
-        progress = bar(k, "k-means++", self.verbose)
-        try:
-            seeding = backend.seeding(Xb, sw, _init.local_trials(k), xp=xp)
-            return _init.kmeans_plusplus(Xb, k, sample_weight=sw, random_state=rs, xp=xp,
-                                         rows=rows, persist=persist, progress=progress,
-                                         seeding=seeding)[0]
-        finally:
-            progress.close()
+        return _init.INIT_METHODS[self.init].run(
+            Xb, self.n_clusters, sample_weight=sw, random_state=rs, xp=xp,
+            rows=backend.driver_rows(Xb), backend=backend, persist=backend.placement.persist,
+            verbose=self.verbose)
 
     #: what a fit keeps on its backend's device: handed to `Placement.finish`, which may move it
     _KEPT = ("labels_", "cluster_centers_", "_centers_fit", "_X_mean")

@@ -16,6 +16,7 @@ import numpy as np
 from kmeans_xp.contract.chunks import tolerance
 from kmeans_xp.estimators.fitting import Fitting
 from kmeans_xp.estimators.interop import SklearnInterop
+from kmeans_xp.algorithms.init import seeding_dtype
 from kmeans_xp.algorithms.lloyd import kmeans_single_lloyd
 from kmeans_xp.contract.memory import explains_memory_errors, format_bytes
 from kmeans_xp.contract.namespaces import array_namespace, device, to_numpy
@@ -203,7 +204,7 @@ default=None
                                       max_memory=self.max_memory, check_memory=True,
                                       copy_x=bool(self.copy_x))
         place = backend.placement
-        place.warm_up(X, self.n_clusters, self.init)
+        place.warm_up(X, self.n_clusters, seeding_dtype(self.init, X.dtype))
         given = self._given_inits(X, init_array, n_init, rs)
         clock.lap("validation")
         Xb = place.to_backend(X)

@@ -13,6 +13,7 @@ import sys
 import numpy as np
 from array_api_compat import is_numpy_namespace
 
+from kmeans_xp.algorithms.init import INIT_METHODS
 from kmeans_xp.contract.chunks import check_finite, map_rows
 from kmeans_xp.contract.memory import parse_memory
 from kmeans_xp.contract.constraints import Check, Interval, Options
@@ -71,8 +72,6 @@ def _is_memory(v):
     except ValueError:
         return False
 
-
-INIT_METHODS = ("k-means++", "k-means||", "random")
 
 PARAMETER_CONSTRAINTS = {
     "n_clusters": [Interval(numbers.Integral, 1)],

@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from kmeans_xp import __version__
+from kmeans_xp.algorithms.init import INIT_METHODS
 
 #: defaults when a GPU is present: the seed's workload; CPU rows timed once (seconds each)
 GPU_DEFAULTS = dict(n=2_000_000, d=3, k=500, cpu_repeats=1)
@@ -200,7 +201,8 @@ def _add_protocol_args(p):
     g.add_argument("--dtype", default="float32", choices=["float32", "float64"])
     g.add_argument("--data", type=_data, default="seed",
                    help="'seed' (the seed's two Gaussians), 'blobs', or PATH.npy")
-    g.add_argument("--init", default="random", choices=["random", "k-means++"],
+    g.add_argument("--init", default="random",
+                   choices=list(dict.fromkeys(["random", *INIT_METHODS])),
                    help="how the ONE shared init is computed (random, as the seed)")
     g.add_argument("--seed", type=_count, default=0, help="random seed for data and init")
     g = p.add_argument_group("protocol")

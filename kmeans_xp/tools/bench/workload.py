@@ -31,7 +31,7 @@ class Workload:
     iters: int = 10
     dtype: str = "float32"
     data: str = "seed"           # "seed", "blobs", or a path to a .npy file
-    init: str = "random"         # "random" (the seed's) or "k-means++", computed once
+    init: str = "random"         # "random" (the seed's) or an init method, computed once
     seed: int = 0
     repeats: int = 3
     warmup_iters: int = 2
@@ -89,17 +89,18 @@ def shared_init(X, w: Workload) -> np.ndarray:
     if w.init == "random":
         idx = np.random.default_rng(w.seed).choice(len(X), w.k, replace=False)
         return np.ascontiguousarray(X[np.sort(idx)])
-    if w.init == "k-means++":
+    from kmeans_xp.algorithms.init import INIT_METHODS
+    if w.init in INIT_METHODS:  # the estimators' method, in NumPy on the host
         from array_api_compat import array_namespace
 
-        from kmeans_xp.algorithms.init import kmeans_plusplus
         from kmeans_xp.estimators.validation import check_random_state
         xp = array_namespace(X)
         rows = max(256, (64 << 20) // (8 * max(w.k, 1)))
-        C, _ = kmeans_plusplus(X, w.k, sample_weight=np.ones(len(X), X.dtype),
-                               random_state=check_random_state(w.seed), xp=xp, rows=rows)
+        C = INIT_METHODS[w.init].run(X, w.k, sample_weight=np.ones(len(X), X.dtype),
+                                     random_state=check_random_state(w.seed), xp=xp, rows=rows)
         return np.ascontiguousarray(C)
-    raise ValueError(f"init must be 'random' or 'k-means++', got {w.init!r}")
+    raise ValueError(f"init must be 'random' or one of {', '.join(INIT_METHODS)}, got "
+                     f"{w.init!r}")
 
 
 def fingerprint(a) -> str:
