@@ -29,7 +29,6 @@ from pathlib import Path
 import numpy as np
 
 from kmeans_xp import __version__
-from kmeans_xp.algorithms.init import INIT_METHODS
 
 #: defaults when a GPU is present: the seed's workload; CPU rows timed once (seconds each)
 GPU_DEFAULTS = dict(n=2_000_000, d=3, k=500, cpu_repeats=1)
@@ -189,7 +188,7 @@ def _print_json(obj):
 
 
 def _add_protocol_args(p):
-    from kmeans_xp.tools.bench import WORKLOADS
+    from kmeans_xp.tools.bench.workload import SHARED_INITS, WORKLOADS
     g = p.add_argument_group("workload (defaults scale to the machine)")
     g.add_argument("--workload", choices=sorted(WORKLOADS),
                    help="a named workload: " + "; ".join(
@@ -201,8 +200,7 @@ def _add_protocol_args(p):
     g.add_argument("--dtype", default="float32", choices=["float32", "float64"])
     g.add_argument("--data", type=_data, default="seed",
                    help="'seed' (the seed's two Gaussians), 'blobs', or PATH.npy")
-    g.add_argument("--init", default="random",
-                   choices=list(dict.fromkeys(["random", *INIT_METHODS])),
+    g.add_argument("--init", default="random", choices=SHARED_INITS,
                    help="how the ONE shared init is computed (random, as the seed)")
     g.add_argument("--seed", type=_count, default=0, help="random seed for data and init")
     g = p.add_argument_group("protocol")

@@ -13,6 +13,10 @@ from typing import Any
 
 import numpy as np
 
+from kmeans_xp.algorithms.init import INIT_METHODS
+
+#: the shared inits a comparison can start from: the seed's random rows, or an init method
+SHARED_INITS = tuple(dict.fromkeys(["random", *INIT_METHODS]))
 #: the named workloads of issues 3-5 (d=3 unless said; float32)
 WORKLOADS = {
     "W1": dict(n=2_000_000, d=3, k=200),
@@ -89,7 +93,6 @@ def shared_init(X, w: Workload) -> np.ndarray:
     if w.init == "random":
         idx = np.random.default_rng(w.seed).choice(len(X), w.k, replace=False)
         return np.ascontiguousarray(X[np.sort(idx)])
-    from kmeans_xp.algorithms.init import INIT_METHODS
     if w.init in INIT_METHODS:  # the estimators' method, in NumPy on the host
         from array_api_compat import array_namespace
 
@@ -99,8 +102,7 @@ def shared_init(X, w: Workload) -> np.ndarray:
         C = INIT_METHODS[w.init].run(X, w.k, sample_weight=np.ones(len(X), X.dtype),
                                      random_state=check_random_state(w.seed), xp=xp, rows=rows)
         return np.ascontiguousarray(C)
-    raise ValueError(f"init must be 'random' or one of {', '.join(INIT_METHODS)}, got "
-                     f"{w.init!r}")
+    raise ValueError(f"init must be one of {', '.join(SHARED_INITS)}, got {w.init!r}")
 
 
 def fingerprint(a) -> str:
