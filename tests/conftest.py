@@ -1,5 +1,6 @@
 """Shared test setup: GPU tests (marker `gpu`) skip where CuPy or a CUDA device is missing;
-slow tests (marker `slow`) run only when asked for."""
+the quick tier is `pytest -m "not slow"` (the tests in SLOW are marked `slow`); tests of
+gigabytes (marker `large`) run only when asked for."""
 import functools
 import os
 
@@ -19,15 +20,56 @@ def gpu_available() -> bool:
         return False
 
 
+#: tests marked `slow` here, by node id (a test's name alone: all its parameters): the
+#: slowest of the full suite on 2 cores (`pytest --durations`), each with a quick sibling
+#: that still covers its backend or estimator in the quick tier
+SLOW = (
+    # (these five share one ptxas run of every instance, 40 s)
+    "tests/test_cuda_compile.py::test_every_instance_compiles_for_sm90",
+    "tests/test_cuda_compile.py::test_small_d_kernels_do_not_spill",
+    "tests/test_cuda_compile.py::test_float32_large_d_kernels_do_not_spill",
+    "tests/test_cuda_compile.py::test_tensor_core_v2_kernels_do_not_spill",
+    "tests/test_cuda_compile.py::test_wgmma_kernels_do_not_spill",
+    "tests/test_minibatch.py::test_fit_gives_sklearns_steps"
+    "[small batches, reassignments-float32-weighted]",
+    "tests/test_minibatch.py::test_fit_gives_sklearns_steps"
+    "[small batches, reassignments-float64-weighted]",
+    "tests/test_numba_backend.py::test_passes_contract",
+    "tests/test_numba_backend.py::test_gemm_path_passes_contract_at_every_d",
+    "tests/test_numba_backend.py::test_memmap_fit_equals_in_memory_fit",
+    "tests/test_numba_backend.py::test_strided_and_fortran_input",
+    "tests/test_cupy_backends_cpu.py::test_contract_suite_on_the_emulated_device[cupy-chunked]",
+    "tests/test_cupy_backends_cpu.py::test_contract_suite_on_the_emulated_device[cupy-fused]",
+    "tests/test_cupy_backends_cpu.py::test_chunked_assign_loop_gives_the_argmin[20011-3-500-2MB]",
+    "tests/test_cupy_streaming_cpu.py::test_auto_streams_only_what_does_not_fit[cupy-chunked]",
+    "tests/test_cupy_streaming_cpu.py::test_streaming_buffers_stay_within_the_plan[cupy-chunked]",
+    "tests/test_cupy_streaming_cpu.py::test_streamed_fit_is_the_numpy_backends[True-cupy-chunked]",
+    "tests/test_numpy_memmap.py::test_memmap_fit_reads_blocks_and_gives_the_in_memory_fit"
+    "[k-means++-numpy]",
+    "tests/test_numpy_memmap.py::test_memmap_fit_reads_blocks_and_gives_the_in_memory_fit"
+    "[k-means++-numba]",
+    "tests/test_spherical.py::test_cupy_backends_emulated[cupy-chunked]",
+    "tests/test_spherical.py::test_cupy_backends_emulated[cupy-fused]",
+    "tests/test_cli.py::test_main_job_saves_its_results_and_names_the_best_cpu_row",
+    "tests/test_dask_backend.py::test_contract_suite",
+)
+
+
+def _listed_slow(nodeid):
+    return nodeid in SLOW or nodeid.partition("[")[0] in SLOW
+
+
 def pytest_collection_modifyitems(config, items):
-    # slow tests (marker `slow`: minutes, gigabytes) run when asked for by -m or
-    # KMEANS_XP_SLOW=1, not in the plain `pytest` of CI
-    if "slow" not in (config.getoption("markexpr", "") or "") and \
-            not os.environ.get("KMEANS_XP_SLOW"):
-        skip_slow = pytest.mark.skip(reason="slow: run with -m slow or KMEANS_XP_SLOW=1")
+    for item in items:
+        if _listed_slow(item.nodeid):
+            item.add_marker(pytest.mark.slow)
+    # tests of gigabytes (marker `large`) run when asked for by -m or KMEANS_XP_LARGE=1
+    if "large" not in (config.getoption("markexpr", "") or "") and \
+            not os.environ.get("KMEANS_XP_LARGE"):
+        skip_large = pytest.mark.skip(reason="large: run with -m large or KMEANS_XP_LARGE=1")
         for item in items:
-            if "slow" in item.keywords:
-                item.add_marker(skip_slow)
+            if "large" in item.keywords:
+                item.add_marker(skip_large)
     if gpu_available():
         return
     skip = pytest.mark.skip(reason="needs CuPy and a CUDA GPU")

@@ -177,7 +177,7 @@ def test_memmap_fit_with_copy_x_false_computes_on_x_as_given(tmp_path):
     np.testing.assert_array_equal(km.predict(X), ref.labels_)
 
 
-@pytest.mark.slow
+@pytest.mark.large
 def test_memmap_fit_of_1e8_rows_stays_within_max_memory(tmp_path):
     """n = 1e8, d = 3, float32: a 1.2 GB file. A centered copy would be 1.2 GB more."""
     n, d, k = 100_000_000, 3, 8
