@@ -11,6 +11,7 @@ from kmeans_xp.contract.backend import compact_labels_dtype
 from kmeans_xp.contract.memory import chunk_rows, format_bytes, parse_memory, resolve_budget
 from kmeans_xp.contract.namespaces import array_namespace
 from kmeans_xp.testing import asymmetric_data
+from kmeans_xp.testing.label_bounds import fit_differences
 
 
 @pytest.mark.parametrize("value,expected", [
@@ -130,9 +131,8 @@ def test_small_max_memory_fit_gives_the_same_answer():
     init = X[:20].copy()
     small = KMeans(20, init=init, max_memory="64KB").fit(X)
     big = KMeans(20, init=init, max_memory="1GB").fit(X)
-    np.testing.assert_array_equal(small.labels_, big.labels_)
-    assert small.n_iter_ == big.n_iter_
-    assert small.inertia_ == pytest.approx(big.inertia_, rel=1e-12)
+    # GEMMs of other row counts may round otherwise on some BLAS builds
+    assert not fit_differences(X, small, big)
 
 
 # -- measured peak under the estimate ------------------------------------------------------
