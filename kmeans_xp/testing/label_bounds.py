@@ -2,7 +2,7 @@
 (NumPy, float64): where two roundings of the expansion ||c||^2 - 2 x.c may order two centers
 differently (`near_tie`), and how much farther than the nearest a center that
 `precision="tf32"` picks may be (`tf32_error`, the README's bound); and whether two whole fits
-are the same up to such ties (`fit_differences`). The agreement tests and the device probes
+are the same up to such ties (`fit_differences`). The agreement tests and the GPU tests
 assert labels against these."""
 from __future__ import annotations
 
