@@ -23,7 +23,8 @@ class LineProgress:
     def update(self, n=1):
         self.done += n
         file = self.file or sys.stderr
-        print(f"kmeans-xp: [{self.done}/{self.total}] {self.text}", file=file, flush=True)
+        file.write(f"kmeans-xp: [{self.done}/{self.total}] {self.text}\n")
+        file.flush()
 
     def close(self):
         pass
