@@ -50,10 +50,19 @@ def test_no_print_in_library_code():
     assert not offenders, offenders
 
 
-def test_verbose_shows_init_progress(capsys):
+def test_verbose_shows_init_progress_at_a_terminal_only(capsys, monkeypatch):
+    import io
+    import sys
     pytest.importorskip("tqdm")
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
     KMeans(5, random_state=0, max_iter=2, verbose=1, backend="numpy").fit(X)
-    assert "k-means++" in capsys.readouterr().err
+    assert "k-means++" not in capsys.readouterr().err  # a pipe, a log: lines, no bar
+    monkeypatch.setattr(sys, "stderr", Terminal())
+    KMeans(5, random_state=0, max_iter=2, verbose=1, backend="numpy").fit(X)
+    assert "k-means++" in sys.stderr.getvalue()
 
 
 def _frame():

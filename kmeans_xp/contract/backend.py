@@ -174,10 +174,11 @@ class Placement:
     def synchronize(self):
         """Wait for the device, so a clock read after it measures finished work."""
 
-    def free_memory(self) -> int:
+    def free_memory(self) -> int | None:
         """Bytes free where the backend computes: what max_memory="auto" takes a share of
         (`memory.AUTO_FRACTION`). Default: the host's available memory (then "auto" is also
-        capped at `memory.HOST_AUTO_CAP`); a device placement reports its device's."""
+        capped at `memory.HOST_AUTO_CAP`; None where the host does not say); a device
+        placement reports its device's."""
         return host_available_memory()
 
     def fetch(self, values):

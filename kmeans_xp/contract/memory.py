@@ -9,11 +9,12 @@ import contextlib
 import functools
 import math
 import numbers
-import os
 import re
 import traceback
+import warnings
 from typing import NamedTuple
 
+from kmeans_xp.contract.host_memory import UNKNOWN, host_memory
 from kmeans_xp.contract.seeding import local_trials
 
 _UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9,
@@ -82,30 +83,36 @@ def parse_memory(value):
     return int(value)
 
 
-def host_available_memory(default=4 << 30):
-    """Free host memory in bytes (MemAvailable on Linux: free plus reclaimable page cache),
-    or `default` where unknown."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return default
+def host_available_memory(default=None):
+    """Free host memory in bytes (`host_memory`: psutil, /proc/meminfo or sysconf), or
+    `default` (None: unknown) where no source answers; nothing invents a size."""
+    found = host_memory().available
+    return default if found is None else found
 
 
-def resolve_budget(max_memory, available: int, cap: int | None = None) -> int:
-    """Bytes of working memory a fit may use."""
+def resolve_budget(max_memory, available: int | None, cap: int | None = None) -> int:
+    """Bytes of working memory a fit may use (`available` None: unknown, see
+    `_unknown_free_budget`)."""
     value = parse_memory(max_memory)
+    if value == "auto" and available is None:
+        return _unknown_free_budget(cap)
     if value == "auto":
         value = int(available * AUTO_FRACTION)
         if cap is not None:
             value = min(value, cap)
     return max(int(value), 1)
+
+
+def _unknown_free_budget(cap):
+    """"auto" where free memory is unknown: the cap alone, said once, or a clear refusal."""
+    if cap is None:
+        raise KMeansMemoryError("max_memory='auto' needs the free memory, which is unknown "
+                                "here (pip install psutil), so give max_memory in bytes "
+                                "or as '2GB'")
+    warnings.warn(f"free host memory is unknown here ({UNKNOWN}); max_memory='auto' uses its "
+                  f"cap, {format_bytes(cap)}: give max_memory to choose", RuntimeWarning,
+                  stacklevel=3)
+    return int(cap)
 
 
 def chunk_rows(budget: int, bytes_per_row: int, fixed: int = 0, *, n_samples: int,
@@ -199,7 +206,8 @@ class Budget:
 
     def bytes(self, reserve=0) -> int:
         """Working-memory bound in bytes for this fit ("auto": a share of what is free)."""
-        return resolve_budget(self.max_memory, max(self.available() - reserve, 0),
+        free = self.available()
+        return resolve_budget(self.max_memory, None if free is None else max(free - reserve, 0),
                               cap=HOST_AUTO_CAP if self._free_memory is None else None)
 
     @contextlib.contextmanager

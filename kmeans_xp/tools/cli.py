@@ -11,8 +11,10 @@
 With no arguments it runs `compare` with defaults scaled to the machine: the seed's n=2M, d=3,
 k=500 with a CUDA GPU, n=200k, k=100 without one; on the default rows (every installed
 backend but the slow generic ones, plus scikit-learn, faiss-cpu and torch where installed),
-saving JSON and charts under kmeans_xp_results/<time>/. Sizes take 200k, 2M, 1e6.
---json puts the machine-readable result on stdout and everything else on stderr.
+saving JSON and charts under kmeans_xp_results/<time>/. Sizes take 200k, 2M, 1e6, and are
+checked against the host's free memory before anything is allocated. --json puts the
+machine-readable result on stdout and everything else on stderr; progress goes to stderr (a
+bar at a terminal, a line per fit elsewhere; --no-progress: none).
 
 Exit status: 0 done, 1 failed (a backend or file unusable, every row failed), 2 usage error.
 Errors are one line; KMEANS_XP_TRACEBACK=1 shows the traceback instead.
@@ -20,7 +22,6 @@ Errors are one line; KMEANS_XP_TRACEBACK=1 shows the traceback instead.
 from __future__ import annotations
 
 import argparse
-import decimal
 import json
 import os
 import sys
@@ -29,6 +30,20 @@ from pathlib import Path
 import numpy as np
 
 from kmeans_xp import __version__
+from kmeans_xp.tools.arguments import (
+    Failure,
+    Parser,
+    UsageError,
+    check_backend,
+    check_memory,
+    count,
+    data_option,
+    json_flag,
+    memory_option,
+    parse_size,
+    progress_flag,
+    size_list,
+)
 
 #: defaults when a GPU is present: the seed's workload; CPU rows timed once (seconds each)
 GPU_DEFAULTS = dict(n=2_000_000, d=3, k=500, cpu_repeats=1)
@@ -36,78 +51,22 @@ GPU_DEFAULTS = dict(n=2_000_000, d=3, k=500, cpu_repeats=1)
 CPU_DEFAULTS = dict(n=200_000, d=3, k=100)
 
 
-class UsageError(Exception):
-    """The command line asks for something that cannot be (exit status 2)."""
-
-
-class Failure(Exception):
-    """The command could not do what was asked (exit status 1)."""
-
-
-class Parser(argparse.ArgumentParser):
-    """argparse with one-line errors: `kmeans-xp: error: ...` and exit status 2."""
-
-    def error(self, message):
-        self.exit(2, f"kmeans-xp: error: {message} (see: {self.prog} --help)\n")
-
-
-# -- values shared by every subcommand ------------------------------------------------------
-
-
-def parse_size(text, minimum=1) -> int:
-    """'2000000', '2_000_000', '2e6', '2M', '200k' or '1.5k' -> int (at least `minimum`)."""
-    t = str(text).strip().lower().replace("_", "")
-    scale = {"k": 10**3, "m": 10**6, "g": 10**9}.get(t[-1:], 1)
-    try:  # Decimal: exact for 999999999999999999 and 1.5k alike
-        value = decimal.Decimal(t[:-1] if scale > 1 else t) * scale
-    except decimal.InvalidOperation:
-        value = decimal.Decimal("nan")
-    if not (value.is_finite() and value == value.to_integral_value()
-            and minimum <= value <= 10**18):
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not a count >= {minimum} (e.g. 200000, 200k, 2M, 1e6)")
-    return int(value)
-
-
-def _count(text):
-    return parse_size(text, minimum=0)
-
-
-def _sizes(text):
-    return [parse_size(v) for v in text.split(",") if v.strip()]
-
-
-def _memory(text):
-    """--max-memory: checked once here ('auto', bytes, '2GB'); the text goes on unchanged."""
-    from kmeans_xp.contract.memory import parse_memory
-    try:
-        parse_memory(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    return text
-
-
-def _data(text):
-    if text in ("seed", "blobs") or text.endswith(".npy"):
-        return text
-    raise argparse.ArgumentTypeError(f"{text!r}: give 'seed', 'blobs' or a PATH.npy")
-
-
-def _json_flag(p):
-    p.add_argument("--json", action="store_true",
-                   help="the machine-readable result on stdout; headers, table and progress "
-                        "on stderr")
-
-
-def _show(args, *text):
+def show(args, *text):
     """Text for people (a table, a headline): on stderr when stdout carries --json."""
     print(*text, file=sys.stderr if getattr(args, "json", False) else sys.stdout, flush=True)
 
 
-def _say(args, *text):
-    """A header: as `_show`, but not with --quiet."""
+def say(args, *text):
+    """A header: as `show`, but not with --quiet."""
     if not getattr(args, "quiet", False):
-        _show(args, *text)
+        show(args, *text)
+
+
+def _check_memory(args, *sizes, **where):
+    """`check_memory`, and a line saying so where the host's memory is unknown."""
+    if check_memory(args, *sizes, **where) is None:
+        say(args, "host memory unknown here (pip install psutil): the sizes asked for are "
+                  "not checked against it")
 
 
 # -- run and backends -----------------------------------------------------------------------
@@ -120,41 +79,45 @@ def _add_run(sub):
     p.add_argument("--d", type=parse_size, default=3, help="dimension (default 3)")
     p.add_argument("--k", type=parse_size, default=200, help="clusters (default 200)")
     p.add_argument("--iters", type=parse_size, default=10, help="max Lloyd iterations (10)")
-    p.add_argument("--dtype", default="float32", choices=["float32", "float64"])
-    p.add_argument("--backend", default="auto", help="backend name or 'auto'")
-    p.add_argument("--max-memory", type=_memory, default="auto", help="e.g. 2GB (auto)")
-    p.add_argument("--seed", type=_count, default=0)
-    _json_flag(p)
+    p.add_argument("--dtype", default="float32", choices=["float32", "float64"],
+                   help="the data's dtype, which the fit computes in (float32)")
+    p.add_argument("--backend", default="auto",
+                   help="backend name (see `kmeans-xp backends`) or 'auto'")
+    p.add_argument("--max-memory", type=memory_option, default="auto",
+                   help="working-memory bound of the fit, e.g. 2GB (auto: a share of what "
+                        "is free)")
+    p.add_argument("--seed", type=count, default=0, help="random seed for data and init (0)")
+    p.add_argument("--verbose", action="store_true",
+                   help="a line per iteration on stdout, and a progress bar on stderr")
+    progress_flag(p)
+    json_flag(p)
     p.set_defaults(func=cmd_run)
-
-
-def _check_backend(name):
-    """Up front: an unknown name is a usage error, a missing library a failure."""
-    from kmeans_xp.contract.registry import get_backend
-    if name != "auto":
-        get_backend(name)  # ValueError (unknown) or BackendNotAvailableError
 
 
 def cmd_run(args):
     from kmeans_xp import KMeans, available_backends
-    from kmeans_xp.tools.data import seed_data
+    from kmeans_xp.algorithms.progress import progress_bars
     from kmeans_xp.contract.memory import format_bytes
+    from kmeans_xp.tools.data import seed_data
     if args.k > args.n:
         raise UsageError(f"--k {args.k} is more than the {args.n} points of --n")
-    _check_backend(args.backend)
+    check_backend(args.backend)
+    _check_memory(args, "run", args.n, args.d, args.k, args.dtype, backend=args.backend)
     X = seed_data(args.n, args.d, dtype=np.dtype(args.dtype), random_state=args.seed)
-    _say(args, f"data: seed workload, n={args.n:,}, d={args.d}, k={args.k}, {args.dtype}")
-    _say(args, "backends available: " + ", ".join(available_backends()))
+    say(args, f"data: seed workload, n={args.n:,}, d={args.d}, k={args.k}, {args.dtype}")
+    say(args, "backends available: " + ", ".join(available_backends()))
     km = KMeans(args.k, init="random", n_init=1, max_iter=args.iters, tol=0,
-                random_state=args.seed, backend=args.backend, max_memory=args.max_memory)
-    km.fit(X)
+                random_state=args.seed, backend=args.backend, max_memory=args.max_memory,
+                verbose=int(args.verbose))
+    with progress_bars(not args.no_progress):
+        km.fit(X)
     t = km.timings_
-    _show(args, f"backend: {km.backend_} ({km.backend_reason_})\n"
+    show(args, f"backend: {km.backend_} ({km.backend_reason_})\n"
                 f"time: total {t['total']:.3f} s, transfer {t['transfer']:.3f} s, init "
                 f"{t['init']:.3f} s, Lloyd {t['lloyd']:.3f} s for {km.n_iter_} iterations "
                 f"({1e3 * t['per_iteration']:.1f} ms/iteration)\ninertia: {km.inertia_:.6g}")
     if km.memory_report_:
-        _show(args, "memory: " + ", ".join(f"{k} {format_bytes(v)}"
+        show(args, "memory: " + ", ".join(f"{k} {format_bytes(v)}"
                                            for k, v in km.memory_report_.items()))
     if args.json:
         _print_json({"kind": "run", "version": __version__, "n": args.n, "d": args.d,
@@ -197,27 +160,31 @@ def _add_protocol_args(p):
     g.add_argument("--d", type=parse_size, help="features (default 3)")
     g.add_argument("--k", type=parse_size, help="clusters (GPU: 500; CPU only: 100)")
     g.add_argument("--iters", type=parse_size, default=10, help="Lloyd iterations, tol=0 (10)")
-    g.add_argument("--dtype", default="float32", choices=["float32", "float64"])
-    g.add_argument("--data", type=_data, default="seed",
+    g.add_argument("--dtype", default="float32", choices=["float32", "float64"],
+                   help="the data's dtype, which every row computes in (faiss: float32)")
+    g.add_argument("--data", type=data_option, default="seed",
                    help="'seed' (the seed's two Gaussians), 'blobs', or PATH.npy")
     g.add_argument("--init", default="random", choices=SHARED_INITS,
                    help="how the ONE shared init is computed (random, as the seed)")
-    g.add_argument("--seed", type=_count, default=0, help="random seed for data and init")
+    g.add_argument("--seed", type=count, default=0, help="random seed for data and init")
     g = p.add_argument_group("protocol")
     g.add_argument("--backends", default=None,
                    help="rows: 'default' (installed backends but the generic array-api and "
                         "dask, plus scikit-learn, faiss-cpu, torch where installed), 'all', "
                         "or names: numpy,cupy-fused,sklearn,faiss,torch, NAME@namespace "
                         "(array-api@cupy); 'default,array-api' adds to the default")
-    g.add_argument("--max-memory", type=_memory, default="auto",
+    g.add_argument("--max-memory", type=memory_option, default="auto",
                    help="working-memory bound for every backend (e.g. 2GB); for the seed "
                         "reference, the memory it may use (a smaller card)")
-    g.add_argument("--repeats", type=parse_size, default=3, help="timed fits per row; median (3)")
+    g.add_argument("--repeats", type=parse_size, default=3,
+                   help="timed fits per row: their median, min and max; a warning when they "
+                        "spread beyond 1.5x (3)")
     g.add_argument("--cpu-repeats", type=parse_size, default=None,
                    help="timed fits for CPU rows (default: --repeats; 1 with a GPU): "
                         "seconds-long CPU fits need fewer repeats than millisecond GPU ones")
-    g.add_argument("--warmup-iters", type=_count, default=2,
-                   help="iterations of the untimed warm-up fit (2; 0: none)")
+    g.add_argument("--warmup-iters", type=count, default=2,
+                   help="iterations of the untimed warm-up fit, whose one-time cost (JIT "
+                        "compile) is reported apart (2; 0: none)")
     g.add_argument("--include-seed", action="store_true",
                    help="add the seed's original broadcasting algorithm (float64) as a row")
     g.add_argument("--seed-device", default="auto", choices=["auto", "gpu", "cpu", "both"],
@@ -231,8 +198,9 @@ def _add_protocol_args(p):
     g.add_argument("--no-save", action="store_true", help="write no files")
     g.add_argument("--name", help="file name stem inside the directory (default: the command)")
     g.add_argument("--quiet", action="store_true",
-                   help="no progress bar and no header; the table and headline still print")
-    _json_flag(g)
+                   help="no progress and no header; the table and headline still print")
+    progress_flag(g)
+    json_flag(g)
 
 
 def _workload(args):
@@ -256,19 +224,24 @@ def _workload(args):
                          f"most {n:,} clusters")
     chosen = bench.select(args.backends, include_torch=args.include_torch)
     bench.check_specs(chosen.specs)  # ValueError: a usage error
+    largest = {key: getattr(w, key) for key in ("n", "d", "k")}
+    largest["n"] = n
+    if getattr(args, "vary", None):  # a sweep: its largest value
+        largest[args.vary] = max(args.values)
+    _check_memory(args, args.command, **largest, dtype=w.dtype, data=w.data)
     return w, chosen
 
 
 def _finish(args, result, plots):
     """The text, the results folder (said at the end), the JSON on stdout with --json."""
     from kmeans_xp.tools.bench import output
-    _show(args, output.report_text(result, header=not args.quiet))
+    show(args, output.report_text(result, header=not args.quiet))
     if not args.no_save:
         folder = output.results_dir(args.out)
         written, skipped = output.save_result(result, folder, args.name or args.command, plots)
         if skipped:
             print(f"kmeans-xp: charts skipped: {skipped}", file=sys.stderr)
-        _show(args, f"results: {folder}{os.sep} ({', '.join(written)})")
+        show(args, f"results: {folder}{os.sep} ({', '.join(written)})")
     if args.json:
         print(output.to_json(result), end="", flush=True)
     if not any(r["status"] == "ok" for r in result["rows"]):
@@ -277,11 +250,19 @@ def _finish(args, result, plots):
     return 0
 
 
-def _header(args, command, w, chosen):
+def _header(args, command, w, chosen, vary=None, values=()):
+    """The command, the workload (a swept size as its values) and the rows."""
     rows = ", ".join(chosen.specs) + (", seed-reference" if args.include_seed else "")
-    n = f"{w.n:,}" if w.n else "all"
-    _say(args, f"kmeans-xp {__version__} {command}: n={n} d={w.d} k={w.k} "
-               f"iters={w.iters} {w.dtype}; rows: {rows}")
+    size = {"n": f"{w.n:,}" if w.n else "all", "d": str(w.d), "k": str(w.k)}
+    if vary:
+        size[vary] = ",".join(f"{v:,}" for v in values)
+    say(args, f"kmeans-xp {__version__} {command}: "
+               + " ".join(f"{key}={v}" for key, v in size.items())
+               + f" iters={w.iters} {w.dtype}; rows: {rows}")
+
+
+def _progress(args):
+    return not (args.quiet or args.no_progress)
 
 
 def cmd_compare(args):
@@ -290,17 +271,17 @@ def cmd_compare(args):
     _header(args, "compare", w, chosen)
     result = bench.compare(args.backends, w, include_seed=args.include_seed,
                            seed_device=args.seed_device, include_torch=args.include_torch,
-                           progress=not args.quiet)
+                           progress=_progress(args))
     return _finish(args, result, plot.charts_for("compare"))
 
 
 def cmd_sweep(args):
     from kmeans_xp.tools import bench, plot
     w, chosen = _workload(args)
-    _header(args, f"sweep over {args.vary} = {args.values}", w, chosen)
+    _header(args, f"sweep over {args.vary}", w, chosen, args.vary, args.values)
     result = bench.sweep(args.vary, args.values, args.backends, w,
                          include_seed=args.include_seed, seed_device=args.seed_device,
-                         include_torch=args.include_torch, progress=not args.quiet)
+                         include_torch=args.include_torch, progress=_progress(args))
     return _finish(args, result, plot.charts_for("sweep"))
 
 
@@ -310,8 +291,9 @@ def _add_compare(sub):
     _add_protocol_args(p)
     p.set_defaults(func=cmd_compare)
     p = sub.add_parser("sweep", help="the compare protocol over a range of n, k or d")
-    p.add_argument("--vary", required=True, choices=["n", "k", "d"])
-    p.add_argument("--values", required=True, type=_sizes,
+    p.add_argument("--vary", required=True, choices=["n", "k", "d"],
+                   help="the size that takes each of --values (the others stay as given)")
+    p.add_argument("--values", required=True, type=size_list,
                    help="comma-separated values, e.g. 100k,1M,10M")
     _add_protocol_args(p)
     p.set_defaults(func=cmd_sweep)
@@ -339,13 +321,17 @@ def _add_plot_clusters(sub):
                                              "centers marked (from a fit or a saved .npz)")
     p.add_argument("--from", dest="source", type=Path,
                    help="a saved result .npz with X, labels, centers (no fit is run)")
-    p.add_argument("--n", type=parse_size, default=200_000)
-    p.add_argument("--d", type=parse_size, default=3)
-    p.add_argument("--k", type=parse_size, default=200)
-    p.add_argument("--iters", type=parse_size, default=20)
-    p.add_argument("--data", type=_data, default="seed", help="'seed', 'blobs' or PATH.npy")
-    p.add_argument("--backend", default="auto")
-    p.add_argument("--seed", type=_count, default=0)
+    p.add_argument("--n", type=parse_size, default=200_000, help="points (200k)")
+    p.add_argument("--d", type=parse_size, default=3, help="features (3)")
+    p.add_argument("--k", type=parse_size, default=200, help="clusters (200)")
+    p.add_argument("--iters", type=parse_size, default=20, help="max Lloyd iterations (20)")
+    p.add_argument("--data", type=data_option, default="seed", help="'seed', 'blobs' or PATH.npy")
+    p.add_argument("--backend", default="auto",
+                   help="backend name (see `kmeans-xp backends`) or 'auto'")
+    p.add_argument("--max-memory", type=memory_option, default="auto",
+                   help="working-memory bound of the fit, e.g. 2GB (auto)")
+    p.add_argument("--seed", type=count, default=0,
+                   help="random seed for data, init and the drawn subsample (0)")
     p.add_argument("--max-points", type=parse_size, default=60_000,
                    help="points drawn (a uniform subsample; default 60k)")
     p.add_argument("--features", default="0,1", help="the two features on the axes (0,1)")
@@ -356,22 +342,36 @@ def _add_plot_clusters(sub):
 
 def _fresh_fit(args):
     from kmeans_xp import KMeans
-    from kmeans_xp.tools.bench import Workload, make_data
     from kmeans_xp.contract.namespaces import to_numpy
-    _check_backend(args.backend)
+    from kmeans_xp.tools.bench import Workload, data_shape, make_data
+    check_backend(args.backend)
+    w = Workload(n=args.n, d=args.d, k=args.k, data=args.data, seed=args.seed)
     try:
-        X = make_data(Workload(n=args.n, d=args.d, k=args.k, data=args.data, seed=args.seed))
+        n, d = data_shape(w)
     except (OSError, ValueError) as exc:
         raise Failure(str(exc)) from None
+    _check_memory(args, "plot-clusters", n, d, args.k, w.dtype, data=args.data,
+                  backend=args.backend)
+    X = make_data(w)
     km = KMeans(args.k, n_init=1, max_iter=args.iters, random_state=args.seed,
-                backend=args.backend).fit(X)
+                backend=args.backend, max_memory=args.max_memory).fit(X)
     print(f"fit: {km.backend_}, n={len(X):,} k={args.k}, {km.n_iter_} iterations, "
           f"inertia {km.inertia_:.6g}")
     return X, to_numpy(km.labels_), to_numpy(km.cluster_centers_)
 
 
 def cmd_plot_clusters(args):
-    from kmeans_xp.tools.plot import PlotUnavailable, load_clusters, parse_features, plot_clusters
+    from kmeans_xp.tools.plot import (
+        PlotUnavailable,
+        load_clusters,
+        parse_features,
+        plot_clusters,
+        require_matplotlib,
+    )
+    try:  # before the fit: a picture that cannot be drawn is not worth a fit
+        require_matplotlib()
+    except PlotUnavailable as exc:
+        raise Failure(str(exc)) from None
     X, labels, centers = load_clusters(args.source) if args.source else _fresh_fit(args)
     features = parse_features(args.features, X.shape[1])  # ValueError: a usage error
     if args.save:
@@ -400,7 +400,7 @@ def build_parser():
     _add_plot_clusters(sub)
     _add_run(sub)
     p = sub.add_parser("backends", help="list backends and whether they are installed")
-    _json_flag(p)
+    json_flag(p)
     p.set_defaults(func=cmd_backends)
     return parser
 
@@ -408,12 +408,13 @@ def build_parser():
 def _exit_status(exc) -> int | None:
     """2 for usage errors, 1 for failures, None for what is a bug (shown as a traceback)."""
     from kmeans_xp.contract.memory import KMeansMemoryError
-    from kmeans_xp.tools.plot import PlotUnavailable
     from kmeans_xp.contract.registry import BackendNotAvailableError
-    if isinstance(exc, UsageError):
+    from kmeans_xp.tools.plot import PlotUnavailable
+    from kmeans_xp.tools.preflight import TooLarge
+    if isinstance(exc, (UsageError, TooLarge)):
         return 2
     if isinstance(exc, (Failure, BackendNotAvailableError, KMeansMemoryError, OSError,
-                        PlotUnavailable)):
+                        PlotUnavailable, MemoryError)):  # (a MemoryError the check missed)
         return 1
     if isinstance(exc, ValueError):  # kmeans_xp's checks of what the arguments asked for
         return 2

@@ -18,13 +18,19 @@ class PlotUnavailable(ImportError):
     """matplotlib is missing; the message says what to install."""
 
 
-def _figure(**kw):
+def require_matplotlib():
+    """matplotlib's Figure class; PlotUnavailable (saying what to install) without it. A
+    command calls it before the work its picture shows."""
     try:
         from matplotlib.figure import Figure
     except ImportError as exc:
         raise PlotUnavailable("matplotlib is not installed, so no PNG plots: "
                               "pip install 'kmeans_xp[plot]' (or matplotlib)") from exc
-    return Figure(**kw)
+    return Figure
+
+
+def _figure(**kw):
+    return require_matplotlib()(**kw)
 
 
 def _save(fig, path):
@@ -55,8 +61,23 @@ def _bar_colors(rows):
     return out
 
 
-def plot_time(result, path):
-    """Bar chart of time per Lloyd iteration (log scale), speed-ups written on the bars."""
+#: the time chart is linear while its slowest bar is at most this many times its fastest (a
+#: 1.3x gap is then seen as one); beyond, log, each bar labelled with its ratio
+LINEAR_MAX_RATIO = 30
+
+
+def time_scale(heights) -> str:
+    """"linear" or "log" for the time chart's bars (`LINEAR_MAX_RATIO`)."""
+    drawn = [h for h in heights if h > 0]
+    if not drawn or max(drawn) <= LINEAR_MAX_RATIO * min(drawn):
+        return "linear"
+    return "log"
+
+
+def time_figure(result):
+    """The time chart as a matplotlib Figure: time per Lloyd iteration per row, each bar
+    labelled with its time and its ratio to the baseline (the fastest CPU row); a linear
+    axis from 0 unless the bars span more than LINEAR_MAX_RATIO (then log)."""
     rows = result["rows"]
     fig = _figure(figsize=(max(6, 1.1 * len(rows) + 2), 4.8))
     ax = fig.add_subplot()
@@ -64,22 +85,34 @@ def plot_time(result, path):
     ok = [r["status"] == "ok" for r in rows]
     heights = [1e3 * r["time_per_iter_s"] if o else 0 for r, o in zip(rows, ok)]
     ax.bar(x, [h if h > 0 else np.nan for h in heights], color=_bar_colors(rows))
-    ax.set_yscale("log")
+    scale = time_scale(heights)
     top = max([h for h in heights if h > 0], default=1.0)
     low = min([h for h in heights if h > 0], default=1.0)
-    ax.set_ylim(low / 4, top * 6)
+    if scale == "log":
+        ax.set_yscale("log")
+        ax.set_ylim(low / 4, top * 6)
+        failed_y = low / 3
+    else:
+        ax.set_ylim(0, top * 1.25)
+        failed_y = top * 0.02
     for xi, r, h in zip(x, rows, heights):
         if h > 0:
             speed = f"\n{_speedup(r['speedup'])}" if r.get("speedup") else ""
-            ax.text(xi, h * 1.08, f"{_ms(h)}{speed}", ha="center", va="bottom", fontsize=8)
+            y = h * 1.08 if scale == "log" else h + top * 0.02
+            ax.text(xi, y, f"{_ms(h)}{speed}", ha="center", va="bottom", fontsize=8)
         else:
-            ax.text(xi, low / 3, _STATUS_TEXT.get(r["status"], r["status"]), ha="center",
+            ax.text(xi, failed_y, _STATUS_TEXT.get(r["status"], r["status"]), ha="center",
                     va="bottom", fontsize=8, color="#b00020")
     ax.set_xticks(x, [r["name"] for r in rows], rotation=30, ha="right", fontsize=8)
-    ax.set_ylabel("time per Lloyd iteration (ms, log)")
+    ax.set_ylabel("time per Lloyd iteration (ms" + (", log" if scale == "log" else "") + ")")
     ax.set_title(_title(result) + "\n" + _speedup_caption(result), fontsize=8)
     ax.grid(axis="y", which="both", alpha=0.3)
-    return _save(fig, path)
+    return fig
+
+
+def plot_time(result, path):
+    """The time chart (`time_figure`) as a PNG at `path`."""
+    return _save(time_figure(result), path)
 
 
 def _speedup_caption(result):
@@ -94,6 +127,7 @@ def _speedup_caption(result):
 
 
 def _speedup(x):
+    """A bar's ratio to the baseline: "1.30x" (two decimals below 10x, where they matter)."""
     return f"{x:.2f}x" if x < 10 else f"{x:.0f}x"
 
 

@@ -9,7 +9,8 @@ The protocol, the same for every row:
 - a warm-up fit per row first: kernel compilation and pool growth are not the fit;
 - the device synchronised before every clock read;
 - the host-to-device copy timed apart from the fit (`transfer`), and end to end as well;
-- the median of `repeats` timed fits.
+- the median of `repeats` timed fits, their min and max beside it, and a warning when they
+  say the machine was busy (`spread`).
 A row that is not installed, runs out of memory, or fails is a row with a status and the
 message, never a crash of the whole comparison. Label agreement is computed against the numpy
 backend's labels from the same init; speed-ups over the fastest CPU row (`summary`) and over
@@ -18,11 +19,11 @@ numpy. `selection` says which rows run by default and which it leaves out.
 from __future__ import annotations
 
 import dataclasses
-import sys
 
 import numpy as np
 
 from kmeans_xp.tools.bench.machine import machine_info
+from kmeans_xp.tools.bench.progress import progress_for
 from kmeans_xp.tools.bench.protocol import measure
 from kmeans_xp.tools.bench.report import SCHEMA, row_dict
 from kmeans_xp.tools.bench.selection import make_entries, select
@@ -37,7 +38,8 @@ def compare(backends="default", workload=None, *, include_seed=False, seed_devic
 
     backends: a spec string (`selection`: "default", "all", names, "default,array-api") or a
     list of row specs; workload: a `Workload` (or its fields as keyword arguments); X: host
-    data to use instead of generating it; progress: a tqdm bar on stderr (when installed)."""
+    data to use instead of generating it; progress: on stderr, a tqdm bar at a terminal and a
+    line per fit elsewhere (`progress`)."""
     w = workload or Workload(**workload_args)
     X = make_data(w) if X is None else np.ascontiguousarray(X, dtype=w.dtype)
     if X.ndim != 2 or len(X) < w.k:
@@ -49,7 +51,7 @@ def compare(backends="default", workload=None, *, include_seed=False, seed_devic
         select(",".join(backends))
     entries = _numpy_first(make_entries(chosen.specs, w, include_seed=include_seed,
                                         seed_device=seed_device, include_torch=include_torch))
-    bar = _progress_bar(sum(1 + w.repeats_for(e.device) for e in entries), progress)
+    bar = progress_for(sum(1 + w.repeats_for(e.device) for e in entries), progress)
     try:
         rows = [row_dict(r) for r in _measure_all(entries, X, C, w, bar)]
     finally:
@@ -121,19 +123,15 @@ def sweep(vary, values, backends="default", workload=None, *, include_seed=False
         for row in res["rows"]:
             rows.append({"value": int(value), **row})
         runs.append(res)
+    # each value has its own baseline (the fastest CPU row there): no single one at the top
     return {"schema": SCHEMA, "kind": "sweep", "vary": vary, "values": [int(v) for v in values],
-            "inputs": runs[0]["inputs"] if runs else {}, "machine": machine_info(),
-            "skipped": runs[0]["skipped"] if runs else [], "rows": rows,
+            "inputs": _swept(runs[0]["inputs"], vary, values) if runs else {},
+            "machine": machine_info(), "skipped": runs[0]["skipped"] if runs else [],
+            "baselines": {str(int(v)): r["baseline"] for v, r in zip(values, runs)},
+            "rows": rows,
             "runs": [{"inputs": r["inputs"], "baseline": r["baseline"]} for r in runs]}
 
 
-def _progress_bar(total, enabled):
-    """A tqdm bar on stderr at a terminal; None when disabled, not a terminal, or tqdm is
-    missing (stdout stays the table's, or the JSON's with --json)."""
-    if not enabled or not sys.stderr.isatty():
-        return None
-    try:
-        from tqdm.auto import tqdm
-    except ImportError:
-        return None
-    return tqdm(total=total, unit="fit", leave=False, file=sys.stderr)
+def _swept(inputs, vary, values):
+    """A sweep's inputs: the varied size is the list of its values, not the first one."""
+    return {**inputs, vary: [int(v) for v in values]}

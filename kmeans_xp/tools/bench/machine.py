@@ -14,6 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
+from kmeans_xp.contract.host_memory import host_memory
+
 _CPU_NAME = None
 
 
@@ -97,12 +99,17 @@ def gpu_info() -> list:
     return out
 
 
-_VERSIONED = ("kmeans_xp", "numpy", "array-api-compat", "array-api-strict", "cupy",
-              "cupy-cuda12x", "cupy-cuda13x", "torch", "dask", "distributed", "scikit-learn",
-              "threadpoolctl", "matplotlib")
+#: distributions whose versions a result records when installed: ours, every library a row
+#: or a backend runs on (numba and its llvmlite, faiss under each of its wheel names, scikit-
+#: learn, CuPy, torch, dask), and what measures or draws (threadpoolctl, psutil, matplotlib)
+_VERSIONED = ("kmeans_xp", "numpy", "scipy", "array-api-compat", "array-api-strict", "numba",
+              "llvmlite", "cupy", "cupy-cuda12x", "cupy-cuda13x", "torch", "dask",
+              "distributed", "scikit-learn", "faiss-cpu", "faiss-gpu", "faiss-gpu-cu12",
+              "faiss", "threadpoolctl", "psutil", "tqdm", "matplotlib")
 
 
 def library_versions() -> dict:
+    """{"python": ..., distribution: version} for each of `_VERSIONED` that is installed."""
     from importlib.metadata import PackageNotFoundError, version
     out = {"python": platform.python_version()}
     for dist in _VERSIONED:
@@ -132,14 +139,11 @@ def machine_info() -> dict:
         usable = len(os.sched_getaffinity(0))
     except AttributeError:
         usable = os.cpu_count()
-    mem_total = None
-    try:
-        mem_total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        pass
+    mem = host_memory()
     return {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "platform": platform.platform(),
             "cpu": {"model": cpu_model(), "logical_cores": os.cpu_count(),
                     "usable_cores": usable},
-            "host_memory_bytes": mem_total, "blas": blas_info(), "gpus": gpu_info(),
+            "host_memory_bytes": mem.total, "host_memory_available_bytes": mem.available,
+            "host_memory_source": mem.source, "blas": blas_info(), "gpus": gpu_info(),
             "versions": library_versions(), "kmeans_xp_commit": _git_commit()}

@@ -13,6 +13,7 @@ from datetime import datetime
 from pathlib import Path
 
 from kmeans_xp.tools.bench.report import describe, format_table
+from kmeans_xp.tools.bench.spread import spread_warning, warmup_text
 from kmeans_xp.tools.bench.summary import headline, no_gpu_note, skipped_text
 
 RESULTS_ROOT = Path("kmeans_xp_results")
@@ -53,16 +54,19 @@ def save_result(result, folder, stem, plots=()):
 
 def wrap(text, width=100) -> str:
     """Each line wrapped to `width`, continuation lines indented."""
-    return "\n".join(textwrap.fill(line, width, subsequent_indent="    ")
+    return "\n".join(textwrap.fill(line, width, subsequent_indent="    ",
+                                   break_on_hyphens=False)
                      for line in text.splitlines())
 
 
 def report_text(result, *, header=True) -> str:
-    """What a person reads: the machine line (header), the table, and for a comparison the
-    headline, the no-GPU note and the rows not run."""
+    """What a person reads: the machine line (header), the table, for a comparison the
+    headline, then the warm-up costs, the busy-machine warning, the no-GPU note and the rows
+    not run."""
     parts = [describe(result)] if header and result.get("kind") == "compare" else []
     parts.append(format_table(result))
-    notes = [no_gpu_note(result), skipped_text(result)]
+    notes = [warmup_text(result), spread_warning(result), no_gpu_note(result),
+             skipped_text(result)]
     if result.get("kind") == "compare":
         notes.insert(0, headline(result))
     parts += [wrap(text) for text in notes if text]

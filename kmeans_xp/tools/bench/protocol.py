@@ -1,10 +1,11 @@
 """The comparison protocol: an entry's clocking (`Entry.run`) and one row (`measure`).
 
-For every row: a warm-up fit first (kernel compilation and pool growth are not the fit); the
-device synchronised before every clock read; the host-to-device copy timed apart from the fit
-(`transfer`), and end to end as well; the median of `repeats` timed fits; peaks measured where
-a library can measure them. A row that is not installed, runs out of memory, or fails is a row
-with a status and the message, never a crash of the whole comparison.
+For every row: a warm-up fit first (kernel compilation and pool growth are not the fit; its
+one-time cost is kept apart, `spread.one_time_cost`); the device synchronised before every
+clock read; the host-to-device copy timed apart from the fit (`transfer`), and end to end as
+well; the median of `repeats` timed fits, their min and max beside it (`spread`); peaks
+measured where a library can measure them. A row that is not installed, runs out of memory,
+or fails is a row with a status and the message, never a crash of the whole comparison.
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ import numpy as np
 
 from kmeans_xp.contract.namespaces import to_numpy
 from kmeans_xp.tools.bench.machine import device_name
+from kmeans_xp.tools.bench.spread import one_time_cost, spread
 
 
 class Unavailable(Exception):
@@ -63,6 +65,11 @@ class Row:
     speedup: float | None = None           # over the fastest CPU row (result["baseline"])
     speedup_vs_numpy: float | None = None
     times_per_iter_s: list = dataclasses.field(default_factory=list)  # every timed repeat
+    time_per_iter_min_s: float | None = None
+    time_per_iter_max_s: float | None = None
+    spread: float | None = None            # slowest / fastest repeat (`spread.BUSY_SPREAD`)
+    warmup_s: float | None = None          # the untimed warm-up fit, wall clock
+    one_time_s: float | None = None        # what the warm-up took beyond a warm fit
 
     @property
     def ok(self):
@@ -169,13 +176,21 @@ def measure(entry, X, C, w, progress=None) -> Row:
     try:
         _prepare(row, entry, w)
         _tick(progress, f"{entry.name}: warm-up")
+        warm = None
         if w.warmup_iters > 0:
-            entry.run(X, C, min(w.warmup_iters, w.iters))
+            t0 = time.perf_counter()
+            warm_iters = entry.run(X, C, min(w.warmup_iters, w.iters)).n_iter
+            warm = (time.perf_counter() - t0, warm_iters)
         runs, repeats = [], w.repeats_for(entry.device)
         for r in range(repeats):
             _tick(progress, f"{entry.name}: run {r + 1}/{repeats}")
             runs.append(entry.run(X, C, w.iters))
         _summarise(row, runs, entry, w)
+        if warm is not None:
+            row.warmup_s = warm[0]
+            row.one_time_s = one_time_cost(*warm, {"end_to_end_s": row.end_to_end_s,
+                                                   "time_per_iter_s": row.time_per_iter_s,
+                                                   "n_iter": row.n_iter})
         row.labels = runs[-1].labels
     except Unavailable as exc:
         row.status, row.message = "unavailable", str(exc)
@@ -205,7 +220,10 @@ def _summarise(row, runs, entry, w):
     per_iter = [m.lloyd_s / max(m.n_iter, 1) for m in runs]
     row.n_iter = last.n_iter
     row.times_per_iter_s = per_iter
-    row.time_per_iter_s = _median(per_iter)
+    times = spread(per_iter)
+    row.time_per_iter_s = times["median"]
+    row.time_per_iter_min_s, row.time_per_iter_max_s = times["min"], times["max"]
+    row.spread = times["ratio"]
     row.pairs_per_s = w.pairs(1) / row.time_per_iter_s if row.time_per_iter_s else None
     row.fit_s = _median([m.fit_s for m in runs])
     row.end_to_end_s = _median([m.end_to_end_s for m in runs])

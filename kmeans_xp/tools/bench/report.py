@@ -9,11 +9,14 @@ import dataclasses
 
 from kmeans_xp.contract.memory import format_bytes
 from kmeans_xp.tools.bench.protocol import Row
+from kmeans_xp.tools.bench.spread import is_busy
 from kmeans_xp.tools.bench.summary import fmt_speedup, speedup_label
 
 #: /2: "speedup" is over the fastest CPU row (top-level "baseline"), no longer the slowest;
-#: rows carry "library" and "timed"; the result carries "skipped"
-SCHEMA = "kmeans_xp.bench/2"
+#: rows carry "library" and "timed"; the result carries "skipped".
+#: /3: rows carry the repeats' min, max and "spread", and the warm-up's "warmup_s" and
+#: "one_time_s"; a sweep carries "baselines" (value -> its run's baseline)
+SCHEMA = "kmeans_xp.bench/3"
 
 
 def row_dict(row: Row) -> dict:
@@ -22,7 +25,7 @@ def row_dict(row: Row) -> dict:
     return d
 
 
-_COLUMNS = ("backend", "device", "ms/iter", "pairs/s", "e2e s", "copy s", "peak memory",
+_COLUMNS = ("backend", "device", "ms/iter", "min-max", "pairs/s", "e2e s", "copy s", "peak memory",
             "inertia", "agree")
 
 
@@ -35,9 +38,18 @@ def _fmt_row(r: dict) -> list:
             " (est)" if r["memory_source"].startswith("estimate") else "")
     agree = "-" if r["agreement"] is None else f"{r['agreement']:.4f}"
     speed = "-" if r["speedup"] is None else fmt_speedup(r["speedup"])
-    return [r["name"], r["device"], f"{1e3 * r['time_per_iter_s']:.3f}",
+    return [r["name"], r["device"], f"{1e3 * r['time_per_iter_s']:.3f}", _range(r),
             f"{r['pairs_per_s']:.3g}", f"{r['end_to_end_s']:.3f}", f"{r['transfer_s']:.3f}",
             mem, f"{r['inertia']:.6g}", agree, speed]
+
+
+def _range(r) -> str:
+    """The repeats' fastest-slowest in ms, "!" after it when they say the machine was busy
+    (`spread.BUSY_SPREAD`); "-" for one repeat (or a result of schema 2)."""
+    if r.get("spread") is None:
+        return "-"
+    return (f"{1e3 * r['time_per_iter_min_s']:.3f}-{1e3 * r['time_per_iter_max_s']:.3f}"
+            + (" !" if is_busy(r) else ""))
 
 
 def _short(text, width=100):

@@ -150,7 +150,11 @@ class SeedEntry(Entry):
         self.cap = None if cap == "auto" else cap
         if self.device == "cpu" and self.cap is None:
             # never let the host swap or meet the OOM killer: refuse as a card of that size would
-            self.cap = int(host_available_memory() * 0.8)
+            free = host_available_memory()
+            if free is None:
+                raise Unavailable("free host memory is unknown here (pip install psutil); "
+                                  "give --max-memory to cap the seed's row")
+            self.cap = int(free * 0.8)
 
     def sync(self):
         if self.device == "gpu":

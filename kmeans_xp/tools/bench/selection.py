@@ -15,6 +15,7 @@ A spec string is a comma-separated list of those and of two sets:
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import importlib.util
 
 from kmeans_xp.tools.bench.entries import BackendEntry
@@ -128,13 +129,26 @@ def unknown_specs(specs) -> list:
 
 
 def check_specs(specs):
-    """ValueError naming the unknown specs and what is known, if any spec is unknown."""
+    """ValueError naming the unknown specs (each with the close known names: did you mean)
+    and what is known, if any spec is unknown."""
     from kmeans_xp.contract.registry import list_backends
     unknown = unknown_specs(specs)
     if unknown:
-        raise ValueError(f"--backends: unknown {', '.join(map(repr, unknown))}; known: "
-                         f"{', '.join([*list_backends(), *REFERENCES])}, 'default', 'all', "
-                         f"NAME@numpy|cupy|torch|array_api_strict|dask.array")
+        known = [*list_backends(), *REFERENCES, *ALIASES, *SETS]
+        raise ValueError(f"--backends: unknown {', '.join(map(_with_guess(known), unknown))}; "
+                         f"known: {', '.join([*list_backends(), *REFERENCES])}, 'default', "
+                         f"'all', NAME@numpy|cupy|torch|array_api_strict|dask.array")
+
+
+def _with_guess(known):
+    """spec -> "'spec'" or "'spec' (did you mean 'numpy'?)": the closest known names."""
+    def said(spec):
+        name, at, ns = spec.partition("@")
+        close = difflib.get_close_matches(name.lower(), known, n=2, cutoff=0.6)
+        guesses = [c + at + ns for c in close]
+        return repr(spec) + (f" (did you mean {' or '.join(map(repr, guesses))}?)"
+                             if guesses else "")
+    return said
 
 
 def make_entries(specs, w: Workload, *, include_seed=False, seed_device="auto",

@@ -42,11 +42,16 @@ def fmt_speedup(x) -> str:
     return f"{x:.2f}x" if x < 10 else (f"{x:.1f}x" if x < 100 else f"{x:.0f}x")
 
 
+def baseline_names(result) -> list:
+    """The baselines' names: a compare's one, or those of a sweep's values (in order, once)."""
+    bases = [run.get("baseline") for run in result.get("runs", [])] or [result.get("baseline")]
+    return list(dict.fromkeys(b["name"] for b in bases if b))
+
+
 def speedup_label(result) -> str:
     """The speed-up column's header: "x vs scikit-learn" (or "x vs best CPU" when a sweep's
     runs had different baselines, "x vs -" with none)."""
-    bases = [run.get("baseline") for run in result.get("runs", [])] or [result.get("baseline")]
-    names = {b["name"] for b in bases if b}
+    names = set(baseline_names(result))
     return f"x vs {names.pop()}" if len(names) == 1 else (
         "x vs best CPU" if names else "x vs -")
 
@@ -91,7 +96,7 @@ def no_gpu_note(result) -> str:
     """Said when no GPU row ran: which were skipped, how to get them, what speed-ups mean."""
     if any(r["device"] == "gpu" for r in ok_rows(result["rows"])):
         return ""
-    base = result.get("baseline")
+    names = baseline_names(result)
     gpu = [s for s in result.get("skipped", []) if s.get("gpu")]
     gpu_rows = [r for r in result["rows"] if r["device"] == "gpu"]
     text = "No GPU row ran"
@@ -100,9 +105,12 @@ def no_gpu_note(result) -> str:
             [f"{s['name']}: {s['reason']}" + (f"; to add: {s['how']}" if s["how"] else "")
              for s in _grouped(gpu)]
             + [f"{r['name']}: {r['status']}" for r in gpu_rows]) + ")"
-    if base is None:
+    if not names:
         return text + ", nor any CPU row: no speed-up."
-    return text + (f". Every speed-up here is CPU against CPU, over {base['name']}, the "
+    if result.get("kind") == "sweep":
+        return text + (f". Every speed-up here is CPU against CPU, over the fastest CPU row "
+                       f"at each {result.get('vary', 'value')} ({', '.join(names)}).")
+    return text + (f". Every speed-up here is CPU against CPU, over {names[0]}, the "
                    f"fastest CPU row.")
 
 
