@@ -37,7 +37,6 @@ import json
 import os
 import re
 import shlex
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -52,8 +51,6 @@ CPU_WORKLOADS = {
 }
 #: --size tiny: seconds on any machine, for the test that keeps this script alive
 TINY_WORKLOADS = {"T1": dict(n=3_000, d=3, k=8), "T5": dict(n=1_000, d=16, k=8)}
-#: a repeat this far (max - min over median) from the others marks a busy machine
-BUSY_SPREAD = 0.10
 
 
 def bench_module():
@@ -113,12 +110,24 @@ def plan(args, bench, has_gpu):
     return out
 
 
-def spread(row):
-    """(max - min) / median of the repeats' times per iteration, or None with one repeat."""
+def busy_spread():
+    """The comparison's own rule (`kmeans_xp.tools.bench.spread.BUSY_SPREAD`: slowest over
+    fastest repeat), or its value where the code timed predates it."""
+    try:
+        from kmeans_xp.tools.bench.spread import BUSY_SPREAD
+    except ImportError:
+        return 1.5
+    return BUSY_SPREAD
+
+
+def spread_text(row):
+    """The repeats' min-max per iteration (ms), marked `busy?` by the comparison's rule, or
+    "-" with one repeat."""
     times = row.get("times_per_iter_s") or []
     if len(times) < 2:
-        return None
-    return (max(times) - min(times)) / statistics.median(times)
+        return "-"
+    lo, hi = min(times), max(times)
+    return f"{lo * 1e3:.2f}-{hi * 1e3:.2f}" + (" busy?" if hi > busy_spread() * lo else "")
 
 
 def _ms(seconds):
@@ -133,8 +142,7 @@ def row_line(row):
     if row["status"] != "ok":
         msg = " ".join(str(row["message"]).split())[:90].replace("|", "/")
         return f"| {row['name']} | {row['device']} | {row['status']}: {msg} | | | | | | |"
-    sp = spread(row)
-    sp_txt = "-" if sp is None else f"{100 * sp:.1f}%" + (" busy?" if sp > BUSY_SPREAD else "")
+    sp_txt = spread_text(row)
     agree = "-" if row.get("agreement") is None else f"{row['agreement']:.4f}"
     speed = "-" if row.get("speedup") is None else f"{row['speedup']:.2f}x"
     return (f"| {row['name']} | {row['device']} | {_ms(row['time_per_iter_s'])} | {sp_txt} | "
@@ -192,9 +200,9 @@ def results_markdown(kind, command, sections, machine, wall_s):
              "Rewritten by the benchmark command each time it runs on this kind of machine; "
              "earlier figures are in git's history. Every row of a workload starts from the "
              "same centers and runs the same iterations (`kmeans_xp.tools.bench.compare`). "
-             "ms/iter: Lloyd time over iterations, the final labelling pass included; spread: "
-             "(max - min) / median over the timed repeats (`busy?` past "
-             f"{100 * BUSY_SPREAD:.0f}%); whole fit: the `fit` call on data in place; from "
+             "ms/iter: Lloyd time over iterations (median), the final labelling pass included; "
+             "spread: fastest-slowest of the timed repeats (`busy?` where the slowest took "
+             f"more than {busy_spread()}x the fastest); whole fit: the `fit` call on data in place; from "
              "host: copy in, fit, results back.",
              "",
              "Reproduce:",
