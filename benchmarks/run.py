@@ -194,7 +194,18 @@ def machine_lines(machine):
             f"- kmeans_xp commit: {machine.get('kmeans_xp_commit') or 'unknown'}"]
 
 
-def results_markdown(kind, command, sections, machine, wall_s):
+def results_markdown(kind, command, sections, machine, wall_s, path=None):
+    """The results file: the header (how to read it, the machine, the versions) and one
+    section per workload. Sections of workloads this run did not time stay as they were in
+    the file at `path`, each with its own stamp (when, by which command), so a run of one
+    workload updates its section and leaves the others' figures."""
+    stamp = (f"Measured {machine['date']} in {wall_s / 60:.1f} min by `{command}` "
+             f"(commit {machine.get('kmeans_xp_commit') or 'unknown'}).")
+    fresh = {}
+    for section in sections:
+        name = section_name(section[0])
+        fresh[name] = section[:2] + [stamp, ""] + section[2:]
+    kept = {name: lines for name, lines in read_sections(path).items() if name not in fresh}
     lines = [f"# Benchmark results: {kind}",
              "",
              "Rewritten by the benchmark command each time it runs on this kind of machine; "
@@ -202,20 +213,47 @@ def results_markdown(kind, command, sections, machine, wall_s):
              "same centers and runs the same iterations (`kmeans_xp.tools.bench.compare`). "
              "ms/iter: Lloyd time over iterations (median), the final labelling pass included; "
              "spread: fastest-slowest of the timed repeats (`busy?` where the slowest took "
-             f"more than {busy_spread()}x the fastest); whole fit: the `fit` call on data in place; from "
-             "host: copy in, fit, results back.",
+             f"more than {busy_spread()}x the fastest); whole fit: the `fit` call on data in "
+             "place; from host: copy in, fit, results back. Each section says when and by "
+             "which command it was measured; the machine below is the latest run's.",
              "",
-             "Reproduce:",
+             "Reproduce every section:",
              "",
              "```",
-             command,
+             "python benchmarks/run.py --device all",
              "```",
-             "",
-             f"Measured {machine['date']} in {wall_s / 60:.1f} min.",
              ""] + machine_lines(machine) + [""]
-    for section in sections:
-        lines += section
+    for name in sorted(set(fresh) | set(kept), key=section_order):
+        lines += fresh.get(name) or kept[name]
     return "\n".join(lines).rstrip() + "\n"
+
+
+def section_name(header):
+    """"## W1: n=..." -> "W1"."""
+    return header[3:].split(":", 1)[0].strip()
+
+
+def section_order(name):
+    """Workloads in their table's order, then the rest by name."""
+    order = list(bench_module().WORKLOADS) if hasattr(bench_module(), "WORKLOADS") else []
+    order += list(CPU_WORKLOADS) + list(TINY_WORKLOADS)
+    return (order.index(name), "") if name in order else (len(order), name)
+
+
+def read_sections(path):
+    """{name: lines} of the "## NAME: ..." sections of an existing results file."""
+    if path is None or not Path(path).exists():
+        return {}
+    out, name = {}, None
+    for line in Path(path).read_text().splitlines():
+        if line.startswith("## "):
+            name = section_name(line)
+            out[name] = []
+        if name is not None:
+            out[name].append(line)
+    for lines in out.values():
+        lines.append("")
+    return out
 
 
 def compact_table(results):
@@ -385,7 +423,8 @@ def main(argv=None):
     if args.label:
         commit = machine.get("kmeans_xp_commit")
         machine["kmeans_xp_commit"] = f"{args.label} ({commit})" if commit else args.label
-    path.write_text(results_markdown(kind, the_command(argv), sections, machine, wall))
+    path.write_text(results_markdown(kind, the_command(argv), sections, machine, wall,
+                                      path))
     label = f"{args.label}, " if args.label else ""
     print(f"\n{kind}: ms per iteration; whole fit (s) on data in place and from host data; "
           f"{label}{where_code_is()}")

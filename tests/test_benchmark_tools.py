@@ -32,6 +32,7 @@ def test_benchmark_command_rewrites_one_results_file_per_kind(tmp_path):
     assert "python benchmarks/run.py --size tiny --repeats 2 --kind test-kind" in page
     assert str(tmp_path) not in page                 # the command says no private folder
     assert "kmeans_xp commit: this-code" in page and "WARNING" not in out
+    assert page.count("(commit this-code") == 2   # each section's stamp
     for name in ("T1", "T5"):
         assert f"## {name}: " in page
         assert json.loads((raw / "test-kind" / f"{name}.json").read_text())["rows"]
@@ -41,10 +42,13 @@ def test_benchmark_command_rewrites_one_results_file_per_kind(tmp_path):
     tail = out.split("ms per iteration; whole fit", 1)[1]
     assert "T1 ms/iter" in tail and "T5 ms/iter" in tail
     assert any(line.startswith("numpy ") for line in tail.splitlines())
-    # a second run rewrites the file instead of adding to it
+    # a run of one workload rewrites its section, stamped anew, and keeps the other's
+    before = page.split("## T5: ", 1)[1]
     run_tool(*args[:-4], "--workloads", "T1", "--results-dir", results, "--raw-dir", raw)
     page = (results / "test-kind.md").read_text()
-    assert "## T1: " in page and "## T5: " not in page
+    assert page.count("## T1: ") == 1 and page.split("## T5: ", 1)[1] == before
+    t1 = page.split("## T1: ", 1)[1].split("## T5: ", 1)[0]
+    assert "--workloads T1" in t1 and "this-code" not in t1
     assert sorted(p.name for p in results.iterdir()) == ["test-kind.md"]
 
 
