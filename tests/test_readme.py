@@ -1,11 +1,13 @@
-"""The README's test command is the one CI runs, and the Python blocks of the README and of
-docs/*.md run as pasted.
+"""The README's test command is the one CI runs, the Python blocks of the README and of
+docs/*.md run as pasted, and so do the gallery's scripts (examples/*.py: plot_* on a CPU,
+gpu_* in the GPU suite).
 
 A block runs unless the line before its fence says otherwise: `<!-- needs: gpu -->` (or a
 block that imports cupy or dask_cuda) runs only in the GPU suite; `<!-- not run: REASON -->`
 (a cluster, several GPUs) is only compiled. A page's blocks run in order in one fresh
 interpreter, in an empty folder, so a later block may use an earlier one's names.
 """
+import os
 import pathlib
 import re
 import subprocess
@@ -109,3 +111,35 @@ def test_doc_blocks_run_as_pasted(page, tmp_path):
 @pytest.mark.parametrize("page", _pages_with("gpu"), ids=lambda p: p.name)
 def test_doc_gpu_blocks_run_as_pasted(page, tmp_path):
     run_blocks(page, ("cpu", "gpu"), tmp_path)
+
+
+EXAMPLES = sorted((ROOT / "examples").glob("*.py"))
+
+
+def run_example(script, tmp_path):
+    env = {**os.environ, "MPLBACKEND": "Agg"}
+    run = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True,
+                         text=True, check=False, timeout=600, env=env)
+    assert run.returncode == 0, f"{script.name}:\n{run.stderr[-3000:]}"
+    assert run.stdout.strip(), f"{script.name} printed nothing"
+
+
+@pytest.mark.parametrize("script", [p for p in EXAMPLES if p.name.startswith("plot_")],
+                         ids=lambda p: p.name)
+def test_gallery_examples_run_as_pasted(script, tmp_path):
+    run_example(script, tmp_path)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("script", [p for p in EXAMPLES if p.name.startswith("gpu_")],
+                         ids=lambda p: p.name)
+def test_gallery_gpu_examples_run_as_pasted(script, tmp_path):
+    run_example(script, tmp_path)
+
+
+def test_every_example_is_a_cpu_or_gpu_example():
+    """docs/conf.py runs plot_* (and gpu_* with a GPU): any other name would never run."""
+    assert EXAMPLES
+    for script in EXAMPLES:
+        assert script.name.startswith(("plot_", "gpu_")), script.name
+        compile(script.read_text(), str(script), "exec")

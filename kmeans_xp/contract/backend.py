@@ -128,7 +128,7 @@ class Placement:
     #: True when work is queued (a GPU stream): the driver then issues the next iteration
     #: before it reads the last one's statistics, so the device never waits on the host
     asynchronous: ClassVar[bool] = False
-    #: max |X| measured by the last `to_backend` (None: not measured): input validated
+    #: max(abs(X)) measured by the last `to_backend` (None: not measured): input validated
     #: lazily (dask) is measured there, fused with its NaN/inf check, for the fit's rescale
     absmax = None
 

@@ -181,7 +181,7 @@ def driver_bytes(n_samples, n_features, n_clusters, itemsize, *, weighted=True,
 
 class Budget:
     """A fit's memory: `max_memory` in bytes, and the peak bytes measured per stage
-    (`report`, the estimator's memory_report_). It knows nothing of its backend: the free
+    (`report`, the estimator's `memory_report_`). It knows nothing of its backend: the free
     memory it takes a share of comes as a function (the placement's `free_memory`; None: the
     host's available memory, with "auto" capped at HOST_AUTO_CAP). Default: nothing
     measured; device backends measure their pool. The fit's memory check is the backend's

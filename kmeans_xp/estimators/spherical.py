@@ -82,7 +82,7 @@ default=None
         Lloyd iterations of the best run.
     n_features_in_ : int
         Number of features seen during fit.
-    feature_names_in_ : ndarray of shape (n_features_in_,)
+    feature_names_in_ : ndarray of shape (`n_features_in_`,)
         Column names of a DataFrame X, when they are all strings.
     backend_ : str
         The backend that ran the fit.
