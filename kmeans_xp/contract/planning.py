@@ -9,22 +9,23 @@ from __future__ import annotations
 import numbers
 
 from kmeans_xp.contract.memory import MemoryEstimate, accepted_options, compute_itemsize, driver_bytes
-from kmeans_xp.contract.registry import BUILTIN_BACKENDS, BackendNotAvailableError, get_backend, load_target
+from kmeans_xp.contract.backend import KMeansBackend
+from kmeans_xp.contract.registry import BUILTIN_BACKENDS, get_backend, get_backend_info, load_target
 
 
-def planning_class(name: str) -> type:
+def planning_class(name: str) -> type[KMeansBackend]:
     """The backend class `name` for planning: `get_backend(name)` where it is available;
     else a built-in's class when its module imports without the missing library."""
-    try:
-        return get_backend(name)
-    except BackendNotAvailableError as missing:
-        spec = BUILTIN_BACKENDS.get(name)
-        if spec is None:
-            raise
+    spec = BUILTIN_BACKENDS.get(name)
+    known = get_backend_info(name)
+    if spec is not None and known is not None and not known[0]:
+        # loaded directly: get_backend's error would list the installed backends, and so
+        # probe for a GPU (importing CuPy) only to be caught here
         try:
-            return load_target(spec.target)
+            return load_target(spec.target)  # type: ignore[no-any-return]
         except ImportError:  # the module itself needs the library (dask): say what to install
-            raise missing from None
+            pass
+    return get_backend(name)
 
 
 def _check_sizes(**sizes):
