@@ -12,7 +12,7 @@ import numbers
 import os
 import re
 import traceback
-from typing import NamedTuple
+from typing import Any, Callable, NamedTuple, TypeVar
 
 from kmeans_xp.contract.seeding import local_trials
 
@@ -211,7 +211,10 @@ class Budget:
         self.report[name] = max(self.report.get(name, 0), int(peak))
 
 
-def explains_memory_errors(method):
+_Method = TypeVar("_Method", bound=Callable[..., Any])
+
+
+def explains_memory_errors(method: _Method) -> _Method:
     """For the estimator's public methods: an out-of-memory error that is not ours (CuPy's
     device one and NumPy's host one are MemoryErrors; torch's is a RuntimeError named
     OutOfMemoryError) leaves as a KMeansMemoryError saying what ran out and what to change.

@@ -7,6 +7,7 @@ imported without the library (the CuPy backends import CuPy only when instantiat
 from __future__ import annotations
 
 import numbers
+from typing import Any
 
 from kmeans_xp.contract.memory import MemoryEstimate, accepted_options, compute_itemsize, driver_bytes
 from kmeans_xp.contract.backend import KMeansBackend
@@ -28,15 +29,15 @@ def planning_class(name: str) -> type[KMeansBackend]:
     return get_backend(name)
 
 
-def _check_sizes(**sizes):
+def _check_sizes(**sizes: Any) -> None:
     for name, v in sizes.items():
         if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1:
             raise ValueError(f"{name} must be a positive integer, got {v!r}")
 
 
 def estimate_memory(n_samples: int, n_features: int, n_clusters: int, *,
-                    dtype="float32", backend: str = "numpy", max_memory="auto",
-                    backend_options: dict | None = None,
+                    dtype: Any = "float32", backend: str = "numpy",
+                    max_memory: int | str = "auto", backend_options: dict[str, Any] | None = None,
                     weighted: bool = False) -> MemoryEstimate:
     """Estimate the bytes per part and in total that a fit needs, before anything runs.
 
@@ -87,6 +88,7 @@ def estimate_memory(n_samples: int, n_features: int, n_clusters: int, *,
     return MemoryEstimate(parts, sum(parts.values()), est.chunk_rows)
 
 
-def _seeding_bytes(cls, n, d, k, itemsize, backend_options):
+def _seeding_bytes(cls: type[KMeansBackend], n: int, d: int, k: int, itemsize: int,
+                   backend_options: dict[str, Any] | None) -> int | None:
     fn = cls.seeding_bytes
     return fn(n, d, k, itemsize, **accepted_options(fn, backend_options or {}))
