@@ -1,4 +1,14 @@
-"""What the wheel ships: one version, an SPDX license with its file, the py.typed marker."""
+"""What the wheel ships: one version, an SPDX license with its file, the py.typed marker;
+`python -m build` makes an sdist and a wheel that `twine check` passes, and the wheel,
+installed alone into a clean virtual environment, holds every file of the package and passes
+a handful of tests (no editable install hides a missing file).
+
+Set KMEANS_XP_WHEELHOUSE to a folder of wheels to install the clean environment's
+dependencies from it, without a package index.
+"""
+import importlib.util
+import json
+import os
 import re
 import shutil
 import subprocess
@@ -64,3 +74,139 @@ def test_wheel_metadata_and_files(wheel):
     assert f"\nVersion: {kmeans_xp.__version__}\n" in meta
     assert "\nLicense-Expression: BSD-3-Clause\n" in meta
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
+
+
+def _copy_sources(dest):
+    """The sources a build reads, copied (the checkout gets no build/ or egg-info)."""
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
+        shutil.copy(ROOT / name, dest / name)
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    for name in ("kmeans_xp", "backends"):
+        shutil.copytree(ROOT / name, dest / name, ignore=ignore)
+
+
+@pytest.fixture(scope="module")
+def dists(tmp_path_factory):
+    """The sdist and the wheel `python -m build` makes (no isolation: the build needs no
+    network), and what it printed."""
+    if importlib.util.find_spec("build") is None:
+        pytest.skip("the 'build' package is not installed (pip install -e '.[test]')")
+    src, out = tmp_path_factory.mktemp("src"), tmp_path_factory.mktemp("dist")
+    _copy_sources(src)
+    built = subprocess.run([sys.executable, "-m", "build", "--no-isolation", "--sdist",
+                            "--wheel", "-o", str(out), str(src)],
+                           capture_output=True, text=True, check=False, timeout=300)
+    assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
+    return {"sdist": next(out.glob("kmeans_xp-*.tar.gz")),
+            "wheel": next(out.glob("kmeans_xp-*.whl")), "log": built.stdout + built.stderr}
+
+
+def _package_files():
+    """Every file the installed package must hold, by its installed path: the Python
+    modules of kmeans_xp and of the backends (installed as kmeans_xp_backends), the CUDA
+    sources the cupy backends compile at run time, and py.typed."""
+    files = set()
+    for top, name in (("kmeans_xp", "kmeans_xp"), ("backends", "kmeans_xp_backends")):
+        for path in (ROOT / top).rglob("*"):
+            if path.suffix in (".py", ".cu", ".cuh", ".typed") and \
+                    "__pycache__" not in path.parts:
+                files.add(f"{name}/{path.relative_to(ROOT / top).as_posix()}")
+    return files
+
+
+def test_build_makes_an_sdist_and_a_wheel_without_warnings(dists):
+    """setuptools warns when a folder the package uses is missing from `packages` (it will
+    then be left out); the build log must have no such warning."""
+    assert "SetuptoolsDeprecationWarning" not in dists["log"], dists["log"][-3000:]
+    assert "would be ignored" not in dists["log"], dists["log"][-3000:]
+    wheel_files = set(zipfile.ZipFile(dists["wheel"]).namelist())
+    missing = _package_files() - wheel_files
+    assert not missing, sorted(missing)
+    import tarfile
+    with tarfile.open(dists["sdist"]) as sdist:
+        names = {n.split("/", 1)[1] for n in sdist.getnames() if "/" in n}
+    for name in ("pyproject.toml", "README.md", "LICENSE", "backends/cupy/cuda/common.cuh",
+                 "kmeans_xp/py.typed"):
+        assert name in names, name
+
+
+def test_twine_check_passes(dists):
+    if importlib.util.find_spec("twine") is None:
+        pytest.skip("twine is not installed (pip install -e '.[test]')")
+    run = subprocess.run([sys.executable, "-m", "twine", "check", "--strict",
+                          str(dists["sdist"]), str(dists["wheel"])],
+                         capture_output=True, text=True, check=False, timeout=120)
+    assert run.returncode == 0, run.stdout + run.stderr
+
+
+def test_metadata_has_classifiers_and_project_urls(dists):
+    meta_name = next(n for n in zipfile.ZipFile(dists["wheel"]).namelist()
+                     if n.endswith(".dist-info/METADATA"))
+    meta = zipfile.ZipFile(dists["wheel"]).read(meta_name).decode()
+    for line in ("Classifier: Typing :: Typed", "Classifier: Programming Language :: Python :: 3",
+                 "Requires-Python: >=3.10", "Provides-Extra: docs"):
+        assert f"\n{line}\n" in meta, line
+    urls = dict(line.split(": ", 1)[1].split(", ", 1)
+                for line in meta.splitlines() if line.startswith("Project-URL: "))
+    assert {"Documentation", "Source", "Issues", "Changelog"} <= set(urls), urls
+    assert all(u.startswith("https://") for u in urls.values()), urls
+
+
+#: the tests run against the installed wheel: imports stay light, the driver's semantics, the
+#: contract suite on the numpy and array-api backends (kmeans_xp.testing as shipped), and the
+#: CUDA sources compiled on the CPU from the installed package (skipped without g++)
+WHEEL_TESTS = ["tests/test_import_light.py", "tests/test_driver.py",
+               "tests/test_backends_contract.py", "tests/test_cupy_kernels_emulated.py"]
+#: what those tests need beyond the package's own dependencies
+WHEEL_TEST_DEPS = ["pytest", "array-api-strict"]
+_NO_INDEX = ("NewConnectionError", "Temporary failure in name resolution",
+             "Network is unreachable", "ConnectTimeout", "ProxyError",
+             "No matching distribution found")
+
+
+@pytest.mark.slow
+def test_wheel_in_a_clean_venv_has_every_file_and_passes_tests(dists, tmp_path):
+    import venv
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "VIRTUAL_ENV")}
+    env["PIP_DISABLE_PIP_VERSION_CHECK"] = "1"
+    venv.create(tmp_path / "venv", with_pip=True, system_site_packages=False)
+    py = str(tmp_path / "venv" / ("Scripts" if os.name == "nt" else "bin") / "python")
+    source = ["--no-index", "--find-links", os.environ["KMEANS_XP_WHEELHOUSE"]] \
+        if os.environ.get("KMEANS_XP_WHEELHOUSE") else []
+    install = subprocess.run([py, "-m", "pip", "install", "-q", *source, str(dists["wheel"]),
+                              *WHEEL_TEST_DEPS], capture_output=True, text=True,
+                             check=False, timeout=900, env=env)
+    if install.returncode and any(m in install.stderr for m in _NO_INDEX) and not source:
+        pytest.skip("no package index reachable for the wheel's dependencies: set "
+                    "KMEANS_XP_WHEELHOUSE to a folder of wheels")
+    assert install.returncode == 0, install.stdout[-3000:] + install.stderr[-3000:]
+
+    # every file of the package is installed, and imports come from the venv
+    listing = subprocess.run([py, "-c", """if True:
+        import json, pathlib, kmeans_xp, kmeans_xp_backends
+        out = {"where": [kmeans_xp.__file__, kmeans_xp_backends.__file__], "files": []}
+        for mod in (kmeans_xp, kmeans_xp_backends):
+            root = pathlib.Path(mod.__file__).parent
+            out["files"] += [f"{root.name}/{p.relative_to(root).as_posix()}"
+                             for p in root.rglob("*") if p.is_file()]
+        print(json.dumps(out))"""], capture_output=True, text=True, check=False,
+                             cwd=tmp_path, env=env, timeout=120)
+    assert listing.returncode == 0, listing.stderr[-3000:]
+    found = json.loads(listing.stdout)
+    venv_root = str((tmp_path / "venv").resolve())
+    assert all(str(Path(w).resolve()).startswith(venv_root) for w in found["where"]), found
+    missing = _package_files() - set(found["files"])
+    assert not missing, sorted(missing)
+
+    # a handful of tests, from a folder that holds no copy of the sources
+    run_dir = tmp_path / "run"
+    shutil.copytree(ROOT / "tests", run_dir / "tests",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    (run_dir / "pytest.ini").write_text(
+        "[pytest]\nmarkers =\n    gpu: needs a GPU\n    slow: slow\n    large: large\n")
+    tests = subprocess.run([py, "-m", "pytest", "-q", "-p", "no:cacheprovider", *WHEEL_TESTS],
+                           capture_output=True, text=True, check=False, cwd=run_dir, env=env,
+                           timeout=900)
+    assert tests.returncode == 0, tests.stdout[-4000:] + tests.stderr[-2000:]
+    assert " passed" in tests.stdout and " failed" not in tests.stdout, tests.stdout[-2000:]

@@ -49,7 +49,7 @@ def test_list_backends_has_every_builtin():
 @pytest.mark.parametrize("name", ["cupy-kernels", "cupy-chunked", "cupy-fused"])
 def test_cupy_backends_listed_unavailable_without_cupy(name):
     if _has("cupy"):
-        pytest.skip("cupy is installed here")
+        pytest.skip("checks how a missing CuPy is listed; CuPy is installed here")
     info = kmeans_xp.list_backends()[name]
     assert not info.available and info.gpu
     assert info.reason == "cupy is not installed"
@@ -59,7 +59,7 @@ def test_cupy_backends_listed_unavailable_without_cupy(name):
 
 def test_dask_listed_unavailable_without_dask():
     if _has("dask"):
-        pytest.skip("dask is installed here")
+        pytest.skip("checks how a missing dask is listed; dask is installed here")
     info = kmeans_xp.list_backends()["dask"]
     assert not info.available and not info.gpu
     assert "dask" in info.reason and info.install == "pip install 'kmeans_xp[dask]'"
@@ -67,7 +67,7 @@ def test_dask_listed_unavailable_without_dask():
 
 def test_numba_listed_unavailable_without_numba():
     if _has("numba"):
-        pytest.skip("numba is installed here")
+        pytest.skip("checks how a missing numba is listed; numba is installed here")
     info = kmeans_xp.list_backends()["numba"]
     assert not info.available and not info.gpu
     assert info.reason == "numba is not installed"

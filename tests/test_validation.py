@@ -139,7 +139,7 @@ def test_known_but_unavailable_backend_says_what_to_install(no_work):
 
 def test_dask_unavailable_says_what_to_install(no_work):
     if importlib.util.find_spec("dask") is not None:
-        pytest.skip("dask is installed here")
+        pytest.skip("checks the error for a missing dask; dask is installed here")
     with pytest.raises(kmeans_xp.BackendNotAvailableError, match=r"kmeans_xp\[dask\]"):
         KMeans(3, backend="dask").fit(X)
 

@@ -61,7 +61,7 @@ namespace `placement.small` puts them in (X's own by default).
 from __future__ import annotations
 
 import inspect
-from typing import ClassVar
+from typing import Any, Callable, ClassVar, TypeAlias, cast
 
 from kmeans_xp.contract.chunks import count_changed, feature_mean, labelled_sq_dist, tolerance, weighted_total
 from kmeans_xp.contract.fitplan import FitPlan
@@ -82,6 +82,16 @@ from kmeans_xp.contract.results import (  # noqa: F401 - what the contract retur
 from kmeans_xp.contract.scaling import rescaled
 from kmeans_xp.contract.sphere import unit_rows
 
+__all__ = ["KMeansBackend", "Placement", "Option", "InvalidOptionError", "WorkerLostError",
+           "AssignResult", "ReduceResult", "IterStats", "Farthest", "LloydResult", "Array",
+           "Namespace"]
+
+#: an array of the namespace a backend computes on (NumPy, CuPy, torch, dask, ...): the array
+#: API standard gives no static type that all of them share
+Array: TypeAlias = Any
+#: an array namespace, the `xp` the array API standard's functions are called on
+Namespace: TypeAlias = Any
+
 class WorkerLostError(RuntimeError):
     """A worker of a cluster, and the blocks of X it held, were lost during a computation
     that cannot recompute them; the message says which and what to do."""
@@ -96,11 +106,12 @@ class Option:
     """One backend option: its default and the values it takes (values, types, or
     `validation` constraints such as `Interval`)."""
 
-    def __init__(self, default, *allowed, doc="", attr=None):
+    def __init__(self, default: Any, *allowed: Any, doc: str = "",
+                 attr: str | None = None) -> None:
         # attr: the attribute the value is kept in, when the option's name is a member's
         self.default, self.allowed, self.doc, self.attr = default, allowed, doc, attr
 
-    def accepts(self, value) -> bool:
+    def accepts(self, value: Any) -> bool:
         for a in self.allowed:
             if isinstance(a, type):
                 if isinstance(value, a) and not (isinstance(value, bool) and a is not bool):
@@ -128,50 +139,50 @@ class Placement:
     #: True when work is queued (a GPU stream): the driver then issues the next iteration
     #: before it reads the last one's statistics, so the device never waits on the host
     asynchronous: ClassVar[bool] = False
-    #: max |X| measured by the last `to_backend` (None: not measured): input validated
+    #: max(abs(X)) measured by the last `to_backend` (None: not measured): input validated
     #: lazily (dask) is measured there, fused with its NaN/inf check, for the fit's rescale
-    absmax = None
+    absmax: float | None = None
 
-    def __init__(self, backend):
+    def __init__(self, backend: KMeansBackend) -> None:
         self.backend = backend
 
-    def converts_from(self, namespace: str, X=None) -> bool:
+    def converts_from(self, namespace: str, X: Array = None) -> bool:
         """Whether input of this namespace is brought in (copied, or shared through DLPack)
         by `to_backend`; X, the input itself, for namespaces whose arrays differ by device
         (a torch tensor on the CPU or on a GPU)."""
         return False
 
-    def warm_up(self, X, n_clusters, seeding):
+    def warm_up(self, X: Array, n_clusters: int, seeding: str | None) -> None:
         """Before X moves: start, in the background, what a fit of X with these parameters
         will need (a GPU placement compiles its kernels). `seeding`: the dtype name the
         backend's k-means++ steps (`KMeansBackend.seeding`) will run in during init, or None
         where the init does not use them. Default: nothing."""
 
-    def to_backend(self, X):
+    def to_backend(self, X: Array) -> Array:
         """X (validated, floating) in the backend's namespace; default: as given."""
         return X
 
-    def from_backend(self, arr, like):
+    def from_backend(self, arr: Array, like: Array) -> Array:
         """arr in the namespace and device of `like` (the user's input); default: as given,
         or as a torch tensor on `like`'s device when `like` is one (`namespaces.as_like`).
         Compact (unsigned) labels widen to int32 (`user_labels`)."""
         return as_like(user_labels(arr), like)
 
-    def namespace(self, X):
+    def namespace(self, X: Array) -> Namespace:
         """The namespace the driver computes with on X (the output of `to_backend`)."""
         return array_namespace(X)
 
-    def small(self, x, plan=None):
+    def small(self, x: Array, plan: FitPlan | None = None) -> Array:
         """A k-sized array (centers) where the driver's center math runs: X's namespace.
         `plan` (a `FitPlan`, None where the caller has none): the fit those centers serve,
         for a placement that decides by its size."""
         return x
 
-    def persist(self, x):
+    def persist(self, x: Array) -> Array:
         """Make a lazily evaluated array concrete (dask); default: x."""
         return x
 
-    def synchronize(self):
+    def synchronize(self) -> None:
         """Wait for the device, so a clock read after it measures finished work."""
 
     def free_memory(self) -> int | None:
@@ -181,22 +192,23 @@ class Placement:
         placement reports its device's."""
         return host_available_memory()
 
-    def fetch(self, values):
+    def fetch(self, values: Array) -> Callable[[], Any]:
         """Start copying a small 1-d array to the host; returns a function that waits for it
         and gives a NumPy array. Default: copied now."""
         host = to_numpy(values)
         return lambda: host
 
-    def label_counts(self, labels, n_clusters):
+    def label_counts(self, labels: Array, n_clusters: int) -> Any:
         """Points per cluster (NumPy, length n_clusters), counted where the labels live."""
         return label_counts(labels, n_clusters)
 
-    def feature_stats(self, X, tol, *, xp):
+    def feature_stats(self, X: Array, tol: float, *, xp: Namespace) -> tuple[Array, Any]:
         """(per-feature mean, absolute tol) of X (`chunks.feature_mean`, `chunks.tolerance`)."""
         mean = feature_mean(X, xp)
         return mean, tolerance(X, mean, tol, xp, self.backend.driver_rows(X))
 
-    def center(self, X, mean, *, xp, in_place=False):
+    def center(self, X: Array, mean: Array | None, *, xp: Namespace,
+               in_place: bool = False) -> Array:
         """X - mean, the data the driver and the backend compute on (in place when asked: the
         estimator adds the mean back). mean None (copy_x=False): X itself, computed on as
         given and never written."""
@@ -207,18 +219,19 @@ class Placement:
             return X
         return X - mean
 
-    def center_scaled(self, X, mean, scale, *, xp):
+    def center_scaled(self, X: Array, mean: Array | None, scale: float, *,
+                      xp: Namespace) -> Array:
         """(X - mean) * scale, scale a power of two (exact): the data of a fit that rescales
         X so its squared distances stay inside its dtype (`kmeans_xp.contract.scaling`)."""
         return rescaled(self.center(X, mean, xp=xp), scale, xp)
 
-    def unit_rows(self, X, *, xp):
+    def unit_rows(self, X: Array, *, xp: Namespace) -> Array:
         """X's rows scaled to unit L2 norm, the data of a spherical fit (`SphericalKMeans`),
         on an array the fit owns, never X itself (`sphere.unit_rows`, chunk by chunk); a row
         of norm 0 raises `sphere.ZeroNormError`."""
         return unit_rows(X, xp, self.backend.driver_rows(X))
 
-    def finish(self, kept=None):
+    def finish(self, kept: dict[str, Array] | None = None) -> dict[str, Array] | None:
         """The fit has ended and dropped its arrays: release per-fit buffers. `kept`, the
         arrays the estimator keeps (a dict), comes back, moved where the placement wants them
         (a GPU placement handing its memory back re-allocates them exactly, in the same dict
@@ -231,14 +244,14 @@ class KMeansBackend:
     `assign` and `reduce`; the rest has defaults (see the module's table)."""
 
     name: ClassVar[str] = ""
-    namespaces: ClassVar[frozenset] = frozenset()
+    namespaces: ClassVar[frozenset[str]] = frozenset()
     device: ClassVar[str] = "cpu"
-    options: ClassVar[dict] = {}
-    placement_class: ClassVar[type] = Placement
-    budget_class: ClassVar[type] = Budget
+    options: ClassVar[dict[str, Option]] = {}
+    placement_class: ClassVar[type[Placement]] = Placement
+    budget_class: ClassVar[type[Budget]] = Budget
     ahead_gate: ClassVar[bool] = False
 
-    def __init_subclass__(cls, **kwargs):
+    def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         if "ahead_gate" not in vars(cls) and "lloyd_iter" in vars(cls):
             # derived, not declared: a lloyd_iter that takes the driver's skip flag honours
@@ -255,7 +268,7 @@ class KMeansBackend:
             raise TypeError(f"{cls.__name__}: options {clash} are named like members of "
                             f"the backend; rename them")
 
-    def __init__(self, max_memory="auto", **options):
+    def __init__(self, max_memory: int | str = "auto", **options: Any) -> None:
         unknown = sorted(set(options) - set(self.options))
         if unknown:
             raise InvalidOptionError(
@@ -275,30 +288,33 @@ class KMeansBackend:
                                         free_memory=self.placement.free_memory if own else None)
 
     @property
-    def max_memory(self):
-        return self.memory.max_memory
+    def max_memory(self) -> int | str:
+        return cast("int | str", self.memory.max_memory)
 
     @property
-    def memory_report(self) -> dict:
-        return self.memory.report
+    def memory_report(self) -> dict[str, int]:
+        return cast("dict[str, int]", self.memory.report)
 
     # -- capability -------------------------------------------------------------------------
-    def accepts(self, X, *, n_clusters, sample_weight=None) -> bool:
+    def accepts(self, X: Array, *, n_clusters: int, sample_weight: Array | None = None) -> bool:
         return self.reject_reason(X, n_clusters=n_clusters, sample_weight=sample_weight) is None
 
-    def reject_reason(self, X, *, n_clusters, sample_weight=None):
+    def reject_reason(self, X: Array, *, n_clusters: int,
+                      sample_weight: Array | None = None) -> str | None:
         """None when the backend takes X, else a sentence saying why not (no compute)."""
         ns = namespace_name(X)
         if ns not in self.namespaces and not _converts_from(self.placement, ns, X):
             return f"it computes on {sorted(self.namespaces)}, not {ns} arrays"
         return None
 
-    def plan(self, X, n_clusters, *, copy_x=True, weighted=False) -> FitPlan:
+    def plan(self, X: Array, n_clusters: int, *, copy_x: bool = True,
+             weighted: bool = False) -> FitPlan:
         """The `FitPlan` of a fit of X (2-d, with a dtype) on this backend."""
         return FitPlan.of(X, n_clusters, device=self.device, max_memory=self.max_memory,
                           copy_x=copy_x, weighted=weighted)
 
-    def check_memory(self, X, plan, options=None):
+    def check_memory(self, X: Array, plan: FitPlan,
+                     options: dict[str, Any] | None = None) -> None:
         """Raise KMeansMemoryError now, before any work, when max_memory cannot hold even
         the smallest chunk of the fit `plan` describes: `estimate_memory` applies the plan
         and raises (a backend without an estimate is not checked)."""
@@ -309,7 +325,7 @@ class KMeansBackend:
         except NotImplementedError:
             pass
 
-    def driver_rows(self, X) -> int:
+    def driver_rows(self, X: Array) -> int:
         """Rows per chunk for the O(n d) passes done in xp code (init, defaults below): a
         quarter of the budget, at (d + 64) values a row."""
         n, d = X.shape
@@ -318,20 +334,30 @@ class KMeansBackend:
         return int(max(256, min(n, self.memory.bytes() // 4 // per_row)))
 
     # -- the heavy primitives ---------------------------------------------------------------
-    def assign(self, X, centers, *, xp) -> AssignResult:
+    def assign(self, X: Array, centers: Array, *, xp: Namespace) -> AssignResult:
+        """Required: `AssignResult(labels, min_sq_dist)`, each row's nearest center (int32,
+        in [0, k)) and its squared distance (clamped at 0), as new arrays."""
         raise NotImplementedError
 
-    def reduce(self, X, labels, sample_weight, n_clusters, *, xp) -> ReduceResult:
+    def reduce(self, X: Array, labels: Array, sample_weight: Array | None, n_clusters: int, *,
+               xp: Namespace) -> ReduceResult:
+        """Required: `ReduceResult(weighted_sums, weight_in_clusters)`, float64 (k, d) sums
+        of w * x and (k,) sums of w per cluster; `sample_weight` None means unit weights."""
         raise NotImplementedError
 
-    def lloyd_iter(self, X, sample_weight, centers, labels_old, *, xp) -> IterStats:
+    def lloyd_iter(self, X: Array, sample_weight: Array | None, centers: Array,
+                   labels_old: Array, *, xp: Namespace) -> IterStats:
+        """One Lloyd iteration's `IterStats(labels, weighted_sums, weight_in_clusters,
+        inertia, n_changed)`. Default: `assign`, `reduce`, the weighted sum of the distances
+        and the count of labels that changed; override it to fuse them into one pass."""
         labels, min_sq = self.assign(X, centers, xp=xp)
         sums, weights = self.reduce(X, labels, sample_weight, centers.shape[0], xp=xp)
         return IterStats(labels, sums, weights,
                          weighted_total(min_sq, sample_weight, xp),
                          count_changed(labels, labels_old, xp))
 
-    def lloyd(self, X, sample_weight, centers, *, xp, max_iter, tol, spherical=False):
+    def lloyd(self, X: Array, sample_weight: Array | None, centers: Array, *, xp: Namespace,
+              max_iter: int, tol: float, spherical: bool = False) -> LloydResult | None:
         """A whole Lloyd run from `centers` (the arguments of `algorithms.lloyd.
         kmeans_single_lloyd`): a `LloydResult` equal to the driver's (labels, iterations,
         inertia, centers, history: `check_backend` compares them), or None for the driver's
@@ -339,7 +365,8 @@ class KMeansBackend:
         cover)."""
         return None
 
-    def inertia(self, X, sample_weight, centers, labels, *, xp):
+    def inertia(self, X: Array, sample_weight: Array | None, centers: Array, labels: Array, *,
+                xp: Namespace) -> Array:
         """0-d float64: sum of w * ||x - c_label||^2, by differences (not the expansion)."""
         total = xp.zeros((), dtype=xp.float64, device=device(centers))
         for sl, dist in labelled_sq_dist(X, centers, labels, xp, self.driver_rows(X)):
@@ -347,13 +374,15 @@ class KMeansBackend:
             total = total + weighted_total(dist, w, xp)
         return total
 
-    def labels_inertia(self, X, sample_weight, centers, *, xp):
+    def labels_inertia(self, X: Array, sample_weight: Array | None, centers: Array, *,
+                       xp: Namespace) -> tuple[Array, Array]:
         """(labels against centers, their `inertia`): the final assignment of a run and
         `score`. Default: `assign`, whose distances are dropped, then `inertia`."""
         labels = self.assign(X, centers, xp=xp).labels
         return labels, self.inertia(X, sample_weight, centers, labels, xp=xp)
 
-    def farthest(self, X, sample_weight, centers, labels, m, *, xp) -> Farthest:
+    def farthest(self, X: Array, sample_weight: Array | None, centers: Array, labels: Array,
+                 m: int, *, xp: Namespace) -> Farthest:
         """The m farthest points (see `Farthest`); default: distances of all n points, then a
         stable descending sort (it runs only when a cluster is empty)."""
         parts = [xp.astype(dist, xp.float64)
@@ -367,34 +396,40 @@ class KMeansBackend:
         return Farthest(xp.astype(idx, xp.int64), xp.take(X, idx, axis=0), w,
                         xp.take(labels, idx), xp.take(dist, idx))
 
-    def batch_backend(self, X):
+    def batch_backend(self, X: Array) -> KMeansBackend:
         """The backend that computes MiniBatchKMeans's batches of X, gathered from X's rows
         (default: this one). A backend whose X is spread over machines names a local one:
         a batch is small, cheaper to compute where it is gathered than to send out."""
         return self
 
-    def seeding(self, X, sample_weight, n_local_trials, *, xp):
+    def seeding(self, X: Array, sample_weight: Array | None, n_local_trials: int, *,
+                xp: Namespace) -> Any:
         """k-means++'s O(n) steps on X: an object with the methods of `kmeans_xp.algorithms.init.Seeding`
         (first, candidates, trial) giving the same draws, or None for that xp code itself."""
         return None
 
     # -- memory -----------------------------------------------------------------------------
     @classmethod
-    def seeding_bytes(cls, n_samples, n_features, n_clusters, itemsize):
+    def seeding_bytes(cls, n_samples: int, n_features: int, n_clusters: int,
+                      itemsize: int) -> int | None:
         """Bytes of k-means++ by `seeding` for a fit of this shape, or None where it leaves
         k-means++ to the xp steps (the driver then counts `memory.xp_seeding_bytes`)."""
         return None
 
     @classmethod
-    def estimate_memory(cls, n_samples, n_features, n_clusters, *, itemsize,
-                        max_memory="auto", **options) -> MemoryEstimate:
+    def estimate_memory(cls, n_samples: int, n_features: int, n_clusters: int, *,
+                        itemsize: int, max_memory: int | str = "auto",
+                        **options: Any) -> MemoryEstimate:
+        """The working bytes of a fit of this shape before it runs: `MemoryEstimate(parts,
+        total, chunk_rows)`, raising `KMeansMemoryError` when `max_memory` cannot hold one
+        chunk. Default: no estimate (NotImplementedError), and the fit is not checked."""
         raise NotImplementedError(f"backend {cls.name!r} gives no memory estimate")
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r}>"
 
 
-def _converts_from(placement, namespace, X):
+def _converts_from(placement: Placement, namespace: str, X: Array) -> bool:
     """placement.converts_from(namespace, X); a plugin's placement written before the input
     was passed takes the namespace alone."""
     fn = placement.converts_from

@@ -12,7 +12,7 @@ import numbers
 import re
 import traceback
 import warnings
-from typing import NamedTuple
+from typing import Any, Callable, NamedTuple, TypeVar
 
 from kmeans_xp.contract.host_memory import UNKNOWN, host_memory
 from kmeans_xp.contract.seeding import local_trials
@@ -188,7 +188,7 @@ def driver_bytes(n_samples, n_features, n_clusters, itemsize, *, weighted=True,
 
 class Budget:
     """A fit's memory: `max_memory` in bytes, and the peak bytes measured per stage
-    (`report`, the estimator's memory_report_). It knows nothing of its backend: the free
+    (`report`, the estimator's `memory_report_`). It knows nothing of its backend: the free
     memory it takes a share of comes as a function (the placement's `free_memory`; None: the
     host's available memory, with "auto" capped at HOST_AUTO_CAP). Default: nothing
     measured; device backends measure their pool. The fit's memory check is the backend's
@@ -219,7 +219,10 @@ class Budget:
         self.report[name] = max(self.report.get(name, 0), int(peak))
 
 
-def explains_memory_errors(method):
+_Method = TypeVar("_Method", bound=Callable[..., Any])
+
+
+def explains_memory_errors(method: _Method) -> _Method:
     """For the estimator's public methods: an out-of-memory error that is not ours (CuPy's
     device one and NumPy's host one are MemoryErrors; torch's is a RuntimeError named
     OutOfMemoryError) leaves as a KMeansMemoryError saying what ran out and what to change.

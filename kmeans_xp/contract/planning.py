@@ -7,35 +7,37 @@ imported without the library (the CuPy backends import CuPy only when instantiat
 from __future__ import annotations
 
 import numbers
+from typing import Any
 
 from kmeans_xp.contract.memory import MemoryEstimate, accepted_options, compute_itemsize, driver_bytes
-from kmeans_xp.contract.registry import BUILTIN_BACKENDS, BackendNotAvailableError, get_backend, load_target
+from kmeans_xp.contract.backend import KMeansBackend
+from kmeans_xp.contract.registry import BUILTIN_BACKENDS, get_backend, get_backend_info, load_target
 
 
-def planning_class(name: str) -> type:
+def planning_class(name: str) -> type[KMeansBackend]:
     """The backend class `name` for planning: `get_backend(name)` where it is available;
     else a built-in's class when its module imports without the missing library."""
-    try:
-        return get_backend(name)
-    except BackendNotAvailableError as missing:
-        spec = BUILTIN_BACKENDS.get(name)
-        if spec is None:
-            raise
+    spec = BUILTIN_BACKENDS.get(name)
+    known = get_backend_info(name)
+    if spec is not None and known is not None and not known[0]:
+        # loaded directly: get_backend's error would list the installed backends, and so
+        # probe for a GPU (importing CuPy) only to be caught here
         try:
-            return load_target(spec.target)
+            return load_target(spec.target)  # type: ignore[no-any-return]
         except ImportError:  # the module itself needs the library (dask): say what to install
-            raise missing from None
+            pass
+    return get_backend(name)
 
 
-def _check_sizes(**sizes):
+def _check_sizes(**sizes: Any) -> None:
     for name, v in sizes.items():
         if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1:
             raise ValueError(f"{name} must be a positive integer, got {v!r}")
 
 
 def estimate_memory(n_samples: int, n_features: int, n_clusters: int, *,
-                    dtype="float32", backend: str = "numpy", max_memory="auto",
-                    backend_options: dict | None = None,
+                    dtype: Any = "float32", backend: str = "numpy",
+                    max_memory: int | str = "auto", backend_options: dict[str, Any] | None = None,
                     weighted: bool = False) -> MemoryEstimate:
     """Estimate the bytes per part and in total that a fit needs, before anything runs.
 
@@ -86,6 +88,7 @@ def estimate_memory(n_samples: int, n_features: int, n_clusters: int, *,
     return MemoryEstimate(parts, sum(parts.values()), est.chunk_rows)
 
 
-def _seeding_bytes(cls, n, d, k, itemsize, backend_options):
+def _seeding_bytes(cls: type[KMeansBackend], n: int, d: int, k: int, itemsize: int,
+                   backend_options: dict[str, Any] | None) -> int | None:
     fn = cls.seeding_bytes
     return fn(n, d, k, itemsize, **accepted_options(fn, backend_options or {}))

@@ -14,7 +14,9 @@ import importlib
 import importlib.util
 import warnings
 from importlib.metadata import entry_points
-from typing import NamedTuple
+from collections.abc import Iterator
+from importlib.metadata import EntryPoint
+from typing import Any, NamedTuple
 
 from kmeans_xp.contract.backend import KMeansBackend
 from kmeans_xp.contract.memory import (
@@ -89,28 +91,29 @@ class BackendNotAvailableError(ImportError):
     """A known backend whose library (or device) is missing."""
 
 
-_runtime = {}
+_runtime: dict[str, type[KMeansBackend]] = {}
 
 
-def register_backend(cls, *, replace=False):
+def register_backend(cls: type[KMeansBackend], *,
+                     replace: bool = False) -> type[KMeansBackend]:
     """Register a backend class at run time (entry points are the packaged way)."""
     if not (isinstance(cls, type) and issubclass(cls, KMeansBackend)) or not cls.name:
         raise TypeError(f"{cls!r} is not a KMeansBackend subclass with a name")
     if cls.name in BUILTIN_BACKENDS and not replace:
         raise ValueError(f"backend name {cls.name!r} is a built-in; choose another name")
     _runtime[cls.name] = cls
-    list_backends.cache_clear()
+    _cache_clear()
     return cls
 
 
 @contextlib.contextmanager
-def registered(cls):
+def registered(cls: type[KMeansBackend]) -> Iterator[type[KMeansBackend]]:
     """`cls` is what its name resolves to inside the block, then the registry is as it was:
     the class is used even when an installed backend (a built-in, a plugin, an older version
     of it) has the same name."""
     previous = _runtime.get(cls.name)
     _runtime[cls.name] = cls
-    list_backends.cache_clear()
+    _cache_clear()
     try:
         yield cls
     finally:
@@ -118,7 +121,7 @@ def registered(cls):
             _runtime.pop(cls.name, None)
         else:
             _runtime[cls.name] = previous
-        list_backends.cache_clear()
+        _cache_clear()
 
 
 def _gpu_present() -> tuple[bool, str]:
@@ -137,7 +140,7 @@ def _install_hint(extra: str) -> str:
     return " or ".join(f"pip install 'kmeans_xp[{e}]'" for e in extra.split("|"))
 
 
-def _builtin_info(name, spec) -> BackendInfo:
+def _builtin_info(name: str, spec: BuiltinSpec) -> BackendInfo:
     install = _install_hint(spec.extra)
     module = spec.target.split(":")[0]
     if importlib.util.find_spec(spec.requires.split(".")[0]) is None:
@@ -157,13 +160,13 @@ def _builtin_info(name, spec) -> BackendInfo:
     return BackendInfo(name, not reason, reason, spec.target, "kmeans_xp", install, spec.gpu)
 
 
-def _runtime_info(name) -> BackendInfo:
+def _runtime_info(name: str) -> BackendInfo:
     cls = _runtime[name]
     return BackendInfo(name, True, "", f"{cls.__module__}:{cls.__qualname__}", "runtime", "",
                        cls.device == "gpu")
 
 
-def _info(name):
+def _info(name: str) -> BackendInfo | None:
     """BackendInfo of one backend, or None if unknown. A built-in is looked at alone, so that
     using the numpy backend never probes for a GPU (which would import CuPy); a plugin too,
     so that using one plugin never imports the others."""
@@ -177,10 +180,10 @@ def _info(name):
     return None if ep is None else _plugin(ep).info
 
 
-_entry_points = {}  # name -> its entry point or None: a scan of every distribution is ~10 ms
+_entry_points: dict[str, EntryPoint | None] = {}  # name -> its entry point or None: a scan of every distribution is ~10 ms
 
 
-def _entry_point(name):
+def _entry_point(name: str) -> EntryPoint | None:
     """The plugin entry point called `name` (the first one), or None; cached by name."""
     if name not in _entry_points:
         _entry_points[name] = next(iter(entry_points(group=ENTRY_POINT_GROUP, name=name)), None)
@@ -189,14 +192,14 @@ def _entry_point(name):
 
 class _Plugin(NamedTuple):
     info: BackendInfo
-    cls: type | None          # None when it failed to load
+    cls: type[KMeansBackend] | None  # None when it failed to load
     error: BaseException | None
 
 
-_plugins = {}  # (name, "module:Class", provider) -> _Plugin: each plugin imported once
+_plugins: dict[tuple[str, str, str], _Plugin] = {}  # (name, "module:Class", provider) -> _Plugin: each plugin imported once
 
 
-def _plugin(ep) -> _Plugin:
+def _plugin(ep: EntryPoint) -> _Plugin:
     """Load one entry point (once). Any failure short of KeyboardInterrupt, SystemExit from
     a module's import included, is kept as the plugin's reason: a broken plugin must break
     neither `list_backends()` nor a fit on another backend (xarray's plugins do the same)."""
@@ -224,7 +227,7 @@ def _plugin(ep) -> _Plugin:
 
 
 @functools.lru_cache(maxsize=1)
-def _all_backends() -> dict:
+def _all_backends() -> dict[str, BackendInfo]:
     infos = {name: _builtin_info(name, spec) for name, spec in BUILTIN_BACKENDS.items()}
     for ep in entry_points(group=ENTRY_POINT_GROUP):
         provider = getattr(getattr(ep, "dist", None), "name", "?")
@@ -243,39 +246,39 @@ def _all_backends() -> dict:
     return infos
 
 
-def list_backends() -> dict:
+def list_backends() -> dict[str, BackendInfo]:
     """name -> BackendInfo for built-in, plugin and runtime-registered backends (cached;
     `list_backends.cache_clear()` looks again). Every plugin is imported here; a broken one
     warns and is skipped."""
     return _all_backends()
 
 
-def _cache_clear():
+def _cache_clear() -> None:
     _plugins.clear()
     _entry_points.clear()
     _all_backends.cache_clear()
 
 
-list_backends.cache_clear = _cache_clear
+list_backends.cache_clear = _cache_clear  # type: ignore[attr-defined]
 
 
-def load_target(target: str):
+def load_target(target: str) -> Any:
     """The object an "import.path:Name" target names (imported now)."""
     module, _, attr = target.partition(":")
     return getattr(importlib.import_module(module), attr)
 
 
-def get_backend_info(name):
+def get_backend_info(name: object) -> tuple[bool, BackendInfo] | None:
     """(available, BackendInfo) of a backend name, or None when the name is unknown."""
     info = _info(name) if isinstance(name, str) else None
     return None if info is None else (info.available, info)
 
 
-def available_backends() -> list:
+def available_backends() -> list[str]:
     return [name for name, info in list_backends().items() if info.available]
 
 
-def get_backend(name: str):
+def get_backend(name: str) -> type[KMeansBackend]:
     """The backend class registered as `name`; errors say what is installed and what to do."""
     info = _info(name) if isinstance(name, str) else None
     if info is None:
@@ -290,20 +293,20 @@ def get_backend(name: str):
     if name in _runtime:
         return _runtime[name]
     if info.provider == "kmeans_xp":
-        return load_target(info.target)
+        return load_target(info.target)  # type: ignore[no-any-return]
     ep = _entry_point(name)
-    if ep is not None:
-        return _plugin(ep).cls
+    if ep is not None:  # available: it loaded, so its class is there
+        return _plugin(ep).cls  # type: ignore[return-value]
     raise ValueError(f"backend {name!r} vanished from the entry points; reinstall its package")
 
 
-def _failed_plugin(name):
+def _failed_plugin(name: str) -> BaseException | None:
     """The exception a plugin's import raised, or None (chained to the error naming it)."""
     ep = _entry_point(name)
     return None if ep is None else _plugin(ep).error
 
 
-def _unknown_message(name) -> str:
+def _unknown_message(name: object) -> str:
     """What an unknown name gets: the close names (case aside, from the names alone), what is
     installed, and where plugins come from."""
     known = sorted({*BUILTIN_BACKENDS, *_runtime,
@@ -319,7 +322,7 @@ def _unknown_message(name) -> str:
             f"{ENTRY_POINT_GROUP!r}.")
 
 
-def _narrow_first(candidates, X):
+def _narrow_first(candidates: list[str], X: Any) -> list[str]:
     """cupy-kernels ahead of cupy-chunked for X of at most AUTO_KERNELS_MAX_D features."""
     shape = getattr(X, "shape", None)
     d = shape[1] if shape is not None and len(shape) == 2 else None
@@ -332,8 +335,10 @@ def _narrow_first(candidates, X):
     return candidates
 
 
-def select_backend(backend, X, *, n_clusters, sample_weight=None, backend_options=None,
-                   max_memory="auto", check_memory=False, copy_x=True):
+def select_backend(backend: str, X: Any, *, n_clusters: int, sample_weight: Any = None,
+                   backend_options: dict[str, Any] | None = None,
+                   max_memory: int | str = "auto", check_memory: bool = False,
+                   copy_x: bool = True) -> tuple[KMeansBackend, str]:
     """(backend instance, why it was chosen) for this input; never a silent fallback. With
     check_memory (a fit), the chosen backend's `check_memory` passed too, given the fit's
     plan: "auto" passes over a backend the fit would not fit in, a named one raises its
@@ -395,7 +400,8 @@ def select_backend(backend, X, *, n_clusters, sample_weight=None, backend_option
                      f"Installed: {available_backends()}.")
 
 
-def _small_work_skips_numba(candidates, X, ns, n_clusters):
+def _small_work_skips_numba(candidates: list[str], X: Any, ns: str,
+                            n_clusters: int) -> list[str]:
     """Candidates without numba where n * k * d < AUTO_NUMBA_MIN_WORK."""
     if "numba" not in candidates:
         return candidates
@@ -411,7 +417,7 @@ def _small_work_skips_numba(candidates, X, ns, n_clusters):
     return [c for c in candidates if c != "numba"]
 
 
-def _reject_reason(name, X, n_clusters, sample_weight):
+def _reject_reason(name: str, X: Any, n_clusters: int, sample_weight: Any) -> str | None:
     """None when backend `name` is installed and takes X, else why not (a sentence)."""
     info = _info(name)
     if info is None or not info.available:
@@ -423,5 +429,5 @@ def _reject_reason(name, X, n_clusters, sample_weight):
         return f"it failed to start ({type(exc).__name__}: {exc})"
 
 
-def _takes(name, X, n_clusters, sample_weight) -> bool:
+def _takes(name: str, X: Any, n_clusters: int, sample_weight: Any) -> bool:
     return _reject_reason(name, X, n_clusters, sample_weight) is None

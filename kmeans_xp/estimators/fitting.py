@@ -37,7 +37,7 @@ class Fitting:
             n_init = 1
         return n_init
 
-    def _check_params(self):
+    def _check_params(self) -> None:
         validate_params(self.get_params(), type(self).__name__)
 
     def _checked_X(self, X, *, absmax=True):
@@ -101,7 +101,7 @@ class Fitting:
             verbose=self.verbose)
 
     #: what a fit keeps on its backend's device: handed to `Placement.finish`, which may move it
-    _KEPT = ("labels_", "cluster_centers_", "_centers_fit", "_X_mean")
+    _KEPT: tuple[str, ...] = ("labels_", "cluster_centers_", "_centers_fit", "_X_mean")
 
     def _finish(self, place):
         kept = {name: self.__dict__.pop(name) for name in self._KEPT if name in self.__dict__}

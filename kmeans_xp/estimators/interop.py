@@ -234,7 +234,7 @@ class SklearnInterop:
     # -- scikit-learn's own estimator ------------------------------------------------------------
     #: fitted attributes a scikit-learn twin gets beside centers, labels and inertia (host
     #: copies of arrays)
-    _SKLEARN_STATE = ("n_iter_",)
+    _SKLEARN_STATE: tuple[str, ...] = ("n_iter_",)
 
     def to_sklearn(self):
         """Return a fitted `sklearn.cluster.KMeans` with this model's centers.
@@ -271,7 +271,7 @@ class SklearnInterop:
 
     # -- pickling -------------------------------------------------------------------------------
     #: fitted attributes that may live on a device; a pickle holds them as NumPy
-    _HOST_ON_PICKLE = _ARRAYS
+    _HOST_ON_PICKLE: tuple[str, ...] = _ARRAYS
 
     def __getstate__(self):
         """Device arrays as NumPy: a model fitted on a GPU loads and predicts on a machine

@@ -9,7 +9,7 @@ import functools
 import sys
 import time
 import warnings
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -27,18 +27,21 @@ from kmeans_xp.estimators.routing import MetadataRouting
 from kmeans_xp.contract.scaling import pow2_scale, pow2_scale_weights, unscaled
 from kmeans_xp.estimators.validation import check_random_state
 
+if TYPE_CHECKING:
+    from kmeans_xp.contract.backend import Array, KMeansBackend, Namespace
+
 
 class ConvergenceWarning(UserWarning):
     """Fewer distinct clusters than asked for (duplicate points, too few distinct values)."""
 
 
 @functools.lru_cache(maxsize=4)
-def _with_sklearn_warning(sklearn_warning):
+def _with_sklearn_warning(sklearn_warning: type[Warning]) -> type[Any]:
     return type("ConvergenceWarning", (ConvergenceWarning, sklearn_warning),
                 {"__module__": __name__, "__doc__": ConvergenceWarning.__doc__})
 
 
-def _convergence_warning():
+def _convergence_warning() -> type[Any]:
     """Our ConvergenceWarning, also sklearn's once the caller has imported scikit-learn, so
     filters on `sklearn.exceptions.ConvergenceWarning` apply (sklearn is never imported)."""
     sk = sys.modules.get("sklearn.exceptions")
@@ -103,7 +106,7 @@ default=None
         Lloyd iterations of the best run.
     n_features_in_ : int
         Number of features seen during fit.
-    feature_names_in_ : ndarray of shape (n_features_in_,)
+    feature_names_in_ : ndarray of shape (`n_features_in_`,)
         Column names of a DataFrame X, when they are all strings.
     backend_ : str
         The backend that ran the fit.
@@ -146,7 +149,8 @@ default=None
                  n_init: str | int = "auto", max_iter: int = 300, tol: float = 1e-4,
                  verbose: int = 0, random_state: Any = None, copy_x: bool = True,
                  algorithm: str = "lloyd", backend: str = "auto",
-                 backend_options: dict | None = None, max_memory: str | int = "auto"):
+                 backend_options: dict[str, Any] | None = None,
+                 max_memory: str | int = "auto") -> None:
         self.n_clusters = n_clusters
         self.init = init
         self.n_init = n_init
@@ -161,7 +165,7 @@ default=None
         self.max_memory = max_memory
 
     # -- fitting ------------------------------------------------------------------------------
-    def _check_params(self):
+    def _check_params(self) -> None:
         super()._check_params()
         if self.algorithm == "elkan":
             raise ValueError("algorithm='elkan' is not implemented in kmeans_xp: it runs "
@@ -189,7 +193,7 @@ default=None
         with verbose_logging(self.verbose):
             return self._fit(X, sample_weight)
 
-    def _fit(self, X, sample_weight):
+    def _fit(self, X: Any, sample_weight: Any) -> KMeans:
         clock = Clock()
         X_user = X
         X, sw_host, init_array, absmax = self._check_inputs(X, sample_weight)
@@ -231,7 +235,8 @@ default=None
             self._print_report()
         return self
 
-    def _fit_data(self, backend, Xb, xp, absmax):
+    def _fit_data(self, backend: KMeansBackend, Xb: Array, xp: Namespace,
+                  absmax: float | None) -> tuple[Array, Array, Any, float]:
         """(the data the driver computes on, X's mean, the absolute tol, the power of two X
         is scaled by): X centered (on a copy, unless copy_x=False), rescaled when its squared
         distances would leave its dtype."""
@@ -249,7 +254,9 @@ default=None
         tol = tolerance(Xc, xp.zeros_like(X_mean), self.tol, xp, backend.driver_rows(Xc))
         return Xc, X_mean, tol, scale
 
-    def _run(self, backend, Xc, X_mean, sw, rs, xp, n_init, tol, given, scale):
+    def _run(self, backend: KMeansBackend, Xc: Array, X_mean: Array, sw: Array | None, rs: Any,
+             xp: Namespace, n_init: int, tol: Any, given: Any,
+             scale: float) -> tuple[Any, dict[str, float]]:
         place = backend.placement
         best = None
         t_init = t_lloyd = 0.0
@@ -279,7 +286,8 @@ default=None
         return best, {"init": t_init, "lloyd": t_lloyd,
                       "per_iteration": t_lloyd / max(iterations, 1)}
 
-    def _store(self, best, backend, why, X_mean, X_user, Xb):
+    def _store(self, best: Any, backend: KMeansBackend, why: str, X_mean: Array, X_user: Any,
+               Xb: Array) -> None:
         self._X_mean = X_mean
         self._centers_fit = best.centers
         self._backend_key = (backend.name, dict(self.backend_options or {}), self.max_memory,
@@ -305,7 +313,7 @@ default=None
                           f"n_clusters ({self.n_clusters}). Possibly due to duplicate points "
                           f"in X.", _convergence_warning(), stacklevel=3)
 
-    def _print_report(self):
+    def _print_report(self) -> None:
         logger.info(f"backend: {self.backend_} ({self.backend_reason_})")
         logger.info("timings: " + ", ".join(f"{k} {v:.4f}s" for k, v in self.timings_.items()))
         if self.memory_report_:

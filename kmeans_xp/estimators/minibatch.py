@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -34,6 +34,9 @@ from kmeans_xp.contract.registry import select_backend
 from kmeans_xp.estimators.routing import MetadataRouting
 from kmeans_xp.contract.scaling import host_dtype_of
 from kmeans_xp.estimators.validation import check_init_array, check_random_state
+
+if TYPE_CHECKING:
+    from kmeans_xp.contract.backend import Array, KMeansBackend, Namespace
 
 
 class MiniBatchKMeans(Fitting, Predicting, SklearnInterop, MetadataRouting):
@@ -108,7 +111,7 @@ default=None
         Mini-batch steps run (by fit, or in all by partial_fit).
     n_features_in_ : int
         Number of features seen during fit.
-    feature_names_in_ : ndarray of shape (n_features_in_,)
+    feature_names_in_ : ndarray of shape (`n_features_in_`,)
         Column names of a DataFrame X, when they are all strings.
     backend_ : str
         The backend that ran the fit.
@@ -153,8 +156,8 @@ default=None
                  random_state: Any = None, tol: float = 0.0,
                  max_no_improvement: int | None = 10, init_size: int | None = None,
                  n_init: str | int = "auto", reassignment_ratio: float = 0.01,
-                 backend: str = "auto", backend_options: dict | None = None,
-                 max_memory: str | int = "auto"):
+                 backend: str = "auto", backend_options: dict[str, Any] | None = None,
+                 max_memory: str | int = "auto") -> None:
         self.n_clusters = n_clusters
         self.init = init
         self.max_iter = max_iter
@@ -172,7 +175,7 @@ default=None
         self.max_memory = max_memory
 
     # -- set up -------------------------------------------------------------------------------
-    def _sizes(self, n):
+    def _sizes(self, n: int) -> tuple[int, int]:
         """sklearn's batch and init sizes for n rows."""
         k = self.n_clusters
         batch = min(self.batch_size, n)
@@ -188,7 +191,7 @@ default=None
             init_size = 3 * k
         return batch, min(init_size, n)
 
-    def _backends(self, X):
+    def _backends(self, X: Any) -> Any:
         """(the backend named or chosen for X, why, the backend computing its batches),
         kept between partial_fit calls on the same kind of input."""
         key = (self.backend, repr(self.backend_options), str(self.max_memory),
@@ -205,7 +208,8 @@ default=None
         self.__dict__["_backend_cache"] = (key, (backend, why, steps))
         return backend, why, steps
 
-    def _init_rows(self, rows, sw, rs, n):
+    def _init_rows(self, rows: Any, sw: Any, rs: Any,
+                   n: int) -> tuple[Any, Array, Namespace, Array | None]:
         """sklearn's `_init_centroids` subset: init_size rows drawn with replacement (none
         when init_size covers X). Returns (their indices or None, centered rows, xp, their
         weights on the device or None)."""
@@ -215,7 +219,8 @@ default=None
                                                 device=device(Xi))
         return idx, Xi, xp, wi
 
-    def _one_init(self, rows, backend, sw, rs, n, init_array):
+    def _one_init(self, rows: Any, backend: KMeansBackend, sw: Any, rs: Any, n: int,
+                  init_array: Any) -> tuple[Array, Namespace]:
         """One initialisation, as sklearn draws it: (centered centers, xp)."""
         idx, Xi, xp, wi = self._init_rows(rows, sw, rs, n)
         given = init_array
@@ -250,7 +255,7 @@ default=None
         with verbose_logging(self.verbose):
             return self._fit(X, sample_weight)
 
-    def _fit(self, X, sample_weight):
+    def _fit(self, X: Any, sample_weight: Any) -> MiniBatchKMeans:
         clock = Clock()
         X_user = X
         X, sw, init_array, _ = self._check_inputs(X, sample_weight)
@@ -269,7 +274,8 @@ default=None
         clock.lap("validation")
         Xv, xp = rows.batch(valid)
         wv = None if sw is None else xp.asarray(sw[valid], device=device(Xv))
-        best = best_inertia = None
+        best: Any = None
+        best_inertia: Any = None
         for _ in range(n_init):
             with steps.memory.stage("init"):
                 centers, _ = self._one_init(rows, steps, sw, rs, n, init_array)
@@ -309,7 +315,8 @@ default=None
         self.timings_ = {**clock.laps, "total": clock.total()}
         return self
 
-    def _labels(self, rows, steps, sw, X_user, sample_weight):
+    def _labels(self, rows: Any, steps: KMeansBackend, sw: Any, X_user: Any,
+                sample_weight: Any) -> None:
         """labels_ and inertia_ of all of X, one pass in chunks (a dask X through its own
         backend, as predict does: labels stay a dask array)."""
         if namespace_name(rows.X) == "dask.array":
@@ -321,7 +328,7 @@ default=None
                                                    steps.driver_rows(rows.X))
         self.labels_ = steps.placement.from_backend(labels, like=X_user)
 
-    def _store_state(self, state):
+    def _store_state(self, state: Any) -> None:
         self._centers_fit = state.centers
         self._counts = state.counts
         self._n_since_last_reassign = state.n_since_last_reassign
@@ -329,7 +336,8 @@ default=None
         self._ewa_inertia_min = state.ewa_inertia_min
         self._no_improvement = state.no_improvement
 
-    def _store(self, backend, why, steps, shift, centers, X_user, X):
+    def _store(self, backend: KMeansBackend, why: str, steps: KMeansBackend, shift: Any,
+               centers: Array, X_user: Any, X: Any) -> None:
         place = steps.placement
         cxp = place.namespace(centers)
         self._X_mean = cxp.asarray(shift, device=device(centers))
@@ -377,7 +385,7 @@ default=None
                     self._partial_fit(to_numpy(X[sl]), w)
             return self
 
-    def _partial_fit(self, X, sample_weight):
+    def _partial_fit(self, X: Any, sample_weight: Any) -> MiniBatchKMeans:
         clock = Clock()
         fitted = hasattr(self, "cluster_centers_")
         self._check_params()

@@ -7,15 +7,18 @@ has a loop or a kernel of its own for it.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import numpy as np
 
 from kmeans_xp.estimators.kmeans import KMeans
 from kmeans_xp.contract.sphere import ZeroNormError, check_unit_rows, cosine_distances
 
+if TYPE_CHECKING:
+    from kmeans_xp.contract.backend import Array, KMeansBackend, Namespace, Placement
 
-def _refuse_zero_rows(C, what):
+
+def _refuse_zero_rows(C: Any, what: str) -> None:
     zero = np.flatnonzero(~np.any(np.asarray(C) != 0, axis=1))
     if zero.size:
         raise ZeroNormError(f"{what} has rows of norm 0 (rows {zero[:5].tolist()}): a center "
@@ -82,7 +85,7 @@ default=None
         Lloyd iterations of the best run.
     n_features_in_ : int
         Number of features seen during fit.
-    feature_names_in_ : ndarray of shape (n_features_in_,)
+    feature_names_in_ : ndarray of shape (`n_features_in_`,)
         Column names of a DataFrame X, when they are all strings.
     backend_ : str
         The backend that ran the fit.
@@ -128,20 +131,22 @@ default=None
 
     _spherical = True
 
-    def _check_inputs(self, X, sample_weight):
-        X, sw, init_array, absmax = super()._check_inputs(X, sample_weight)
+    def _check_inputs(self, X: Any, sample_weight: Any) -> tuple[Any, Any, Any, Any]:
+        # (the base's helpers are not annotated; mypy does not exempt calls through super())
+        X, sw, init_array, absmax = super()._check_inputs(X, sample_weight)  # type: ignore[no-untyped-call]
         if init_array is not None:
             _refuse_zero_rows(init_array, "init")
         return X, sw, init_array, absmax
 
-    def _given_inits(self, X, init_array, n_init, rs):
-        given = super()._given_inits(X, init_array, n_init, rs)
+    def _given_inits(self, X: Any, init_array: Any, n_init: int, rs: Any) -> Any:
+        given = super()._given_inits(X, init_array, n_init, rs)  # type: ignore[no-untyped-call]
         if callable(self.init):
             for C in given:
                 _refuse_zero_rows(C, "The centers init returned")
         return given
 
-    def _fit_data(self, backend, Xb, xp, absmax):
+    def _fit_data(self, backend: KMeansBackend, Xb: Array, xp: Namespace,
+                  absmax: float | None) -> tuple[Array, Array, Any, float]:
         """(unit rows, a zero mean, the absolute tol, 1): no centering (the sphere is about
         the origin) and no rescaling (unit rows are inside every dtype's range)."""
         place = backend.placement
@@ -153,16 +158,17 @@ default=None
         mean, tol = place.feature_stats(Xu, self.tol, xp=xp)
         return place.center(Xu, None, xp=xp), xp.zeros_like(mean), tol, 1.0
 
-    def _store(self, best, backend, why, X_mean, X_user, Xb):
+    def _store(self, best: Any, backend: KMeansBackend, why: str, X_mean: Array, X_user: Any,
+               Xb: Array) -> None:
         super()._store(best, backend, why, X_mean, X_user, Xb)
         self.inertia_ = self._objective(self.inertia_)
         self.history_ = {**best.history,
                          "inertia": [self._objective(v) for v in best.history["inertia"]]}
 
-    def _as_fitted(self, place, X, mean, xp):
+    def _as_fitted(self, place: Placement, X: Array, mean: Array, xp: Namespace) -> Array:
         return place.unit_rows(X, xp=xp)
 
-    def _objective(self, sq_dist):
+    def _objective(self, sq_dist: float) -> float:
         # unit x and c: ||x - c||^2 = 2 (1 - cos)
         return sq_dist / 2
 
@@ -182,7 +188,8 @@ default=None
         """
         return super().transform(X)
 
-    def _distances(self, X, centers, mean, xp, rows):
+    def _distances(self, X: Array, centers: Array, mean: Array, xp: Namespace,
+                   rows: int) -> Array:
         return cosine_distances(X, centers, xp, rows)
 
     def fit_transform(self, X: Any, y: Any = None, sample_weight: Any = None) -> Any:
@@ -224,7 +231,7 @@ default=None
         """
         return super().score(X, y, sample_weight)
 
-    def to_sklearn(self):
+    def to_sklearn(self) -> NoReturn:
         """Refused: scikit-learn has no spherical k-means.
 
         A `sklearn.cluster.KMeans` with these centers would predict by Euclidean distance to

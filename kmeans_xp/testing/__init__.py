@@ -14,9 +14,13 @@ the placement's unit rows and whole `SphericalKMeans` fits likewise.
 """
 from __future__ import annotations
 
-import numpy as np
+from collections.abc import Callable, Sequence
+from typing import Any
 
-from kmeans_xp.contract.backend import KMeansBackend
+import numpy as np
+import numpy.typing as npt
+
+from kmeans_xp.contract.backend import Array, KMeansBackend, Namespace
 from kmeans_xp.contract.namespaces import device, to_numpy
 from kmeans_xp.testing.fits import (  # noqa: F401 - asymmetric_data and lloyd_cases are public here
     _dev,
@@ -30,7 +34,8 @@ from kmeans_xp.testing.fits import (  # noqa: F401 - asymmetric_data and lloyd_c
 )
 
 
-def _brute(X, C, labels=None, w=None):
+def _brute(X: np.ndarray, C: np.ndarray, labels: np.ndarray | None = None,
+           w: Any = None) -> dict[str, np.ndarray]:
     X64, C64 = X.astype(np.float64), C.astype(np.float64)
     d = ((X64[:, None, :] - C64[None, :, :]) ** 2).sum(-1)
     lab = d.argmin(1)
@@ -43,7 +48,7 @@ def _brute(X, C, labels=None, w=None):
     return out
 
 
-def _tie_free(dist, labels, rtol):
+def _tie_free(dist: np.ndarray, labels: np.ndarray, rtol: float) -> np.ndarray:
     """Rows whose best and second-best distances differ clearly (ties may go either way)."""
     if dist.shape[1] == 1:
         return np.ones(len(labels), bool)
@@ -51,14 +56,17 @@ def _tie_free(dist, labels, rtol):
     return (part[:, 1] - part[:, 0]) > rtol * (1 + np.abs(part[:, 0]))
 
 
-def _cases():
+def _cases() -> list[tuple[int, int, int]]:
     # (n, d, k): n odd and prime-ish so no chunk or block size divides it
     return [(1, 1, 1), (97, 1, 1), (257, 2, 7), (1031, 3, 13), (401, 17, 50), (211, 5, 211),
             (3001, 3, 500), (523, 128, 9)]
 
 
-def check_backend(cls, *, make_array=None, dtypes=(np.float32, np.float64),
-                  max_memory="2MB", cases=None):
+def check_backend(cls: type[KMeansBackend], *,
+                  make_array: Callable[[np.ndarray], Array] | None = None,
+                  dtypes: Sequence[npt.DTypeLike] = (np.float32, np.float64),
+                  max_memory: int | str = "2MB",
+                  cases: Sequence[tuple[int, int, int]] | None = None) -> int:
     """Run the contract suite on backend class `cls`.
 
     make_array: converts a NumPy array into the backend's input namespace (default: NumPy if
@@ -103,7 +111,7 @@ def check_backend(cls, *, make_array=None, dtypes=(np.float32, np.float64),
     return passed
 
 
-def _check_class(cls):
+def _check_class(cls: type[KMeansBackend]) -> None:
     from kmeans_xp.contract.backend import Option
     assert isinstance(cls, type) and issubclass(cls, KMeansBackend), \
         f"{cls!r} must subclass kmeans_xp.KMeansBackend"
@@ -114,7 +122,7 @@ def _check_class(cls):
         "`options` maps option names to kmeans_xp.contract.backend.Option"
 
 
-def _default_maker(backend):
+def _default_maker(backend: KMeansBackend) -> Callable[[np.ndarray], Array]:
     """NumPy input when the backend takes it, else its placement's `to_backend`."""
     if backend.accepts(np.zeros((2, 2)), n_clusters=1):
         return lambda a: a
@@ -124,7 +132,11 @@ def _default_maker(backend):
 class Reference:
     """Brute-force float64 answers for one case."""
 
-    def __init__(self, X, C, w, rtol):
+    n: int
+    k: int
+    scale: float
+
+    def __init__(self, X: np.ndarray, C: np.ndarray, w: np.ndarray, rtol: float) -> None:
         self.X, self.C, self.w, self.rtol = X, C, w, rtol
         b = _brute(X, C)
         self.labels, self.dist = b["labels"], b["dist"]
@@ -132,14 +144,15 @@ class Reference:
         self.scale = np.abs(X).max() ** 2 + 1
         self.clear = _tie_free(self.dist, self.labels, rtol * 100)
 
-    def sums(self, labels, w):
+    def sums(self, labels: np.ndarray, w: np.ndarray) -> dict[str, np.ndarray]:
         return _brute(self.X, self.C, labels, w)
 
-    def sum_atol(self):
+    def sum_atol(self) -> Any:  # (float ** 0.5 is Any to mypy: it may be complex)
         return self.rtol * self.scale ** 0.5 * self.n ** 0.5
 
 
-def check_primitives(backend, X, C, w, ref, xp, where):
+def check_primitives(backend: KMeansBackend, X: Array, C: Array, w: Array, ref: Reference,
+                     xp: Namespace, where: str) -> int:
     """assign against the brute-force argmin; reduce against np.add.at, weighted and not."""
     labels, min_sq = backend.assign(X, C, xp=xp)
     lab = to_numpy(labels).astype(np.int64)
@@ -166,7 +179,8 @@ def check_primitives(backend, X, C, w, ref, xp, where):
     return 3
 
 
-def check_iteration(backend, X, C, w, ref, xp, where):
+def check_iteration(backend: KMeansBackend, X: Array, C: Array, w: Array, ref: Reference,
+                    xp: Namespace, where: str) -> int:
     """lloyd_iter: the assignment's labels, the sums, inertia and changed-label count, and
     new arrays each call (the driver keeps the last labels and may issue the next call before
     it reads them)."""
@@ -196,14 +210,16 @@ def check_iteration(backend, X, C, w, ref, xp, where):
     if not backend.ahead_gate:
         return 2
     clear = xp.zeros((1,), dtype=xp.bool, device=device(C))  # (the driver's flag: not set)
-    it3 = backend.lloyd_iter(X, w, C, None, xp=xp, skip=clear)
+    # an ahead_gate backend's lloyd_iter takes skip= (KMeansBackend.__init_subclass__)
+    it3 = backend.lloyd_iter(X, w, C, None, xp=xp, skip=clear)  # type: ignore[call-arg]
     assert np.array_equal(to_numpy(it3.labels).astype(np.int64), got) and np.array_equal(
         _host(it3.weighted_sums), _host(it.weighted_sums)), \
         f"{where}: ahead_gate: lloyd_iter(skip=<not set>) differs from lloyd_iter()"
     return 3
 
 
-def check_extras(backend, X, C, w, ref, xp, where):
+def check_extras(backend: KMeansBackend, X: Array, C: Array, w: Array, ref: Reference,
+                 xp: Namespace, where: str) -> int:
     """inertia (direct differences), labels_inertia (the same labels and inertia) and
     farthest (relocation candidates)."""
     lab = ref.labels
@@ -234,7 +250,8 @@ def check_extras(backend, X, C, w, ref, xp, where):
     return 2
 
 
-def check_seeding(backend, X, w, k, xp, where):
+def check_seeding(backend: KMeansBackend, X: Array, w: Array, k: int, xp: Namespace,
+                  where: str) -> int:
     """A backend's own k-means++ steps (`seeding`, when it has them) draw the rows the xp
     steps draw on the same X, with and without weights."""
     from kmeans_xp.algorithms.init import kmeans_plusplus
@@ -252,7 +269,8 @@ def check_seeding(backend, X, w, k, xp, where):
     return passed
 
 
-def check_memory_bound(backend, to_arr, dtype, n=20011, d=3, k=300):
+def check_memory_bound(backend: KMeansBackend, to_arr: Callable[[np.ndarray], Array],
+                       dtype: npt.DTypeLike, n: int = 20011, d: int = 3, k: int = 300) -> int:
     """On NumPy input: the peak of one lloyd_iter stays within the backend's own estimate
     plus its outputs (labels), under a budget small enough to force chunking."""
     import tracemalloc
