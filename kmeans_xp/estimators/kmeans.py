@@ -204,8 +204,9 @@ default=None
                                       max_memory=self.max_memory, check_memory=True,
                                       copy_x=bool(self.copy_x))
         place = backend.placement
-        place.warm_up(X, self.n_clusters, seeding_dtype(self.init, X.dtype))
         given = self._given_inits(X, init_array, n_init, rs)
+        # after the last check (a callable init's centers): a fit refused starts nothing
+        place.warm_up(X, self.n_clusters, seeding_dtype(self.init, X.dtype))
         clock.lap("validation")
         Xb = place.to_backend(X)
         xp = place.namespace(Xb)
