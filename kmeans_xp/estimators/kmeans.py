@@ -88,8 +88,9 @@ default=None
     backend_options : dict or None, default=None
         Options of the backend, checked by name (e.g. ``{"stream": True}``).
     max_memory : "auto", int or str, default="auto"
-        Bound on the working memory beyond X, labels and centers: bytes or a string such as
-        "2GB"; "auto" is a share of the memory free where the backend computes.
+        Bound on everything the fit allocates beyond X (the backend's buffers and the
+        driver's arrays: centered copy, labels, init): bytes or a string such as "2GB";
+        "auto" is a share of the memory free where the backend computes.
 
     Attributes
     ----------
