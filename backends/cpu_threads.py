@@ -1,8 +1,10 @@
-"""Threads of the CPU backends (numpy, numba): the cores they may use, and BLAS held to one
-thread while their own threads call it (one BLAS thread pool inside each of T threads would
-run T x T threads)."""
+"""Threads of the CPU backends (numpy, numba): the cores they may use, the one pool of threads
+their passes run on (`PASS_THREADS`, shared by every backend of the process: a fitted model
+holds no thread), and BLAS held to one thread while their own threads call it (one BLAS
+thread pool inside each of T threads would run T x T threads)."""
 from __future__ import annotations
 
+import concurrent.futures
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -92,5 +94,59 @@ class BlasOneThread:
 
 #: the one instance all CPU backends share
 BLAS_ONE_THREAD = BlasOneThread()
+
+
+class PassStopped(Exception):
+    """Raised inside a pass's job whose pass was stopped (`PassThreads.run`)."""
+
+
+class PassThreads:
+    """The process's one pool of pass threads, shared by every CPU backend instance (so ten
+    fitted models hold no thread of their own), grown to the most threads a pass has asked
+    for. A pass's jobs poll `stop` between GEMM sub-chunks: when the caller is interrupted
+    (Ctrl-C) or one job fails, the others stop within one sub-chunk, so the interpreter,
+    which joins these threads at exit, does not wait for the rest of the pass."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._pool, self._size = None, 0
+
+    def run(self, job, count, stop):
+        """[job(0), ..., job(count - 1)], on `count` threads; `stop` (a threading.Event)
+        is set when the caller stops waiting for them."""
+        with self._lock:
+            if self._pool is None or self._size < count:
+                old = self._pool
+                self._pool = ThreadPoolExecutor(count, thread_name_prefix="kmeans_xp-pass")
+                self._size = count
+                if old is not None:   # (its threads leave once their jobs end)
+                    old.shutdown(wait=False)
+            pool = self._pool
+        futures = [pool.submit(job, t) for t in range(count)]
+        try:
+            return [f.result() for f in futures]
+        except BaseException:
+            stop.set()
+            for f in futures:
+                f.cancel()
+            concurrent.futures.wait(futures)
+            raise
+
+    def _after_fork(self):
+        """In a forked child the pool's threads are gone: the next pass makes a new pool."""
+        self._lock, self._pool, self._size = threading.Lock(), None, 0
+
+
+#: the pass threads all CPU backends share
+PASS_THREADS = PassThreads()
+
+
+def check_stop(stop):
+    """Raise `PassStopped` where the pass this job belongs to was stopped."""
+    if stop is not None and stop.is_set():
+        raise PassStopped
+
+
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=BLAS_ONE_THREAD._after_fork)
+    os.register_at_fork(after_in_child=PASS_THREADS._after_fork)

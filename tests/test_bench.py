@@ -145,13 +145,13 @@ def test_seed_reference_runs_float64_and_agrees():
 
 
 def test_seed_reference_oom_under_a_memory_cap_is_a_row():
-    res = bench.compare("numpy", include_seed=True, seed_device="cpu", max_memory="200KB",
+    res = bench.compare("numpy", include_seed=True, seed_device="cpu", max_memory="600KB",
                         **TINY)
     rows = rows_by_name(res)
     seed = rows["seed-reference[numpy]"]
     assert seed["status"] == "oom"
     assert "Out of memory" in seed["message"] and "(n, k, d)" in seed["message"]
-    assert seed["memory_estimate_bytes"] > 200_000
+    assert seed["memory_estimate_bytes"] > 600_000
     assert rows["numpy"]["status"] == "ok"  # the chunked backend fits in the same cap
 
 

@@ -82,3 +82,11 @@ def test_dask_multi_gpu_runs_its_protocol_on_cpu_workers(tmp_path):
         assert case[key]["per_iteration_s"] > 0
     # the same work: every case ends at the single-device centers
     assert case["dask_2_workers_actors"]["max_abs_center_diff_vs_single_gpu"] < 1e-3
+
+
+def test_minibatch_step_timer_runs():
+    """benchmarks/minibatch_step.py (the per-step comparison with scikit-learn that the GPU
+    target is measured with) at a small size on the numpy backend."""
+    out = run_tool("benchmarks/minibatch_step.py", "--n", "20000", "--k", "20", "--batch",
+                   "1024", "--backend", "numpy", "--repeats", "1")
+    assert "ms per step" in out and "x scikit-learn per step" in out

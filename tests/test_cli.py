@@ -84,7 +84,7 @@ def test_plot_redraws_a_saved_result(tmp_path):
 
 def test_include_seed_with_a_tiny_cap_reports_its_oom(tmp_path):
     rc = cli.main(["compare", *TINY, "--backends", "numpy", "--include-seed",
-                   "--seed-device", "cpu", "--max-memory", "100KB", "--out", str(tmp_path),
+                   "--seed-device", "cpu", "--max-memory", "600KB", "--out", str(tmp_path),
                    "--name", "capped", "--quiet"])
     assert rc == 0
     rows = rows_by_name(json.loads((tmp_path / "capped.json").read_text()))

@@ -172,6 +172,14 @@ def test_chunked_assign_below_the_floor_raises_memory_error(fake_chunked):
         b.assign(X, X[:400])
 
 
+def _beside_driver(name, X, k, budget):
+    """max_memory leaving `budget` bytes to the backend beside the driver's arrays (it
+    bounds both)."""
+    from kmeans_xp import get_backend
+    from kmeans_xp.contract.fitmemory import least_max_memory
+    return least_max_memory(get_backend(name), *X.shape, k, X.dtype.itemsize) + budget
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("name", ALL_CUPY)
 def test_fit_with_the_real_kernels_is_the_numpy_backends(emulated_cupy, name, dtype):
@@ -181,7 +189,8 @@ def test_fit_with_the_real_kernels_is_the_numpy_backends(emulated_cupy, name, dt
     X = asymmetric_data(1201, 3, 6, dtype=dtype, seed=21)
     init = X[:6] + dtype(0.1)
     ref = KMeans(6, init=init, backend="numpy", max_iter=6, tol=0).fit(X)
-    budget = "40KB" if name != "cupy-fused" else "auto"  # fused: working memory is O(k d)
+    # (40 KB for the backend's chunks beside the driver's arrays; fused: O(k d) memory)
+    budget = _beside_driver(name, X, 6, 40_000) if name != "cupy-fused" else "auto"
     got = KMeans(6, init=init, backend=name, max_iter=6, tol=0, max_memory=budget).fit(X)
     agree = np.mean(got.labels_ == ref.labels_)
     assert agree == 1.0, f"{name} {np.dtype(dtype)}: {1 - agree:.4%} labels differ"
@@ -195,7 +204,8 @@ def test_fit_through_the_estimator_matches_numpy(fake_cupy, name):
     X = asymmetric_data(3001, 3, 9, dtype=np.float64, seed=11)
     init = X[:9] + 0.1
     ref = KMeans(9, init=init, backend="numpy").fit(X)
-    got = KMeans(9, init=init, backend=name, max_memory="200KB").fit(X)
+    got = KMeans(9, init=init, backend=name,
+                 max_memory=_beside_driver(name, X, 9, 200_000)).fit(X)
     assert got.backend_ == name
     np.testing.assert_array_equal(got.labels_, ref.labels_)
     np.testing.assert_allclose(got.cluster_centers_, ref.cluster_centers_, rtol=1e-12)

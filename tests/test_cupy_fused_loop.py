@@ -136,3 +136,50 @@ def test_the_driver_gates_what_it_issues_ahead(fake_cupy, monkeypatch, d):
     ref = KMeans(9, backend="numpy", **kw).fit(X)
     _same_fit(got, ref, np.float64, f"gated d={d}")
     assert flags[0] is None and True in flags and False in flags[1:], flags
+
+
+@pytest.mark.parametrize("centers_on", ["host", "device"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_batches_of_one_shape_share_one_workspace(fake_cupy, centers_on, dtype):
+    """A mini-batch fit hands lloyd_iter a new array each step: one workspace serves them
+    all (before: a plan, zero fills and pinned buffers per step), each batch's labels, sums
+    and inertia those of a fresh backend."""
+    import array_api_compat.numpy as xp
+    from kmeans_xp_backends.cupy.fused import CupyFusedBackend
+
+    X = asymmetric_data(3 * 2048, 3, 8, dtype=dtype, seed=4)
+    X -= X.mean(axis=0)
+    C = X[:8].copy()
+
+    def backend():
+        be = CupyFusedBackend()
+        if centers_on == "device":
+            be.placement.small_on_host = 0
+        return be
+
+    be, seen = backend(), set()
+    for start in range(0, len(X), 2048):
+        Xb = np.ascontiguousarray(X[start:start + 2048])
+        got = be.lloyd_iter(Xb, None, C, None, xp=xp)
+        seen.add(id(be._ws))
+        ref = backend().lloyd_iter(Xb, None, C, None, xp=xp)
+        np.testing.assert_array_equal(np.asarray(got.labels), np.asarray(ref.labels))
+        np.testing.assert_array_equal(np.asarray(got.weighted_sums),
+                                      np.asarray(ref.weighted_sums))
+        np.testing.assert_array_equal(np.asarray(got.weight_in_clusters),
+                                      np.asarray(ref.weight_in_clusters))
+        assert float(got.inertia) == float(ref.inertia)
+    assert len(seen) == 1
+
+
+def test_minibatch_fit_on_cupy_fused_gives_the_numpy_backends_steps(fake_cupy):
+    from kmeans_xp import MiniBatchKMeans
+
+    X = asymmetric_data(12_011, 3, 10, dtype=np.float32, seed=9)
+    p = dict(n_clusters=10, batch_size=1024, random_state=3, max_iter=2)
+    ref = MiniBatchKMeans(backend="numpy", **p).fit(X)
+    got = MiniBatchKMeans(backend="cupy-fused", **p).fit(X)
+    assert got.n_steps_ == ref.n_steps_
+    np.testing.assert_allclose(np.asarray(got.cluster_centers_), ref.cluster_centers_,
+                               rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(np.asarray(got._counts), ref._counts, rtol=1e-5)

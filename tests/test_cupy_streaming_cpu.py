@@ -269,7 +269,7 @@ def test_plan_fits_the_budget_and_the_estimate_says_so(fake_cupy, name, k, budge
                        work_bytes=lambda r, share: backend.stream_work_bytes(r, d, k, 4, share))
     assert plan.device_bytes <= budget
     assert streaming.MIN_STREAM_ROWS <= plan.rows <= n
-    est = estimate_memory(n, d, k, dtype="float32", backend=name, max_memory=budget)
+    est = estimate_memory(n, d, k, dtype="float32", backend=name)
     assert est.total > n * d * 4  # "auto": X on the device
     est = get_backend(name).estimate_memory(n, d, k, itemsize=4, max_memory=budget,
                                             stream=True)

@@ -68,10 +68,12 @@ def test_estimate_memory_parts_and_total(backend):
     assert working <= 64 * 10**6  # working memory within the bound
     assert "MiB" in str(est) and "chunk of" in str(est)
     # more clusters need more; float64 needs at least as much as float32
-    more = estimate_memory(100_003, 3, 2000, dtype="float32", backend=backend,
-                           max_memory="64MB")
+    # (with "auto": bytes given are filled up to the bound, the parts shifting between
+    # the driver's arrays and the backend's chunks)
+    est = estimate_memory(100_003, 3, 200, dtype="float32", backend=backend)
+    more = estimate_memory(100_003, 3, 2000, dtype="float32", backend=backend)
     assert more.total > est.total
-    f64 = estimate_memory(100_003, 3, 200, dtype="float64", backend=backend, max_memory="64MB")
+    f64 = estimate_memory(100_003, 3, 200, dtype="float64", backend=backend)
     assert f64.total >= est.total
 
 
@@ -87,9 +89,9 @@ def test_estimate_memory_dtype_is_the_computation_dtype(backend):
 def test_estimate_memory_chunk_shrinks_with_budget():
     big = estimate_memory(1_000_003, 3, 500, dtype="float32", backend="numpy", max_memory="1GB")
     small = estimate_memory(1_000_003, 3, 500, dtype="float32", backend="numpy",
-                            max_memory="2MB")
+                            max_memory="80MB")
     assert small.chunk_rows < big.chunk_rows
-    assert small.parts["chunk_buffers"] <= 2 * 10**6
+    assert small.total <= 80 * 10**6   # all of it: the driver's arrays too
 
 
 @pytest.mark.parametrize("kwargs,match", [
@@ -129,7 +131,7 @@ def test_small_max_memory_fit_gives_the_same_answer():
     """Chunking is a memory matter only: the result does not depend on max_memory."""
     X = asymmetric_data(5003, 3, 20, seed=2)
     init = X[:20].copy()
-    small = KMeans(20, init=init, max_memory="64KB").fit(X)
+    small = KMeans(20, init=init, max_memory="640KB").fit(X)
     big = KMeans(20, init=init, max_memory="1GB").fit(X)
     # GEMMs of other row counts may round otherwise on some BLAS builds
     assert not fit_differences(X, small, big)
@@ -155,11 +157,11 @@ def _peak_lloyd_iters(backend, X, w, C, iters=3):
 
 
 @pytest.mark.parametrize("n,d,k,dtype,max_memory", [
-    (7919, 40, 37, np.float64, "1MB"),
+    (7919, 40, 37, np.float64, "4MB"),
     (12007, 8, 64, np.float64, "auto"),
     # the seed's shape, and many clusters under a tight budget
-    (200_003, 3, 200, np.float32, "2MB"),
-    (30011, 3, 500, np.float32, "2MiB"),
+    (200_003, 3, 200, np.float32, "16MB"),
+    (30011, 3, 500, np.float32, "3MiB"),
 ])
 def test_numpy_backend_peak_under_estimate(n, d, k, dtype, max_memory):
     rng = np.random.default_rng(0)
@@ -174,9 +176,9 @@ def test_numpy_backend_peak_under_estimate(n, d, k, dtype, max_memory):
 
 
 @pytest.mark.parametrize("n,d,k,dtype,max_memory,weighted,init", [
-    (2_000_000, 3, 500, np.float64, "8MB", False, "array"),  # was 195 MiB against 38
-    (100_003, 3, 50, np.float32, "2MB", True, "k-means++"),
-    (50_021, 16, 64, np.float64, "1MB", False, "k-means++"),
+    (2_000_000, 3, 500, np.float64, "320MB", False, "array"),
+    (100_003, 3, 50, np.float32, "8MB", True, "k-means++"),
+    (50_021, 16, 64, np.float64, "11MB", False, "k-means++"),
 ])
 def test_whole_fit_peak_under_estimate(n, d, k, dtype, max_memory, weighted, init):
     """A whole fit (validation, centering, init, Lloyd, final pass) on the numpy backend stays
@@ -218,7 +220,7 @@ def test_early_memory_check_plans_with_the_backend_options():
         X = asymmetric_data(301, 3, 3, seed=0)
         KMeans(3, backend="recording-numpy", backend_options={"n_threads": 1},
                random_state=0).fit(X)
-        assert seen == [1]
+        assert seen and set(seen) == {1}   # (planned more than once: fitmemory)
     finally:
         registry._runtime.pop("recording-numpy")
         registry.list_backends.cache_clear()

@@ -66,3 +66,25 @@ def test_large_fit_is_on_the_device(cp):
     assert got.n_steps_ == ref.n_steps_ == 2 * 2_000_000 // 65536
     np.testing.assert_allclose(cp.asnumpy(got.cluster_centers_), ref.cluster_centers_,
                                rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_fused_steps_reuse_one_workspace(cp, dtype):
+    """cupy-fused serves every batch of a fit from one workspace (plan, buffers, pinned
+    centers: rebuilding them each step cost as much as the step), and a batch's statistics
+    are those of a fresh backend's."""
+    from kmeans_xp import get_backend
+    X = asymmetric_data(8192 * 3, 3, 40, dtype=dtype, seed=8)
+    C = X[:40].copy()
+    be, fresh = get_backend("cupy-fused")(), get_backend("cupy-fused")
+    seen = set()
+    for start in range(0, len(X), 8192):
+        Xb = cp.asarray(X[start:start + 8192])
+        got = be.lloyd_iter(Xb, None, C, None)
+        seen.add(id(be._ws))
+        ref = fresh().lloyd_iter(Xb, None, C, None)
+        np.testing.assert_array_equal(cp.asnumpy(got.labels), cp.asnumpy(ref.labels))
+        np.testing.assert_array_equal(np.asarray(cp.asnumpy(got.weighted_sums)),
+                                      np.asarray(cp.asnumpy(ref.weighted_sums)))
+        assert float(got.inertia) == float(ref.inertia)
+    assert len(seen) == 1

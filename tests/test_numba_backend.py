@@ -161,12 +161,14 @@ def test_auto_picks_numba_where_installed_and_numpy_where_not(monkeypatch):
 
 
 def test_estimate_bounds_the_plan():
-    from kmeans_xp_backends.numba.backend import _Plan
+    from kmeans_xp_backends.numba.backend import NumbaBackend, _Plan
 
     from kmeans_xp import estimate_memory
     for n, d, k, mem in [(2_000_000, 3, 500, "auto"), (200_000, 128, 1024, "auto"),
                          (20011, 3, 300, "2MB"), (200_000, 128, 1024, "8MB")]:
-        est = estimate_memory(n, d, k, backend="numba", max_memory=mem)
+        # (the backend's own estimate: estimate_memory gives it its share of max_memory)
+        est = NumbaBackend.estimate_memory(n, d, k, itemsize=4, max_memory=mem, n_threads=16)
+        assert estimate_memory(n, d, k, backend="numba").total > 0
         plan = _Plan(n, d, k, 4, mem, 16)
         assert est.parts["task_sums"] == plan.accumulators
         if mem != "auto":

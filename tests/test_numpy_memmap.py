@@ -96,6 +96,15 @@ def _allowed(n, k, max_memory, init_bytes=0):
     return max_memory + max(labels_out + iterations, init_bytes) + SLACK
 
 
+def _beside_driver(n, d, k, budget, weighted=False, backend="numpy"):
+    """max_memory leaving `budget` bytes to the backend's buffers beside the driver's arrays
+    (labels, init, and the centered copy the in-memory reference fit makes: max_memory
+    bounds them all)."""
+    from kmeans_xp import get_backend
+    from kmeans_xp.contract.fitmemory import least_max_memory
+    return least_max_memory(get_backend(backend), n, d, k, 4, weighted=weighted) + budget
+
+
 def _fit_and_compare(path, n, d, k, init, max_memory, backend="numpy", **kw):
     X = np.memmap(path, dtype=np.float32, mode="r+", shape=(n, d))
     before = _digest(path)
@@ -123,7 +132,7 @@ def test_memmap_fit_reads_blocks_and_gives_the_in_memory_fit(tmp_path, init, bac
     n, d, k = 4_000_000, 3, 16
     path = tmp_path / "X.f32"
     centers = _write(path, n, d, k)
-    max_memory = 8 << 20
+    max_memory = _beside_driver(n, d, k, 8 << 20, backend=backend)
     peak = _fit_and_compare(path, n, d, k, centers if init == "array" else init, max_memory,
                             backend=backend, max_iter=4, tol=1e-4)
     copy = n * d * 4
@@ -150,7 +159,8 @@ def test_memmap_fits_match_in_memory_fits(tmp_path, init, d):
     _write(path, n, d, k, seed=d)
     X = np.memmap(path, dtype=np.float32, mode="r", shape=(n, d))
     w = np.random.default_rng(3).uniform(0.5, 2, n).astype(np.float32)
-    kw = dict(init=init, max_iter=20, backend="numpy", max_memory="2MB", random_state=4)
+    kw = dict(init=init, max_iter=20, backend="numpy", random_state=4,
+              max_memory=_beside_driver(n, d, k, 2 << 20, weighted=True))
     got = KMeans(k, **kw).fit(X, sample_weight=w)
     ref = KMeans(k, **kw).fit(np.array(X), sample_weight=w)
     np.testing.assert_array_equal(got.labels_, ref.labels_)
@@ -159,8 +169,9 @@ def test_memmap_fits_match_in_memory_fits(tmp_path, init, d):
     assert got.score(X) == pytest.approx(ref.score(np.array(X)), rel=1e-9)
     far = np.array(X[:k]).copy()
     far[0] += 1e4  # nobody's nearest: relocated to the farthest point
-    a = KMeans(k, init=far, max_iter=5, backend="numpy", max_memory="2MB").fit(X)
-    b = KMeans(k, init=far, max_iter=5, backend="numpy", max_memory="2MB").fit(np.array(X))
+    bound = _beside_driver(n, d, k, 2 << 20)
+    a = KMeans(k, init=far, max_iter=5, backend="numpy", max_memory=bound).fit(X)
+    b = KMeans(k, init=far, max_iter=5, backend="numpy", max_memory=bound).fit(np.array(X))
     np.testing.assert_array_equal(a.labels_, b.labels_)
 
 
@@ -184,7 +195,7 @@ def test_memmap_fit_of_1e8_rows_stays_within_max_memory(tmp_path):
     path = tmp_path / "X.f32"
     try:
         init = _write(path, n, d, k, seed=2)
-        max_memory = 256 << 20
+        max_memory = _beside_driver(n, d, k, 256 << 20)
         peak = _fit_and_compare(path, n, d, k, init, max_memory, max_iter=3, tol=0)
         allowed = _allowed(n, k, max_memory)
         print(f"n={n}: RssAnon rose {peak.anon / 2**30:.3f} GiB, tracemalloc peak "

@@ -17,14 +17,18 @@ PLAN = textwrap.dedent("""
     from kmeans_xp_backends.cupy.common import DEVICE_AUTO_FRACTION, NOMINAL_DEVICE_BYTES
     out = {"available": {b: list_backends()[b].available for b in %(gpu)r}}
     nominal = int(NOMINAL_DEVICE_BYTES * DEVICE_AUTO_FRACTION)
+    from kmeans_xp.contract.planning import planning_class
     for b in %(gpu)r:
         auto = estimate_memory(2_000_000, 3, 500, dtype="float32", backend=b)
-        same = estimate_memory(2_000_000, 3, 500, dtype="float32", backend=b,
-                               max_memory=nominal)
+        # (the backend's own parts: bytes given split max_memory with the driver's arrays)
+        same = planning_class(b).estimate_memory(2_000_000, 3, 500, itemsize=4,
+                                                 max_memory=nominal)
         small = estimate_memory(2_000_000, 3, 500, dtype="float32", backend=b,
-                                max_memory="64MB")
+                                max_memory="256MB")
         out[b] = {"parts": auto.parts, "total": auto.total, "rows": auto.chunk_rows,
-                  "same": same.total == auto.total, "small_rows": small.chunk_rows}
+                  "same": all(auto.parts[p] == v for p, v in same.parts.items()),
+                  "small_rows": small.chunk_rows,
+                  "small_within": small.total - small.parts["data"] <= 256 * 10**6}
     streamed = estimate_memory(10**8, 3, 1000, backend="cupy-kernels", max_memory="4GiB",
                                backend_options={"stream": True})
     out["streamed"] = {"total": streamed.total, "parts": sorted(streamed.parts)}
@@ -60,6 +64,13 @@ def test_gpu_backends_plan_without_cupy(planned, backend):
 
 def test_chunked_plan_follows_the_budget(planned):
     assert planned["cupy-chunked"]["small_rows"] < planned["cupy-chunked"]["rows"]
+
+
+@pytest.mark.parametrize("backend", GPU)
+def test_max_memory_bounds_every_part_beyond_x(planned, backend):
+    """max_memory given in bytes holds the driver's arrays too (centered copy, labels,
+    init), not only the backend's chunks (issue 37: 2.20 GiB planned under 1 GiB)."""
+    assert planned[backend]["small_within"]
 
 
 def test_streamed_and_dask_plans(planned):

@@ -38,55 +38,11 @@ from . import common, paths
 from . import fused_plan as fp
 from .base import BASE_OPTIONS, CupyBackendBase
 from .common import BLOCK, NULL, device_ptr, free_device_memory, launch, with_oom_retry
-from .einsum_order import norm_mode
 from .host_centers import HostCenters
+from .workspace import CTYPE as _CTYPE, Workspace
 from .placement import CupyPlacement
 
-_CTYPE = {"float32": "float", "float64": "double"}
 _i32 = np.int32
-
-
-class _Workspace:
-    """The buffers of one (X, k, weights) problem, kept across calls (the driver calls with
-    the same X every iteration): the plan, the centers' operands, the fixed-point
-    accumulator (finalize_sums leaves it zeroed), per-block partials, the changed-labels
-    counter (finalize_sums resets it) and the fixed-point scales (computed on the device on
-    first use). All used in stream order."""
-
-    def __init__(self, cp, plan, X, w, k, dev):
-        n, d = X.shape
-        self.X, self.w, self.k, self.n, self.d = X, w, k, n, d
-        self.plan, self.T = plan, X.dtype
-        self.dtype_name = str(X.dtype)
-        self.acc = cp.zeros(k * (d + 1) * 2, dtype=cp.uint64)
-        n_ops, n_cnorm = fp.operand_sizes(plan.layout, k, d, plan.S, plan.kpad)
-        self.ops = cp.zeros(n_ops, dtype=X.dtype)  # the padding stays zero
-        # ||c||^2 of the padding columns is inf: they never win
-        self.cnorm = cp.full(n_cnorm, 0 if plan.layout == 0 else np.inf, dtype=X.dtype)
-        self.n_partials = plan.n_partials   # grows if an OOM halves the tf32 chunk
-        self.chunk_rows = plan.chunk_rows
-        self.partials = cp.zeros(max(plan.n_partials, 1), dtype=cp.float64)
-        self.counter = cp.zeros(1, dtype=cp.uint64)
-        self.gbuf = None
-        if plan.acc_mode == "sorted":   # counts (sort_offsets zeroes them), starts, cursor, rows
-            self.sort_counts = cp.zeros(k, dtype=cp.int32)
-            self.sort_starts, self.sort_cursor = cp.empty(k + 1, cp.int32), cp.empty(k, cp.int32)
-            self.sort_order = cp.empty(n, dtype=cp.int32)
-        self.scales = None  # (scale, inv_scale) device arrays of d + 1 values
-        # host centers' way in and the statistics' way out (HostCenters, made on first use)
-        self.host = None
-        self.two_l = fp.fixed_point_lo(n)
-        t = _CTYPE[self.dtype_name]
-        # what every call launches with, looked up once (an iteration's host time is small)
-        self.fn_pack = fp.kernel(f"pack_centers<{t}>")
-        self.pack_grid = fp.cdiv(k, BLOCK)
-        self.pack_args = (_i32(k), _i32(d), _i32(plan.layout), _i32(plan.S), _i32(plan.kpad),
-                          np.int32(norm_mode(self.dtype_name)), self.ops, self.cnorm)
-        self.fn_finalize = fp.kernel("finalize_sums")
-        self.finalize_grid = max(1, min(fp.cdiv(k * (d + 1), BLOCK), dev.sms * 8))
-        if plan.path == "small":
-            names = fp.small_kernel_names(self.dtype_name, d, plan.P, plan.G)
-            self.fn_fused, self.fn_assign = fp.kernel(names[0]), fp.kernel(names[1])
 
 
 class FusedPlacement(CupyPlacement):
@@ -232,8 +188,14 @@ class CupyFusedBackend(CupyBackendBase):
         if ws is not None and ws.X is X and ws.k == k:   # new weights only
             ws.w, ws.w_in, ws.scales = w, sample_weight, None
             return ws
+        if ws is not None and ws.fits(X, k, w):
+            # another X of the same shape (a mini-batch step's batch): the plan, buffers and
+            # pinned centers are the last one's (re-planning, five zero fills and a pinned
+            # allocation per step cost as much as a step's pass)
+            ws.rebind(X, w, sample_weight)
+            return ws
         self._ws = None  # release the old buffers before asking for new ones
-        ws = _Workspace(cp, self._plan_for(X, k), X, w, k,
+        ws = Workspace(cp, self._plan_for(X, k), X, w, k,
                         fp.device_facts(cp.cuda.Device().id))
         ws.w_in = sample_weight
         self._ws = ws

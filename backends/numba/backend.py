@@ -214,6 +214,11 @@ class NumbaBackend(KMeansBackend):
                     f"np.dot), and SciPy is not installed")
         return None
 
+    def finish(self):
+        """End of a fit (`NumpyPlacement.finish`): the tasks' accumulators go (a fitted model
+        holds no scratch memory; numba's threads are the process's)."""
+        self._partials = _Partials()
+
     # -- memory -----------------------------------------------------------------------------
     @classmethod
     def estimate_memory(cls, n_samples, n_features, n_clusters, *, itemsize, max_memory="auto",

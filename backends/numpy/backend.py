@@ -27,7 +27,6 @@ import contextlib
 import numbers
 import threading
 import warnings
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -49,7 +48,12 @@ from kmeans_xp.contract.constraints import Interval
 from kmeans_xp_backends.numpy import blocks as blocks
 from kmeans_xp_backends.numpy import pool as numpy_pool, shm as numpy_shm
 from kmeans_xp_backends.numpy import stats as stats
-from kmeans_xp_backends.cpu_threads import BLAS_ONE_THREAD, blas_controller, thread_count
+from kmeans_xp_backends.cpu_threads import (
+    BLAS_ONE_THREAD,
+    PASS_THREADS,
+    blas_controller,
+    thread_count,
+)
 
 #: Rows per GEMM sub-chunk. Each NumPy call takes the GIL for its setup and hands it over
 #: to the next waiting thread, so on T threads a sub-chunk carries about
@@ -198,6 +202,14 @@ class NumpyPlacement(Placement):
     memory-mapped X is centered block by block as it is read (`HostRows`), not copied: the
     fit holds in memory its buffers and O(n) arrays, and reads the file once per pass."""
 
+    def finish(self, kept=None):
+        """The fit is over: the backend's per-fit buffers and its run on the worker
+        processes go (a fitted model holds no scratch memory)."""
+        release = getattr(self.backend, "finish", None)
+        if release is not None:
+            release()
+        return kept
+
     def warm_up(self, X, n_clusters, seeding):
         """The worker processes of a fit that will use them (`NumpyBackend.warm_workers`)."""
         warm = getattr(self.backend, "warm_workers", None)   # (numba's: none)
@@ -262,8 +274,6 @@ class NumpyBackend(KMeansBackend):
                              f"{numpy_pool.sys.platform}); use 'auto' or False")
         self.threads = thread_count(self.n_threads)
         self._run_workers = numpy_pool.RunWorkers()
-        self._pool = None
-        self._pool_threads = 0
         self._local = threading.local()
         if self.threads > 1:
             blas_controller()  # once, before any fit is measured
@@ -294,17 +304,13 @@ class NumpyBackend(KMeansBackend):
         return MemoryEstimate(parts, sum(parts.values()), plan.block)
 
     # -- threads and buffers ----------------------------------------------------------------
-    def _spawn(self, job, threads):
-        """[job(0), ..., job(threads - 1)], run on `threads` pool threads."""
+    def _spawn(self, job, threads, stop):
+        """[job(0), ..., job(threads - 1)], on the process's pass threads (`PASS_THREADS`,
+        shared by every backend: a fitted model holds no thread); `stop` is set when the
+        caller stops waiting (Ctrl-C), and the jobs end within a sub-chunk."""
         if threads == 1:
             return [job(0)]
-        if self._pool is None or self._pool_threads != threads:
-            if self._pool is not None:
-                self._pool.shutdown(wait=True)
-            self._pool = ThreadPoolExecutor(threads, thread_name_prefix="kmeans_xp")
-            self._pool_threads = threads
-        futures = [self._pool.submit(job, t) for t in range(threads)]
-        return [f.result() for f in futures]
+        return PASS_THREADS.run(job, threads, stop)
 
     def _buffers(self, plan, dtype):
         """This thread's buffers for `plan`, allocated once and reused across iterations."""
@@ -355,17 +361,18 @@ class NumpyBackend(KMeansBackend):
             labels = np.empty(n, dtype=compact_labels_dtype(k) if mode == "iter" else
                               np.int32)
             min_sq = np.empty(n, dtype=X.dtype) if mode == "assign" else None
+        stop = threading.Event()
         p = blocks.Pass(mode, X, mean, w, plan, ops, c, labels=labels, min_sq=min_sq,
                         labels_in=None if labels_in is None else np.asarray(labels_in),
                         labels_old=labels_old, threads=threads, n_tasks=n_tasks,
-                        sub=plan.sub)
+                        sub=plan.sub, stop=stop)
 
         def job(t):
             return blocks.run_share(p, t, self._buffers(plan, X.dtype))
 
         # (BLAS held to one thread, shared by every fit of the process)
         with BLAS_ONE_THREAD if assign and threads > 1 else contextlib.nullcontext():
-            accs = self._spawn(job, threads)
+            accs = self._spawn(job, threads, stop)
         return labels, min_sq, blocks.merged(accs), ops
 
     def warm_workers(self, shape, k):
@@ -415,14 +422,8 @@ class NumpyBackend(KMeansBackend):
                               spawn, self.threads)
 
     def finish(self):
-        """End of a fit: give the worker processes back, drop every thread's buffers and stop
-        the pool (a later call on this backend makes them again)."""
+        """End of a fit (`NumpyPlacement.finish`): give the worker processes back and drop
+        every thread's buffers (a later call on this backend makes them again). The pass
+        threads are the process's (`PASS_THREADS`): the backend holds none."""
         self._run_workers.detach()
         self._local = threading.local()  # the old one, and all threads' buffers, go with it
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
-            self._pool, self._pool_threads = None, 0
-
-    def __del__(self):
-        if getattr(self, "_pool", None) is not None:
-            self._pool.shutdown(wait=False)

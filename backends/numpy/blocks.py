@@ -28,6 +28,8 @@ import numpy as np
 
 from kmeans_xp.contract.rows import center_rows
 
+from kmeans_xp_backends.cpu_threads import check_stop
+
 
 class Operands:
     """The centers as the GEMM takes them, in X's dtype: the augmented ``[-2 C^T; ||c||^2]``
@@ -177,14 +179,16 @@ def block_rows(X, mean, s0, e0, bufs, *, gemm):
     return rows, rows
 
 
-def assign_block(rows, ops, labels, min_sq, bufs, sub):
+def assign_block(rows, ops, labels, min_sq, bufs, sub, stop=None):
     """Labels (intp, the block's) and, when min_sq is an array, squared distances of the
-    block's `rows` (`block_rows`, which filled the augmented buffer)."""
+    block's `rows` (`block_rows`, which filled the augmented buffer). `stop`: the pass's
+    event, polled before each sub-chunk (`cpu_threads.PassThreads`)."""
     r0 = rows.shape[0]
     D = bufs["D"]
     A = bufs["Xa"][:r0]   # the GEMM's left operand: [x, 1]
     want = min_sq is not None
     for s in range(0, r0, sub):
+        check_stop(stop)
         e = min(s + sub, r0)
         r = e - s
         Dv, lab = D[:r], labels[s:e]
@@ -208,7 +212,7 @@ def block_labels(labels, s0, e0, bufs):
     return lab
 
 
-def sq_dist_block(rows, lab, c, bufs, step):
+def sq_dist_block(rows, lab, c, bufs, step, stop=None):
     """(r,) float64 ||x - c_label||^2 of the block's rows, by differences: x - c in X's
     dtype, as the driver's `chunks.labelled_sq_dist`, squared and added in float64. In the
     thread's "m64" buffer, `step` rows at a time (a row's value does not depend on it).
@@ -222,6 +226,7 @@ def sq_dist_block(rows, lab, c, bufs, step):
         if rows.dtype != np.float64:
             bufs["diff64"] = np.empty(shape, dtype=np.float64)
     for s in range(0, r0, step):
+        check_stop(stop)
         e = min(s + step, r0)
         diff = bufs["diff"][:e - s]
         np.take(c, lab[s:e], axis=0, out=diff, mode="clip")
@@ -335,14 +340,15 @@ class Pass:
     Share t of `threads` is a fixed, contiguous run of the n_tasks blocks."""
 
     __slots__ = ("mode", "X", "mean", "w", "plan", "ops", "c", "labels", "min_sq",
-                 "labels_in", "labels_old", "threads", "n_tasks", "sub")
+                 "labels_in", "labels_old", "threads", "n_tasks", "sub", "stop")
 
     def __init__(self, mode, X, mean, w, plan, ops, c, *, labels=None, min_sq=None,
-                 labels_in=None, labels_old=None, threads=1, n_tasks=1, sub=1):
+                 labels_in=None, labels_old=None, threads=1, n_tasks=1, sub=1, stop=None):
         self.mode, self.X, self.mean, self.w, self.plan = mode, X, mean, w, plan
         self.ops, self.c, self.labels, self.min_sq = ops, c, labels, min_sq
         self.labels_in, self.labels_old = labels_in, labels_old
         self.threads, self.n_tasks, self.sub = threads, n_tasks, sub
+        self.stop = stop   # a threading.Event polled between sub-chunks, or None
 
 
 def run_share(p, t, bufs):
@@ -356,12 +362,13 @@ def run_share(p, t, bufs):
     sums = sorted_sums if plan.sorted_sums else bincount_sums
     acc = Acc(plan.k, plan.d, plan.sorted_sums)
     for i in range(t * p.n_tasks // p.threads, (t + 1) * p.n_tasks // p.threads):
+        check_stop(p.stop)
         s0, e0 = i * plan.block, min((i + 1) * plan.block, n)
         rows, src = block_rows(p.X, p.mean, s0, e0, bufs, gemm=assign)
         if assign:  # the block's labels (intp), then stored in the output's type
             lab = bufs["lab"][:e0 - s0]
             assign_block(rows, p.ops, lab, None if p.min_sq is None else p.min_sq[s0:e0],
-                         bufs, p.sub)
+                         bufs, p.sub, p.stop)
             if p.labels_old is not None:
                 acc.changed += int(np.count_nonzero(lab != p.labels_old[s0:e0]))
             np.copyto(p.labels[s0:e0], lab, casting="unsafe")
@@ -371,6 +378,6 @@ def run_share(p, t, bufs):
         if reduce:
             sums(rows, src, lab, w64, acc, bufs, sq_norms=assign)
         if direct:
-            dist = sq_dist_block(rows, lab, p.c, bufs, plan.diff_rows)
+            dist = sq_dist_block(rows, lab, p.c, bufs, plan.diff_rows, p.stop)
             acc.direct += float(dist.sum() if w64 is None else np.dot(dist, w64))
     return acc

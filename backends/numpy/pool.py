@@ -47,6 +47,10 @@ PLAN_FIELDS = ("block", "sub_alone", "k", "d", "sorted_sums", "group",
 IDLE_S = 300.0
 #: seconds a worker gets to leave after its socket closes before it is killed
 JOIN_S = 2.0
+#: ... at exit, or when a pass was abandoned (Ctrl-C, a broken socket): a worker then is
+#: idle and leaves at once, or busy with a pass nobody waits for (killed: the process must
+#: stop within a second)
+ABANDON_S = 0.2
 
 
 def available() -> bool:
@@ -72,20 +76,26 @@ class Pool:
         env = dict(os.environ, OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1",
                    OMP_NUM_THREADS="1", BLIS_NUM_THREADS="1")
         path = [p or os.getcwd() for p in sys.path]
-        code = (f"import sys; sys.path[:0] = {path!r}; "
-                f"from kmeans_xp_backends.numpy.worker import main; main()")
+        # Ctrl-C is the parent's to handle (it ends the workers): ignored before the imports,
+        # which take most of a worker's start
+        code = (f"import signal; signal.signal(signal.SIGINT, signal.SIG_IGN); "
+                f"import sys; sys.path[:0] = {path!r}; "
+                f"from kmeans_xp_backends.numpy.worker import live; live()")
         try:
             for _ in range(count):
                 mine, theirs = socket.socketpair()
                 try:
                     self.procs.append(subprocess.Popen(
                         [sys.executable, "-c", code, str(theirs.fileno()), str(IDLE_S)], env=env,
-                        pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL))
+                        pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL,
+                        # (out of the terminal's process group: a Ctrl-C reaches the parent
+                        # alone)
+                        start_new_session=True))
                 finally:
                     theirs.close()
                 self.conns.append(Connection(mine.detach()))
         except BaseException:
-            self.close()
+            self.close(ABANDON_S)
             raise
 
     def alive(self) -> bool:
@@ -138,14 +148,17 @@ class Pool:
                 failed = exc
         return failed
 
-    def close(self):
-        """End the workers: each leaves when its socket closes, or is killed. (In a fork of
-        the process that started them: only this process's copies of the sockets close.)"""
+    def close(self, grace=JOIN_S):
+        """End the workers: each leaves when its socket closes, or is killed once `grace`
+        seconds (for all of them) have passed: at exit, or with a pass abandoned midway, a
+        short one (`ABANDON_S`). (In a fork of the process that started them: only this
+        process's copies of the sockets close.)"""
         for conn in self.conns:
             conn.close()
+        deadline = time.monotonic() + grace
         for proc in self.procs if self.pid == os.getpid() else ():
             try:
-                proc.wait(JOIN_S)
+                proc.wait(max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
@@ -216,7 +229,7 @@ def _pool(count):
 def _shutdown():
     with _POOL_LOCK:
         if _POOL is not None:
-            _POOL.close()
+            _POOL.close(ABANDON_S)
 
 
 def _after_fork():
@@ -364,7 +377,7 @@ def _release(pool, bufs, broken=False):
                 broken = True
         if broken:
             with _POOL_LOCK:
-                pool.close()
+                pool.close(ABANDON_S)
                 if _POOL is pool:
                     _POOL = None
     finally:

@@ -19,6 +19,16 @@ from kmeans_xp_backends.numpy import blocks as blocks
 from kmeans_xp_backends.numpy.shm import view
 
 
+def live():
+    """The worker's life (`main`), silent when its parent goes: a socket closed at any
+    point, even before the greeting (the parent exited or was interrupted while this
+    process started), ends it without a traceback."""
+    try:
+        main()
+    except (OSError, EOFError, KeyboardInterrupt):
+        pass
+
+
 def main():
     """A worker process: greet, then serve messages until its socket closes or IDLE_S pass
     without one."""

@@ -65,7 +65,13 @@ from typing import Any, Callable, ClassVar, TypeAlias, cast
 
 from kmeans_xp.contract.chunks import count_changed, feature_mean, labelled_sq_dist, tolerance, weighted_total
 from kmeans_xp.contract.fitplan import FitPlan
-from kmeans_xp.contract.memory import Budget, MemoryEstimate, accepted_options, host_available_memory
+from kmeans_xp.contract.memory import (
+    Budget,
+    MemoryEstimate,
+    accepted_options,
+    driver_chunk_rows,
+    host_available_memory,
+)
 from kmeans_xp.contract.namespaces import array_namespace, as_like, device, label_counts, namespace_name, to_numpy
 from kmeans_xp.contract.results import (  # noqa: F401 - what the contract returns, named here too
     LABELS_DTYPE,
@@ -330,8 +336,7 @@ class KMeansBackend:
         quarter of the budget, at (d + 64) values a row."""
         n, d = X.shape
         itemsize = 8 if "64" in str(X.dtype) else 4
-        per_row = (d * 4 + 64) * itemsize
-        return int(max(256, min(n, self.memory.bytes() // 4 // per_row)))
+        return driver_chunk_rows(n, d, itemsize, self.memory.bytes())
 
     # -- the heavy primitives ---------------------------------------------------------------
     def assign(self, X: Array, centers: Array, *, xp: Namespace) -> AssignResult:

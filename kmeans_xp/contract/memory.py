@@ -1,7 +1,8 @@
 """Memory as a feature: budgets, estimates before anything runs, and the memory error.
 
-`max_memory` bounds the working memory of a fit beyond X, labels and centers. Backends size
-their chunks from it with `chunk_rows`, so memory stays bounded whatever n and k are.
+`max_memory` bounds everything a fit allocates beyond X: the driver's arrays (centered copy,
+labels, init) and the backend's buffers (`fitmemory` splits it between them). Backends size
+their chunks from their share with `chunk_rows`, so memory stays bounded whatever n and k are.
 """
 from __future__ import annotations
 
@@ -157,24 +158,41 @@ def _parameters(fn):
     return any(p.kind is p.VAR_KEYWORD for p in params.values()), frozenset(params)
 
 
-def xp_seeding_bytes(n_samples, n_clusters, itemsize) -> int:
+def xp_seeding_bytes(n_samples, n_clusters, itemsize, rows=None) -> int:
     """Bytes of k-means++ in xp code (`init.Seeding`): its weights, running distances and
-    their cumulative sums, and its chunks of distances to the candidates: 2 + log k of them,
-    about five such arrays alive, for up to every row at once when the budget allows."""
+    their cumulative sums (O(n)), and its chunks of distances to the candidates: 2 + log k of
+    them, about five such arrays alive, for `rows` rows at a time (None: every row at once,
+    as when the budget allows; then the chosen candidate's are kept, no second pass)."""
     n = n_samples
     trials = local_trials(max(n_clusters, 1))
-    return 5 * n * 8 + 3 * n * itemsize + n * trials * (5 * itemsize + 8)
+    rows = n if rows is None else min(int(rows), n)
+    return 5 * n * 8 + 3 * n * itemsize + rows * trials * (5 * itemsize + 8)
+
+
+#: the xp passes' chunk (`driver_chunk_rows`) takes this share of the backend's budget, at
+#: DRIVER_ROW_VALUES + 4 d values a row, never fewer than DRIVER_MIN_ROWS rows
+DRIVER_BUDGET_SHARE = 4
+DRIVER_ROW_VALUES = 64
+DRIVER_MIN_ROWS = 256
+
+
+def driver_chunk_rows(n, d, itemsize, budget) -> int:
+    """Rows per chunk of the O(n d) passes done in xp code (init, the defaults of the
+    contract) for a backend working within `budget` bytes."""
+    per_row = (d * 4 + DRIVER_ROW_VALUES) * itemsize
+    return int(max(DRIVER_MIN_ROWS, min(n, budget // DRIVER_BUDGET_SHARE // per_row)))
 
 
 def driver_bytes(n_samples, n_features, n_clusters, itemsize, *, weighted=True,
-                 seeding=None) -> dict:
+                 seeding=None, copy_x=True, rows=None) -> dict:
     """What the driver keeps besides a backend's buffers, part by part: the centered copy of X
-    the fit computes on; its O(n) arrays (the labels of three iterations during Lloyd: the
-    last, the one before and the next one issued ahead on an asynchronous device; or, when
-    larger, k-means++'s during init: `seeding`, the bytes of the backend's own steps, else
-    `xp_seeding_bytes`); the sample weights when given; centers and sums."""
+    the fit computes on (none with copy_x=False); its O(n) arrays (the labels of three
+    iterations during Lloyd: the last, the one before and the next one issued ahead on an
+    asynchronous device; or, when larger, k-means++'s during init: `seeding`, the bytes of
+    the backend's own steps, else `xp_seeding_bytes` in chunks of `rows`); the sample
+    weights when given; centers and sums."""
     n = n_samples
-    init = xp_seeding_bytes(n, n_clusters, itemsize) if seeding is None else seeding
+    init = xp_seeding_bytes(n, n_clusters, itemsize, rows) if seeding is None else seeding
     parts = {
         "centered_copy": n * n_features * itemsize,
         "labels_or_init": max(3 * n * 8, init),
@@ -183,6 +201,8 @@ def driver_bytes(n_samples, n_features, n_clusters, itemsize, *, weighted=True,
     }
     if not weighted:
         del parts["sample_weight"]
+    if not copy_x:
+        del parts["centered_copy"]
     return parts
 
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 import numbers
 from typing import Any
 
-from kmeans_xp.contract.memory import MemoryEstimate, accepted_options, compute_itemsize, driver_bytes
+from kmeans_xp.contract.fitmemory import fit_memory
+from kmeans_xp.contract.memory import MemoryEstimate, compute_itemsize
 from kmeans_xp.contract.backend import KMeansBackend
 from kmeans_xp.contract.registry import BUILTIN_BACKENDS, get_backend, get_backend_info, load_target
 
@@ -38,7 +39,7 @@ def _check_sizes(**sizes: Any) -> None:
 def estimate_memory(n_samples: int, n_features: int, n_clusters: int, *,
                     dtype: Any = "float32", backend: str = "numpy",
                     max_memory: int | str = "auto", backend_options: dict[str, Any] | None = None,
-                    weighted: bool = False) -> MemoryEstimate:
+                    weighted: bool = False, copy_x: bool = True) -> MemoryEstimate:
     """Estimate the bytes per part and in total that a fit needs, before anything runs.
 
     Parameters
@@ -53,18 +54,24 @@ def estimate_memory(n_samples: int, n_features: int, n_clusters: int, *,
         without CuPy, with ``max_memory="auto"`` read as a share of an empty nominal GPU
         (an H200); give ``max_memory`` to plan for another device.
     max_memory : "auto", int or str, default="auto"
-        The working-memory bound of the fit ("2GB", "512MiB", bytes).
+        The bound on everything the fit allocates beyond X ("2GB", "512MiB", bytes): the
+        backend's buffers and the driver's arrays (centered copy, labels, init). Given in
+        bytes, the parts sum to at most it (the backend's chunks shrink to fit), or
+        `KMeansMemoryError` says what the fit needs at least and what to change.
     backend_options : dict, optional
         Options of the backend that change its plan (e.g. ``{"stream": True}``).
     weighted : bool, default=False
         Whether the fit gets ``sample_weight`` (the driver then keeps n weights).
+    copy_x : bool, default=True
+        Whether the fit centers a copy of X (``KMeans(copy_x=...)``).
 
     Returns
     -------
     MemoryEstimate
         ``parts`` (name -> bytes: the backend's working memory, and the driver's own arrays
-        as ``driver_*`` parts), ``total`` and ``chunk_rows``. X itself is not counted,
-        except as ``data`` where the backend copies it to its device.
+        as ``driver_*`` parts), ``total`` and ``chunk_rows``. X itself is not bounded by
+        max_memory: it is counted only as ``data`` where the backend copies it to its
+        device (docs/memory.md lists what each part holds).
 
     Examples
     --------
@@ -75,20 +82,8 @@ def estimate_memory(n_samples: int, n_features: int, n_clusters: int, *,
     """
     _check_sizes(n_samples=n_samples, n_features=n_features, n_clusters=n_clusters)
     cls = planning_class(backend)
-    n, d, k = int(n_samples), int(n_features), int(n_clusters)
     itemsize = compute_itemsize(dtype)
-    fn = cls.estimate_memory
-    est = fn(n, d, k, itemsize=itemsize, max_memory=max_memory,
-             **accepted_options(fn, backend_options or {}))
-    parts = dict(est.parts)
-    parts.update({f"driver_{p}": v for p, v in
-                  driver_bytes(n, d, k, itemsize, weighted=weighted,
-                               seeding=_seeding_bytes(cls, n, d, k, itemsize,
-                                                      backend_options)).items()})
-    return MemoryEstimate(parts, sum(parts.values()), est.chunk_rows)
-
-
-def _seeding_bytes(cls: type[KMeansBackend], n: int, d: int, k: int, itemsize: int,
-                   backend_options: dict[str, Any] | None) -> int | None:
-    fn = cls.seeding_bytes
-    return fn(n, d, k, itemsize, **accepted_options(fn, backend_options or {}))
+    _, est = fit_memory(cls, int(n_samples), int(n_features), int(n_clusters), itemsize,
+                        max_memory, weighted=weighted, copy_x=copy_x,
+                        options=backend_options or {})
+    return est

@@ -357,8 +357,7 @@ def select_backend(backend: str, X: Any, *, n_clusters: int, sample_weight: Any 
             raise ValueError(f"backend {backend!r} cannot take this input: {reason}. Backends "
                              f"that would: {takers or 'none installed'}.")
         if check_memory:
-            inst.check_memory(X, inst.plan(X, n_clusters, copy_x=copy_x,
-                                           weighted=sample_weight is not None), options)
+            inst = _checked_for_fit(inst, X, n_clusters, copy_x, sample_weight, options)
         return inst, "named by the user"
 
     ns = namespace_name(X)
@@ -383,8 +382,8 @@ def select_backend(backend: str, X: Any, *, n_clusters: int, sample_weight: Any 
             inst = get_backend(name)(max_memory=max_memory, **options)
             try:  # a backend the fit would not fit in is passed over, as one that refuses
                 if check_memory:
-                    inst.check_memory(X, inst.plan(X, n_clusters, copy_x=copy_x,
-                                                   weighted=sample_weight is not None), options)
+                    inst = _checked_for_fit(inst, X, n_clusters, copy_x, sample_weight,
+                                            options)
             except KMeansMemoryError as exc:
                 reasons.append(f"{name}: {exc}")
                 short_of_memory = exc
@@ -398,6 +397,23 @@ def select_backend(backend: str, X: Any, *, n_clusters: int, sample_weight: Any 
                                 f"{'; '.join(reasons)}") from short_of_memory
     raise ValueError(f"no installed backend takes this {ns} input ({'; '.join(reasons)}). "
                      f"Installed: {available_backends()}.")
+
+
+def _checked_for_fit(inst, X, n_clusters, copy_x, sample_weight, options):
+    """The backend for a fit of X: sized to its share of max_memory beside the driver's arrays
+    (`fitmemory.sized_for_fit`; a lazy X is left to its backend), then its own memory check
+    passed; raises KMeansMemoryError."""
+    from kmeans_xp.contract.fitmemory import sized_for_fit
+    from kmeans_xp.contract.namespaces import namespace_name
+    from kmeans_xp.contract.rows import is_memmap
+
+    # (a memmap on the host is centered block by block as it is read: no centered copy)
+    copy_x = copy_x and not (inst.device == "cpu" and is_memmap(X))
+    plan = inst.plan(X, n_clusters, copy_x=copy_x, weighted=sample_weight is not None)
+    if namespace_name(X) != "dask.array":
+        inst = sized_for_fit(inst, plan, options)
+    inst.check_memory(X, plan, options)
+    return inst
 
 
 def _small_work_skips_numba(candidates: list[str], X: Any, ns: str,

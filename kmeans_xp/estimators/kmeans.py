@@ -91,8 +91,9 @@ default=None
     backend_options : dict or None, default=None
         Options of the backend, checked by name (e.g. ``{"stream": True}``).
     max_memory : "auto", int or str, default="auto"
-        Bound on the working memory beyond X, labels and centers: bytes or a string such as
-        "2GB"; "auto" is a share of the memory free where the backend computes.
+        Bound on everything the fit allocates beyond X (the backend's buffers and the
+        driver's arrays: centered copy, labels, init): bytes or a string such as "2GB";
+        "auto" is a share of the memory free where the backend computes.
 
     Attributes
     ----------
@@ -208,8 +209,9 @@ default=None
                                       max_memory=self.max_memory, check_memory=True,
                                       copy_x=bool(self.copy_x))
         place = backend.placement
-        place.warm_up(X, self.n_clusters, seeding_dtype(self.init, X.dtype))
         given = self._given_inits(X, init_array, n_init, rs)
+        # after the last check (a callable init's centers): a fit refused starts nothing
+        place.warm_up(X, self.n_clusters, seeding_dtype(self.init, X.dtype))
         clock.lap("validation")
         Xb = place.to_backend(X)
         xp = place.namespace(Xb)

@@ -442,5 +442,7 @@ default=None
             self.labels_ = place.from_backend(labels, like=X_user)
         self.n_steps_ += 1
         self.memory_report_ = dict(steps.memory.report)
+        del Xb, w, state
+        self._finish(place)   # the step's buffers go: the model holds only its state
         self.timings_ = {"partial_fit": clock.total()}
         return self

@@ -68,7 +68,7 @@ default=None
     backend_options : dict or None, default=None
         Options of the backend, checked by name.
     max_memory : "auto", int or str, default="auto"
-        Bound on the working memory beyond X, labels and centers.
+        Bound on everything the fit allocates beyond X (docs/memory.md).
 
     Attributes
     ----------

@@ -23,6 +23,24 @@ def _dev(x):
     return device(x)
 
 
+def fit_max_memory(backend, X, k, weighted=False):
+    """max_memory for a whole fit of X in the suite: the backend's own (small) budget beside
+    what the driver's arrays need (max_memory bounds both: `contract.fitmemory`)."""
+    from kmeans_xp.contract.fitmemory import least_max_memory
+    from kmeans_xp.contract.memory import compute_itemsize, parse_memory
+
+    budget = parse_memory(backend.max_memory)
+    if budget == "auto":
+        return "auto"
+    n, d = X.shape
+    try:
+        least = least_max_memory(type(backend), n, d, k, compute_itemsize(X.dtype),
+                                 weighted=weighted)
+    except NotImplementedError:   # (no estimate: the backend's budget alone)
+        return budget
+    return least + budget
+
+
 def _host(a):
     return to_numpy(a).astype(np.float64)
 
@@ -124,7 +142,8 @@ def check_lloyd(backend, to_arr, dtype, spherical=False):
             ref = cls(backend="numpy", **kwargs).fit(X, **fit_kw)
             with registry.registered(type(backend)):
                 sw = fit_kw.get("sample_weight")
-                got = cls(backend=name, max_memory=backend.max_memory, **kwargs).fit(
+                got = cls(backend=name, max_memory=fit_max_memory(
+                    backend, X, kwargs["n_clusters"], sw is not None), **kwargs).fit(
                     to_arr(X), **({} if sw is None else {"sample_weight": to_arr(sw)}))
         where = f"{name} {np.dtype(dtype)} {cls.__name__} case {case!r}"
         assert got.backend_ == name, f"the fit ran on {got.backend_!r}, not {name!r}"
@@ -169,7 +188,8 @@ def check_own_loop(backend, to_arr, dtype, spherical=False):
         for cls in (own, driven):
             with warnings.catch_warnings(), registry.registered(cls):
                 warnings.simplefilter("ignore")
-                fits.append(est(backend=own.name, max_memory=backend.max_memory, **kwargs).fit(
+                bound = fit_max_memory(backend, X, kwargs["n_clusters"], sw is not None)
+                fits.append(est(backend=own.name, max_memory=bound, **kwargs).fit(
                     to_arr(X), **({} if sw is None else {"sample_weight": to_arr(sw)})))
         got, ref = fits
         where = f"{own.name} {np.dtype(dtype)} {est.__name__} case {case!r}: its own loop"

@@ -1,0 +1,108 @@
+"""Time of one MiniBatchKMeans step: ours on a backend (a CuPy X on the GPU backends) against
+scikit-learn's on the host, for the same X, init, batch size and random_state.
+
+A step is what `fit` repeats: draw a batch (sklearn's weighted draw), assign it, move the
+centers, maybe reassign some, read the batch inertia. Both sides are timed the same way: a
+fit of 2 passes over X minus a fit of 1 pass, divided by the steps of one pass (n // batch),
+so what a fit does once (validation, init, the weights' cumulative, final labels: off) drops
+out. Each fit runs `--repeats` times after a warm-up fit (kernels compiled, pools grown); the
+median is kept. `fit`'s own `timings_["steps"]` per step is printed beside ours.
+
+    python benchmarks/minibatch_step.py                         # n=20M, d=3, k=1000, b=65536
+    python benchmarks/minibatch_step.py --backend cupy-kernels --repeats 5
+    python benchmarks/minibatch_step.py --n 20000 --k 20 --batch 1024 --backend numpy  # CPU
+
+The issue's target (issue 37): ours at least 20x scikit-learn's per step at the default size.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+
+import numpy as np
+
+
+def _fit_seconds(make, X, passes, repeats, sync):
+    """Median wall seconds of `make(passes).fit(X)` over `repeats` runs, and the last model."""
+    times, model = [], None
+    for _ in range(repeats):
+        model = make(passes)
+        sync()
+        t0 = time.perf_counter()
+        model.fit(X)
+        sync()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times), model
+
+
+def per_step(make, X, steps_per_pass, repeats, sync):
+    """(seconds per step by the two-fit difference, the 2-pass model)."""
+    make(1).fit(X)   # warm-up
+    sync()
+    t1, _ = _fit_seconds(make, X, 1, repeats, sync)
+    t2, model = _fit_seconds(make, X, 2, repeats, sync)
+    return (t2 - t1) / steps_per_pass, model
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--n", type=int, default=20_000_000)
+    p.add_argument("--d", type=int, default=3)
+    p.add_argument("--k", type=int, default=1000)
+    p.add_argument("--batch", type=int, default=65536)
+    p.add_argument("--dtype", default="float32", choices=("float32", "float64"))
+    p.add_argument("--backend", default="cupy-fused")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--sklearn-repeats", type=int, default=1)
+    p.add_argument("--no-sklearn", action="store_true")
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+
+    from kmeans_xp import MiniBatchKMeans, get_backend
+    from kmeans_xp.tools.data import seed_data
+
+    X = seed_data(args.n, args.d, dtype=np.dtype(args.dtype), random_state=args.seed)
+    init = X[np.random.default_rng(args.seed).choice(args.n, args.k, replace=False)]
+    steps_per_pass = args.n // args.batch
+    common = dict(n_clusters=args.k, init=init, n_init=1, batch_size=args.batch, tol=0.0,
+                  max_no_improvement=None, compute_labels=False, random_state=args.seed)
+
+    gpu = get_backend(args.backend).device == "gpu"
+    if gpu:
+        import cupy as cp
+        Xb = cp.asarray(X)
+
+        def sync():
+            cp.cuda.get_current_stream().synchronize()
+    else:
+        Xb = X
+
+        def sync():
+            pass
+
+    def ours(passes):
+        return MiniBatchKMeans(max_iter=passes, backend=args.backend, **common)
+
+    print(f"n={args.n:,} d={args.d} k={args.k} batch={args.batch} {args.dtype}: "
+          f"{steps_per_pass} steps a pass")
+    mine, model = per_step(ours, Xb, steps_per_pass, args.repeats, sync)
+    own = model.timings_["steps"] / model.n_steps_
+    print(f"kmeans_xp {args.backend}: {1e3 * mine:.3f} ms per step "
+          f"(fit's own steps timer: {1e3 * own:.3f} ms)")
+    if args.no_sklearn:
+        return 0
+    from sklearn.cluster import MiniBatchKMeans as SkMiniBatchKMeans
+
+    def theirs(passes):
+        return SkMiniBatchKMeans(max_iter=passes, **common)
+
+    sk, _ = per_step(theirs, X, steps_per_pass, args.sklearn_repeats, lambda: None)
+    print(f"scikit-learn (host): {1e3 * sk:.3f} ms per step")
+    print(f"ratio: {sk / mine:.1f}x scikit-learn per step (target 20x)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
