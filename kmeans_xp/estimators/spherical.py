@@ -129,10 +129,10 @@ default=None
     _spherical = True
 
     def _check_inputs(self, X, sample_weight):
-        X, sw, init_array, absmax = super()._check_inputs(X, sample_weight)
+        X, sw, init_array, guard = super()._check_inputs(X, sample_weight)
         if init_array is not None:
             _refuse_zero_rows(init_array, "init")
-        return X, sw, init_array, absmax
+        return X, sw, init_array, guard
 
     def _given_inits(self, X, init_array, n_init, rs):
         given = super()._given_inits(X, init_array, n_init, rs)
@@ -141,10 +141,12 @@ default=None
                 _refuse_zero_rows(C, "The centers init returned")
         return given
 
-    def _fit_data(self, backend, Xb, xp, absmax):
+    def _fit_data(self, backend, Xb, xp, guard):
         """(unit rows, a zero mean, the absolute tol, 1): no centering (the sphere is about
-        the origin) and no rescaling (unit rows are inside every dtype's range)."""
+        the origin) and no rescaling of X (unit rows are inside every dtype's range; the
+        guard still scales the weights)."""
         place = backend.placement
+        guard.scale = 1.0
         if self.copy_x:
             Xu = place.unit_rows(Xb, xp=xp)
         else:
