@@ -20,6 +20,7 @@ from kmeans_xp.algorithms.lloyd import LloydResult
 from kmeans_xp.contract.memory import Budget, KMeansMemoryError, MemoryEstimate
 from kmeans_xp.estimators.minibatch import MiniBatchKMeans
 from kmeans_xp.contract.planning import estimate_memory
+from kmeans_xp.contract.return_checks import BackendContractError
 from kmeans_xp.contract.registry import (
     BackendNotAvailableError,
     available_backends,
@@ -37,6 +38,6 @@ __all__ = [
     "ReduceResult", "IterStats", "Farthest", "Option", "Placement", "Budget", "LloydResult",
     "KMeansMemoryError", "MemoryEstimate", "estimate_memory", "list_backends", "get_backend",
     "available_backends", "register_backend", "BackendNotAvailableError", "NotFittedError",
-    "WorkerLostError", "InvalidParameterError",
+    "WorkerLostError", "InvalidParameterError", "BackendContractError",
     "ConvergenceWarning", "__version__",
 ]

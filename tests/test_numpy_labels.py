@@ -19,8 +19,9 @@ def test_compact_labels_dtype(k, compact):
     labels = np.arange(min(k, 300)).astype(compact)
     got = user_labels(labels)
     assert got.dtype == np.int32 and np.array_equal(got, labels)
-    int64 = np.arange(5)
-    assert user_labels(int64) is int64  # signed labels as they are
+    int32 = np.arange(5, dtype=np.int32)
+    assert user_labels(int32) is int32  # int32 labels as they are
+    assert user_labels(np.arange(5)).dtype == np.int32  # a plugin's int64 labels: int32
 
 
 @pytest.mark.parametrize("k", [5, 300])

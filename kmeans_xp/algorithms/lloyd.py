@@ -25,6 +25,7 @@ import time
 
 import numpy as np
 
+from kmeans_xp.contract import return_checks as returned
 from kmeans_xp.contract.results import LloydResult
 from kmeans_xp.contract.namespaces import array_namespace, device, to_numpy
 from kmeans_xp.algorithms.progress import bar, logger
@@ -163,7 +164,7 @@ def kmeans_single_lloyd(backend, X, sample_weight, centers, *, xp, max_iter, tol
         own = backend.lloyd(X, sample_weight, centers, xp=xp, max_iter=max_iter, tol=tol,
                             spherical=spherical)
         if own is not None:
-            return own
+            return returned.check_run(backend, own, X.shape[0], centers.shape[0], X.shape[1])
     place = backend.placement
     if plan is None:
         plan = backend.plan(X, centers.shape[0], weighted=sample_weight is not None)
@@ -182,7 +183,8 @@ def kmeans_single_lloyd(backend, X, sample_weight, centers, *, xp, max_iter, tol
     iteration_s = 0.0  # wall time between two reads: the device's time per iteration
     gated = place.asynchronous and backend.ahead_gate and device(centers) == device(X)
     t_read = time.perf_counter()
-    it = backend.lloyd_iter(X, sample_weight, centers, None, xp=xp)
+    it = returned.check_iteration(backend, backend.lloyd_iter(X, sample_weight, centers, None,
+                                                              xp=xp), X.shape[0], k, X.shape[1])
     progress = bar(max_iter, "Lloyd", verbose)
     for i in range(max_iter):
         progress.update(1)
@@ -210,6 +212,7 @@ def kmeans_single_lloyd(backend, X, sample_weight, centers, *, xp, max_iter, tol
             ahead = backend.lloyd_iter(X, sample_weight, c_new, it.labels,
                                        xp=xp) if gated else None
             values = pending()
+        returned.check_read(backend, values[SHIFT], values[INERTIA])
         shift = float(values[SHIFT])
         history["inertia"].append(float(values[INERTIA]))
         history["center_shift"].append(shift)
@@ -236,7 +239,8 @@ def kmeans_single_lloyd(backend, X, sample_weight, centers, *, xp, max_iter, tol
     del it, ahead, labels_old
     if labels is None:  # a final assignment, so that labels_ == predict(X)
         labels, inertia = backend.labels_inertia(X, sample_weight, centers, xp=xp)
+        returned.check_labels(backend, "labels_inertia", labels, X.shape[0], k)
     else:
         inertia = backend.inertia(X, sample_weight, centers, labels, xp=xp)
-    inertia = float(to_numpy(inertia))
+    inertia = returned.check_statistic(backend, "inertia", "inertia", to_numpy(inertia))
     return LloydResult(labels, max(inertia, 0.0), centers, i + 1, history)

@@ -21,10 +21,11 @@ from typing import Any
 
 import numpy as np
 
+from kmeans_xp.contract import return_checks as returned
 from kmeans_xp.contract.chunks import column_sums, map_rows, tolerance
 from kmeans_xp.contract.namespaces import DLPACK_FOREIGN, array_namespace, device, namespace_name, to_numpy
 from kmeans_xp.algorithms.progress import logger
-from kmeans_xp.contract.scaling import host_dtype_of
+from kmeans_xp.contract.scaling import host_dtype_of, rescaled
 
 #: rows of the weights turned into float64 probabilities at a time (bounded host memory)
 CDF_CHUNK = 1 << 22
@@ -35,12 +36,12 @@ def _is_dask(X) -> bool:
 
 
 class BatchRows:
-    """The rows of X (as the user gave it, validated) at drawn indices, centered by `shift`,
-    on the backend's device. X already in the backend's namespace is gathered there (a CuPy X
+    """The rows of X (as the user gave it, validated) at drawn indices, centered by `shift`
+    and scaled by `scale` (the fit's `NumericGuard` power of two), on the backend's device. X already in the backend's namespace is gathered there (a CuPy X
     on its GPU); other X (NumPy, memmap, dask) is gathered where it is and only the batch is
     moved (`placement.to_backend`)."""
 
-    def __init__(self, X, backend, shift=None):
+    def __init__(self, X, backend, shift=None, scale=1.0):
         self.place = place = backend.placement
         ns = namespace_name(X)
         if ns in DLPACK_FOREIGN and place.converts_from(ns, X):
@@ -53,6 +54,7 @@ class BatchRows:
         self.index_device = device(X) if on_device else None
         self.shift = shift          # (d,) in X's dtype, host (NumPy)
         self._shift_b = None        # the same on the backend's device
+        self.scale = scale          # the guard's power of two (exact)
 
     @property
     def n(self):
@@ -80,8 +82,9 @@ class BatchRows:
             self._shift_b = xp.asarray(self.shift, dtype=rows.dtype, device=device(rows))
         if rows is not self.X and namespace_name(rows) in ("numpy", "cupy"):
             rows -= self._shift_b   # a gathered copy of our own
-            return rows, xp
-        return rows - self._shift_b, xp
+        else:
+            rows = rows - self._shift_b
+        return (rows if self.scale == 1 else rescaled(rows, self.scale, xp)), xp
 
     def slices(self, rows):
         """Yield (slice, centered rows on the backend's device, namespace) over all of X."""
@@ -94,7 +97,8 @@ class BatchRows:
                 part = self.place.to_backend(np.ascontiguousarray(part))
             xp = self.place.namespace(part)
             shift = xp.asarray(self.shift, dtype=part.dtype, device=device(part))
-            yield sl, part - shift, xp
+            part = part - shift
+            yield sl, (part if self.scale == 1 else rescaled(part, self.scale, xp)), xp
 
 
 class BatchDraws:
@@ -170,13 +174,17 @@ def _f64(a, xp):
 
 
 def step(backend, Xb, xp, sample_weight, state, random_state, *, reassign, reassignment_ratio,
-         verbose=0):
+         verbose=0, check=True):
     """One mini-batch step on Xb (centered, on the backend's device): the centers and counts
-    of `state` are replaced. Returns the batch's inertia (0-d float64, before the update)."""
+    of `state` are replaced. Returns the batch's inertia (0-d float64, before the update).
+    `check`: the backend's statistics are checked against the contract (`return_checks`)
+    in full; else their shapes only."""
     place = backend.placement
     centers, counts = state.centers, state.counts
     cxp = place.namespace(centers)
-    it = backend.lloyd_iter(Xb, sample_weight, centers, None, xp=xp)
+    it = returned.check_iteration(backend, backend.lloyd_iter(Xb, sample_weight, centers, None,
+                                                              xp=xp),
+                                  Xb.shape[0], centers.shape[0], Xb.shape[1], values=check)
     sums, weights = it.weighted_sums, it.weight_in_clusters
     if array_namespace(sums) is not cxp:
         sums, weights = place.small(sums), place.small(weights)
@@ -283,7 +291,7 @@ def run_steps(backend, rows, draws, state, random_state, *, n_steps, batch_size,
         cxp = place.namespace(old)
         reassign = state.random_reassign(batch_size, k)
         inertia = step(backend, Xb, xp, None, state, random_state, reassign=reassign,
-                       reassignment_ratio=reassignment_ratio, verbose=verbose)
+                       reassignment_ratio=reassignment_ratio, verbose=verbose, check=i == 0)
         small = [_f64(cxp.asarray(inertia, device=device(old)), cxp)]
         if tol > 0:
             diff = _f64(state.centers, cxp) - _f64(old, cxp)
@@ -306,6 +314,8 @@ def labels_and_inertia(rows, backend, centers, sample_weight, chunk_rows):
         if sample_weight is not None:
             w = xp.asarray(sample_weight[sl], device=device(part))
         lab, inertia = backend.labels_inertia(part, w, centers, xp=xp)
+        returned.check_labels(backend, "labels_inertia", lab, part.shape[0], centers.shape[0],
+                              values=not labels)
         total = inertia if total is None else total + inertia
         labels.append(lab)
     lxp = array_namespace(labels[0])
@@ -328,32 +338,46 @@ def on_backend(a, X, backend):
 OFFSET_SPREAD_RATIO = 256.0
 
 
-def shift_point(A, dtype):
+def shift_point(A, dtype, scale=1.0):
     """The point the fit computes about (centers and batches minus it), from the rows A:
     their mean where X's offset dwarfs its spread (float32 distances ||c||^2 - 2 x.c there
     lose the differences between centers), else 0, so that the distances are sklearn's
-    own, bit for bit, and its ties break the same way."""
+    own, bit for bit, and its ties break the same way. Offset and spread are compared in
+    the fit's units (X times `scale`), where their squares are numbers."""
     xp = array_namespace(A)
     dtype = host_dtype_of(dtype)
     m = A.shape[0]
     mean = np.asarray(to_numpy(column_sums(A, xp))) / m
-    offset = float(np.sum(mean * mean))
+    offset = float(np.sum((mean * scale) ** 2))
     if offset == 0:
         return np.zeros(A.shape[1], dtype=dtype)
     # the total variance, in float64 chunks about the mean (`chunks.tolerance` with tol 1)
-    spread = A.shape[1] * tolerance(A, xp.asarray(mean.astype(dtype), device=device(A)), 1.0,
-                                    xp, 1 << 16)
+    spread = A.shape[1] * _scaled_tolerance(A, mean.astype(dtype), 1.0, xp, 1 << 16, scale)
     if offset > OFFSET_SPREAD_RATIO * spread:
         return mean.astype(dtype)
     return np.zeros(A.shape[1], dtype=dtype)
 
 
-def tolerance_of(X, shift, tol, backend):
+def tolerance_of(X, shift, tol, backend, scale=1.0):
     """sklearn's tol (tol times the mean feature variance of X), one pass over X in chunks,
-    the variance taken about `shift` and corrected by the mean (`chunks.tolerance`)."""
+    the variance taken about `shift` and corrected by the mean (`chunks.tolerance`), in the
+    fit's units (X times `scale`)."""
     if tol == 0:
         return 0.0
     xp = array_namespace(X)
-    if namespace_name(X) == "dask.array":
-        return tolerance(X, xp.asarray(shift), tol, xp, X.shape[0])
-    return tolerance(X, xp.asarray(shift, device=device(X)), tol, xp, backend.driver_rows(X))
+    rows = X.shape[0] if namespace_name(X) == "dask.array" else backend.driver_rows(X)
+    return _scaled_tolerance(X, shift, tol, xp, rows, scale)
+
+
+def _scaled_tolerance(X, shift, tol, xp, rows, scale):
+    """`chunks.tolerance` of X * scale about shift * scale (scaled after the difference, in
+    float64: X's own squares could overflow or underflow)."""
+    dev = None if namespace_name(X) == "dask.array" else device(X)
+    shift = xp.asarray(shift, device=dev) if dev is not None else xp.asarray(shift)
+    if scale == 1:
+        return tolerance(X, shift, tol, xp, rows)
+
+    def sums(sl, mean64):
+        c = (xp.astype(X[sl, ...], xp.float64) - mean64) * scale
+        return column_sums(c * c, xp), column_sums(c, xp)
+    return tolerance(X, shift, tol, xp, rows, chunk_sums=sums)

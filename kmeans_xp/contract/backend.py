@@ -63,6 +63,7 @@ from __future__ import annotations
 import inspect
 from typing import Any, Callable, ClassVar, TypeAlias, cast
 
+from kmeans_xp.contract import return_checks as returned
 from kmeans_xp.contract.chunks import count_changed, feature_mean, labelled_sq_dist, tolerance, weighted_total
 from kmeans_xp.contract.fitplan import FitPlan
 from kmeans_xp.contract.memory import (
@@ -355,7 +356,9 @@ class KMeansBackend:
         """One Lloyd iteration's `IterStats(labels, weighted_sums, weight_in_clusters,
         inertia, n_changed)`. Default: `assign`, `reduce`, the weighted sum of the distances
         and the count of labels that changed; override it to fuse them into one pass."""
+        # assign's labels index reduce's sums: checked before they do (`return_checks`)
         labels, min_sq = self.assign(X, centers, xp=xp)
+        returned.check_labels(self, "assign", labels, X.shape[0], centers.shape[0])
         sums, weights = self.reduce(X, labels, sample_weight, centers.shape[0], xp=xp)
         return IterStats(labels, sums, weights,
                          weighted_total(min_sq, sample_weight, xp),
@@ -384,6 +387,7 @@ class KMeansBackend:
         """(labels against centers, their `inertia`): the final assignment of a run and
         `score`. Default: `assign`, whose distances are dropped, then `inertia`."""
         labels = self.assign(X, centers, xp=xp).labels
+        returned.check_labels(self, "assign", labels, X.shape[0], centers.shape[0])
         return labels, self.inertia(X, sample_weight, centers, labels, xp=xp)
 
     def farthest(self, X: Array, sample_weight: Array | None, centers: Array, labels: Array,

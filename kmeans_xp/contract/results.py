@@ -11,8 +11,8 @@ backend's streamed label store), the driver only compares and keeps them. What t
 backends' signed labels are int32 (numpy's `assign` and `labels_inertia`, array-api's
 `assign`, CuPy's, dask's label blocks), and `placement.from_backend` widens unsigned ones to
 int32 (`user_labels`: e.g. the last iteration's when a run converges strictly). A
-third-party backend should do the same (signed labels of another type reach the user as
-they are).
+third-party backend should do the same; the estimators pass every label they give the user
+through `user_labels`, so a plugin's int64 labels reach the user as int32 too.
 """
 from __future__ import annotations
 
@@ -32,15 +32,30 @@ def compact_labels_dtype(k):
 
 
 def user_labels_dtype(dtype):
-    """The dtype labels of `dtype` reach the user in: unsigned (compact) ones as int32."""
-    return LABELS_DTYPE if isinstance(dtype, np.dtype) and dtype.kind == "u" else dtype
+    """The dtype labels of `dtype` reach the user in: int32 for every integer dtype
+    (unsigned compact ones, a plugin's int64)."""
+    if isinstance(dtype, np.dtype) and dtype.kind in "iu" and dtype != LABELS_DTYPE:
+        return LABELS_DTYPE
+    return dtype
 
 
 def user_labels(arr):
-    """Labels as the user gets them: a NumPy or CuPy array of unsigned (compact) labels
-    widened to int32; anything else as it is."""
+    """Labels as the user gets them, int32 whatever the backend gave: a NumPy, CuPy or dask
+    array of another integer dtype is converted (a torch or JAX array through its
+    namespace); int32 labels as they are."""
     dtype = getattr(arr, "dtype", None)
-    return arr if user_labels_dtype(dtype) is dtype else arr.astype(LABELS_DTYPE)
+    if isinstance(dtype, np.dtype):
+        return arr if user_labels_dtype(dtype) is dtype else arr.astype(LABELS_DTYPE)
+    if dtype is None:
+        return arr
+    from array_api_compat import array_namespace
+    try:
+        xp = array_namespace(arr)
+    except TypeError:
+        return arr
+    if dtype == xp.int32 or not xp.isdtype(dtype, "integral"):
+        return arr
+    return xp.astype(arr, xp.int32)
 
 
 class AssignResult(NamedTuple):

@@ -9,9 +9,10 @@ import warnings
 import numpy as np
 
 from kmeans_xp.algorithms import init as _init
-from kmeans_xp.contract.namespaces import device, operand
+from kmeans_xp.contract.chunks import check_finite
+from kmeans_xp.contract.namespaces import array_namespace, device, operand
 from kmeans_xp.estimators.predicting import require_known_shape
-from kmeans_xp.contract.scaling import host_dtype_of
+from kmeans_xp.contract.scaling import NumericGuard, host_dtype_of
 from kmeans_xp.estimators.validation import check_array, check_init_array, check_sample_weight, validate_params
 
 
@@ -47,11 +48,17 @@ class Fitting:
         return out
 
     def _checked_weights(self, sample_weight, X, *, positive=True):
-        """Host weights in X's dtype (None stays None); with positive, at least n_clusters
-        of them must be > 0."""
+        """Validated host weights in float64 (None stays None; `_guard` puts them in X's
+        dtype); never all zero (scikit-learn refuses them too); with positive, at least
+        n_clusters of them must be > 0."""
         n = X.shape[0]
         sw = None if sample_weight is None else check_sample_weight(sample_weight, n,
-                                                                    host_dtype_of(X.dtype))
+                                                                    np.float64)
+        if sw is not None and not np.any(sw):
+            raise ValueError(f"Sample weights must contain at least one non-zero number: "
+                             f"sample_weight is 0 for all {n} samples given to "
+                             f"{type(self).__name__}, so no center can be computed. Give "
+                             f"some sample a positive weight.")
         if positive:
             count = n if sw is None else int(np.count_nonzero(sw))
             if count < self.n_clusters:
@@ -71,12 +78,22 @@ class Fitting:
             return None
         return check_init_array(self.init, self.n_clusters, d)
 
-    def _check_inputs(self, X, sample_weight):
+    def _guard(self, X, sw, absmax):
+        """(the fit's `NumericGuard`, the weights in X's dtype, scaled by it): every fit
+        and partial_fit makes its guard here, so no estimator computes without one."""
+        return NumericGuard.of(X.dtype, X.shape[1], X.shape[0], sw, absmax)
+
+    def _check_inputs(self, X, sample_weight, measure=False):
+        """(X, weights in X's dtype or None, the init array or None, the fit's guard). X
+        checked lazily (dask) is measured later, by the placement, unless `measure`: then
+        here, in one pass with its NaN/inf check."""
         self._check_params()
         X, absmax = self._checked_X(X)
+        if absmax is None and measure:
+            absmax = check_finite(X, array_namespace(X))
         self._check_n_samples(X.shape[0])
-        sw = self._checked_weights(sample_weight, X)
-        return X, sw, self._init_array(X.shape[1]), absmax
+        guard, sw = self._guard(X, self._checked_weights(sample_weight, X), absmax)
+        return X, sw, self._init_array(X.shape[1]), guard
 
     def _given_inits(self, X, init_array, n_init, rs):
         """Host center arrays for each run when the user gives them (array or callable), else

@@ -279,6 +279,7 @@ class SklearnInterop:
         between calls stay out (thread pools and device buffers do not pickle)."""
         state = dict(self.__dict__)
         state.pop("_backend_cache", None)
+        state.pop("_fallback_warned", None)
         for name in self._HOST_ON_PICKLE:
             if name in state and namespace_name(state[name]) not in ("numpy", "list"):
                 state[name] = np.asarray(to_numpy(state[name]))

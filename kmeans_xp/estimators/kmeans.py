@@ -24,7 +24,8 @@ from kmeans_xp.estimators.predicting import Predicting
 from kmeans_xp.algorithms.progress import Clock, logger, verbose_logging
 from kmeans_xp.contract.registry import select_backend
 from kmeans_xp.estimators.routing import MetadataRouting
-from kmeans_xp.contract.scaling import pow2_scale, pow2_scale_weights, unscaled
+from kmeans_xp.contract.results import user_labels
+from kmeans_xp.contract.scaling import scaled_mean
 from kmeans_xp.estimators.validation import check_random_state
 
 if TYPE_CHECKING:
@@ -197,10 +198,7 @@ default=None
     def _fit(self, X: Any, sample_weight: Any) -> KMeans:
         clock = Clock()
         X_user = X
-        X, sw_host, init_array, absmax = self._check_inputs(X, sample_weight)
-        w_scale = pow2_scale_weights(sw_host)
-        if w_scale != 1:
-            sw_host *= w_scale  # our own copy; a power of two: exact
+        X, sw_host, init_array, guard = self._check_inputs(X, sample_weight)
         n_init = self._resolved_n_init()
         rs = check_random_state(self.random_state)
         backend, why = select_backend(self.backend, X, n_clusters=self.n_clusters,
@@ -218,14 +216,14 @@ default=None
         sw = None if sw_host is None else place.persist(xp.asarray(sw_host, device=device(Xb)))
         place.synchronize()
         clock.lap("transfer")
-        Xc, X_mean, tol, scale = self._fit_data(backend, Xb, xp, absmax)
+        Xc, X_mean, tol, scale = self._fit_data(backend, Xb, xp, guard)
         X_mean = place.persist(X_mean)
         place.synchronize()
         clock.lap("stats")
         best, timings_runs = self._run(backend, Xc, X_mean, sw, rs, xp, n_init, tol,
                                        given, scale)
         clock.skip()  # init and lloyd, timed inside
-        best = unscaled(best, scale, w_scale)
+        best = guard.result(best)
         self._scale = scale
         self._store(best, backend, why, X_mean, X_user, Xb)
         # drop the fit's device arrays, so that finish() can hand their memory back
@@ -238,15 +236,18 @@ default=None
         return self
 
     def _fit_data(self, backend: KMeansBackend, Xb: Array, xp: Namespace,
-                  absmax: float | None) -> tuple[Array, Array, Any, float]:
+                  guard: Any) -> tuple[Array, Array, Any, float]:
         """(the data the driver computes on, X's mean, the absolute tol, the power of two X
-        is scaled by): X centered (on a copy, unless copy_x=False), rescaled when its squared
-        distances would leave its dtype."""
+        is scaled by): X centered (on a copy, unless copy_x=False), rescaled by the fit's
+        guard when its squared distances would leave its dtype."""
         place = backend.placement
         # lazy input (dask) has its max |X| measured by to_backend, with its NaN/inf check
-        scale = pow2_scale(place.absmax if absmax is None else absmax, Xb.dtype, Xb.shape[1])
+        scale = guard.scale if guard.scale is not None else guard.measure(place.absmax)
         # on data to be rescaled, the variance of tol is taken after (it could overflow)
-        X_mean, tol = place.feature_stats(Xb, self.tol if scale == 1 else 0, xp=xp)
+        if guard.mean_overflows(Xb.shape[0]):
+            X_mean, tol = scaled_mean(Xb, scale, xp, backend.driver_rows(Xb)), 0
+        else:
+            X_mean, tol = place.feature_stats(Xb, self.tol if scale == 1 else 0, xp=xp)
         if not self.copy_x and scale == 1:
             # X is never written (a memmap neither): the fit computes on X as given
             return place.center(Xb, None, xp=xp), xp.zeros_like(X_mean), tol, scale
@@ -300,7 +301,7 @@ default=None
         cxp = array_namespace(best.centers)  # the small namespace the driver ran in
         centers = best.centers + cxp.asarray(to_numpy(X_mean), device=device(best.centers))
         self.cluster_centers_ = place.from_backend(centers, like=X_user)
-        self.labels_ = place.from_backend(best.labels, like=X_user)
+        self.labels_ = user_labels(place.from_backend(best.labels, like=X_user))
         self.inertia_ = float(best.inertia)
         self.n_iter_ = int(best.n_iter)
         self.n_features_in_ = int(Xb.shape[1])

@@ -27,11 +27,13 @@ from kmeans_xp.algorithms.minibatch_steps import (
     step,
     tolerance_of,
 )
-from kmeans_xp.contract.namespaces import device, namespace_name, to_numpy
+from kmeans_xp.contract.namespaces import array_namespace, device, namespace_name, to_numpy
 from kmeans_xp.estimators.predicting import Predicting
 from kmeans_xp.algorithms.progress import Clock, verbose_logging
 from kmeans_xp.contract.registry import select_backend
 from kmeans_xp.estimators.routing import MetadataRouting
+from kmeans_xp.contract.results import user_labels
+from kmeans_xp.contract.return_checks import assigned_labels
 from kmeans_xp.contract.scaling import host_dtype_of
 from kmeans_xp.estimators.validation import check_init_array, check_random_state
 
@@ -221,7 +223,7 @@ default=None
 
     def _one_init(self, rows: Any, backend: KMeansBackend, sw: Any, rs: Any, n: int,
                   init_array: Any) -> tuple[Array, Namespace]:
-        """One initialisation, as sklearn draws it: (centered centers, xp)."""
+        """One initialisation, as sklearn draws it: (centered centers, fit's units; xp)."""
         idx, Xi, xp, wi = self._init_rows(rows, sw, rs, n)
         given = init_array
         if given is None and callable(self.init):
@@ -229,7 +231,7 @@ default=None
             given = check_init_array(self.init(raw, self.n_clusters, random_state=rs),
                                      self.n_clusters, Xi.shape[1])
         shift = xp.asarray(rows.shift, device=device(Xi))
-        centers = self._initial_centers(Xi, shift, wi, rs, xp, given, backend, 1.0)
+        centers = self._initial_centers(Xi, shift, wi, rs, xp, given, backend, rows.scale)
         return backend.placement.small(xp.astype(centers, Xi.dtype)), xp
 
     # -- fit ------------------------------------------------------------------------------------
@@ -258,7 +260,7 @@ default=None
     def _fit(self, X: Any, sample_weight: Any) -> MiniBatchKMeans:
         clock = Clock()
         X_user = X
-        X, sw, init_array, _ = self._check_inputs(X, sample_weight)
+        X, sw, init_array, guard = self._check_inputs(X, sample_weight, measure=True)
         n = X.shape[0]
         k = self.n_clusters
         self._batch_size, self._init_size = self._sizes(n)
@@ -268,9 +270,9 @@ default=None
         place = steps.placement
         # sklearn's order of draws: the validation rows, then per init its rows and method
         valid = rs.randint(0, n, self._init_size)
-        rows = BatchRows(X, steps)
-        rows.shift = shift_point(rows.raw(valid), X.dtype)
-        self._tol = tolerance_of(X, rows.shift, self.tol, steps)
+        rows = BatchRows(X, steps, scale=guard.scale)
+        rows.shift = shift_point(rows.raw(valid), X.dtype, guard.scale)
+        self._tol = tolerance_of(X, rows.shift, self.tol, steps, guard.scale)
         clock.lap("validation")
         Xv, xp = rows.batch(valid)
         wv = None if sw is None else xp.asarray(sw[valid], device=device(Xv))
@@ -279,7 +281,7 @@ default=None
         for _ in range(n_init):
             with steps.memory.stage("init"):
                 centers, _ = self._one_init(rows, steps, sw, rs, n, init_array)
-                labels = steps.assign(Xv, centers, xp=xp).labels
+                labels = assigned_labels(steps, Xv, centers, xp)
                 inertia = float(to_numpy(steps.inertia(Xv, wv, centers, labels, xp=xp)))
             if best is None or inertia < best_inertia:
                 best, best_inertia = centers, inertia
@@ -300,15 +302,16 @@ default=None
         clock.lap("steps")
         self.n_steps_ = done
         self.n_iter_ = int(math.ceil(done * self._batch_size / n))
-        self._store_state(state)
-        self._store(backend, why, steps, rows.shift, state.centers, X_user, X)
+        self._store_state(state, guard)
+        self._store(backend, why, steps, rows.shift, self._centers_fit, X_user, X)
         if self.compute_labels:
-            self._labels(rows, steps, sw, X_user, sample_weight)
+            self._labels(rows, steps, sw, X_user, sample_weight, state.centers, guard)
         else:
             total = float(n if sw is None else np.sum(sw))
-            self.inertia_ = float(state.ewa_inertia if state.ewa_inertia is not None
-                                  else state.history["batch_inertia"][-1]) * total
-        self.history_ = state.history
+            self.inertia_ = guard.objective(float(
+                state.ewa_inertia if state.ewa_inertia is not None
+                else state.history["batch_inertia"][-1]) * total)
+        self.history_ = guard.history(state.history)
         self.memory_report_ = dict(steps.memory.report)
         self._finish(place)
         clock.lap("labels")
@@ -316,28 +319,31 @@ default=None
         return self
 
     def _labels(self, rows: Any, steps: KMeansBackend, sw: Any, X_user: Any,
-                sample_weight: Any) -> None:
-        """labels_ and inertia_ of all of X, one pass in chunks (a dask X through its own
-        backend, as predict does: labels stay a dask array)."""
+                sample_weight: Any, centers: Any, guard: Any) -> None:
+        """labels_ and inertia_ of all of X against `centers` (the fit's units), in chunks (a
+        dask X through its own backend, as predict does: labels stay a dask array)."""
         if namespace_name(rows.X) == "dask.array":
             self.labels_ = self.predict(X_user)
             self.inertia_ = -self.score(X_user, sample_weight=sample_weight)
             return
-        centers = steps.placement.small(self._centers_fit)
-        labels, self.inertia_ = labels_and_inertia(rows, steps, centers, sw,
-                                                   steps.driver_rows(rows.X))
-        self.labels_ = steps.placement.from_backend(labels, like=X_user)
+        centers = steps.placement.small(centers)
+        labels, inertia = labels_and_inertia(rows, steps, centers, sw,
+                                             steps.driver_rows(rows.X))
+        self.inertia_ = guard.objective(inertia)
+        self.labels_ = user_labels(steps.placement.from_backend(labels, like=X_user))
 
-    def _store_state(self, state: Any) -> None:
-        self._centers_fit = state.centers
-        self._counts = state.counts
+    def _store_state(self, state: Any, guard: Any) -> None:
+        """What partial_fit goes on from, in X's (centered) and the weights' units."""
+        self._centers_fit = guard.centers_out(state.centers, array_namespace(state.centers))
+        self._counts = guard.counts_out(state.counts, array_namespace(state.counts))
+        self._scale = guard.scale
         self._n_since_last_reassign = state.n_since_last_reassign
-        self._ewa_inertia = state.ewa_inertia
+        self._ewa_inertia, self._no_improvement = state.ewa_inertia, state.no_improvement
         self._ewa_inertia_min = state.ewa_inertia_min
-        self._no_improvement = state.no_improvement
 
     def _store(self, backend: KMeansBackend, why: str, steps: KMeansBackend, shift: Any,
                centers: Array, X_user: Any, X: Any) -> None:
+        """The fitted attributes; `centers` centered, in X's units."""
         place = steps.placement
         cxp = place.namespace(centers)
         self._X_mean = cxp.asarray(shift, device=device(centers))
@@ -376,6 +382,7 @@ default=None
         with verbose_logging(self.verbose):
             if namespace_name(X) != "dask.array":
                 return self._partial_fit(X, sample_weight)
+            X = self._checked_X(X, absmax=False)  # unknown chunk sizes: say what to do
             start = 0
             for rows in X.chunks[0]:
                 sl = slice(start, start + rows)
@@ -390,14 +397,17 @@ default=None
         fitted = hasattr(self, "cluster_centers_")
         self._check_params()
         X_user = X
-        X = self._checked_X(X, absmax=False)
+        X, absmax = self._checked_X(X)
         n, d = X.shape
         if fitted and d != self.n_features_in_:
             raise ValueError(f"X has {d} features, but {type(self).__name__} is expecting "
                              f"{self.n_features_in_} features as input.")
         if fitted:
             self._check_feature_names(X_user)
-        sw = self._checked_weights(sample_weight, X, positive=False)
+        if fitted:  # the centers so far must stay inside the fit's numbers too
+            absmax = max(absmax, float(np.max(np.abs(to_numpy(self.cluster_centers_)))))
+        guard, sw = self._guard(X, self._checked_weights(sample_weight, X, positive=False),
+                                absmax)
         if "_random_state" not in self.__dict__:
             self._random_state = check_random_state(self.random_state)
         rs = self._random_state
@@ -408,8 +418,8 @@ default=None
         if not fitted:
             self._check_n_samples(n)
             self._batch_size, self._init_size = self._sizes(n)
-            rows = BatchRows(X, steps)
-            rows.shift = shift_point(X, X.dtype)
+            rows = BatchRows(X, steps, scale=guard.scale)
+            rows.shift = shift_point(X, X.dtype, guard.scale)
             centers, _ = self._one_init(rows, steps, sw, rs, n, self._init_array(d))
             cxp = place.namespace(centers)
             state = StepState(centers, cxp.zeros(k, dtype=centers.dtype,
@@ -417,13 +427,15 @@ default=None
             self._record_feature_names(X_user)
         else:
             rows = BatchRows(X, steps, np.asarray(to_numpy(self._X_mean)).astype(
-                host_dtype_of(X.dtype)))
+                host_dtype_of(X.dtype)), guard.scale)
             centers = place.small(on_backend(self._centers_fit, X, steps))
+            centers = guard.centers_in(centers, place.namespace(centers))
             # the counts where the centers are: cupy-fused keeps small centers on the host
             counts = self._counts
             counts = (np.asarray(to_numpy(counts)) if isinstance(centers, np.ndarray) else
                       place.namespace(centers).asarray(on_backend(counts, X, steps),
                                                        device=device(centers)))
+            counts = guard.counts_in(counts, array_namespace(counts), centers.dtype)
             state = StepState(centers, counts,
                               n_since_last_reassign=self._n_since_last_reassign)
         (_, Xb, xp), = rows.slices(n)
@@ -431,15 +443,13 @@ default=None
         reassign = state.random_reassign(self._batch_size, k)
         step(steps, Xb, xp, w, state, rs, reassign=reassign,
              reassignment_ratio=self.reassignment_ratio, verbose=self.verbose)
-        self._centers_fit = state.centers
-        self._counts = state.counts
-        self._n_since_last_reassign = state.n_since_last_reassign
-        self._store(backend, why, steps, rows.shift, state.centers, X_user, X)
+        self._store_state(state, guard)
+        self._store(backend, why, steps, rows.shift, self._centers_fit, X_user, X)
         if self.compute_labels:
-            labels = steps.assign(Xb, state.centers, xp=xp).labels
-            self.inertia_ = max(float(to_numpy(steps.inertia(Xb, w, state.centers, labels,
-                                                             xp=xp))), 0.0)
-            self.labels_ = place.from_backend(labels, like=X_user)
+            labels = assigned_labels(steps, Xb, state.centers, xp)
+            self.inertia_ = guard.objective(max(float(to_numpy(
+                steps.inertia(Xb, w, state.centers, labels, xp=xp))), 0.0))
+            self.labels_ = user_labels(place.from_backend(labels, like=X_user))
         self.n_steps_ += 1
         self.memory_report_ = dict(steps.memory.report)
         del Xb, w, state

@@ -4,12 +4,15 @@ shortcuts), on the fit's backend when it takes the input, else on the one "auto"
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Any
 
 from kmeans_xp.contract.chunks import row_chunks
 from kmeans_xp.contract.memory import explains_memory_errors
 from kmeans_xp.contract.namespaces import device, namespace_name, to_numpy
 from kmeans_xp.contract.registry import get_backend, get_backend_info, select_backend
+from kmeans_xp.contract.results import user_labels
+from kmeans_xp.contract.return_checks import assigned_labels
 from kmeans_xp.contract.scaling import host_dtype_of, ldexp_or_inf
 from kmeans_xp.estimators.validation import (
     check_array,
@@ -36,11 +39,16 @@ class Predicting:
         X (as fit does): never a silent fallback."""
         name, options, max_memory, auto = self._backend_key
         k = self._centers_fit.shape[0]
-        if getattr(self, "_moved_to_host", False):
-            # unpickled with host copies: the fit's backend may not exist here
-            auto = True
-            if not (get_backend_info(name) or (False,))[0]:
-                return select_backend("auto", X, n_clusters=k, max_memory=max_memory)[0]
+        auto = auto or getattr(self, "_moved_to_host", False)
+        if not (get_backend_info(name) or (False,))[0]:
+            # unpickled where the fit's backend is missing (numba not installed, no GPU):
+            # a pickle holds its name only, and the centers predict the same on any backend
+            if not auto and not self.__dict__.get("_fallback_warned"):  # named, not "auto"
+                self.__dict__["_fallback_warned"] = True
+                warnings.warn(f"This {type(self).__name__} was fitted with backend {name!r}, "
+                              f"which is not available here; predicting with the backend "
+                              f"'auto' picks (the same labels).", UserWarning, stacklevel=4)
+            return select_backend("auto", X, n_clusters=k, max_memory=max_memory)[0]
         backend = get_backend(name)(max_memory=max_memory, **options)
         if backend.accepts(X, n_clusters=k):
             return backend
@@ -100,8 +108,8 @@ class Predicting:
             Index of the closest center, in X's namespace.
         """
         backend, Xc, xp, X, centers = self._prepare(X, "predict")
-        return backend.placement.from_backend(backend.assign(Xc, centers, xp=xp).labels,
-                                              like=X)
+        return user_labels(backend.placement.from_backend(
+            assigned_labels(backend, Xc, centers, xp), like=X))
 
     def fit_predict(self, X: Any, y: Any = None, sample_weight: Any = None) -> Any:
         """Compute the clustering and return each sample's cluster (``fit(X).labels_``).

@@ -133,10 +133,10 @@ default=None
 
     def _check_inputs(self, X: Any, sample_weight: Any) -> tuple[Any, Any, Any, Any]:
         # (the base's helpers are not annotated; mypy does not exempt calls through super())
-        X, sw, init_array, absmax = super()._check_inputs(X, sample_weight)  # type: ignore[no-untyped-call]
+        X, sw, init_array, guard = super()._check_inputs(X, sample_weight)  # type: ignore[no-untyped-call]
         if init_array is not None:
             _refuse_zero_rows(init_array, "init")
-        return X, sw, init_array, absmax
+        return X, sw, init_array, guard
 
     def _given_inits(self, X: Any, init_array: Any, n_init: int, rs: Any) -> Any:
         given = super()._given_inits(X, init_array, n_init, rs)  # type: ignore[no-untyped-call]
@@ -146,10 +146,12 @@ default=None
         return given
 
     def _fit_data(self, backend: KMeansBackend, Xb: Array, xp: Namespace,
-                  absmax: float | None) -> tuple[Array, Array, Any, float]:
+                  guard: Any) -> tuple[Array, Array, Any, float]:
         """(unit rows, a zero mean, the absolute tol, 1): no centering (the sphere is about
-        the origin) and no rescaling (unit rows are inside every dtype's range)."""
+        the origin) and no rescaling of X (unit rows are inside every dtype's range; the
+        guard still scales the weights)."""
         place = backend.placement
+        guard.scale = 1.0
         if self.copy_x:
             Xu = place.unit_rows(Xb, xp=xp)
         else:

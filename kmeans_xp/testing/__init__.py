@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from kmeans_xp.contract import return_checks as returned
 from kmeans_xp.contract.backend import Array, KMeansBackend, Namespace
 from kmeans_xp.contract.namespaces import device, to_numpy
 from kmeans_xp.testing.fits import (  # noqa: F401 - asymmetric_data and lloyd_cases are public here
@@ -97,18 +98,33 @@ def check_backend(cls: type[KMeansBackend], *,
             w = xp.asarray(w_np, device=_dev(Xb))
             where = f"{cls.name} n={n} d={d} k={k} {np.dtype(dtype)}"
             ref = Reference(X_np, C_np, w_np, rtol)
-            passed += check_primitives(backend, Xb, C, w, ref, xp, where)
-            passed += check_iteration(backend, Xb, C, w, ref, xp, where)
-            passed += check_extras(backend, Xb, C, w, ref, xp, where)
-            passed += check_seeding(backend, Xb, w, min(k, 6), xp, where)
-        passed += check_memory_bound(backend, to_arr, dtype)
-        passed += check_lloyd(backend, to_arr, dtype)
-        passed += check_own_loop(backend, to_arr, dtype)
-        passed += check_minibatch(backend, to_arr, dtype)
-        passed += check_unit_rows(backend, to_arr, dtype)
-        passed += check_lloyd(backend, to_arr, dtype, spherical=True)
-        passed += check_own_loop(backend, to_arr, dtype, spherical=True)
+            passed += _failed_check(where, check_primitives, backend, Xb, C, w, ref, xp, where)
+            passed += _failed_check(where, check_iteration, backend, Xb, C, w, ref, xp, where)
+            passed += _failed_check(where, check_extras, backend, Xb, C, w, ref, xp, where)
+            passed += _failed_check(where, check_seeding, backend, Xb, w, min(k, 6), xp, where)
+        where = f"{cls.name} {np.dtype(dtype)}"
+        for check, kw in ((check_memory_bound, {}), (check_lloyd, {}), (check_own_loop, {}),
+                          (check_minibatch, {}), (check_unit_rows, {}),
+                          (check_lloyd, {"spherical": True}),
+                          (check_own_loop, {"spherical": True})):
+            passed += _failed_check(f"{where} {check.__name__}", check, backend, to_arr, dtype,
+                                    **kw)
     return passed
+
+
+def _failed_check(where: str, check: Any, *args: Any, **kwargs: Any) -> Any:
+    """check(*args, **kwargs), where whatever a malformed return makes fail (a contract
+    fault, or an error while the suite reads the result) is a failed check: an
+    AssertionError saying where and why, never another exception."""
+    try:
+        return check(*args, **kwargs)
+    except AssertionError:
+        raise
+    except returned.BackendContractError as exc:
+        raise AssertionError(f"{where}: {exc}") from exc
+    except Exception as exc:  # noqa: BLE001 - reported as the failed check it is
+        raise AssertionError(f"{where}: {check.__name__} failed on the backend's results: "
+                             f"{type(exc).__name__}: {exc}") from exc
 
 
 def _check_class(cls: type[KMeansBackend]) -> None:
@@ -154,10 +170,11 @@ class Reference:
 def check_primitives(backend: KMeansBackend, X: Array, C: Array, w: Array, ref: Reference,
                      xp: Namespace, where: str) -> int:
     """assign against the brute-force argmin; reduce against np.add.at, weighted and not."""
-    labels, min_sq = backend.assign(X, C, xp=xp)
-    lab = to_numpy(labels).astype(np.int64)
-    mins = _host(min_sq)
     n, k, rtol = ref.n, ref.k, ref.rtol
+    labels, min_sq = backend.assign(X, C, xp=xp)
+    returned.check_labels(backend, "assign", labels, n, k)
+    lab = to_numpy(labels).astype(np.int64)
+    mins = _host(returned.check_array(backend, "assign", "min_sq_dist", min_sq))
     assert lab.shape == (n,) and mins.shape == (n,), f"{where}: assign shapes {lab.shape}"
     assert lab.min() >= 0 and lab.max() < k, f"{where}: labels outside [0, {k})"
     bad = np.flatnonzero((lab != ref.labels) & ref.clear)
@@ -168,6 +185,7 @@ def check_primitives(backend: KMeansBackend, X: Array, C: Array, w: Array, ref: 
     for weights, w_np in ((w, ref.w.astype(np.float64)), (None, np.ones(n))):
         red = ref.sums(lab, w_np)
         sums, wsum = backend.reduce(X, labels, weights, k, xp=xp)
+        returned.check_sums(backend, "reduce", sums, wsum, k, ref.X.shape[1])
         sums, wsum = _host(sums), _host(wsum)
         what = "unit weights (None)" if weights is None else "weights"
         assert sums.shape == (k, ref.X.shape[1]) and wsum.shape == (k,), \
@@ -185,7 +203,8 @@ def check_iteration(backend: KMeansBackend, X: Array, C: Array, w: Array, ref: R
     new arrays each call (the driver keeps the last labels and may issue the next call before
     it reads them)."""
     lab = to_numpy(backend.assign(X, C, xp=xp).labels).astype(np.int64)
-    it = backend.lloyd_iter(X, w, C, None, xp=xp)
+    it = returned.check_iteration(backend, backend.lloyd_iter(X, w, C, None, xp=xp),
+                                  ref.n, ref.k, ref.X.shape[1])
     got = to_numpy(it.labels).astype(np.int64)
     assert np.array_equal(got, lab), f"{where}: lloyd_iter labels != assign"
     red = ref.sums(lab, ref.w.astype(np.float64))

@@ -1,0 +1,150 @@
+"""What a backend returns, checked against the contract before the driver uses it.
+
+A plugin that returns float labels, too few labels, labels out of [0, k), a list, or NaN
+sums would otherwise give NaN or wrong centers, or a NumPy error from deep inside `fit`.
+The checks of shape and dtype read no data and run on every return; those that read data
+(the labels' range, the finiteness of sums) run once per call site of a fit (the first
+iteration, the final assignment, a predict), so a fit pays a few small reductions. The error
+names the backend, the member that returned the value, and what the contract asks.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from kmeans_xp.contract.namespaces import array_namespace, to_numpy
+
+
+class BackendContractError(RuntimeError):
+    """A backend returned something the contract does not allow (docs/plugins.md): the
+    message names the backend, its member and what was wrong."""
+
+
+def member_of(backend, member, part):
+    """The member that produced `part` of a `member` call: the default `lloyd_iter` and
+    `labels_inertia` pass on what `assign` and `reduce` returned, so those are named."""
+    own = getattr(type(backend), member, None)
+    if getattr(own, "__qualname__", "") == f"KMeansBackend.{member}":  # the default
+        if member == "lloyd_iter":
+            return "reduce" if part in ("weighted_sums", "weight_in_clusters") else "assign"
+        if member == "labels_inertia":
+            return "assign" if part == "labels" else "inertia"
+    return member
+
+
+def _fail(backend, member, part, what):
+    raise BackendContractError(
+        f"backend {backend.name!r} ({type(backend).__module__}.{type(backend).__qualname__}): "
+        f"{member_of(backend, member, part)} returned {part} {what} (see the contract in "
+        f"docs/plugins.md; kmeans_xp.testing.check_backend finds such faults)")
+
+
+def check_array(backend, member, part, a):
+    """`a` itself when it is an array (has a shape and a dtype), else the contract error."""
+    if not (hasattr(a, "shape") and hasattr(a, "dtype")):
+        _fail(backend, member, part, f"as {type(a).__name__}, not an array")
+    return a
+
+
+def _dtype_kind(a):
+    """'i', 'u', 'f', 'b', 'c' or '?' for an array of any namespace."""
+    dtype = a.dtype
+    if isinstance(dtype, np.dtype):
+        return dtype.kind
+    try:
+        xp = array_namespace(a)
+        for kind, name in (("b", "bool"), ("i", "signed integer"), ("u", "unsigned integer"),
+                           ("f", "real floating"), ("c", "complex floating")):
+            if xp.isdtype(dtype, name):
+                return kind
+    except (TypeError, ValueError, AttributeError):
+        pass
+    return "?"
+
+
+def check_labels(backend, member, labels, n, k, *, values=True):
+    """labels: an (n,) integer array; with values, all in [0, k) (read: two reductions)."""
+    check_array(backend, member, "labels", labels)
+    if tuple(labels.shape) != (n,) and not _lazy_rows(labels, n):
+        _fail(backend, member, "labels", f"of shape {tuple(labels.shape)}; expected ({n},): "
+                                          f"one label per row of X")
+    if _dtype_kind(labels) not in "iu":
+        _fail(backend, member, "labels", f"of dtype {labels.dtype}; labels are integers "
+                                          f"(int32) in [0, {k})")
+    if values and n and not _is_lazy(labels):
+        xp = array_namespace(labels)
+        lo, hi = (int(v) for v in to_numpy(xp.stack([xp.min(labels), xp.max(labels)])))
+        if lo < 0 or hi >= k:
+            _fail(backend, member, "labels", f"from {lo} to {hi}; labels are in [0, {k})")
+    return labels
+
+
+def check_sums(backend, member, sums, weights, k, d, *, values=True):
+    """weighted_sums (k, d) and weight_in_clusters (k,), real floating; with values,
+    finite (read: one reduction of k * (d + 1) values)."""
+    for part, a, shape in (("weighted_sums", sums, (k, d)),
+                           ("weight_in_clusters", weights, (k,))):
+        check_array(backend, member, part, a)
+        if tuple(a.shape) != shape:
+            _fail(backend, member, part, f"of shape {tuple(a.shape)}; expected {shape}")
+        if _dtype_kind(a) != "f":
+            _fail(backend, member, part, f"of dtype {a.dtype}; expected float64")
+    if values:
+        for part, a in (("weighted_sums", sums), ("weight_in_clusters", weights)):
+            xp = array_namespace(a)   # (a placement may keep the two apart)
+            if not math.isfinite(float(to_numpy(xp.sum(xp.astype(a, xp.float64))))):
+                _fail(backend, member, part, "with NaN or infinity")
+
+
+def check_iteration(backend, it, n, k, d, *, values=True):
+    """One `lloyd_iter`'s IterStats (the driver's and the mini-batch steps')."""
+    check_labels(backend, "lloyd_iter", it.labels, n, k, values=values)
+    check_sums(backend, "lloyd_iter", it.weighted_sums, it.weight_in_clusters, k, d,
+               values=values)
+    return it
+
+
+def check_statistic(backend, member, part, value):
+    """A 0-d statistic read on the host (inertia, shift): a finite number."""
+    v = float(value)
+    if not math.isfinite(v):
+        _fail(backend, member, part, f"{v}: not a finite number")
+    return v
+
+
+def check_run(backend, result, n, k, d):
+    """A backend's own whole run (`KMeansBackend.lloyd`): its labels, centers, inertia."""
+    check_labels(backend, "lloyd", result.labels, n, k)
+    c = check_array(backend, "lloyd", "centers", result.centers)
+    if tuple(c.shape) != (k, d):
+        _fail(backend, "lloyd", "centers", f"of shape {tuple(c.shape)}; expected {(k, d)}")
+    if not np.all(np.isfinite(to_numpy(c))):
+        _fail(backend, "lloyd", "centers", "with NaN or infinity")
+    check_statistic(backend, "lloyd", "inertia", result.inertia)
+    return result
+
+
+def assigned_labels(backend, X, centers, xp):
+    """`backend.assign`'s labels of X against centers, checked (predict, partial_fit)."""
+    labels = backend.assign(X, centers, xp=xp).labels
+    return check_labels(backend, "assign", labels, int(X.shape[0]), int(centers.shape[0]))
+
+
+def check_read(backend, shift, inertia):
+    """The driver's per-iteration read: a NaN or infinite center shift comes from the sums,
+    an infinite inertia from the distances (read anyway: no extra cost)."""
+    if not math.isfinite(float(shift)):
+        _fail(backend, "lloyd_iter", "weighted_sums", "that make NaN or infinite centers")
+    if not math.isfinite(float(inertia)):
+        _fail(backend, "lloyd_iter", "min_sq_dist", f"summing to {float(inertia)}")
+
+
+def _is_lazy(a):
+    return type(a).__module__.startswith("dask")
+
+
+def _lazy_rows(a, n):
+    """A lazy array (dask) whose row count is not known until computed: not checked."""
+    rows = a.shape[0] if len(a.shape) == 1 else None
+    return rows is None or rows != rows
