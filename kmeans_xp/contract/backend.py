@@ -5,7 +5,7 @@ an iteration) on one array library. The Lloyd semantics (convergence, empty clus
 center update, inertia, n_init) belong to the driver (`kmeans_xp.algorithms.lloyd`) alone, so every
 backend gives the same answer for the same initial centers.
 
-The contract a plugin implements (docs/plugins.md is its page): twelve names.
+The contract a plugin implements (docs/plugins.md is its page): thirteen names.
 
     member            required  default / what
     name, namespaces  yes       registry key; array libraries it computes on
@@ -16,6 +16,9 @@ The contract a plugin implements (docs/plugins.md is its page): twelve names.
     reject_reason     no        None when X's namespace is in `namespaces` or the placement
                                 converts it, else a sentence (cheap, no compute)
     lloyd_iter        no        one iteration's IterStats: assign + reduce + two reductions
+    assign_bounded    no        labels against centers with triangle-inequality bounds (a
+                                `bounds.Bounds` the driver holds): the vectorised NumPy
+                                bounds; it must equal `assign`'s labels
     lloyd             no        None: the driver runs the loop. A backend whose whole loop is
                                 one device program returns its LloydResult; check_backend
                                 proves it equal to the driver's
@@ -63,6 +66,7 @@ from __future__ import annotations
 import inspect
 from typing import ClassVar
 
+from kmeans_xp.contract.bounds import assign_bounded_numpy
 from kmeans_xp.contract.chunks import count_changed, feature_mean, labelled_sq_dist, tolerance, weighted_total
 from kmeans_xp.contract.fitplan import FitPlan
 from kmeans_xp.contract.memory import Budget, MemoryEstimate, accepted_options, host_available_memory
@@ -329,6 +333,15 @@ class KMeansBackend:
         return IterStats(labels, sums, weights,
                          weighted_total(min_sq, sample_weight, xp),
                          count_changed(labels, labels_old, xp))
+
+    def assign_bounded(self, X, centers, bounds, *, xp):
+        """(n,) int32 labels of NumPy X against `centers`, a new array, with `bounds` (a
+        `kmeans_xp.contract.bounds.Bounds`, the driver's between iterations) moved to them:
+        the labels `assign` gives, computing only the rows the bounds cannot keep. Default:
+        the vectorised NumPy bounds with the expansion `bounds.plain_distances` (a backend
+        passes its own distance formula, or row test, to `bounds.assign_bounded_numpy`).
+        The driver asks for it only on NumPy X, on the CPU (`bounds.bound_path`)."""
+        return assign_bounded_numpy(X, centers, bounds)
 
     def lloyd(self, X, sample_weight, centers, *, xp, max_iter, tol, spherical=False):
         """A whole Lloyd run from `centers` (the arguments of `algorithms.lloyd.
