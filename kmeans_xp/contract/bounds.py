@@ -47,8 +47,8 @@ YINYANG_GROUP = 10
 CENTER_TEST_MAX_K = 2048
 #: bytes of one recompute chunk's (rows, k) distances and their float64 copy
 RECOMPUTE_BYTES = 16 << 20
-#: the bound state may take this share of the fit's budget (Elkan's n * k floats first)
-STATE_SHARE = 0.5
+#: (n,) float64 temporaries of the vectorised row test, at most
+ROW_TEMPORARIES = 6
 #: Elkan keeps k bounds a row up to this k; beyond it Yinyang's groups, O(k / 10) a row
 ELKAN_MAX_K = 64
 #: below this many features Hamerly's single bound: a distance costs about what Elkan's
@@ -67,8 +67,8 @@ AUTO_MIN_K, AUTO_MIN_D = 32, 16
 METHODS = ("hamerly", "elkan", "yinyang")
 
 
-def bound_path(algorithm, *, device, n, d, k, budget, max_iter, auto=False,
-               spherical=False, asynchronous=False):
+def bound_path(algorithm, *, device, n, d, k, room, max_iter, auto=False, spherical=False,
+               asynchronous=False):
     """(method or None, why): the assignment a fit takes. The table of the CPU engine:
 
     - not the CPU, or an asynchronous placement: Lloyd's kernels (a GPU computes a
@@ -77,48 +77,59 @@ def bound_path(algorithm, *, device, n, d, k, budget, max_iter, auto=False,
       cheap as the bookkeeping)
     - algorithm="lloyd": Lloyd's kernels, unless `auto` (backend="auto") and the fit may run
       AUTO_MIN_ITER iterations with k >= AUTO_MIN_K and d >= AUTO_MIN_D
-    - then: yinyang for k > ELKAN_MAX_K (its groups within the state's share of the
-      budget), hamerly for d < ELKAN_MIN_D or where Elkan's n * k floats do not fit,
-      else elkan.
+    - then, within `room` (bytes of max_memory the backend's own chunks leave, `room`):
+      yinyang for k > ELKAN_MAX_K, hamerly for d < ELKAN_MIN_D or where Elkan's n * k
+      bounds do not fit, else elkan; Lloyd's kernels where not even Hamerly's fit.
     """
-    lloyd = None
     if device != "cpu" or asynchronous:
-        return lloyd, "Lloyd's kernels: bounds run on the CPU backends only"
+        return None, "Lloyd's kernels: bounds run on the CPU backends only"
     if k < 2 or k * d < BOUNDS_MIN_KD:
-        return lloyd, f"Lloyd's kernels: k * d = {k * d} < {BOUNDS_MIN_KD}"
+        return None, f"Lloyd's kernels: k * d = {k * d} < {BOUNDS_MIN_KD}"
     if algorithm != "elkan":
         if not (auto and max_iter >= AUTO_MIN_ITER and k >= AUTO_MIN_K and d >= AUTO_MIN_D
                 and not spherical):
-            return lloyd, "Lloyd's kernels (algorithm='lloyd')"
-    state = STATE_SHARE * budget
+            return None, "Lloyd's kernels (algorithm='lloyd')"
     if k > ELKAN_MAX_K:
-        groups = min(-(-k // YINYANG_GROUP), int(state // (8 * max(n, 1))))
+        groups = yinyang_groups(n, d, k, room)
         if groups >= 2:
             return "yinyang", f"yinyang: k = {k} > {ELKAN_MAX_K}, {groups} groups"
-        return "hamerly", "hamerly: no room for Yinyang's group bounds"
-    if d < ELKAN_MIN_D:
-        return "hamerly", f"hamerly: d = {d} < {ELKAN_MIN_D}"
-    if n * k * 8 > state:
-        return "hamerly", "hamerly: Elkan's n * k bounds exceed the budget"
-    return "elkan", f"elkan: k = {k} <= {ELKAN_MAX_K}, its bounds within the budget"
+    elif d >= ELKAN_MIN_D and state_bytes("elkan", n, d, k) <= room:
+        return "elkan", f"elkan: k = {k} <= {ELKAN_MAX_K}, d = {d} >= {ELKAN_MIN_D}"
+    if state_bytes("hamerly", n, d, k) <= room:
+        return "hamerly", "hamerly: few features, or no room for more bounds"
+    return None, "Lloyd's kernels: max_memory leaves no room for the bounds"
 
 
-def state_bytes(method, n, k, budget=None):
-    """Bytes a `Bounds` of this method keeps: labels, upper bounds, squared norms, the
-    lower bounds, and the centers' float64 copies."""
-    if method == "elkan":
-        lower = k
-    elif method == "yinyang":
-        lower = yinyang_groups(n, k, budget)
-    else:
-        lower = 1
-    return n * (4 + 8 + 8 + 8 * lower + 1)
+def room(backend, n, d, k, itemsize):
+    """Bytes of the fit's budget its backend's own chunks leave for the bound state: the
+    budget less the backend's `estimate_memory` (half the budget where it gives none)."""
+    budget = backend.memory.bytes()
+    try:
+        used = type(backend).estimate_memory(n, d, k, itemsize=itemsize,
+                                             max_memory=backend.max_memory).total
+    except NotImplementedError:
+        used = budget // 2
+    except MemoryError:
+        return 0
+    return max(0, budget - used)
 
 
-def yinyang_groups(n, k, budget=None):
+def state_bytes(method, n, d, k, groups=1):
+    """Bytes a `Bounds` of this method takes: per row its label, upper bound, squared norm,
+    test flag, lower bounds and the row test's temporaries; the recompute chunks; the
+    centers' float64 copies and the center-center distances."""
+    lower = {"elkan": k, "yinyang": groups}.get(method, 1)
+    per_row = 4 + 8 + 8 + 1 + 8 * lower + 8 * ROW_TEMPORARIES
+    centers = 8 * k * (3 * d + (k if k <= CENTER_TEST_MAX_K else 0))
+    return n * per_row + 2 * RECOMPUTE_BYTES + centers
+
+
+def yinyang_groups(n, d, k, room=None):
+    """Yinyang's groups: k / YINYANG_GROUP, fewer where `room` cannot hold their bounds."""
     t = -(-k // YINYANG_GROUP)
-    if budget is not None:
-        t = min(t, int(STATE_SHARE * budget // (8 * max(n, 1))))
+    if room is not None:
+        while t > 1 and state_bytes("yinyang", n, d, k, t) > room:
+            t = max(1, min(t - 1, int(t * 0.8)))
     return max(1, min(t, k))
 
 
@@ -138,12 +149,12 @@ class Bounds:
     first assignment), `groups` and `order` (Yinyang: each center's group, and the centers
     sorted by group)."""
 
-    def __init__(self, method, n, d, k, dtype, budget=None):
+    def __init__(self, method, n, d, k, dtype, room=None):
         if method not in METHODS:
             raise ValueError(f"bounds method {method!r}: one of {METHODS}")
         self.method, self.n, self.d, self.k = method, n, d, k
         self.dtype = np.dtype(dtype)
-        self.t = yinyang_groups(n, k, budget) if method == "yinyang" else 1
+        self.t = yinyang_groups(n, d, k, room) if method == "yinyang" else 1
         # a computed ||c||^2 - 2 x.c is within gamma (|x|^2 + 2 |c|^2) of the exact value
         # (2|x||c| <= |x|^2 + |c|^2); gamma of d + 2 roundings, doubled for headroom
         u = float(np.finfo(self.dtype).eps) / 2
@@ -374,8 +385,8 @@ def bounded_step(backend, X, n_clusters, method):
     if backend.placement.asynchronous or n_clusters < 2:
         return None
     n, d = X.shape
-    return BoundedStep(backend, Bounds(method, n, d, n_clusters, X.dtype,
-                                       budget=backend.memory.bytes()))
+    space = room(backend, n, d, n_clusters, X.dtype.itemsize)
+    return BoundedStep(backend, Bounds(method, n, d, n_clusters, X.dtype, room=space))
 
 
 def describe(bounds):

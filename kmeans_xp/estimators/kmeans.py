@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from kmeans_xp.contract.bounds import bound_path
+from kmeans_xp.contract.bounds import bound_path, room as bound_room
 from kmeans_xp.contract.chunks import tolerance
 from kmeans_xp.estimators.fitting import Fitting
 from kmeans_xp.estimators.interop import SklearnInterop
@@ -176,9 +176,12 @@ default=None
                           "'lloyd' instead.", RuntimeWarning, stacklevel=4)
             algorithm = "lloyd"
         n, d = Xc.shape
+        k = self.n_clusters
         self._bounds_path = bound_path(
-            algorithm, device=backend.device, n=n, d=d, k=self.n_clusters,
-            budget=backend.memory.bytes(), max_iter=self.max_iter,
+            algorithm, device=backend.device, n=n, d=d, k=k,
+            room=bound_room(backend, n, d, k, getattr(Xc.dtype, "itemsize", 8))
+            if backend.device == "cpu" else 0,
+            max_iter=self.max_iter,
             auto=self.backend == "auto", spherical=self._spherical,
             asynchronous=backend.placement.asynchronous)
         if self.verbose:

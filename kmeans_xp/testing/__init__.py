@@ -93,6 +93,7 @@ def check_backend(cls, *, make_array=None, dtypes=(np.float32, np.float64),
             passed += check_iteration(backend, Xb, C, w, ref, xp, where)
             passed += check_extras(backend, Xb, C, w, ref, xp, where)
             passed += check_seeding(backend, Xb, w, min(k, 6), xp, where)
+            passed += check_bounded(backend, Xb, C_np, rtol, xp, where)
         passed += check_memory_bound(backend, to_arr, dtype)
         passed += check_lloyd(backend, to_arr, dtype)
         passed += check_own_loop(backend, to_arr, dtype)
@@ -232,6 +233,37 @@ def check_extras(backend, X, C, w, ref, xp, where):
         to_numpy(far.label).astype(np.int64), lab[idx]), f"{where}: farthest rows or labels"
     assert np.allclose(_host(far.weight), ref.w[idx]), f"{where}: farthest weights"
     return 2
+
+
+def check_bounded(backend, X, C, rtol, xp, where):
+    """assign_bounded with each bounds method (`kmeans_xp.contract.bounds`) gives `assign`'s
+    labels, up to near ties: on its first call (every row computed), then after the centers
+    move twice (rows kept by their bounds), the last move relocating one center far away.
+    The driver asks for it on NumPy X only: nothing to check elsewhere, nor for k = 1."""
+    from kmeans_xp.contract.bounds import METHODS, Bounds
+
+    if not isinstance(X, np.ndarray) or C.shape[0] < 2:
+        return 0
+    n, d = X.shape
+    k = C.shape[0]
+    rng = np.random.default_rng(n + k)
+    spread = float(np.abs(C).max()) + 1.0
+    moved = (C + rng.normal(size=C.shape) * 0.01 * spread).astype(C.dtype)
+    jumped = moved.copy()
+    jumped[k // 2] += 3 * spread
+    for method in METHODS:
+        bounds = Bounds(method, n, d, k, X.dtype)
+        for step, centers in enumerate((C, moved, jumped)):
+            got = to_numpy(backend.assign_bounded(X, centers, bounds, xp=xp))
+            want = to_numpy(backend.assign(X, centers, xp=xp).labels).astype(np.int64)
+            brute = _brute(X, centers)
+            clear = _tie_free(brute["dist"], brute["labels"], rtol)
+            assert got.shape == (n,) and got.min() >= 0 and got.max() < k, \
+                f"{where}: assign_bounded ({method}) labels outside [0, {k})"
+            bad = np.flatnonzero((got != want) & clear)
+            assert bad.size == 0, (f"{where}: assign_bounded ({method}, step {step}) differs "
+                                   f"from assign at {bad.size} rows (first at {bad[:5]})")
+    return 1
 
 
 def check_seeding(backend, X, w, k, xp, where):
