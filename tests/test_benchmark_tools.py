@@ -78,3 +78,21 @@ def test_dask_multi_gpu_runs_its_protocol_on_cpu_workers(tmp_path):
         assert case[key]["per_iteration_s"] > 0
     # the same work: every case ends at the single-device centers
     assert case["dask_2_workers_actors"]["max_abs_center_diff_vs_single_gpu"] < 1e-3
+
+
+def test_bounds_fit_compares_bounds_with_lloyd_and_sklearn(tmp_path):
+    out = run_tool("benchmarks/bounds_fit.py", "--n", "3000", "--d", "8", "--k", "12",
+                   "--repeats", "1", "--max-iter", "30", "--backends", "numpy",
+                   "--json", tmp_path / "b.json")
+    rows = {r["row"]: r for r in json.loads((tmp_path / "b.json").read_text())["rows"]}
+    for method in ("lloyd", "hamerly", "elkan", "yinyang"):
+        row = rows[f"kmeans_xp numpy {method}"]
+        assert row["same_labels"] and row["same_n_iter"] and row["seconds"] > 0, out
+    assert any(name.startswith("KMeans(algorithm='elkan'") for name in rows)
+    if "scikit-learn elkan" not in rows:
+        pytest.importorskip("sklearn")
+    assert rows["scikit-learn elkan"]["seconds"] > 0
+    grid = run_tool("benchmarks/bounds_fit.py", "--grid", "--n", "2000", "--grid-d", "8",
+                    "--grid-k", "12", "--repeats", "1", "--max-iter", "10",
+                    "--backends", "numpy")
+    assert "numpy d=8 k=12 elkan" in grid and "x lloyd" in grid

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from kmeans_xp.contract.memory import accepted_options
 from kmeans_xp.contract.results import IterStats
 
 #: a kept row's bounds must clear the test by this factor: float64 bounds lose ~1e-16 per
@@ -77,7 +78,8 @@ def bound_path(algorithm, *, device, n, d, k, room, max_iter, auto=False, spheri
       cheap as the bookkeeping)
     - algorithm="lloyd": Lloyd's kernels, unless `auto` (backend="auto") and the fit may run
       AUTO_MIN_ITER iterations with k >= AUTO_MIN_K and d >= AUTO_MIN_D
-    - then, within `room` (bytes of max_memory the backend's own chunks leave, `room`):
+    - then, within `room` (bytes of max_memory the backend's own chunks leave, `room`; a
+      function giving them, called only here):
       yinyang for k > ELKAN_MAX_K, hamerly for d < ELKAN_MIN_D or where Elkan's n * k
       bounds do not fit, else elkan; Lloyd's kernels where not even Hamerly's fit.
     """
@@ -89,6 +91,8 @@ def bound_path(algorithm, *, device, n, d, k, room, max_iter, auto=False, spheri
         if not (auto and max_iter >= AUTO_MIN_ITER and k >= AUTO_MIN_K and d >= AUTO_MIN_D
                 and not spherical):
             return None, "Lloyd's kernels (algorithm='lloyd')"
+    if callable(room):  # (the backend's estimate, asked only here)
+        room = room()
     if k > ELKAN_MAX_K:
         groups = yinyang_groups(n, d, k, room)
         if groups >= 2:
@@ -104,9 +108,11 @@ def room(backend, n, d, k, itemsize):
     """Bytes of the fit's budget its backend's own chunks leave for the bound state: the
     budget less the backend's `estimate_memory` (half the budget where it gives none)."""
     budget = backend.memory.bytes()
+    estimate = type(backend).estimate_memory
+    options = {name: getattr(backend, opt.attr or name) for name, opt in backend.options.items()}
     try:
-        used = type(backend).estimate_memory(n, d, k, itemsize=itemsize,
-                                             max_memory=backend.max_memory).total
+        used = estimate(n, d, k, itemsize=itemsize, max_memory=backend.max_memory,
+                        **accepted_options(estimate, options)).total
     except NotImplementedError:
         used = budget // 2
     except MemoryError:

@@ -179,8 +179,7 @@ default=None
         k = self.n_clusters
         self._bounds_path = bound_path(
             algorithm, device=backend.device, n=n, d=d, k=k,
-            room=bound_room(backend, n, d, k, getattr(Xc.dtype, "itemsize", 8))
-            if backend.device == "cpu" else 0,
+            room=lambda: bound_room(backend, n, d, k, getattr(Xc.dtype, "itemsize", 8)),
             max_iter=self.max_iter,
             auto=self.backend == "auto", spherical=self._spherical,
             asynchronous=backend.placement.asynchronous)
