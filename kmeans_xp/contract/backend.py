@@ -5,7 +5,7 @@ an iteration) on one array library. The Lloyd semantics (convergence, empty clus
 center update, inertia, n_init) belong to the driver (`kmeans_xp.algorithms.lloyd`) alone, so every
 backend gives the same answer for the same initial centers.
 
-The contract a plugin implements (docs/plugins.md is its page): thirteen names.
+The contract a plugin implements (docs/plugins.md is its page): twelve names.
 
     member            required  default / what
     name, namespaces  yes       registry key; array libraries it computes on
@@ -16,9 +16,6 @@ The contract a plugin implements (docs/plugins.md is its page): thirteen names.
     reject_reason     no        None when X's namespace is in `namespaces` or the placement
                                 converts it, else a sentence (cheap, no compute)
     lloyd_iter        no        one iteration's IterStats: assign + reduce + two reductions
-    assign_bounded    no        labels against centers with triangle-inequality bounds (a
-                                `bounds.Bounds` the driver holds): the vectorised NumPy
-                                bounds; it must equal `assign`'s labels
     lloyd             no        None: the driver runs the loop. A backend whose whole loop is
                                 one device program returns its LloydResult; check_backend
                                 proves it equal to the driver's
@@ -39,6 +36,9 @@ above, and `check_backend` checks an override against it, so a plugin needs none
     inertia           sum of w * ||x - c_label||^2 by differences (driver, score)
     labels_inertia    assign + inertia (a backend that streams X does both in one pass)
     farthest          the m points farthest from their centers (only when a cluster is empty)
+    assign_bounded    labels with triangle-inequality bounds (a `bounds.Bounds` the driver
+                      holds between iterations), equal to `assign`'s: the vectorised NumPy
+                      bounds (the driver asks for it on NumPy X on the CPU only)
     batch_backend     the backend computing MiniBatchKMeans's gathered batches (itself; dask:
                       its blocks')
     seeding           k-means++'s O(n) steps on the backend's device (None: xp code)

@@ -6,8 +6,9 @@ float64, with n not a multiple of any chunk size, k from 1 to n, zero weights, a
 Lloyd run that must give the numpy backend's partition from the same initial centers (and,
 for a backend that runs the whole loop itself, `lloyd`, the driver's on its primitives),
 MiniBatchKMeans's steps (its `lloyd_iter` on gathered batches, through `batch_backend`),
-which must give the numpy backend's centers, counts and steps, and for spherical k-means,
-the placement's unit rows and whole `SphericalKMeans` fits likewise.
+which must give the numpy backend's centers, counts and steps, for spherical k-means, the
+placement's unit rows and whole `SphericalKMeans` fits likewise, and on NumPy input the
+bounded assignment (`assign_bounded`, each bounds method) against `assign`.
 
     from kmeans_xp.testing import check_backend
     check_backend(MyBackend)                       # raises AssertionError on the first failure
