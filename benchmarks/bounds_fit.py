@@ -33,10 +33,12 @@ def size(text):
     return int(float(text[:-1] if mult > 1 else text) * mult)
 
 
-def problem(n, d, k, seed=0):
-    """float32 blobs and one k-means++ init (the benchmark's shared workload code)."""
+def problem(n, d, k, seed=0, data="seed"):
+    """float32 data ("seed": the comparison's default data; "blobs": k separated blobs,
+    which converge in a few iterations) and one k-means++ init (the benchmark's shared
+    workload code)."""
     from kmeans_xp.tools.bench.workload import Workload, make_data, shared_init
-    w = Workload(n=n, d=d, k=k, data="blobs", init="k-means++", seed=seed)
+    w = Workload(n=n, d=d, k=k, data=data, init="k-means++", seed=seed)
     X = make_data(w)
     return X, shared_init(X, w)
 
@@ -76,7 +78,7 @@ def backends(names, threads):
 def fit_rows(args):
     from kmeans_xp import KMeans
     from kmeans_xp.contract.bounds import METHODS
-    X, init = problem(args.n, args.d, args.k, args.seed)
+    X, init = problem(args.n, args.d, args.k, args.seed, args.data)
     rows = []
     for name, be in backends(args.backends, args.threads).items():
         base = None
@@ -123,7 +125,7 @@ def grid_rows(args):
     rows = []
     for d in args.grid_d:
         for k in args.grid_k:
-            X, init = problem(args.n, d, k, args.seed)
+            X, init = problem(args.n, d, k, args.seed, args.data)
             for name, be in backends(args.backends, args.threads).items():
                 lloyd = None
                 for method in (None, *METHODS):
@@ -149,6 +151,7 @@ def main(argv=None):
     p.add_argument("--backends", type=lambda s: s.split(","), default=["numpy", "numba"])
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--data", choices=["seed", "blobs"], default="seed")
     p.add_argument("--grid", action="store_true", help="the table's sweep over d and k")
     p.add_argument("--grid-d", type=lambda s: [int(v) for v in s.split(",")],
                    default=[4, 8, 32, 128])
@@ -160,6 +163,7 @@ def main(argv=None):
     with threadpool_limits(args.threads):
         rows = grid_rows(args) if args.grid else fit_rows(args)
     what = (f"n={args.n} d={args.d} k={args.k}" if not args.grid else f"n={args.n} grid") + \
+        f", data={args.data}" + \
         f", max_iter={args.max_iter}, tol={args.tol}, threads={args.threads or 'all'}"
     print(f"# {what}")
     for r in rows:

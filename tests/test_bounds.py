@@ -60,18 +60,22 @@ def _driver(backend, X, w, init, max_iter, tol, bounds):
                                bounds=bounds)
 
 
-@pytest.mark.parametrize("name", CPU_BACKENDS)
+@pytest.mark.parametrize("name,pause_share", [(name, 1.0) for name in CPU_BACKENDS]
+                         + [("numpy", 0.0), ("numba", 0.0)])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_bounds_give_lloyds_run(name, dtype, monkeypatch):
+def test_bounds_give_lloyds_run(name, pause_share, dtype, monkeypatch):
     # small recompute chunks: many chunks, none dividing the rows that fail their test
     monkeypatch.setattr(B, "RECOMPUTE_BYTES", 40_000)
+    # 1.0: the bounds on every iteration; 0.0: paused after each bounded iteration (plain
+    # iterations between, then a restart)
+    monkeypatch.setattr(B, "PAUSE_SHARE", pause_share)
     backend = _backend(name, max_memory="4MB")
     rtol = 1e-5 if dtype == np.float32 else 1e-12
     for case, init, max_iter, tol, X, w in _cases(dtype):
         ref = _driver(backend, X, w, init, max_iter, tol, None)
         for method in B.METHODS:
             got = _driver(backend, X, w, init, max_iter, tol, method)
-            where = f"{name} {np.dtype(dtype)} {case!r} {method}"
+            where = f"{name} {np.dtype(dtype)} {case!r} {method} pause {pause_share}"
             assert np.array_equal(np.asarray(got.labels), np.asarray(ref.labels)), where
             assert got.n_iter == ref.n_iter, where
             np.testing.assert_allclose(got.centers, ref.centers, rtol=rtol, atol=rtol,
@@ -80,6 +84,33 @@ def test_bounds_give_lloyds_run(name, dtype, monkeypatch):
             for key in ("inertia", "center_shift"):
                 np.testing.assert_allclose(got.history[key], ref.history[key],
                                            rtol=rtol * 100, atol=1e-9, err_msg=where)
+
+
+def test_bounds_pause_while_they_keep_few_rows_and_restart(monkeypatch):
+    """A bounded iteration that recomputes most rows is followed by plain ones (2, then 4,
+    ... at most MAX_PAUSE), then the bounds start again from a full assignment."""
+    backend = _backend("numpy")
+    calls = []
+    plain = backend.lloyd_iter
+    monkeypatch.setattr(backend, "lloyd_iter", lambda *a, **k: calls.append("plain")
+                        or plain(*a, **k))
+    bounded = backend.assign_bounded
+
+    def spy(X, C, bounds, **k):
+        out = bounded(X, C, bounds, **k)
+        calls.append("full" if bounds.full else "kept")
+        return out
+
+    monkeypatch.setattr(backend, "assign_bounded", spy)
+    monkeypatch.setattr(B, "PAUSE_SHARE", -1.0)   # every bounded iteration pauses
+    X = asymmetric_data(3001, 8, 12, seed=4)
+    ref = _driver(backend, X, None, X[:12], 40, 0.0, None)
+    calls.clear()
+    got = _driver(backend, X, None, X[:12], 40, 0.0, "elkan")
+    assert calls[:9] == ["full", "kept", "plain", "plain", "full", "kept", "plain", "plain",
+                         "plain"], calls
+    np.testing.assert_array_equal(got.labels, ref.labels)
+    assert got.n_iter == ref.n_iter
 
 
 @pytest.mark.parametrize("name", ["numpy", "numba"])

@@ -50,6 +50,11 @@ CENTER_TEST_MAX_K = 2048
 RECOMPUTE_BYTES = 16 << 20
 #: (n,) float64 temporaries of the vectorised row test, at most
 ROW_TEMPORARIES = 6
+#: an assignment recomputing more than this share of the rows costs about a plain one:
+#: the run pauses the bounds for PAUSE_ITERATIONS plain iterations (doubling each time, up
+#: to MAX_PAUSE), then starts them again
+PAUSE_SHARE = 0.5
+PAUSE_ITERATIONS, MAX_PAUSE = 2, 16
 #: Elkan keeps k bounds a row up to this k; beyond it Yinyang's groups, O(k / 10) a row
 ELKAN_MAX_K = 64
 #: below this many features Hamerly's single bound: a distance costs about what Elkan's
@@ -169,11 +174,17 @@ class Bounds:
         self.labels = self.upper = self.lower = self.x2 = None
         self.groups = self.order = self.starts = None
         self.sq_norm_total = None
-        self.recomputed = 0  # rows recomputed by the last assignment (for the benchmark)
+        self.recomputed = 0  # rows recomputed by the last assignment
+        self.full = True     # the last assignment computed every row (a start)
 
     @property
     def started(self):
         return self.centers is not None
+
+    def restart(self):
+        """Forget the centers: the next assignment computes every row and sets all bounds
+        again (the per-row arrays are kept)."""
+        self.centers = None
 
     # -- the centers --------------------------------------------------------------------
     def advance(self, centers):
@@ -252,25 +263,27 @@ class Bounds:
         return self.gamma * (self.x2 + 2.0 * c2max)
 
     def set_rows(self, idx, D, x2, delta):
-        """Labels and bounds of rows `idx` from D, their (rows, k) computed ||c||^2 - 2 x.c:
-        the argmin (the lowest index on a tie, as a plain assignment) and bounds widened by
-        each row's error `delta`."""
+        """Labels and bounds of rows `idx` from D, their (rows, k) computed ||c||^2 - 2 x.c
+        (written to): the argmin (the lowest index on a tie, as a plain assignment) and
+        bounds widened by each row's error `delta`. Hamerly and Yinyang take their minima
+        on D in X's dtype (the shift by x2 - delta keeps the order), so only (rows, 1) or
+        (rows, t) values go to float64 and sqrt; Elkan all (rows, k)."""
         lab = np.argmin(D, axis=1)
-        e = D.astype(np.float64)
-        e += x2[:, None]
         r = np.arange(len(idx))
         self.labels[idx] = lab
-        self.upper[idx] = np.sqrt(np.maximum(e[r, lab] + delta, 0.0))
-        e -= delta[:, None]
-        np.maximum(e, 0.0, out=e)
-        np.sqrt(e, out=e)
-        e[r, lab] = np.inf  # a row's own center is in none of its lower bounds
+        own = D[r, lab].astype(np.float64)
+        self.upper[idx] = np.sqrt(np.maximum(own + x2 + delta, 0.0))
+        D[r, lab] = np.inf  # a row's own center is in none of its lower bounds
         if self.method == "elkan":
-            self.lower[idx] = e
+            low = D.astype(np.float64)
         elif self.method == "hamerly":
-            self.lower[idx, 0] = e.min(axis=1) if self.k > 1 else np.inf
+            low = D.min(axis=1, keepdims=True).astype(np.float64)
         else:
-            self.lower[idx] = np.minimum.reduceat(e[:, self.order], self.starts, axis=1)
+            low = np.minimum.reduceat(D[:, self.order], self.starts, axis=1).astype(np.float64)
+        low += (x2 - delta)[:, None]
+        np.maximum(low, 0.0, out=low)
+        np.sqrt(low, out=low)  # (inf stays inf: no other center, or none in the group)
+        self.lower[idx] = low
         return lab
 
 
@@ -341,7 +354,7 @@ def assign_bounded_numpy(X, centers, bounds, *, distances=None, row_filter=None)
         D = dist(rows, centers)
         x2 = b.x2[idx]
         b.set_rows(idx, D, x2, b.gamma * (x2 + 2.0 * c2max))
-    b.recomputed = count
+    b.recomputed, b.full = count, todo is None
     return b.labels.copy()
 
 
@@ -363,14 +376,30 @@ class BoundedStep:
     """The driver's iteration with bounds, called as `KMeansBackend.lloyd_iter` is:
     `backend.assign_bounded`, then `backend.reduce`, the inertia from the sums and the
     changed labels. `final` is the run's last assignment (labels and their inertia by
-    differences, as `labels_inertia`)."""
+    differences, as `labels_inertia`).
+
+    Where the bounds keep too few rows (more than PAUSE_SHARE recomputed: the centers still
+    move a lot), the next iterations are the backend's plain `lloyd_iter` (the same labels),
+    PAUSE_ITERATIONS of them, doubling at each such pause up to MAX_PAUSE; then the bounds
+    start again from a full assignment. Decided by counts, never by the clock, so a fit
+    takes the same path on every run."""
 
     def __init__(self, backend, bounds):
         self.backend, self.bounds = backend, bounds
+        self.pause = 0        # the length of the last pause
+        self.plain_left = 0   # plain iterations left in this one
 
     def __call__(self, X, sample_weight, centers, labels_old, *, xp):
         b = self.bounds
+        if self.plain_left:
+            self.plain_left -= 1
+            if not self.plain_left:
+                b.restart()
+            return self.backend.lloyd_iter(X, sample_weight, centers, labels_old, xp=xp)
         labels = self.backend.assign_bounded(X, centers, b, xp=xp)
+        if not b.full and b.recomputed > PAUSE_SHARE * b.n:
+            self.pause = min(MAX_PAUSE, 2 * self.pause or PAUSE_ITERATIONS)
+            self.plain_left = self.pause
         sums, weights = self.backend.reduce(X, labels, sample_weight, b.k, xp=xp)
         inertia = inertia_from_sums(b, centers, sums, weights, sample_weight)
         changed = (labels.shape[0] if labels_old is None
@@ -378,6 +407,8 @@ class BoundedStep:
         return IterStats(labels, sums, weights, np.float64(inertia), np.float64(changed))
 
     def final(self, X, sample_weight, centers, *, xp):
+        if self.plain_left or not self.bounds.started:  # (bounds paused: a plain pass)
+            return self.backend.labels_inertia(X, sample_weight, centers, xp=xp)
         labels = self.backend.assign_bounded(X, centers, self.bounds, xp=xp)
         return labels, self.backend.inertia(X, sample_weight, centers, labels, xp=xp)
 
