@@ -303,14 +303,23 @@ class NumbaBackend(KMeansBackend):
         return labels, np.float64(inertia)
 
     def assign_bounded(self, X, centers, bounds, *, xp=None):
-        """The contract's bounds with the row test compiled (`numba_bounds.filter_rows`,
-        one pass on numba's threads); recomputed rows by the expansion, as `assign`."""
-        return assign_bounded_numpy(X, centers, bounds, row_filter=self._filter_rows)
+        """The contract's bounds with the row test and the recomputed rows' bounds compiled
+        (`numba_bounds.filter_rows`, `numba_bounds.set_rows`: one pass each on numba's
+        threads); the recomputed rows' distances by the expansion in one GEMM a chunk."""
+        return assign_bounded_numpy(X, centers, bounds, row_filter=self._filter_rows,
+                                    row_setter=self._set_rows)
+
+    def _set_rows(self, bounds, idx, D, x2, delta):
+        from kmeans_xp_backends.numba import bounds_kernels as numba_bounds
+        groups = bounds.groups if bounds.groups is not None else np.zeros(1, np.intp)
+        with _launch(self.threads, False):
+            numba_bounds.set_rows(D, np.asarray(idx, dtype=np.intp), x2, delta,
+                                  numba_bounds.METHOD[bounds.method], groups, bounds.labels,
+                                  bounds.upper, bounds.lower)
 
     def _filter_rows(self, bounds, X, centers, sh):
         from kmeans_xp_backends.numba import bounds_kernels as numba_bounds
-        method = {"hamerly": numba_bounds.HAMERLY, "elkan": numba_bounds.ELKAN,
-                  "yinyang": numba_bounds.YINYANG}[bounds.method]
+        method = numba_bounds.METHOD[bounds.method]
         group = sh.group if sh.group is not None else np.zeros(1)
         fail = np.empty(bounds.n, dtype=np.uint8)
         with _launch(self.threads, False):

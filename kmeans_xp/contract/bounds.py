@@ -329,11 +329,14 @@ def plain_distances(rows, centers):
     return D
 
 
-def assign_bounded_numpy(X, centers, bounds, *, distances=None, row_filter=None):
+def assign_bounded_numpy(X, centers, bounds, *, distances=None, row_filter=None,
+                         row_setter=None):
     """`assign_bounded` on NumPy X: labels (int32, a new array) against `centers`, with
     `bounds` updated to them. `distances(rows, centers)` -> (rows, k) ||c||^2 - 2 x.c as the
     backend's plain assignment computes it (default `plain_distances`); `row_filter(bounds,
-    X, centers, shift)` -> rows to recompute (default `filter_rows_numpy`)."""
+    X, centers, shift)` -> rows to recompute (default `filter_rows_numpy`);
+    `row_setter(bounds, idx, D, x2, delta)` sets their labels and bounds from D (default
+    `Bounds.set_rows`)."""
     X = np.asarray(X)
     b = bounds
     if b.labels is None:
@@ -353,7 +356,11 @@ def assign_bounded_numpy(X, centers, bounds, *, distances=None, row_filter=None)
         rows = X[s:s + step] if todo is None else X[idx]
         D = dist(rows, centers)
         x2 = b.x2[idx]
-        b.set_rows(idx, D, x2, b.gamma * (x2 + 2.0 * c2max))
+        delta = b.gamma * (x2 + 2.0 * c2max)
+        if row_setter is None:
+            b.set_rows(idx, D, x2, delta)
+        else:
+            row_setter(b, idx, D, x2, delta)
     b.recomputed, b.full = count, todo is None
     return b.labels.copy()
 
