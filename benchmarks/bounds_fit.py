@@ -10,8 +10,10 @@ Rows: each CPU backend's driver without bounds ("lloyd") and with each method fo
 ("hamerly", "elkan", "yinyang"), `KMeans` with algorithm "lloyd" and "elkan" (as the table
 chooses), and scikit-learn's lloyd and elkan. Each row gives the median whole-fit seconds
 (the Lloyd run alone for the driver rows; the whole `fit` for the estimator rows, init
-excluded since the init is given), n_iter, and whether labels and n_iter equal the plain
-run's (the driver's for driver rows and scikit-learn; KMeans lloyd's for KMeans elkan).
+excluded since the init is given), n_iter, the share of the rows' distances computed over
+the run (driver rows: a bounded run's recomputed rows, paused iterations counted whole;
+the figure to estimate what bounds would save on another machine, a GPU included), and
+whether labels and n_iter equal the plain run's (the driver's for driver rows and scikit-learn; KMeans lloyd's for KMeans elkan).
 On data as ambiguous as the default (two wide Gaussians cut into k clusters) two correct
 runs can part at a near tie: scikit-learn's elkan and lloyd do too.
 
@@ -67,6 +69,21 @@ def driver_run(backend, X, init, method, max_iter, tol):
                                        tol=tol_abs, bounds=method)
 
 
+def counting(backend):
+    """The backend with its `assign_bounded` counting the share of rows each call
+    recomputed (a list, filled as the run goes): what bounds save, on any machine."""
+    shares = []
+    bounded = backend.assign_bounded
+
+    def assign_bounded(X, centers, bounds, **kw):
+        out = bounded(X, centers, bounds, **kw)
+        shares.append(bounds.recomputed / max(bounds.n, 1))
+        return out
+
+    backend.assign_bounded = assign_bounded
+    return shares
+
+
 def backends(names, threads):
     from kmeans_xp.contract.registry import get_backend
     out = {}
@@ -85,14 +102,20 @@ def fit_rows(args):
     rows = []
     for name, be in backends(args.backends, args.threads).items():
         base = None
+        shares = counting(be)
         for method in (None, *METHODS):
             run = driver_run(be, X, init, method, args.max_iter, args.tol)
             run()  # compile and warm
+            shares.clear()
             res, med, times = timed(run, args.repeats)
             labels = np.asarray(res.labels)
             base = base or (res, labels)
+            # rows recomputed over the run, of n per iteration (a paused iteration: all n)
+            share = ((sum(shares) + res.n_iter * args.repeats - len(shares))
+                     / (res.n_iter * args.repeats) if method else 1.0)
             rows.append(dict(row=f"kmeans_xp {name} {method or 'lloyd'}", seconds=med,
                              times=times, n_iter=res.n_iter, inertia=res.inertia,
+                             recomputed=share,
                              same_labels=bool(np.array_equal(labels, base[1])),
                              same_n_iter=res.n_iter == base[0].n_iter))
         # the estimator centers X its own way (float64 mean): its rounding, and so its run
@@ -178,6 +201,8 @@ def main(argv=None):
     for r in rows:
         extra = (f"  {r['over_lloyd']:.2f}x lloyd" if "over_lloyd" in r else
                  f"  labels==lloyd {r['same_labels']}  n_iter==lloyd {r['same_n_iter']}")
+        if "recomputed" in r:
+            extra += f"  rows computed {r['recomputed']:.0%}"
         print(f"{r['row']:<58} {r['seconds']:9.3f} s  n_iter {r['n_iter']:4d}{extra}")
     if args.json:
         with open(args.json, "w") as f:

@@ -258,3 +258,16 @@ def test_bounded_fit_does_not_write_x():
         KMeans(20, algorithm="elkan", copy_x=False, n_init=1, random_state=0,
                backend="numpy").fit(X)
     np.testing.assert_array_equal(X, before)
+
+
+def test_spherical_elkan_equals_lloyd():
+    from kmeans_xp import SphericalKMeans
+    X = asymmetric_data(3001, 12, 15, seed=8, offset=5.0)
+    init = X[np.random.default_rng(0).choice(len(X), 30, replace=False)]
+    kw = dict(n_clusters=30, init=init, backend="numpy", max_iter=100)
+    lloyd = SphericalKMeans(**kw).fit(X)
+    elkan = SphericalKMeans(algorithm="elkan", **kw).fit(X)
+    assert elkan._bounds_path[0] == "elkan"
+    np.testing.assert_array_equal(elkan.labels_, lloyd.labels_)
+    assert elkan.n_iter_ == lloyd.n_iter_
+    np.testing.assert_allclose(elkan.cluster_centers_, lloyd.cluster_centers_, atol=1e-9)

@@ -431,9 +431,3 @@ def bounded_step(backend, X, n_clusters, method):
     n, d = X.shape
     space = room(backend, n, d, n_clusters, X.dtype.itemsize)
     return BoundedStep(backend, Bounds(method, n, d, n_clusters, X.dtype, room=space))
-
-
-def describe(bounds):
-    """A line for verbose output: the method and the share of rows last recomputed."""
-    share = bounds.recomputed / max(bounds.n, 1)
-    return f"{bounds.method} bounds: {share:.1%} of rows recomputed"
