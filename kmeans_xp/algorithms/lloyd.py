@@ -199,7 +199,7 @@ def kmeans_single_lloyd(backend, X, sample_weight, centers, *, xp, max_iter, tol
         pending = place.fetch(small)
         if gated:  # (left out on the device when a cluster came out empty: see below)
             ahead = iterate(X, sample_weight, c_new, it.labels, xp=xp,
-                                       skip=small[FILLED:] < k)  # (an array, not a scalar)
+                            skip=small[FILLED:] < k)  # (an array, not a scalar)
         elif place.asynchronous and not relocated and iteration_s < AHEAD_MAX_ITERATION_S:
             # (after a relocation, empty clusters tend to come again: the pass issued ahead
             # would be dropped, a whole assignment lost)
@@ -215,7 +215,7 @@ def kmeans_single_lloyd(backend, X, sample_weight, centers, *, xp, max_iter, tol
                                         zero=zero)
             pending = place.fetch(small)
             ahead = iterate(X, sample_weight, c_new, it.labels,
-                                       xp=xp) if gated else None
+                            xp=xp) if gated else None
             values = pending()
         shift = float(values[SHIFT])
         history["inertia"].append(float(values[INERTIA]))
