@@ -65,10 +65,10 @@ ELKAN_MIN_D = 8
 BOUNDS_MIN_KD = 32
 #: `auto` (algorithm="lloyd", backend="auto") takes bounds only for fits allowed this many
 #: iterations or more: bounds pay once the centers settle, after the first few iterations
-AUTO_MIN_ITER = 50
+AUTO_MIN_ITER = 100
 #: ... with at least this many clusters and features (conservative until measured on the
 #: device's cores with benchmarks/bounds_fit.py)
-AUTO_MIN_K, AUTO_MIN_D = 32, 16
+AUTO_MIN_K, AUTO_MIN_D = 64, 32
 
 METHODS = ("hamerly", "elkan", "yinyang")
 
