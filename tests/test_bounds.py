@@ -273,3 +273,17 @@ def test_spherical_elkan_equals_lloyd():
     np.testing.assert_array_equal(elkan.labels_, lloyd.labels_)
     assert elkan.n_iter_ == lloyd.n_iter_
     np.testing.assert_allclose(elkan.cluster_centers_, lloyd.cluster_centers_, atol=1e-9)
+
+
+def test_memmap_input_keeps_lloyds_kernels(tmp_path):
+    X = asymmetric_data(2003, 12, 10, seed=6)
+    path = tmp_path / "x.npy"
+    np.save(path, X)
+    mm = np.load(path, mmap_mode="r")
+    backend = _backend("numpy")
+    assert B.bounded_step(backend, mm, 10, "elkan") is None
+    assert B.bounded_step(backend, X, 10, "elkan") is not None
+    got = KMeans(10, algorithm="elkan", copy_x=False, backend="numpy", n_init=1,
+                 random_state=0).fit(mm)
+    ref = KMeans(10, backend="numpy", n_init=1, random_state=0).fit(X)
+    np.testing.assert_array_equal(got.labels_, ref.labels_)

@@ -37,6 +37,7 @@ import numpy as np
 
 from kmeans_xp.contract.memory import accepted_options
 from kmeans_xp.contract.results import IterStats
+from kmeans_xp.contract.rows import is_memmap
 
 #: a kept row's bounds must clear the test by this factor: float64 bounds lose ~1e-16 per
 #: update, so this covers far more iterations than any fit runs
@@ -422,9 +423,10 @@ class BoundedStep:
 
 def bounded_step(backend, X, n_clusters, method):
     """The driver's `BoundedStep` for a fit of X with bounds `method`, or None where the
-    run keeps Lloyd's kernels: no method, X not a NumPy array (a memmap seen centered, a
-    device array), or a placement that queues iterations ahead."""
-    if method is None or not isinstance(X, np.ndarray) or X.ndim != 2:
+    run keeps Lloyd's kernels: no method, X not a NumPy array in memory (a memmap, whose
+    recomputed rows would be read from the file at random; a device array), or a placement
+    that queues iterations ahead."""
+    if method is None or not isinstance(X, np.ndarray) or X.ndim != 2 or is_memmap(X):
         return None
     if backend.placement.asynchronous or n_clusters < 2:
         return None
