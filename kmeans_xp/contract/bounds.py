@@ -276,12 +276,13 @@ class Bounds:
         self.upper[idx] = np.sqrt(np.maximum(own + x2 + delta, 0.0))
         D[r, lab] = np.inf  # a row's own center is in none of its lower bounds
         if self.method == "elkan":
-            low = D.astype(np.float64)
+            low = D
         elif self.method == "hamerly":
-            low = D.min(axis=1, keepdims=True).astype(np.float64)
+            low = D.min(axis=1, keepdims=True)
         else:
-            low = np.minimum.reduceat(D[:, self.order], self.starts, axis=1).astype(np.float64)
-        low += (x2 - delta)[:, None]
+            low = np.minimum.reduceat(D[:, self.order], self.starts, axis=1)
+        # (cast and shift in one pass)
+        low = np.add(low, (x2 - delta)[:, None], dtype=np.float64)
         np.maximum(low, 0.0, out=low)
         np.sqrt(low, out=low)  # (inf stays inf: no other center, or none in the group)
         self.lower[idx] = low
