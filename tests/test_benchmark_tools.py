@@ -90,3 +90,21 @@ def test_minibatch_step_timer_runs():
     out = run_tool("benchmarks/minibatch_step.py", "--n", "20000", "--k", "20", "--batch",
                    "1024", "--backend", "numpy", "--repeats", "1")
     assert "ms per step" in out and "x scikit-learn per step" in out
+
+
+def test_bounds_fit_compares_bounds_with_lloyd_and_sklearn(tmp_path):
+    out = run_tool("benchmarks/bounds_fit.py", "--n", "3000", "--d", "8", "--k", "12",
+                   "--repeats", "1", "--max-iter", "30", "--backends", "numpy",
+                   "--json", tmp_path / "b.json")
+    rows = {r["row"]: r for r in json.loads((tmp_path / "b.json").read_text())["rows"]}
+    for method in ("lloyd", "hamerly", "elkan", "yinyang"):
+        row = rows[f"kmeans_xp numpy {method}"]
+        assert row["same_labels"] and row["same_n_iter"] and row["seconds"] > 0, out
+    assert any(name.startswith("KMeans(algorithm='elkan'") for name in rows)
+    if "scikit-learn elkan" not in rows:
+        pytest.importorskip("sklearn")
+    assert rows["scikit-learn elkan"]["seconds"] > 0
+    grid = run_tool("benchmarks/bounds_fit.py", "--grid", "--n", "2000", "--grid-d", "8",
+                    "--grid-k", "12", "--repeats", "1", "--max-iter", "10",
+                    "--backends", "numpy")
+    assert "numpy d=8 k=12 elkan" in grid and "x lloyd" in grid

@@ -10,11 +10,11 @@ from kmeans_xp.testing import asymmetric_data
 X = asymmetric_data(2000, 3, 5, seed=0)
 
 
-def test_algorithm_lloyd_accepted_elkan_says_not_implemented():
+def test_algorithm_lloyd_and_elkan_give_the_same_fit():
     km = KMeans(5, algorithm="lloyd", random_state=0, backend="numpy").fit(X)
     assert km.get_params()["algorithm"] == "lloyd"
-    with pytest.raises(ValueError, match="'elkan' is not implemented.*algorithm='lloyd'"):
-        KMeans(5, algorithm="elkan").fit(X)
+    elkan = KMeans(5, algorithm="elkan", random_state=0, backend="numpy").fit(X)
+    assert (elkan.labels_ == km.labels_).all() and elkan.n_iter_ == km.n_iter_
     with pytest.raises(ValueError, match="algorithm"):
         KMeans(5, algorithm="full").fit(X)
 

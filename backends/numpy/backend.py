@@ -39,6 +39,7 @@ from kmeans_xp.contract.backend import (
     ReduceResult,
     compact_labels_dtype,
 )
+from kmeans_xp.contract.bounds import assign_bounded_numpy
 from kmeans_xp.contract.chunks import mean_of_sums, spawn, tolerance
 from kmeans_xp.contract.memory import MemoryEstimate, chunk_rows, host_available_memory, resolve_budget
 from kmeans_xp.contract.namespaces import DLPACK_FOREIGN, dlpack_source, foreign_device_type
@@ -415,6 +416,19 @@ class NumpyBackend(KMeansBackend):
         labelling (no n distances: the final pass of a fit on a memmap stays in budget)."""
         labels, _, acc, _ = self._run(X, sample_weight, centers, mode="final")
         return labels, np.float64(acc.direct)
+
+    def assign_bounded(self, X, centers, bounds, *, xp=None):
+        """The contract's vectorised bounds, rows recomputed by this backend's augmented
+        GEMM (`blocks.Operands`), so that they break near-ties as `assign` does."""
+        ops = blocks.Operands(centers, np.asarray(X).dtype)
+
+        def distances(rows, _centers):
+            A = np.empty((rows.shape[0], rows.shape[1] + 1), dtype=rows.dtype)
+            A[:, :-1] = rows
+            A[:, -1] = 1
+            return A @ ops.gemm
+
+        return assign_bounded_numpy(X, centers, bounds, distances=distances)
 
     def farthest(self, X, sample_weight, centers, labels, m, *, xp=None):
         """The default's points (`numpy_stats.farthest`), on the backend's threads."""

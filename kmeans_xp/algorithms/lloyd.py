@@ -26,6 +26,7 @@ import time
 import numpy as np
 
 from kmeans_xp.contract import return_checks as returned
+from kmeans_xp.contract.bounds import bounded_step
 from kmeans_xp.contract.results import LloydResult
 from kmeans_xp.contract.namespaces import array_namespace, device, to_numpy
 from kmeans_xp.algorithms.progress import bar, logger
@@ -153,14 +154,19 @@ def _log(verbose, text, *args):
 
 def kmeans_single_lloyd(backend, X, sample_weight, centers, *, xp, max_iter, tol,
                         verbose=0, spherical=False, plan=None,
-                        backend_loop=True) -> LloydResult:
+                        backend_loop=True, bounds=None) -> LloydResult:
     """One Lloyd run from `centers` (X's dtype) on any backend. `spherical`: X has unit
     rows, and the centers are projected onto the unit sphere, the initial ones too (a row
     of norm 0 stays 0: the estimator refuses such an init). `plan`: the fit's `FitPlan`
     (default: X's and the centers' shapes), which the placement places the centers by.
     A backend that runs the whole loop itself (`KMeansBackend.lloyd`, proved equal to this
-    one by `check_backend`) does, unless `backend_loop` is False."""
-    if backend_loop:
+    one by `check_backend`) does, unless `backend_loop` is False. `bounds`: a method of
+    `kmeans_xp.contract.bounds` ("hamerly", "elkan", "yinyang") whose triangle-inequality
+    bounds the assignments use (`backend.assign_bounded`), the same run with most distances
+    left out; None (or input they do not take, `bounded_step`): Lloyd's kernels."""
+    step = bounded_step(backend, X, centers.shape[0], bounds)
+    iterate = backend.lloyd_iter if step is None else step
+    if backend_loop and step is None:
         own = backend.lloyd(X, sample_weight, centers, xp=xp, max_iter=max_iter, tol=tol,
                             spherical=spherical)
         if own is not None:
@@ -181,10 +187,11 @@ def kmeans_single_lloyd(backend, X, sample_weight, centers, *, xp, max_iter, tol
     ahead = None  # the next iteration, issued before this one's statistics are read
     relocated = False
     iteration_s = 0.0  # wall time between two reads: the device's time per iteration
-    gated = place.asynchronous and backend.ahead_gate and device(centers) == device(X)
+    gated = (place.asynchronous and backend.ahead_gate and device(centers) == device(X)
+             and step is None)
     t_read = time.perf_counter()
-    it = returned.check_iteration(backend, backend.lloyd_iter(X, sample_weight, centers, None,
-                                                              xp=xp), X.shape[0], k, X.shape[1])
+    it = returned.check_iteration(backend, iterate(X, sample_weight, centers, None, xp=xp),
+                                  X.shape[0], k, X.shape[1])
     progress = bar(max_iter, "Lloyd", verbose)
     for i in range(max_iter):
         progress.update(1)
@@ -193,12 +200,12 @@ def kmeans_single_lloyd(backend, X, sample_weight, centers, *, xp, max_iter, tol
                                     zero=zero)
         pending = place.fetch(small)
         if gated:  # (left out on the device when a cluster came out empty: see below)
-            ahead = backend.lloyd_iter(X, sample_weight, c_new, it.labels, xp=xp,
-                                       skip=small[FILLED:] < k)  # (an array, not a scalar)
+            ahead = iterate(X, sample_weight, c_new, it.labels, xp=xp,
+                            skip=small[FILLED:] < k)  # (an array, not a scalar)
         elif place.asynchronous and not relocated and iteration_s < AHEAD_MAX_ITERATION_S:
             # (after a relocation, empty clusters tend to come again: the pass issued ahead
             # would be dropped, a whole assignment lost)
-            ahead = backend.lloyd_iter(X, sample_weight, c_new, it.labels, xp=xp)
+            ahead = iterate(X, sample_weight, c_new, it.labels, xp=xp)
         values = pending()
         iteration_s, t_read = time.perf_counter() - t_read, time.perf_counter()
         relocated = values[FILLED] < k
@@ -209,8 +216,8 @@ def kmeans_single_lloyd(backend, X, sample_weight, centers, *, xp, max_iter, tol
                                         xp=xp, cxp=cxp, relocate=True, spherical=spherical,
                                         zero=zero)
             pending = place.fetch(small)
-            ahead = backend.lloyd_iter(X, sample_weight, c_new, it.labels,
-                                       xp=xp) if gated else None
+            ahead = iterate(X, sample_weight, c_new, it.labels,
+                            xp=xp) if gated else None
             values = pending()
         returned.check_read(backend, values[SHIFT], values[INERTIA])
         shift = float(values[SHIFT])
@@ -230,7 +237,7 @@ def kmeans_single_lloyd(backend, X, sample_weight, centers, *, xp, max_iter, tol
         if i + 1 == max_iter:
             break
         labels_old = it.labels
-        it = ahead if ahead is not None else backend.lloyd_iter(
+        it = ahead if ahead is not None else iterate(
             X, sample_weight, centers, labels_old, xp=xp)
         ahead = None
     progress.close()
@@ -238,7 +245,8 @@ def kmeans_single_lloyd(backend, X, sample_weight, centers, *, xp, max_iter, tol
     # (the last iterations' labels go before the final assignment: n values each)
     del it, ahead, labels_old
     if labels is None:  # a final assignment, so that labels_ == predict(X)
-        labels, inertia = backend.labels_inertia(X, sample_weight, centers, xp=xp)
+        final = backend.labels_inertia if step is None else step.final
+        labels, inertia = final(X, sample_weight, centers, xp=xp)
         returned.check_labels(backend, "labels_inertia", labels, X.shape[0], k)
     else:
         inertia = backend.inertia(X, sample_weight, centers, labels, xp=xp)

@@ -36,6 +36,9 @@ above, and `check_backend` checks an override against it, so a plugin needs none
     inertia           sum of w * ||x - c_label||^2 by differences (driver, score)
     labels_inertia    assign + inertia (a backend that streams X does both in one pass)
     farthest          the m points farthest from their centers (only when a cluster is empty)
+    assign_bounded    labels with triangle-inequality bounds (a `bounds.Bounds` the driver
+                      holds between iterations), equal to `assign`'s: the vectorised NumPy
+                      bounds (the driver asks for it on NumPy X on the CPU only)
     batch_backend     the backend computing MiniBatchKMeans's gathered batches (itself; dask:
                       its blocks')
     seeding           k-means++'s O(n) steps on the backend's device (None: xp code)
@@ -64,6 +67,7 @@ import inspect
 from typing import Any, Callable, ClassVar, TypeAlias, cast
 
 from kmeans_xp.contract import return_checks as returned
+from kmeans_xp.contract.bounds import assign_bounded_numpy
 from kmeans_xp.contract.chunks import count_changed, feature_mean, labelled_sq_dist, tolerance, weighted_total
 from kmeans_xp.contract.fitplan import FitPlan
 from kmeans_xp.contract.memory import (
@@ -363,6 +367,16 @@ class KMeansBackend:
         return IterStats(labels, sums, weights,
                          weighted_total(min_sq, sample_weight, xp),
                          count_changed(labels, labels_old, xp))
+
+    def assign_bounded(self, X: Array, centers: Array, bounds: Any, *,
+                       xp: Namespace) -> Array:
+        """(n,) int32 labels of NumPy X against `centers`, a new array, with `bounds` (a
+        `kmeans_xp.contract.bounds.Bounds`, the driver's between iterations) moved to them:
+        the labels `assign` gives, computing only the rows the bounds cannot keep. Default:
+        the vectorised NumPy bounds with the expansion `bounds.plain_distances` (a backend
+        passes its own distance formula, or row test, to `bounds.assign_bounded_numpy`).
+        The driver asks for it only on NumPy X, on the CPU (`bounds.bound_path`)."""
+        return assign_bounded_numpy(X, centers, bounds)
 
     def lloyd(self, X: Array, sample_weight: Array | None, centers: Array, *, xp: Namespace,
               max_iter: int, tol: float, spherical: bool = False) -> LloydResult | None:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from kmeans_xp.contract.bounds import bound_path, room as bound_room
 from kmeans_xp.contract.chunks import tolerance
 from kmeans_xp.estimators.fitting import Fitting
 from kmeans_xp.estimators.interop import SklearnInterop
@@ -84,7 +85,12 @@ default=None
         False: no centered copy of X is made; the fit computes on X as given, which it
         never writes (a memmap neither).
     algorithm : {"lloyd", "elkan"}, default="lloyd"
-        Lloyd's algorithm; "elkan" is accepted for sklearn's API and raises: not implemented.
+        Both give Lloyd's answer (the same labels, centers and n_iter_). "elkan" prunes
+        distance computations with exact triangle-inequality bounds (Hamerly, Elkan or
+        Yinyang, by k and d) on the CPU backends, and runs Lloyd's kernels where bounds do
+        not pay (a GPU, k * d tiny); with one cluster it warns and runs "lloyd", as
+        scikit-learn does. With backend="auto", "lloyd" may use the bounds too for long fits
+        on the CPU. docs/bounds.md says which method when.
     backend : str, default="auto"
         "auto" (chosen from the input's namespace and size; see ``backend_reason_``),
         "numpy", "array-api", "cupy-kernels", "cupy-chunked", "cupy-fused", "dask" or a
@@ -167,11 +173,25 @@ default=None
         self.max_memory = max_memory
 
     # -- fitting ------------------------------------------------------------------------------
-    def _check_params(self) -> None:
-        super()._check_params()
-        if self.algorithm == "elkan":
-            raise ValueError("algorithm='elkan' is not implemented in kmeans_xp: it runs "
-                             "Lloyd's algorithm on every backend. Use algorithm='lloyd'.")
+    def _bounds(self, backend: KMeansBackend, Xc: Array) -> Any:
+        """The triangle-inequality bounds of the fit's assignments ("hamerly", "elkan",
+        "yinyang") or None for Lloyd's kernels (`contract.bounds.bound_path`'s table)."""
+        algorithm = self.algorithm
+        if algorithm == "elkan" and self.n_clusters == 1:
+            warnings.warn("algorithm='elkan' doesn't make sense for a single cluster. Using "
+                          "'lloyd' instead.", RuntimeWarning, stacklevel=4)
+            algorithm = "lloyd"
+        n, d = Xc.shape
+        k = self.n_clusters
+        self._bounds_path = bound_path(
+            algorithm, device=backend.device, n=n, d=d, k=k,
+            room=lambda: bound_room(backend, n, d, k, getattr(Xc.dtype, "itemsize", 8)),
+            max_iter=self.max_iter,
+            auto=self.backend == "auto", spherical=self._spherical,
+            asynchronous=backend.placement.asynchronous)
+        if self.verbose:
+            logger.info(f"assignment: {self._bounds_path[1]}")
+        return self._bounds_path[0]
 
     @explains_memory_errors
     def fit(self, X: Any, y: Any = None, sample_weight: Any = None) -> KMeans:
@@ -262,6 +282,7 @@ default=None
              scale: float) -> tuple[Any, dict[str, float]]:
         place = backend.placement
         best = None
+        bounds = self._bounds(backend, Xc)
         t_init = t_lloyd = 0.0
         iterations = 0  # over all runs: runs stop after different numbers of iterations
         for run in range(n_init):
@@ -276,7 +297,8 @@ default=None
             with backend.memory.stage("lloyd"):
                 result = kmeans_single_lloyd(backend, Xc, sw, centers, xp=xp,
                                              max_iter=self.max_iter, tol=tol,
-                                             verbose=self.verbose, spherical=self._spherical)
+                                             verbose=self.verbose, spherical=self._spherical,
+                                             bounds=bounds)
             place.synchronize()
             t_init += t1 - t0
             t_lloyd += time.perf_counter() - t1

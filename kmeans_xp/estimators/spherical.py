@@ -61,7 +61,8 @@ default=None
         norm already (checked: within 1e-4), and the fit computes on X as given, without
         a copy (it never writes X).
     algorithm : {"lloyd", "elkan"}, default="lloyd"
-        Lloyd's algorithm; "elkan" raises: not implemented.
+        As `KMeans`: "elkan" gives Lloyd's answer with triangle-inequality bounds (the
+        Euclidean distances of unit rows order centers as the cosines do).
     backend : str, default="auto"
         As `KMeans`'s: "auto", "numpy", "array-api", "cupy-kernels", "cupy-chunked",
         "cupy-fused", "dask" or a plugin's name.

@@ -6,8 +6,9 @@ float64, with n not a multiple of any chunk size, k from 1 to n, zero weights, a
 Lloyd run that must give the numpy backend's partition from the same initial centers (and,
 for a backend that runs the whole loop itself, `lloyd`, the driver's on its primitives),
 MiniBatchKMeans's steps (its `lloyd_iter` on gathered batches, through `batch_backend`),
-which must give the numpy backend's centers, counts and steps, and for spherical k-means,
-the placement's unit rows and whole `SphericalKMeans` fits likewise.
+which must give the numpy backend's centers, counts and steps, for spherical k-means, the
+placement's unit rows and whole `SphericalKMeans` fits likewise, and on NumPy input the
+bounded assignment (`assign_bounded`, each bounds method) against `assign`.
 
     from kmeans_xp.testing import check_backend
     check_backend(MyBackend)                       # raises AssertionError on the first failure
@@ -102,6 +103,7 @@ def check_backend(cls: type[KMeansBackend], *,
             passed += _failed_check(where, check_iteration, backend, Xb, C, w, ref, xp, where)
             passed += _failed_check(where, check_extras, backend, Xb, C, w, ref, xp, where)
             passed += _failed_check(where, check_seeding, backend, Xb, w, min(k, 6), xp, where)
+            passed += _failed_check(where, check_bounded, backend, Xb, C_np, rtol, xp, where)
         where = f"{cls.name} {np.dtype(dtype)}"
         for check, kw in ((check_memory_bound, {}), (check_lloyd, {}), (check_own_loop, {}),
                           (check_minibatch, {}), (check_unit_rows, {}),
@@ -267,6 +269,38 @@ def check_extras(backend: KMeansBackend, X: Array, C: Array, w: Array, ref: Refe
         to_numpy(far.label).astype(np.int64), lab[idx]), f"{where}: farthest rows or labels"
     assert np.allclose(_host(far.weight), ref.w[idx]), f"{where}: farthest weights"
     return 2
+
+
+def check_bounded(backend: KMeansBackend, X: Array, C: Any, rtol: float, xp: Namespace,
+                  where: str) -> int:
+    """assign_bounded with each bounds method (`kmeans_xp.contract.bounds`) gives `assign`'s
+    labels, up to near ties: on its first call (every row computed), then after the centers
+    move twice (rows kept by their bounds), the last move relocating one center far away.
+    The driver asks for it on NumPy X only: nothing to check elsewhere, nor for k = 1."""
+    from kmeans_xp.contract.bounds import METHODS, Bounds
+
+    if not isinstance(X, np.ndarray) or C.shape[0] < 2:
+        return 0
+    n, d = X.shape
+    k = C.shape[0]
+    rng = np.random.default_rng(n + k)
+    spread = float(np.abs(C).max()) + 1.0
+    moved = (C + rng.normal(size=C.shape) * 0.01 * spread).astype(C.dtype)
+    jumped = moved.copy()
+    jumped[k // 2] += 3 * spread
+    for method in METHODS:
+        bounds = Bounds(method, n, d, k, X.dtype)
+        for step, centers in enumerate((C, moved, jumped)):
+            got = to_numpy(backend.assign_bounded(X, centers, bounds, xp=xp))
+            want = to_numpy(backend.assign(X, centers, xp=xp).labels).astype(np.int64)
+            brute = _brute(X, centers)
+            clear = _tie_free(brute["dist"], brute["labels"], rtol)
+            assert got.shape == (n,) and got.min() >= 0 and got.max() < k, \
+                f"{where}: assign_bounded ({method}) labels outside [0, {k})"
+            bad = np.flatnonzero((got != want) & clear)
+            assert bad.size == 0, (f"{where}: assign_bounded ({method}, step {step}) differs "
+                                   f"from assign at {bad.size} rows (first at {bad[:5]})")
+    return 1
 
 
 def check_seeding(backend: KMeansBackend, X: Array, w: Array, k: int, xp: Namespace,
