@@ -107,10 +107,11 @@ class SklearnInterop:
         # only scikit-learn calls this, so importing it here adds no run-time dependency
         from sklearn.utils import InputTags, Tags, TargetTags, TransformerTags
         # transform keeps float32 as float32 (sklearn's KMeans declares the same); array API
-        # input (array-api-strict, torch, CuPy) computes and comes back in its namespace
+        # input (array-api-strict, torch, CuPy) computes and comes back in its namespace;
+        # scipy.sparse X is fitted without densifying it (docs/sparse.md)
         return Tags(estimator_type="clusterer", target_tags=TargetTags(required=False),
                     transformer_tags=TransformerTags(preserves_dtype=["float64", "float32"]),
-                    input_tags=InputTags(), array_api_support=True)
+                    input_tags=InputTags(sparse=True), array_api_support=True)
 
     def __sklearn_is_fitted__(self):
         return hasattr(self, "cluster_centers_")

@@ -11,6 +11,8 @@ from kmeans_xp.contract.memory import explains_memory_errors
 from kmeans_xp.contract.namespaces import device, namespace_name, to_numpy
 from kmeans_xp.contract.registry import get_backend, get_backend_info, select_backend
 from kmeans_xp.contract.scaling import host_dtype_of, ldexp_or_inf
+from kmeans_xp.contract.sparse import dense_module, is_sparse
+from kmeans_xp.contract.sparse import distances as sparse_distances
 from kmeans_xp.estimators.validation import (
     check_array,
     check_sample_weight,
@@ -139,6 +141,10 @@ class Predicting:
         """
         X_user = X
         backend, Xb, xp, X, mean = self._prepare(X, "transform", center=False)
+        if is_sparse(Xb):  # never densified: the expansion on the CSR's rows
+            centers = dense_module(Xb).asarray(to_numpy(self.cluster_centers_))
+            out = self._sparse_distances(Xb, centers, backend.driver_rows(Xb))
+            return self._wrap_output(backend.placement.from_backend(out, like=X), X_user)
         Xb = xp.asarray(Xb)  # an array even where the backend streams rows
         centers = xp.asarray(to_numpy(self.cluster_centers_), device=device(Xb))
         out = backend.placement.from_backend(
@@ -148,6 +154,10 @@ class Predicting:
     def _distances(self, X, centers, mean, xp, rows):
         """transform's (n, k) distances of X (as given) to the fitted centers."""
         return _distances(X, centers, mean, xp, rows)
+
+    def _sparse_distances(self, X, centers, rows):
+        """The same for sparse X (`contract.sparse`)."""
+        return sparse_distances(X, centers, rows)
 
     def fit_transform(self, X: Any, y: Any = None, sample_weight: Any = None) -> Any:
         """Compute the clustering and transform X to the cluster-distance space.

@@ -17,6 +17,8 @@ from kmeans_xp.algorithms.init import INIT_METHODS
 from kmeans_xp.contract.chunks import check_finite, map_rows
 from kmeans_xp.contract.memory import parse_memory
 from kmeans_xp.contract.constraints import Check, Interval, Options
+from kmeans_xp.contract.sparse import is_sparse
+from kmeans_xp.estimators.sparse_input import check_sparse
 from kmeans_xp.contract.namespaces import array_namespace, is_array_api_obj, namespace_name, to_numpy
 
 
@@ -160,10 +162,13 @@ def check_array(X, *, name="X", owner="KMeans", absmax=False):
     if isinstance(X, np.matrix):  # its * is a matrix product: the xp code would be wrong
         raise TypeError(f"np.matrix is not supported for {name}; convert it with "
                         f"np.asarray({name}).")
-    if type(X).__module__.startswith("scipy.sparse"):
-        raise TypeError(f"Sparse data was passed for {name}, but dense data is required; use "
-                        f"{name}.toarray() to convert it to a dense array.")
+    if is_sparse(X):  # never densified (docs/sparse.md)
+        return check_sparse(X, name=name, owner=owner, absmax=absmax)
     ns = namespace_name(X)
+    if ns == "dask.array" and is_sparse(getattr(X, "_meta", None)):
+        raise TypeError(f"{name} is a dask array of sparse chunks, which kmeans_xp does not "
+                        f"fit (docs/sparse.md); give a scipy.sparse matrix ({name}.compute() "
+                        f"of its CSR chunks) or dense chunks.")
     if ns == "list" or (isinstance(X, np.ndarray) and X.dtype == object):
         X = _numeric_from_python(X, name)
     if isinstance(X, np.ndarray) and X.dtype.kind in "USVO":
