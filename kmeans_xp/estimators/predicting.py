@@ -210,19 +210,43 @@ class Predicting:
         return ldexp_or_inf(sq_dist, -2 * (math.frexp(getattr(self, "_scale", 1.0))[1] - 1))
 
 
+#: a squared distance by the expansion within this many float64 ulps of the squared norms
+#: it came from is rounding as much as distance: it is computed again by differences
+NEAR_ULPS = 64
+
+
 def _distances(X, centers, mean, xp, rows):
     """(n, k) Euclidean distances in X's dtype: X and the fitted centers are centered and
-    expanded in float64, chunk by chunk, so a point on its center gets ~0 (the expansion in
-    float32 of centered copies gave 2.8e-3 there)."""
+    expanded in float64, chunk by chunk (the expansion in float32 of centered copies gave
+    2.8e-3 for a point on its center). Where the expansion is within its own rounding of 0
+    (NEAR_ULPS), the distance is taken by differences: a point on a center gets exactly 0,
+    whatever the offset the fit centered by (MiniBatchKMeans computes about 0)."""
     m64 = xp.astype(mean, xp.float64)
     c64 = xp.astype(centers, xp.float64) - m64
     c_sq = xp.sum(c64 * c64, axis=1)[None, :]
+    eps = NEAR_ULPS * float(xp.finfo(xp.float64).eps)
     parts = []
     for sl in row_chunks(X.shape[0], max(1, rows // max(1, centers.shape[0] // 64))):
         x64 = xp.astype(X[sl, ...], xp.float64) - m64
-        d2 = xp.sum(x64 * x64, axis=1)[:, None] - 2 * (x64 @ c64.T) + c_sq
+        x_sq = xp.sum(x64 * x64, axis=1)[:, None]
+        d2 = x_sq - 2 * (x64 @ c64.T) + c_sq
+        d2 = _near_by_differences(d2, d2 <= eps * (x_sq + c_sq), x64, c64, xp)
         parts.append(xp.astype(xp.sqrt(xp.where(d2 < 0, xp.zeros_like(d2), d2)), X.dtype))
     return parts[0] if len(parts) == 1 else xp.concat(parts)
+
+
+def _near_by_differences(d2, near, x64, c64, xp):
+    """d2 with the `near` entries computed as sum((x - c)^2) (a few pairs: points on or
+    next to a center). A namespace without integer-array assignment keeps the expansion."""
+    if not bool(xp.any(near)):
+        return d2
+    i, j = xp.nonzero(near)
+    diff = xp.take(x64, i, axis=0) - xp.take(c64, j, axis=0)
+    try:
+        d2[i, j] = xp.sum(diff * diff, axis=1)
+    except (TypeError, IndexError, ValueError, NotImplementedError):
+        pass
+    return d2
 
 
 def require_known_shape(X, backend, n_clusters):
