@@ -246,9 +246,13 @@ def check_init_array(init, n_clusters, n_features, *, xp_target=None):
     if centers.dtype.kind not in "biuf":
         raise ValueError(f"init array has dtype {centers.dtype}; give real numbers.")
     if centers.shape != (n_clusters, n_features):
+        # scikit-learn's wording (code matches on it), then what to do
+        if centers.ndim != 2 or centers.shape[0] != n_clusters:
+            what = f"the number of clusters {n_clusters}"
+        else:
+            what = f"the number of features of the data {n_features}"
         raise ValueError(f"The shape of the initial centers {centers.shape} does not match "
-                         f"the number of clusters and features: expected ({n_clusters}, "
-                         f"{n_features}). Pass n_clusters="
+                         f"{what}: expected ({n_clusters}, {n_features}). Pass n_clusters="
                          f"{centers.shape[0] if centers.ndim else '?'} "
                          f"or an init of the right shape.")
     if not np.all(np.isfinite(centers)):
