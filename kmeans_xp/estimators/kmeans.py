@@ -196,7 +196,7 @@ default=None
         w_scale = pow2_scale_weights(sw_host)
         if w_scale != 1:
             sw_host *= w_scale  # our own copy; a power of two: exact
-        n_init = self._resolved_n_init()
+        self._n_init = n_init = self._resolved_n_init()
         rs = check_random_state(self.random_state)
         backend, why = select_backend(self.backend, X, n_clusters=self.n_clusters,
                                       sample_weight=sw_host,
@@ -262,6 +262,8 @@ default=None
                                                 backend, scale)
                 centers = xp.astype(centers, Xc.dtype)
             place.synchronize()
+            if self.verbose:
+                logger.info("Initialization complete")   # (scikit-learn's line)
             t1 = time.perf_counter()
             with backend.memory.stage("lloyd"):
                 result = kmeans_single_lloyd(backend, Xc, sw, centers, xp=xp,
@@ -280,8 +282,8 @@ default=None
                       "per_iteration": t_lloyd / max(iterations, 1)}
 
     def _store(self, best, backend, why, X_mean, X_user, Xb):
-        self._X_mean = X_mean
-        self._centers_fit = best.centers
+        self._X_mean = self._in_input_namespace(backend.placement, X_mean, X_user)
+        self._centers_fit = self._in_input_namespace(backend.placement, best.centers, X_user)
         self._backend_key = (backend.name, dict(self.backend_options or {}), self.max_memory,
                              self.backend == "auto")
         place = backend.placement

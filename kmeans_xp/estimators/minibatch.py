@@ -294,10 +294,11 @@ default=None
         clock.lap("steps")
         self.n_steps_ = done
         self.n_iter_ = int(math.ceil(done * self._batch_size / n))
-        self._store_state(state)
         self._store(backend, why, steps, rows.shift, state.centers, X_user, X)
+        self._store_state(state, place, X_user)
+        self._record_feature_names(X_user)
         if self.compute_labels:
-            self._labels(rows, steps, sw, X_user, sample_weight)
+            self._labels(rows, steps, sw, X_user, sample_weight, state.centers)
         else:
             total = float(n if sw is None else np.sum(sw))
             self.inertia_ = float(state.ewa_inertia if state.ewa_inertia is not None
@@ -309,21 +310,24 @@ default=None
         self.timings_ = {**clock.laps, "total": clock.total()}
         return self
 
-    def _labels(self, rows, steps, sw, X_user, sample_weight):
+    def _labels(self, rows, steps, sw, X_user, sample_weight, centers):
         """labels_ and inertia_ of all of X, one pass in chunks (a dask X through its own
         backend, as predict does: labels stay a dask array)."""
         if namespace_name(rows.X) == "dask.array":
             self.labels_ = self.predict(X_user)
             self.inertia_ = -self.score(X_user, sample_weight=sample_weight)
             return
-        centers = steps.placement.small(self._centers_fit)
+        centers = steps.placement.small(centers)
         labels, self.inertia_ = labels_and_inertia(rows, steps, centers, sw,
                                                    steps.driver_rows(rows.X))
         self.labels_ = steps.placement.from_backend(labels, like=X_user)
 
-    def _store_state(self, state):
+    def _store_state(self, state, place=None, X_user=None):
         self._centers_fit = state.centers
         self._counts = state.counts
+        if place is not None:
+            self._centers_fit = self._in_input_namespace(place, state.centers, X_user)
+            self._counts = self._in_input_namespace(place, state.counts, X_user)
         self._n_since_last_reassign = state.n_since_last_reassign
         self._ewa_inertia = state.ewa_inertia
         self._ewa_inertia_min = state.ewa_inertia_min
@@ -332,10 +336,11 @@ default=None
     def _store(self, backend, why, steps, shift, centers, X_user, X):
         place = steps.placement
         cxp = place.namespace(centers)
-        self._X_mean = cxp.asarray(shift, device=device(centers))
+        mean = cxp.asarray(shift, device=device(centers))
+        self._X_mean = self._in_input_namespace(place, mean, X_user)
         self._backend_key = (backend.name, dict(self.backend_options or {}), self.max_memory,
                              self.backend == "auto")
-        self.cluster_centers_ = place.from_backend(centers + self._X_mean, like=X_user)
+        self.cluster_centers_ = place.from_backend(centers + mean, like=X_user)
         self.n_features_in_ = int(X.shape[1])
         self._n_features_out = self.n_clusters
         self.backend_ = backend.name
@@ -423,10 +428,8 @@ default=None
         reassign = state.random_reassign(self._batch_size, k)
         step(steps, Xb, xp, w, state, rs, reassign=reassign,
              reassignment_ratio=self.reassignment_ratio, verbose=self.verbose)
-        self._centers_fit = state.centers
-        self._counts = state.counts
-        self._n_since_last_reassign = state.n_since_last_reassign
         self._store(backend, why, steps, rows.shift, state.centers, X_user, X)
+        self._store_state(state, place, X_user)
         if self.compute_labels:
             labels = steps.assign(Xb, state.centers, xp=xp).labels
             self.inertia_ = max(float(to_numpy(steps.inertia(Xb, w, state.centers, labels,
