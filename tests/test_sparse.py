@@ -216,3 +216,37 @@ def test_spherical_on_sparse_rows():
     assert np.mean(a.labels_ == b.labels_) > 0.995
     assert a.inertia_ == pytest.approx(b.inertia_, rel=1e-9)
     np.testing.assert_allclose(a.transform(X), b.transform(X.toarray()), atol=1e-12)
+
+
+def test_threaded_chunks_give_the_dense_fit():
+    """n past the threads' threshold (`chunks.imap_rows`): chunks on all cores, folded in
+    row order, give the dense numpy backend's fit from the same init."""
+    n, d = 40_003, 150
+    rng = np.random.default_rng(5)
+    X = sp.random(n, d, density=0.05, format="csr", random_state=5, dtype=np.float64)
+    X = X + sp.csr_matrix((np.full(n, 4.0), (np.arange(n), rng.integers(0, 6, n))),
+                          shape=(n, d))
+    w = rng.uniform(0.5, 2.0, n)
+    init = X[:6].toarray()
+    sparse = KMeans(6, init=init, n_init=1, max_iter=20, max_memory="4MB").fit(
+        X, sample_weight=w)
+    dense = KMeans(6, init=init, n_init=1, max_iter=20, backend="numpy").fit(
+        X.toarray(), sample_weight=w)
+    assert np.mean(sparse.labels_ == dense.labels_) > 0.999
+    np.testing.assert_allclose(sparse.cluster_centers_, dense.cluster_centers_, rtol=1e-9,
+                               atol=1e-9)
+    assert sparse.inertia_ == pytest.approx(dense.inertia_, rel=1e-9)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_sparse_transform_is_zero_on_a_center(dtype):
+    X = sp.csr_matrix(X_DENSE.astype(dtype))
+    km = KMeans(4, random_state=0).fit(X)
+    rows = X[[0, 10, 20]]
+    on = KMeans(3, init=rows.toarray(), n_init=1, max_iter=1).fit(rows)   # centers = rows
+    np.testing.assert_array_equal(np.diag(on.transform(rows)), 0)
+    D = km.transform(X)
+    ref = np.linalg.norm(X_DENSE[:, None, :] - km.cluster_centers_.astype(np.float64)[None],
+                         axis=2)
+    np.testing.assert_allclose(D, ref, rtol=1e-5 if dtype == np.float32 else 1e-10,
+                               atol=1e-6)

@@ -26,7 +26,7 @@ from kmeans_xp.contract.backend import (
     Placement,
     ReduceResult,
 )
-from kmeans_xp.contract.chunks import tol_from_variances
+from kmeans_xp.contract.chunks import imap_rows, tol_from_variances
 from kmeans_xp.contract.memory import MemoryEstimate, chunk_rows
 from kmeans_xp.contract.sparse import (
     SCIPY_SPARSE,
@@ -112,6 +112,8 @@ class ScipySparseBackend(KMeansBackend):
     namespaces = frozenset({SCIPY_SPARSE})
     device = "cpu"
     placement_class = SparsePlacement
+    #: the fit computes on X as given: no centered copy (`planning.estimate_memory`)
+    centered_copy = False
 
     @classmethod
     def estimate_memory(cls, n_samples, n_features, n_clusters, *, itemsize,
@@ -127,30 +129,55 @@ class ScipySparseBackend(KMeansBackend):
         return MemoryEstimate(parts, sum(parts.values()), rows)
 
     # -- helpers ----------------------------------------------------------------------------
-    def _chunks(self, X, k):
-        """(slice, CSR rows, their squared norms) over X in rows within the budget."""
+    def _map(self, X, k, fn, fold=None):
+        """fn(slice, CSR rows, their squared norms) over X in chunks within the budget: the
+        list of results in row order, or with `fold`, fold(result) on each in row order as
+        it comes (a chunk's sparse sums are not all held at once). On the host the chunks
+        run on all cores (scipy's sparse products and NumPy's large ufuncs release the GIL;
+        `chunks.imap_rows` keeps the budget), on a GPU in turn."""
         n = X.shape[0]
         rows = min(n, _rows(self.memory.bytes(), n, max(k, 1)))
         norms = X.sq_norms
-        for s in range(0, n, rows):
-            sl = slice(s, min(s + rows, n))
-            yield sl, X.chunk(sl), norms[sl]
+        results = imap_rows(lambda sl: fn(sl, X.chunk(sl), norms[sl]), n, rows,
+                            self.placement.namespace(X))
+        if fold is None:
+            return list(results)
+        for r in results:
+            fold(r)
+        return None
 
     @staticmethod
     def _sums(chunk, labels, w, k, lib):
-        """(k, d) float64 sums of w * x per cluster of the chunk's rows, and (k,) of w."""
+        """(sums of w * x per cluster of the chunk's rows, (k,) float64 sums of w): the sums
+        as a sparse (k, d) product of a one-hot matrix with the rows on the host (scipy's
+        product releases the GIL), a dense (k, d) bincount over the stored values on a GPU
+        (atomics); float64 either way."""
+        lab = labels.astype(lib.int64)
+        w64 = None if w is None else w.astype(lib.float64)
+        weights = (lib.bincount(lab, minlength=k).astype(lib.float64) if w is None
+                   else lib.bincount(lab, weights=w64, minlength=k))
+        if lib is np:
+            import scipy.sparse as sp
+            m = chunk.shape[0]
+            data = np.ones(m) if w64 is None else w64
+            onehot = sp.csc_matrix((data, lab, np.arange(m + 1)), shape=(k, m))
+            return onehot @ chunk.astype(np.float64), weights
         d = chunk.shape[1]
         at = nnz_rows(chunk)
-        lab = labels.astype(lib.int64)
         values = chunk.data.astype(lib.float64)
-        if w is not None:
-            w64 = w.astype(lib.float64)
+        if w64 is not None:
             values = values * w64[at]
-            weights = lib.bincount(lab, weights=w64, minlength=k)
-        else:
-            weights = lib.bincount(lab, minlength=k).astype(lib.float64)
         sums = lib.bincount(lab[at] * d + chunk.indices, weights=values, minlength=k * d)
         return sums.reshape(k, d), weights
+
+    @staticmethod
+    def _add(acc, part):
+        """acc (dense float64) += part (dense, or the sparse sums of a chunk)."""
+        if hasattr(part, "tocoo"):
+            coo = part.tocoo()   # (each (row, column) once: a product's output)
+            acc[coo.row, coo.col] += coo.data
+        else:
+            acc += part
 
     def driver_rows(self, X):
         return max(1, min(X.shape[0], _rows(self.memory.bytes(), X.shape[0], 64)))
@@ -162,11 +189,14 @@ class ScipySparseBackend(KMeansBackend):
         labels = lib.empty(X.shape[0], dtype=lib.int32)
         mins = lib.empty(X.shape[0], dtype=X.dtype)
         pts = points(centers, X.mean, X.dtype)
-        for sl, chunk, norms in self._chunks(X, centers.shape[0]):
+
+        def chunk_assign(sl, chunk, norms):
             d2 = sq_dist_to(chunk, norms, pts)
             lab = lib.argmin(d2, axis=1)
             labels[sl] = lab
             mins[sl] = d2[lib.arange(d2.shape[0]), lab]
+
+        self._map(X, centers.shape[0], chunk_assign)
         return AssignResult(labels, mins)
 
     def reduce(self, X, labels, sample_weight, n_clusters, *, xp=None):
@@ -174,11 +204,14 @@ class ScipySparseBackend(KMeansBackend):
         lib = X.xp
         sums = lib.zeros((n_clusters, X.shape[1]), dtype=lib.float64)
         weights = lib.zeros(n_clusters, dtype=lib.float64)
-        for sl, chunk, _ in self._chunks(X, n_clusters):
-            w = None if sample_weight is None else sample_weight[sl]
-            s, cw = self._sums(chunk, labels[sl], w, n_clusters, lib)
-            sums += s
-            weights += cw
+
+        def fold(part):
+            self._add(sums, part[0])
+            weights[...] += part[1]
+
+        self._map(X, n_clusters, lambda sl, chunk, _: self._sums(
+            chunk, labels[sl], None if sample_weight is None else sample_weight[sl],
+            n_clusters, lib), fold)
         if X.shifted:   # sums of w * (x - mean)
             sums -= weights[:, None] * X.mean.astype(lib.float64)[None, :]
         return ReduceResult(sums, weights)
@@ -188,20 +221,27 @@ class ScipySparseBackend(KMeansBackend):
         lib = X.xp
         k = centers.shape[0]
         labels = lib.empty(X.shape[0], dtype=lib.int32)
-        sums = lib.zeros((k, X.shape[1]), dtype=lib.float64)
-        weights = lib.zeros(k, dtype=lib.float64)
-        inertia = lib.zeros((), dtype=lib.float64)   # (on the device: read once, by the driver)
         pts = points(centers, X.mean, X.dtype)
-        for sl, chunk, norms in self._chunks(X, k):
+
+        def chunk_iter(sl, chunk, norms):
             d2 = sq_dist_to(chunk, norms, pts)
             lab = lib.argmin(d2, axis=1)
             labels[sl] = lab
             w = None if sample_weight is None else sample_weight[sl]
             mins = d2[lib.arange(d2.shape[0]), lab]
-            inertia = inertia + (lib.sum(mins) if w is None else lib.sum(mins * w))
-            s, cw = self._sums(chunk, lab, w, k, lib)
-            sums += s
-            weights += cw
+            inertia = lib.sum(mins) if w is None else lib.sum(mins * w)
+            return (*self._sums(chunk, lab, w, k, lib), inertia)
+
+        sums = lib.zeros((k, X.shape[1]), dtype=lib.float64)
+        weights = lib.zeros(k, dtype=lib.float64)
+        inertia = lib.zeros((), dtype=lib.float64)   # (on the device: the driver reads it)
+
+        def fold(part):
+            self._add(sums, part[0])
+            weights[...] += part[1]
+            inertia[...] += part[2]
+
+        self._map(X, k, chunk_iter, fold)
         if X.shifted:
             sums -= weights[:, None] * X.mean.astype(lib.float64)[None, :]
         changed = (lib.asarray(float(X.shape[0])) if labels_old is None else
@@ -211,8 +251,11 @@ class ScipySparseBackend(KMeansBackend):
     def _labelled(self, X, centers, labels):
         lib = X.xp
         out = lib.empty(X.shape[0], dtype=lib.float64)
-        for sl, chunk, norms in self._chunks(X, 1):
+
+        def chunk_dist(sl, chunk, norms):
             out[sl] = labelled_sq_dist(chunk, norms, centers, labels[sl], X.mean)
+
+        self._map(X, 1, chunk_dist)
         return out
 
     def inertia(self, X, sample_weight, centers, labels, *, xp=None):
@@ -252,8 +295,8 @@ class SparseSeeding:
 
     def _dist(self, P):
         pts = points(P, self.X.mean, self.X.dtype)
-        parts = [sq_dist_to(chunk, norms, pts)
-                 for _, chunk, norms in self.backend._chunks(self.X, P.shape[0])]
+        parts = self.backend._map(self.X, P.shape[0],
+                                  lambda sl, chunk, norms: sq_dist_to(chunk, norms, pts))
         return parts[0] if len(parts) == 1 else self.lib.concatenate(parts)
 
     def first(self, index):

@@ -79,10 +79,11 @@ def estimate_memory(n_samples: int, n_features: int, n_clusters: int, *,
     est = fn(n, d, k, itemsize=itemsize, max_memory=max_memory,
              **accepted_options(fn, backend_options or {}))
     parts = dict(est.parts)
-    parts.update({f"driver_{p}": v for p, v in
-                  driver_bytes(n, d, k, itemsize, weighted=weighted,
-                               seeding=_seeding_bytes(cls, n, d, k, itemsize,
-                                                      backend_options)).items()})
+    driver = driver_bytes(n, d, k, itemsize, weighted=weighted,
+                          seeding=_seeding_bytes(cls, n, d, k, itemsize, backend_options))
+    if not getattr(cls, "centered_copy", True):   # (the sparse paths: X is never copied)
+        del driver["centered_copy"]
+    parts.update({f"driver_{p}": v for p, v in driver.items()})
     return MemoryEstimate(parts, sum(parts.values()), est.chunk_rows)
 
 

@@ -12,6 +12,10 @@ from __future__ import annotations
 
 import numpy as np
 
+#: a squared distance by the expansion within this many float64 ulps of the squared norms
+#: it came from is rounding as much as distance: transform takes it by differences instead
+NEAR_ULPS = 64
+
 #: the namespace names (`namespaces.namespace_name`) of sparse input
 SCIPY_SPARSE, CUPYX_SPARSE = "scipy.sparse", "cupyx.scipy.sparse"
 
@@ -176,14 +180,24 @@ def labelled_sq_dist(chunk, sq_norms, centers, labels, mean):
 
 def distances(X, centers, rows):
     """transform's (n, k) Euclidean distances of sparse X (as given) to `centers` (dense,
-    uncentered), in X's dtype, over chunks of `rows` rows."""
+    uncentered), in X's dtype, over chunks of `rows` rows: the expansion in float64, and
+    where it is within its own rounding of 0 (NEAR_ULPS), differences with the row made
+    dense (a few rows: points on or next to a center), so a point on a center gets 0."""
     csr = as_csr(X)
     xp = dense_module(csr)
     norms = row_sq_norms(csr)
-    zero = xp.zeros(csr.shape[1], dtype=xp.float64)
-    pts = points(centers, zero, csr.dtype)
-    parts = [xp.sqrt(sq_dist_to(csr[s:s + rows], norms[s:s + rows], pts)).astype(csr.dtype)
-             for s in range(0, csr.shape[0], rows)]
+    c64 = xp.asarray(centers).astype(xp.float64)
+    cT, c_sq = xp.ascontiguousarray(c64.T), xp.sum(c64 * c64, axis=1)[None, :]
+    eps = NEAR_ULPS * float(np.finfo(np.float64).eps)
+    parts = []
+    for s in range(0, csr.shape[0], rows):
+        chunk, x_sq = csr[s:s + rows], norms[s:s + rows, None]
+        d2 = x_sq - 2 * xp.asarray(chunk.astype(xp.float64) @ cT) + c_sq
+        i, j = xp.nonzero(d2 <= eps * (x_sq + c_sq))
+        if i.size:
+            diff = xp.asarray(chunk[i].toarray()).astype(xp.float64) - c64[j]
+            d2[i, j] = xp.sum(diff * diff, axis=1)
+        parts.append(xp.sqrt(xp.maximum(d2, 0)).astype(csr.dtype))
     return parts[0] if len(parts) == 1 else xp.concatenate(parts)
 
 

@@ -11,7 +11,7 @@ from kmeans_xp.contract.memory import explains_memory_errors
 from kmeans_xp.contract.namespaces import device, namespace_name, to_numpy
 from kmeans_xp.contract.registry import get_backend, get_backend_info, select_backend
 from kmeans_xp.contract.scaling import host_dtype_of, ldexp_or_inf
-from kmeans_xp.contract.sparse import dense_module, is_sparse
+from kmeans_xp.contract.sparse import NEAR_ULPS, dense_module, is_sparse
 from kmeans_xp.contract.sparse import distances as sparse_distances
 from kmeans_xp.estimators.validation import (
     check_array,
@@ -208,11 +208,6 @@ class Predicting:
         """inertia_'s units from a sum of squared distances computed as the fit computed
         them: X's squared units (the fit's power-of-two rescaling undone)."""
         return ldexp_or_inf(sq_dist, -2 * (math.frexp(getattr(self, "_scale", 1.0))[1] - 1))
-
-
-#: a squared distance by the expansion within this many float64 ulps of the squared norms
-#: it came from is rounding as much as distance: it is computed again by differences
-NEAR_ULPS = 64
 
 
 def _distances(X, centers, mean, xp, rows):
