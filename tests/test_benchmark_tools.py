@@ -78,3 +78,15 @@ def test_dask_multi_gpu_runs_its_protocol_on_cpu_workers(tmp_path):
         assert case[key]["per_iteration_s"] > 0
     # the same work: every case ends at the single-device centers
     assert case["dask_2_workers_actors"]["max_abs_center_diff_vs_single_gpu"] < 1e-3
+
+
+def test_sparse_tfidf_runs_against_sklearn(tmp_path):
+    pytest.importorskip("sklearn")
+    out_json = tmp_path / "sparse.json"
+    out = run_tool("benchmarks/sparse_tfidf.py", "--small", "--rows", "scipy-sparse",
+                   "sklearn", "--threads", "1", "--json", out_json)
+    assert "| scipy-sparse |" in out and "| sklearn |" in out
+    rows = {r["row"]: r for r in json.loads(out_json.read_text())["rows"]}
+    assert rows["scipy-sparse"]["agreement"] > 0.99   # the same fit from the same init
+    assert rows["scipy-sparse"]["inertia"] == pytest.approx(rows["sklearn"]["inertia"],
+                                                             rel=1e-4)
