@@ -155,6 +155,8 @@ def test_integer_sparse_is_float64_and_user_data_is_untouched():
     km = KMeans(3, random_state=0).fit(X)
     assert km.cluster_centers_.dtype == np.float64
     assert (X != before).nnz == 0 and X.dtype == np.int64
+    # predicted in the fit's dtype whatever the input's
+    np.testing.assert_array_equal(km.predict(X.astype(np.float32)), km.labels_)
 
 
 def test_dask_of_sparse_chunks_is_refused_clearly():

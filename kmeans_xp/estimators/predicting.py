@@ -74,7 +74,9 @@ class Predicting:
         centers = xp.asarray(self._centers_fit, device=device(Xb)) if namespace_name(
             self._centers_fit) == namespace_name(Xb) else xp.asarray(
                 to_numpy(self._centers_fit), device=device(Xb))
-        Xs, mean = xp.astype(Xb, centers.dtype, copy=False), xp.astype(mean, centers.dtype)
+        Xs = (Xb if Xb.dtype == centers.dtype else Xb.astype(centers.dtype)) if is_sparse(
+            Xb) else xp.astype(Xb, centers.dtype, copy=False)   # (cupyx's astype: no copy=)
+        mean = xp.astype(mean, centers.dtype)
         scale = getattr(self, "_scale", 1.0)
         return (backend, self._as_fitted(place, Xs, mean, xp), xp, X,
                 centers if scale == 1 else centers * scale)
