@@ -18,6 +18,7 @@ from kmeans_xp.contract.backend import (
 from kmeans_xp.estimators.kmeans import ConvergenceWarning, KMeans
 from kmeans_xp.algorithms.lloyd import LloydResult
 from kmeans_xp.contract.memory import Budget, KMeansMemoryError, MemoryEstimate
+from kmeans_xp.estimators.functions import k_means, kmeans_plusplus
 from kmeans_xp.estimators.minibatch import MiniBatchKMeans
 from kmeans_xp.contract.planning import estimate_memory
 from kmeans_xp.contract.return_checks import BackendContractError
@@ -34,7 +35,7 @@ from kmeans_xp.estimators.validation import InvalidParameterError, NotFittedErro
 __version__ = "0.1.0"
 
 __all__ = [
-    "KMeans", "MiniBatchKMeans", "SphericalKMeans", "KMeansBackend", "AssignResult",
+    "KMeans", "MiniBatchKMeans", "SphericalKMeans", "k_means", "kmeans_plusplus", "KMeansBackend", "AssignResult",
     "ReduceResult", "IterStats", "Farthest", "Option", "Placement", "Budget", "LloydResult",
     "KMeansMemoryError", "MemoryEstimate", "estimate_memory", "list_backends", "get_backend",
     "available_backends", "register_backend", "BackendNotAvailableError", "NotFittedError",

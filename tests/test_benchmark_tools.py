@@ -108,3 +108,15 @@ def test_bounds_fit_compares_bounds_with_lloyd_and_sklearn(tmp_path):
                     "--grid-k", "12", "--repeats", "1", "--max-iter", "10",
                     "--backends", "numpy")
     assert "numpy d=8 k=12 elkan" in grid and "x lloyd" in grid
+
+
+def test_sparse_tfidf_runs_against_sklearn(tmp_path):
+    pytest.importorskip("sklearn")
+    out_json = tmp_path / "sparse.json"
+    out = run_tool("benchmarks/sparse_tfidf.py", "--small", "--rows", "scipy-sparse",
+                   "sklearn", "--threads", "1", "--json", out_json)
+    assert "| scipy-sparse |" in out and "| sklearn |" in out
+    rows = {r["row"]: r for r in json.loads(out_json.read_text())["rows"]}
+    assert rows["scipy-sparse"]["agreement"] > 0.99   # the same fit from the same init
+    assert rows["scipy-sparse"]["inertia"] == pytest.approx(rows["sklearn"]["inertia"],
+                                                             rel=1e-4)

@@ -79,28 +79,33 @@ def test_pipeline_with_standard_scaler():
     assert named.fit(X).score(X) == pytest.approx(-named["km"].inertia_)
 
 
-def test_check_estimator_passes():
+@pytest.mark.parametrize("name, params", [
+    ("KMeans", "n_clusters=2, n_init=2, max_iter=5"),
+    ("MiniBatchKMeans", "n_clusters=2, n_init=2, max_iter=5, batch_size=10"),
+])
+def test_check_estimator_passes(name, params):
     """sklearn's check_estimator, in a subprocess with SCIPY_ARRAY_API=1 so that its array
-    API check runs too (scipy reads that variable when first imported)."""
+    API check runs too (scipy reads that variable when first imported); the checks sklearn
+    expects its own estimator of the name to fail are the only ones allowed to."""
     code = """
 import json, warnings
 warnings.simplefilter("ignore")
 from sklearn.utils.estimator_checks import check_estimator
-from kmeans_xp import KMeans
+from kmeans_xp import NAME as Est
 # sklearn marks these checks as expected failures for its own KMeans (see
 # sklearn/utils/_test_common/instance_generator.py): with k-means++ the random draws depend
 # on the rows, so repeating rows changes the init, not a bug of the fit. Exact equivalence
 # from the same init is tested in test_properties.py.
 try:
-    from sklearn.cluster import KMeans as SkKMeans
+    from sklearn.cluster import NAME as Sk
     from sklearn.utils._test_common.instance_generator import _get_expected_failed_checks
-    xfail = _get_expected_failed_checks(SkKMeans())
+    xfail = _get_expected_failed_checks(Sk())
 except ImportError:  # a private module: older and newer sklearn may not have it
-    xfail = {"check_sample_weight_equivalence_on_dense_data":
-             "sample_weight is not equivalent to removing/repeating samples."}
+    xfail = dict.fromkeys(["check_sample_weight_equivalence_on_dense_data",
+                           "check_sample_weight_equivalence_on_sparse_data"],
+                          "sample_weight is not equivalent to removing/repeating samples.")
 # the same estimator and params sklearn checks its own KMeans with
-res = check_estimator(KMeans(n_clusters=2, n_init=2, max_iter=5), on_fail=None,
-                      expected_failed_checks=xfail)
+res = check_estimator(Est(PARAMS), on_fail=None, expected_failed_checks=xfail)
 out = [[r["check_name"], r["status"], repr(r["exception"])[:500]] for r in res]
 # sklearn yields its clustering checks only for ClusterMixin subclasses, which we cannot be
 # without importing sklearn at run time: run them by hand
@@ -109,18 +114,19 @@ for check, kw in [(ec.check_clustering, {}), (ec.check_clustering, {"readonly_me
                   (ec.check_clusterer_compute_labels_predict, {})]:
     name = check.__name__ + ("_readonly" if kw else "")
     try:
-        check("KMeans", KMeans(n_clusters=2, n_init=2, max_iter=5), **kw)
+        check("NAME", Est(PARAMS), **kw)
         out.append([name, "passed", ""])
     except Exception as exc:
         out.append([name, "failed", repr(exc)[:500]])
 print(json.dumps(out))
 """
+    code = code.replace("NAME", name).replace("PARAMS", params)
     env = {**os.environ, "SCIPY_ARRAY_API": "1"}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
                          check=False, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     results = json.loads(out.stdout.strip().splitlines()[-1])
-    status = {name: st for name, st, _ in results}
+    status = {check: st for check, st, _ in results}
     failed = [(n, e) for n, st, e in results if st == "failed"]
     assert not failed, failed
     assert status["check_sample_weight_equivalence_on_dense_data"] == "xfail"

@@ -26,6 +26,7 @@ from kmeans_xp.contract.chunks import column_sums, map_rows, tolerance
 from kmeans_xp.contract.namespaces import DLPACK_FOREIGN, array_namespace, device, namespace_name, to_numpy
 from kmeans_xp.algorithms.progress import logger
 from kmeans_xp.contract.scaling import host_dtype_of, rescaled
+from kmeans_xp.contract.sparse import dense_module, is_sparse
 
 #: rows of the weights turned into float64 probabilities at a time (bounded host memory)
 CDF_CHUNK = 1 << 22
@@ -48,8 +49,10 @@ class BatchRows:
             X = place.to_backend(X)  # a torch or JAX array shared through DLPack, no copy
         self.X, self.backend = X, backend
         self.local = namespace_name(X) in backend.namespaces
+        self.sparse = is_sparse(X)   # batches are CSR rows, seen shifted (`SparseRows`)
         # indices are made where the rows are gathered: on X's device for a device X
-        on_device = self.local and not isinstance(X, np.ndarray) and not _is_dask(X)
+        on_device = (self.local and not isinstance(X, np.ndarray) and not _is_dask(X)
+                     and not self.sparse)
         self.index_xp = array_namespace(X if on_device else np.empty(0))
         self.index_device = device(X) if on_device else None
         self.shift = shift          # (d,) in X's dtype, host (NumPy)
@@ -64,6 +67,8 @@ class BatchRows:
         """X's rows at idx, uncentered: in X's namespace when it is the backend's, else NumPy
         (a dask X's rows computed on the client)."""
         X = self.X
+        if self.sparse:
+            return X[dense_module(X).asarray(to_numpy(idx))]
         if _is_dask(X):
             return np.asarray(to_numpy(X[to_numpy(idx)]))
         if isinstance(X, np.ndarray):
@@ -78,6 +83,8 @@ class BatchRows:
         if not self.local:
             rows = self.place.to_backend(rows)
         xp = self.place.namespace(rows)
+        if self.sparse:
+            return self.place.center(rows, self.shift, xp=xp), xp
         if self._shift_b is None:
             self._shift_b = xp.asarray(self.shift, dtype=rows.dtype, device=device(rows))
         if rows is not self.X and namespace_name(rows) in ("numpy", "cupy"):
@@ -91,6 +98,11 @@ class BatchRows:
         for start in range(0, self.n, rows):
             sl = slice(start, min(start + rows, self.n))
             part = self.X[sl, ...]
+            if self.sparse:
+                part = self.place.to_backend(part)
+                xp = self.place.namespace(part)
+                yield sl, self.place.center(part, self.shift, xp=xp), xp
+                continue
             if _is_dask(part):
                 part = np.asarray(to_numpy(part))
             if not self.local or _is_dask(self.X):
@@ -344,8 +356,10 @@ def shift_point(A, dtype, scale=1.0):
     lose the differences between centers), else 0, so that the distances are sklearn's
     own, bit for bit, and its ties break the same way. Offset and spread are compared in
     the fit's units (X times `scale`), where their squares are numbers."""
-    xp = array_namespace(A)
     dtype = host_dtype_of(dtype)
+    if is_sparse(A):   # computed on as given, as scikit-learn does
+        return np.zeros(A.shape[1], dtype=dtype)
+    xp = array_namespace(A)
     m = A.shape[0]
     mean = np.asarray(to_numpy(column_sums(A, xp))) / m
     offset = float(np.sum((mean * scale) ** 2))
@@ -364,6 +378,8 @@ def tolerance_of(X, shift, tol, backend, scale=1.0):
     fit's units (X times `scale`)."""
     if tol == 0:
         return 0.0
+    if is_sparse(X):
+        return backend.placement.feature_stats(X, tol, xp=None)[1]
     xp = array_namespace(X)
     rows = X.shape[0] if namespace_name(X) == "dask.array" else backend.driver_rows(X)
     return _scaled_tolerance(X, shift, tol, xp, rows, scale)

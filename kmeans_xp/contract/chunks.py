@@ -63,6 +63,17 @@ def map_rows(fn, n, rows, xp):
     return list(_shared_pool().map(fn, row_chunks(n, step)))
 
 
+def imap_rows(fn, n, rows, xp):
+    """`map_rows`'s results one at a time, in row order, so that the caller folds each as
+    it comes (a chunk's result is held only until the caller takes it)."""
+    threads = _threads() if is_numpy_namespace(xp) else 1
+    if threads == 1 or n < 2 * MIN_THREAD_ROWS:
+        yield from (fn(sl) for sl in row_chunks(n, rows))
+        return
+    step = max(MIN_THREAD_ROWS, min(rows // threads, -(-n // (4 * threads))))
+    yield from _shared_pool().map(fn, row_chunks(n, step))
+
+
 def spawn(job, count):
     """[job(0), ..., job(count - 1)] on `map_rows`'s pool (NumPy work of the CPU backends
     outside their own passes); jobs beyond its threads wait for one, so a job must not wait

@@ -4,13 +4,26 @@ from __future__ import annotations
 import sys
 
 import numpy as np
-from array_api_compat import array_namespace, device, is_array_api_obj  # noqa: F401
+from array_api_compat import array_namespace, is_array_api_obj  # noqa: F401
+from array_api_compat import device as _array_device
+
+
+def device(x):
+    """array-api-compat's `device`, also for sparse X: the device of its stored values."""
+    module = type(x).__module__
+    if module.startswith(("scipy.sparse", "cupyx.scipy.sparse", "kmeans_xp.contract.sparse")):
+        return _array_device(x.data) if hasattr(x, "nnz") else x.device
+    return _array_device(x)
 
 
 def namespace_name(X) -> str:
-    """'numpy', 'cupy', 'torch', 'dask.array', 'array_api_strict', ... for an array; 'list' else."""
+    """'numpy', 'cupy', 'torch', 'dask.array', 'array_api_strict', ... for an array;
+    'scipy.sparse' or 'cupyx.scipy.sparse' for a sparse matrix or array; 'list' else."""
     if isinstance(X, np.ndarray):
         return "numpy"
+    module = type(X).__module__
+    if module.startswith(("scipy.sparse", "cupyx.scipy.sparse")):
+        return "cupyx.scipy.sparse" if module.startswith("cupyx") else "scipy.sparse"
     if not is_array_api_obj(X):
         return "list"
     mod = type(X).__module__.split(".")[0]

@@ -83,6 +83,8 @@ def estimate_memory(n_samples: int, n_features: int, n_clusters: int, *,
     _check_sizes(n_samples=n_samples, n_features=n_features, n_clusters=n_clusters)
     cls = planning_class(backend)
     itemsize = compute_itemsize(dtype)
+    # (the sparse paths compute on X as given: no centered copy)
+    copy_x = copy_x and getattr(cls, "centered_copy", True)
     _, est = fit_memory(cls, int(n_samples), int(n_features), int(n_clusters), itemsize,
                         max_memory, weighted=weighted, copy_x=copy_x,
                         options=backend_options or {})

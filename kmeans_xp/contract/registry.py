@@ -46,6 +46,11 @@ BUILTIN_BACKENDS = {
     "cupy-fused": BuiltinSpec("cupy", "kmeans_xp_backends.cupy.fused:CupyFusedBackend",
                               CUDA_EXTRA, True),
     "dask": BuiltinSpec("dask.array", "kmeans_xp_backends.dask.backend:DaskBackend", "dask", False),
+    "scipy-sparse": BuiltinSpec("scipy", "kmeans_xp_backends.numpy.sparse:ScipySparseBackend",
+                                "sparse", False),
+    "cupy-sparse": BuiltinSpec("cupyx.scipy.sparse",
+                               "kmeans_xp_backends.cupy.sparse:CupySparseBackend", CUDA_EXTRA,
+                               True),
 }
 
 #: what "auto" tries on the CPU, in order: the compiled numba backend where numba is installed
@@ -55,7 +60,12 @@ AUTO_PREFERENCE = {
     "numpy": AUTO_CPU,
     "cupy": ("cupy-fused", "cupy-chunked", "cupy-kernels", "array-api"),
     "dask.array": ("dask",),
+    "scipy.sparse": ("scipy-sparse",),
+    "cupyx.scipy.sparse": ("cupy-sparse",),
 }
+#: a dense backend named for sparse X computes it on its family's sparse path (docs/sparse.md)
+SPARSE_PATH = {**dict.fromkeys(("numpy", "numba", "array-api"), "scipy-sparse"),
+               **dict.fromkeys(("cupy-kernels", "cupy-chunked", "cupy-fused"), "cupy-sparse")}
 #: torch and JAX input under "auto", by the array's device type (shared with the backend
 #: through DLPack); other devices (mps, xpu, tpu) get the array-api backend
 AUTO_DLPACK_PREFERENCE = {
@@ -64,6 +74,9 @@ AUTO_DLPACK_PREFERENCE = {
 }
 #: NumPy input at least this large (n * k * d) goes to a GPU backend under "auto" when one works
 AUTO_GPU_MIN_WORK = 2 * 10**8
+#: scipy.sparse input with at least this many stored values times k goes to the GPU's sparse
+#: path under "auto" where one works (the dense rule's AUTO_GPU_MIN_WORK, on stored values)
+AUTO_GPU_SPARSE_MIN_WORK = AUTO_GPU_MIN_WORK
 #: below this n * k * d, "auto" leaves the numba backend out on the CPU: a process's first
 #: numba fit imports numba and SciPy (about a second with its kernels cached, more in a new
 #: environment), more than the numpy backend's whole fit takes there (figure: W1 rows of
@@ -347,6 +360,10 @@ def select_backend(backend: str, X: Any, *, n_clusters: int, sample_weight: Any 
     from kmeans_xp.contract.namespaces import DLPACK_FOREIGN, foreign_device_type, namespace_name
 
     options = dict(backend_options or {})
+    named = None
+    if namespace_name(X) in ("scipy.sparse", "cupyx.scipy.sparse") and backend in SPARSE_PATH:
+        # (its options are the dense kernels'; the sparse path takes none of them)
+        named, backend, options = backend, SPARSE_PATH[backend], {}
     if backend != "auto":
         cls = get_backend(backend)
         inst = cls(max_memory=max_memory, **options)
@@ -358,6 +375,8 @@ def select_backend(backend: str, X: Any, *, n_clusters: int, sample_weight: Any 
                              f"that would: {takers or 'none installed'}.")
         if check_memory:
             inst = _checked_for_fit(inst, X, n_clusters, copy_x, sample_weight, options)
+        if named is not None:
+            return inst, f"named by the user: {named!r}, whose sparse X goes to {backend!r}"
         return inst, "named by the user"
 
     ns = namespace_name(X)
@@ -367,6 +386,9 @@ def select_backend(backend: str, X: Any, *, n_clusters: int, sample_weight: Any 
         dev = foreign_device_type(X)
         candidates = list(AUTO_DLPACK_PREFERENCE.get(dev, ("array-api",)))
         why = f"{ns} input on {dev}"
+    if ns == "scipy.sparse" and X.nnz * n_clusters >= AUTO_GPU_SPARSE_MIN_WORK:
+        candidates = ["cupy-sparse", "scipy-sparse"]
+        why = f"scipy.sparse input with nnz*k = {X.nnz * n_clusters:.2g}"
     if ns in ("numpy", "list"):
         n, d = (len(X), len(X[0]) if len(X) else 0) if ns == "list" else X.shape[:2]
         if n * n_clusters * max(d, 1) >= AUTO_GPU_MIN_WORK:

@@ -10,8 +10,10 @@ import numpy as np
 
 from kmeans_xp.algorithms import init as _init
 from kmeans_xp.contract.chunks import check_finite
-from kmeans_xp.contract.namespaces import array_namespace, device, operand
+from kmeans_xp.contract.namespaces import (DLPACK_FOREIGN, array_namespace, device,
+                                           namespace_name, operand)
 from kmeans_xp.estimators.predicting import require_known_shape
+from kmeans_xp.contract.registry import select_backend
 from kmeans_xp.contract.scaling import NumericGuard, host_dtype_of
 from kmeans_xp.estimators.validation import check_array, check_init_array, check_sample_weight, validate_params
 
@@ -116,6 +118,43 @@ class Fitting:
             Xb, self.n_clusters, sample_weight=sw, random_state=rs, xp=xp,
             rows=backend.driver_rows(Xb), backend=backend, persist=backend.placement.persist,
             verbose=self.verbose)
+
+    def _init_centroids(self, X, x_squared_norms, init, random_state, sample_weight,
+                        init_size=None, n_centroids=None):
+        """scikit-learn's `_BaseKMeans._init_centroids` (its own tests call it): initial
+        centers of X as given (a subset of init_size rows drawn first when smaller than n)
+        by `init` (a method name, a callable or an array), weighted by sample_weight.
+        x_squared_norms is accepted and not needed."""
+        k = self.n_clusters if n_centroids is None else n_centroids
+        X = check_array(X, owner=type(self).__name__)
+        n = X.shape[0]
+        sw = check_sample_weight(sample_weight, n, host_dtype_of(X.dtype))
+        if init_size is not None and init_size < n:
+            idx = random_state.randint(0, n, init_size)
+            X, sw = X[idx], sw[idx]
+        if not isinstance(init, str):
+            given = init(X, k, random_state=random_state) if callable(init) else init
+            return check_init_array(given, k, X.shape[1]).astype(host_dtype_of(X.dtype))
+        backend = select_backend("auto", X, n_clusters=k)[0]
+        place = backend.placement
+        Xb = place.to_backend(X)
+        xp = place.namespace(Xb)
+        Xc = place.center(Xb, None, xp=xp)   # as given, as scikit-learn's
+        centers = _init.INIT_METHODS[init].run(
+            Xc, k, sample_weight=xp.asarray(sw, device=device(Xb)), random_state=random_state,
+            xp=xp, rows=backend.driver_rows(Xc), backend=backend, persist=place.persist)
+        return place.from_backend(centers, like=X)
+
+    @staticmethod
+    def _in_input_namespace(place, arr, X_user):
+        """A kept array (centers, mean, counts) in the namespace of input the backend shares
+        through DLPack (a torch tensor, a JAX array), as its fitted attributes are: the state
+        an array API user (and sklearn's array API checks) sees is in the input's namespace.
+        Other input keeps the backend's arrays (predict reads them from there)."""
+        if (namespace_name(X_user) in DLPACK_FOREIGN
+                and namespace_name(arr) != namespace_name(X_user)):
+            return place.from_backend(arr, like=X_user)
+        return arr
 
     #: what a fit keeps on its backend's device: handed to `Placement.finish`, which may move it
     _KEPT: tuple[str, ...] = ("labels_", "cluster_centers_", "_centers_fit", "_X_mean")

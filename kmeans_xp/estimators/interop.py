@@ -107,10 +107,11 @@ class SklearnInterop:
         # only scikit-learn calls this, so importing it here adds no run-time dependency
         from sklearn.utils import InputTags, Tags, TargetTags, TransformerTags
         # transform keeps float32 as float32 (sklearn's KMeans declares the same); array API
-        # input (array-api-strict, torch, CuPy) computes and comes back in its namespace
+        # input (array-api-strict, torch, CuPy) computes and comes back in its namespace;
+        # scipy.sparse X is fitted without densifying it (docs/sparse.md)
         return Tags(estimator_type="clusterer", target_tags=TargetTags(required=False),
                     transformer_tags=TransformerTags(preserves_dtype=["float64", "float32"]),
-                    input_tags=InputTags(), array_api_support=True)
+                    input_tags=InputTags(sparse=True), array_api_support=True)
 
     def __sklearn_is_fitted__(self):
         return hasattr(self, "cluster_centers_")
@@ -137,11 +138,18 @@ class SklearnInterop:
         elif fitted is not None and not np.array_equal(fitted, given):
             unseen = sorted(set(given) - set(fitted))
             missing = sorted(set(fitted) - set(given))
-            detail = (f"unseen at fit time: {unseen}; seen at fit time, now missing: "
-                      f"{missing}" if unseen or missing else
-                      "they must be in the same order as they were in fit")
-            raise ValueError(f"The feature names should match those that were passed during "
-                             f"fit: {detail}.")
+            # scikit-learn's wording (code matches on it), then what to do
+            lines = ["The feature names should match those that were passed during fit."]
+            if unseen:
+                lines += ["Feature names unseen at fit time:"] + [f"- {n}" for n in unseen]
+            if missing:
+                lines += ["Feature names seen at fit time, yet now missing:"] + [
+                    f"- {n}" for n in missing]
+            if not unseen and not missing:
+                lines.append("Feature names must be in the same order as they were in fit.")
+            lines.append(f"Select the columns as at fit time: X[{owner.lower()}."
+                         f"feature_names_in_].")
+            raise ValueError("\n".join(lines))
 
     def get_feature_names_out(self, input_features: Any = None) -> np.ndarray:
         """Get the output feature names of transform.
@@ -182,10 +190,26 @@ class SklearnInterop:
             raise ValueError(f"set_output(transform={transform!r}): give 'default', 'pandas' "
                              f"or 'polars'.")
         self._output = transform
+        # (where sklearn reads an estimator's choice: its clone copies it)
+        self._sklearn_output_config = {"transform": transform}
         return self
 
+    def _output_kind(self):
+        """This estimator's set_output, else scikit-learn's global
+        ``set_config(transform_output=...)`` when scikit-learn is loaded (never imported
+        here), else "default"."""
+        sk = sys.modules.get("sklearn")
+        if sk is None:
+            return getattr(self, "_output", "default")
+        try:
+            from sklearn.utils._set_output import _get_output_config
+            return _get_output_config("transform", self)["dense"]
+        except (ImportError, KeyError, TypeError):   # a private helper: its own rules
+            own = getattr(self, "_output", None)
+            return own or sk.get_config().get("transform_output", "default")
+
     def _wrap_output(self, out, X):
-        kind = getattr(self, "_output", "default")
+        kind = self._output_kind()
         if kind == "default":
             return out
         values = to_numpy(out)

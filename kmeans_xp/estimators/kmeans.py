@@ -219,7 +219,7 @@ default=None
         clock = Clock()
         X_user = X
         X, sw_host, init_array, guard = self._check_inputs(X, sample_weight)
-        n_init = self._resolved_n_init()
+        self._n_init = n_init = self._resolved_n_init()
         rs = check_random_state(self.random_state)
         backend, why = select_backend(self.backend, X, n_clusters=self.n_clusters,
                                       sample_weight=sw_host,
@@ -293,6 +293,8 @@ default=None
                                                 backend, scale)
                 centers = xp.astype(centers, Xc.dtype)
             place.synchronize()
+            if self.verbose:
+                logger.info("Initialization complete")   # (scikit-learn's line)
             t1 = time.perf_counter()
             with backend.memory.stage("lloyd"):
                 result = kmeans_single_lloyd(backend, Xc, sw, centers, xp=xp,
@@ -313,8 +315,8 @@ default=None
 
     def _store(self, best: Any, backend: KMeansBackend, why: str, X_mean: Array, X_user: Any,
                Xb: Array) -> None:
-        self._X_mean = X_mean
-        self._centers_fit = best.centers
+        self._X_mean = self._in_input_namespace(backend.placement, X_mean, X_user)
+        self._centers_fit = self._in_input_namespace(backend.placement, best.centers, X_user)
         self._backend_key = (backend.name, dict(self.backend_options or {}), self.max_memory,
                              self.backend == "auto")
         place = backend.placement

@@ -304,6 +304,8 @@ default=None
         self.n_iter_ = int(math.ceil(done * self._batch_size / n))
         self._store_state(state, guard)
         self._store(backend, why, steps, rows.shift, self._centers_fit, X_user, X)
+        self._state_like_input(place, X_user)
+        self._record_feature_names(X_user)
         if self.compute_labels:
             self._labels(rows, steps, sw, X_user, sample_weight, state.centers, guard)
         else:
@@ -341,15 +343,22 @@ default=None
         self._ewa_inertia, self._no_improvement = state.ewa_inertia, state.no_improvement
         self._ewa_inertia_min = state.ewa_inertia_min
 
+    def _state_like_input(self, place: Any, X_user: Any) -> None:
+        """partial_fit's state in the namespace of input shared through DLPack (a CPU torch
+        tensor), as scikit-learn keeps it."""
+        self._centers_fit = self._in_input_namespace(place, self._centers_fit, X_user)
+        self._counts = self._in_input_namespace(place, self._counts, X_user)
+
     def _store(self, backend: KMeansBackend, why: str, steps: KMeansBackend, shift: Any,
                centers: Array, X_user: Any, X: Any) -> None:
         """The fitted attributes; `centers` centered, in X's units."""
         place = steps.placement
         cxp = place.namespace(centers)
-        self._X_mean = cxp.asarray(shift, device=device(centers))
+        mean = cxp.asarray(shift, device=device(centers))
+        self._X_mean = self._in_input_namespace(place, mean, X_user)
         self._backend_key = (backend.name, dict(self.backend_options or {}), self.max_memory,
                              self.backend == "auto")
-        self.cluster_centers_ = place.from_backend(centers + self._X_mean, like=X_user)
+        self.cluster_centers_ = place.from_backend(centers + mean, like=X_user)
         self.n_features_in_ = int(X.shape[1])
         self._n_features_out = self.n_clusters
         self.backend_ = backend.name
@@ -445,6 +454,7 @@ default=None
              reassignment_ratio=self.reassignment_ratio, verbose=self.verbose)
         self._store_state(state, guard)
         self._store(backend, why, steps, rows.shift, self._centers_fit, X_user, X)
+        self._state_like_input(place, X_user)
         if self.compute_labels:
             labels = assigned_labels(steps, Xb, state.centers, xp)
             self.inertia_ = guard.objective(max(float(to_numpy(

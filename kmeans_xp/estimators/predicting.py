@@ -14,6 +14,8 @@ from kmeans_xp.contract.registry import get_backend, get_backend_info, select_ba
 from kmeans_xp.contract.results import user_labels
 from kmeans_xp.contract.return_checks import assigned_labels
 from kmeans_xp.contract.scaling import host_dtype_of, ldexp_or_inf
+from kmeans_xp.contract.sparse import NEAR_ULPS, dense_module, is_sparse
+from kmeans_xp.contract.sparse import distances as sparse_distances
 from kmeans_xp.estimators.validation import (
     check_array,
     check_sample_weight,
@@ -80,7 +82,9 @@ class Predicting:
         centers = xp.asarray(self._centers_fit, device=device(Xb)) if namespace_name(
             self._centers_fit) == namespace_name(Xb) else xp.asarray(
                 to_numpy(self._centers_fit), device=device(Xb))
-        Xs, mean = xp.astype(Xb, centers.dtype, copy=False), xp.astype(mean, centers.dtype)
+        Xs = (Xb if Xb.dtype == centers.dtype else Xb.astype(centers.dtype)) if is_sparse(
+            Xb) else xp.astype(Xb, centers.dtype, copy=False)   # (cupyx's astype: no copy=)
+        mean = xp.astype(mean, centers.dtype)
         scale = getattr(self, "_scale", 1.0)
         return (backend, self._as_fitted(place, Xs, mean, xp), xp, X,
                 centers if scale == 1 else centers * scale)
@@ -147,6 +151,10 @@ class Predicting:
         """
         X_user = X
         backend, Xb, xp, X, mean = self._prepare(X, "transform", center=False)
+        if is_sparse(Xb):  # never densified: the expansion on the CSR's rows
+            centers = dense_module(Xb).asarray(to_numpy(self.cluster_centers_))
+            out = self._sparse_distances(Xb, centers, backend.driver_rows(Xb))
+            return self._wrap_output(backend.placement.from_backend(out, like=X), X_user)
         Xb = xp.asarray(Xb)  # an array even where the backend streams rows
         centers = xp.asarray(to_numpy(self.cluster_centers_), device=device(Xb))
         out = backend.placement.from_backend(
@@ -156,6 +164,10 @@ class Predicting:
     def _distances(self, X, centers, mean, xp, rows):
         """transform's (n, k) distances of X (as given) to the fitted centers."""
         return _distances(X, centers, mean, xp, rows)
+
+    def _sparse_distances(self, X, centers, rows):
+        """The same for sparse X (`contract.sparse`)."""
+        return sparse_distances(X, centers, rows)
 
     def fit_transform(self, X: Any, y: Any = None, sample_weight: Any = None) -> Any:
         """Compute the clustering and transform X to the cluster-distance space.
@@ -210,17 +222,36 @@ class Predicting:
 
 def _distances(X, centers, mean, xp, rows):
     """(n, k) Euclidean distances in X's dtype: X and the fitted centers are centered and
-    expanded in float64, chunk by chunk, so a point on its center gets ~0 (the expansion in
-    float32 of centered copies gave 2.8e-3 there)."""
+    expanded in float64, chunk by chunk (the expansion in float32 of centered copies gave
+    2.8e-3 for a point on its center). Where the expansion is within its own rounding of 0
+    (NEAR_ULPS), the distance is taken by differences: a point on a center gets exactly 0,
+    whatever the offset the fit centered by (MiniBatchKMeans computes about 0)."""
     m64 = xp.astype(mean, xp.float64)
     c64 = xp.astype(centers, xp.float64) - m64
     c_sq = xp.sum(c64 * c64, axis=1)[None, :]
+    eps = NEAR_ULPS * float(xp.finfo(xp.float64).eps)
     parts = []
     for sl in row_chunks(X.shape[0], max(1, rows // max(1, centers.shape[0] // 64))):
         x64 = xp.astype(X[sl, ...], xp.float64) - m64
-        d2 = xp.sum(x64 * x64, axis=1)[:, None] - 2 * (x64 @ c64.T) + c_sq
+        x_sq = xp.sum(x64 * x64, axis=1)[:, None]
+        d2 = x_sq - 2 * (x64 @ c64.T) + c_sq
+        d2 = _near_by_differences(d2, d2 <= eps * (x_sq + c_sq), x64, c64, xp)
         parts.append(xp.astype(xp.sqrt(xp.where(d2 < 0, xp.zeros_like(d2), d2)), X.dtype))
     return parts[0] if len(parts) == 1 else xp.concat(parts)
+
+
+def _near_by_differences(d2, near, x64, c64, xp):
+    """d2 with the `near` entries computed as sum((x - c)^2) (a few pairs: points on or
+    next to a center). A namespace without integer-array assignment keeps the expansion."""
+    if not bool(xp.any(near)):
+        return d2
+    i, j = xp.nonzero(near)
+    diff = xp.take(x64, i, axis=0) - xp.take(c64, j, axis=0)
+    try:
+        d2[i, j] = xp.sum(diff * diff, axis=1)
+    except (TypeError, IndexError, ValueError, NotImplementedError):
+        pass
+    return d2
 
 
 def require_known_shape(X, backend, n_clusters):

@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import numpy as np
 
 from kmeans_xp.estimators.kmeans import KMeans
+from kmeans_xp.contract.sparse import cosine_distances as sparse_cosine_distances
+from kmeans_xp.contract.sparse import is_sparse
 from kmeans_xp.contract.sphere import ZeroNormError, check_unit_rows, cosine_distances
 
 if TYPE_CHECKING:
@@ -156,7 +158,9 @@ default=None
         if self.copy_x:
             Xu = place.unit_rows(Xb, xp=xp)
         else:
-            check_unit_rows(Xb, xp, backend.driver_rows(Xb))
+            # (sparse X: seen through its placement, dense rows a chunk at a time)
+            check_unit_rows(place.center(Xb, None, xp=xp) if is_sparse(Xb) else Xb, xp,
+                            backend.driver_rows(Xb))
             Xu = Xb
         mean, tol = place.feature_stats(Xu, self.tol, xp=xp)
         return place.center(Xu, None, xp=xp), xp.zeros_like(mean), tol, 1.0
@@ -194,6 +198,9 @@ default=None
     def _distances(self, X: Array, centers: Array, mean: Array, xp: Namespace,
                    rows: int) -> Array:
         return cosine_distances(X, centers, xp, rows)
+
+    def _sparse_distances(self, X, centers, rows):
+        return sparse_cosine_distances(X, centers, rows)
 
     def fit_transform(self, X: Any, y: Any = None, sample_weight: Any = None) -> Any:
         """Compute the clustering and transform X to cosine distances to the centers.

@@ -6,17 +6,17 @@ name the parameter, what is allowed and what was given.
 from __future__ import annotations
 
 import functools
-import math
 import numbers
 import sys
 
 import numpy as np
-from array_api_compat import is_numpy_namespace
 
 from kmeans_xp.algorithms.init import INIT_METHODS
-from kmeans_xp.contract.chunks import check_finite, map_rows
+from kmeans_xp.contract.chunks import check_finite
 from kmeans_xp.contract.memory import parse_memory
 from kmeans_xp.contract.constraints import Check, Interval, Options
+from kmeans_xp.contract.sparse import is_sparse
+from kmeans_xp.estimators.sparse_input import check_sparse
 from kmeans_xp.contract.namespaces import array_namespace, is_array_api_obj, namespace_name, to_numpy
 
 
@@ -160,10 +160,13 @@ def check_array(X, *, name="X", owner="KMeans", absmax=False):
     if isinstance(X, np.matrix):  # its * is a matrix product: the xp code would be wrong
         raise TypeError(f"np.matrix is not supported for {name}; convert it with "
                         f"np.asarray({name}).")
-    if type(X).__module__.startswith("scipy.sparse"):
-        raise TypeError(f"Sparse data was passed for {name}, but dense data is required; use "
-                        f"{name}.toarray() to convert it to a dense array.")
+    if is_sparse(X):  # never densified (docs/sparse.md)
+        return check_sparse(X, name=name, owner=owner, absmax=absmax)
     ns = namespace_name(X)
+    if ns == "dask.array" and is_sparse(getattr(X, "_meta", None)):
+        raise TypeError(f"{name} is a dask array of sparse chunks, which kmeans_xp does not "
+                        f"fit (docs/sparse.md); give a scipy.sparse matrix ({name}.compute() "
+                        f"of its CSR chunks) or dense chunks.")
     if ns == "list" or (isinstance(X, np.ndarray) and X.dtype == object):
         X = _numeric_from_python(X, name)
     if isinstance(X, np.ndarray) and X.dtype.kind in "USVO":
@@ -241,9 +244,13 @@ def check_init_array(init, n_clusters, n_features, *, xp_target=None):
     if centers.dtype.kind not in "biuf":
         raise ValueError(f"init array has dtype {centers.dtype}; give real numbers.")
     if centers.shape != (n_clusters, n_features):
+        # scikit-learn's wording (code matches on it), then what to do
+        if centers.ndim != 2 or centers.shape[0] != n_clusters:
+            what = f"the number of clusters {n_clusters}"
+        else:
+            what = f"the number of features of the data {n_features}"
         raise ValueError(f"The shape of the initial centers {centers.shape} does not match "
-                         f"the number of clusters and features: expected ({n_clusters}, "
-                         f"{n_features}). Pass n_clusters="
+                         f"{what}: expected ({n_clusters}, {n_features}). Pass n_clusters="
                          f"{centers.shape[0] if centers.ndim else '?'} "
                          f"or an init of the right shape.")
     if not np.all(np.isfinite(centers)):
