@@ -8,8 +8,18 @@ sp = pytest.importorskip("scipy.sparse")
 sklearn_cluster = pytest.importorskip("sklearn.cluster")
 
 from kmeans_xp import KMeans, MiniBatchKMeans, kmeans_plusplus  # noqa: E402
+from kmeans_xp.contract.fitmemory import least_max_memory  # noqa: E402
 
 CONTAINERS = [sp.csr_matrix, sp.csr_array, sp.csc_matrix, sp.csc_array]
+
+
+def _max_memory(X, k, budget, weighted=False):
+    """max_memory that leaves the scipy-sparse backend `budget` bytes for its chunks: it bounds
+    the driver's arrays too (`contract.fitmemory`), so their least comes first."""
+    from backends.numpy.sparse import ScipySparseBackend
+    n, d = X.shape
+    return least_max_memory(ScipySparseBackend, n, d, k, X.dtype.itemsize,
+                            weighted=weighted) + budget
 
 
 def _data(n=1003, d=57, density=0.08, seed=0):
@@ -85,7 +95,8 @@ def test_chunked_fit_is_the_one_chunk_fit():
     X = sp.csr_matrix(X_DENSE)
     init = np.vstack([X_DENSE[[2, 600]], np.full((1, X_DENSE.shape[1]), 1e3)])  # one empty
     one = KMeans(3, init=init, n_init=1).fit(X, sample_weight=W)
-    small = KMeans(3, init=init, n_init=1, max_memory=97 * 24 * 3 + 97 * 64).fit(
+    small = KMeans(3, init=init, n_init=1, max_memory=_max_memory(
+        X, 3, 97 * 24 * 3 + 97 * 64, weighted=True)).fit(
         X, sample_weight=W)
     np.testing.assert_array_equal(small.labels_, one.labels_)
     np.testing.assert_allclose(small.cluster_centers_, one.cluster_centers_, rtol=1e-12)
@@ -102,7 +113,8 @@ def test_never_densified():
     cols = np.where(np.arange(rows.size) % 21 == 0, rows % 7, rng.integers(7, d, rows.size))
     vals = np.where(cols < 7, 5.0 * (1 + rows % 3), rng.uniform(0, 1, rows.size))
     X = sp.csr_matrix((vals, (rows, cols)), shape=(n, d))  # three clusters, in column < 7
-    km = KMeans(3, random_state=0, max_memory="64MB").fit(X)
+    max_memory = _max_memory(X, 3, 64 * 10**6)   # (the driver's (3, d) centers and sums)
+    km = KMeans(3, random_state=0, max_memory=max_memory).fit(X)
     assert km.cluster_centers_.shape == (3, d)
     np.testing.assert_array_equal(km.predict(X), km.labels_)
     mb = MiniBatchKMeans(3, random_state=0, batch_size=256, max_memory="64MB").fit(X)
@@ -230,7 +242,8 @@ def test_threaded_chunks_give_the_dense_fit():
                           shape=(n, d))
     w = rng.uniform(0.5, 2.0, n)
     init = X[:6].toarray()
-    sparse = KMeans(6, init=init, n_init=1, max_iter=20, max_memory="4MB").fit(
+    max_memory = _max_memory(X, 6, 4 * 10**6, weighted=True)
+    sparse = KMeans(6, init=init, n_init=1, max_iter=20, max_memory=max_memory).fit(
         X, sample_weight=w)
     dense = KMeans(6, init=init, n_init=1, max_iter=20, backend="numpy").fit(
         X.toarray(), sample_weight=w)

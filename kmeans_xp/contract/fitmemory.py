@@ -43,7 +43,9 @@ def _seeding_bytes(cls, n, d, k, itemsize, options):
 
 def _driver(cls, n, d, k, itemsize, budget, weighted, copy_x, options):
     """The driver's parts when the backend works within `budget` (its xp passes, init's
-    among them, take chunks of `driver_chunk_rows` of it)."""
+    among them, take chunks of `driver_chunk_rows` of it). A backend that computes on X as
+    given (``centered_copy = False``: the sparse ones) makes no centered copy."""
+    copy_x = copy_x and getattr(cls, "centered_copy", True)
     rows = None if budget == "auto" else driver_chunk_rows(n, d, itemsize, budget)
     return driver_bytes(n, d, k, itemsize, weighted=weighted, copy_x=copy_x, rows=rows,
                         seeding=_seeding_bytes(cls, n, d, k, itemsize, options))
@@ -123,7 +125,7 @@ def _too_small(cls, n, d, k, itemsize, limit, least, weighted, copy_x, options):
     hints = ["Raise max_memory to at least " + format_bytes(needed)]
     if itemsize == 8:
         hints.append("use float32 (half the bytes)")
-    if copy_x:
+    if copy_x and getattr(cls, "centered_copy", True):
         hints.append(f"pass copy_x=False (no centered copy: {format_bytes(n * d * itemsize)} "
                      f"less; X is then computed on as given)")
     hints.append("use MiniBatchKMeans (its memory follows batch_size, not n)")
