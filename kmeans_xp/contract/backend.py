@@ -201,7 +201,7 @@ class Placement:
         (`memory.AUTO_FRACTION`). Default: the host's available memory (then "auto" is also
         capped at `memory.HOST_AUTO_CAP`; None where the host does not say); a device
         placement reports its device's."""
-        return host_available_memory()
+        return cast("int | None", host_available_memory())
 
     def fetch(self, values: Array) -> Callable[[], Any]:
         """Start copying a small 1-d array to the host; returns a function that waits for it

@@ -7,7 +7,7 @@ imported without the library (the CuPy backends import CuPy only when instantiat
 from __future__ import annotations
 
 import numbers
-from typing import Any
+from typing import Any, cast
 
 from kmeans_xp.contract.fitmemory import fit_memory
 from kmeans_xp.contract.memory import MemoryEstimate, compute_itemsize
@@ -88,4 +88,4 @@ def estimate_memory(n_samples: int, n_features: int, n_clusters: int, *,
     _, est = fit_memory(cls, int(n_samples), int(n_features), int(n_clusters), itemsize,
                         max_memory, weighted=weighted, copy_x=copy_x,
                         options=backend_options or {})
-    return est
+    return cast(MemoryEstimate, est)

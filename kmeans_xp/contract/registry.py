@@ -421,7 +421,8 @@ def select_backend(backend: str, X: Any, *, n_clusters: int, sample_weight: Any 
                      f"Installed: {available_backends()}.")
 
 
-def _checked_for_fit(inst, X, n_clusters, copy_x, sample_weight, options):
+def _checked_for_fit(inst: KMeansBackend, X: Any, n_clusters: int, copy_x: bool,
+                     sample_weight: Any, options: Any) -> KMeansBackend:
     """The backend for a fit of X: sized to its share of max_memory beside the driver's arrays
     (`fitmemory.sized_for_fit`; a lazy X is left to its backend), then its own memory check
     passed; raises KMeansMemoryError."""

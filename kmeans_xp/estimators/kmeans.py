@@ -264,6 +264,7 @@ default=None
         # lazy input (dask) has its max |X| measured by to_backend, with its NaN/inf check
         scale = guard.scale if guard.scale is not None else guard.measure(place.absmax)
         # on data to be rescaled, the variance of tol is taken after (it could overflow)
+        tol: float
         if guard.mean_overflows(Xb.shape[0]):
             X_mean, tol = scaled_mean(Xb, scale, xp, backend.driver_rows(Xb)), 0
         else:

@@ -134,9 +134,10 @@ default=None
 
     _spherical = True
 
-    def _check_inputs(self, X: Any, sample_weight: Any) -> tuple[Any, Any, Any, Any]:
+    def _check_inputs(self, X: Any, sample_weight: Any,
+                      measure: bool = False) -> tuple[Any, Any, Any, Any]:
         # (the base's helpers are not annotated; mypy does not exempt calls through super())
-        X, sw, init_array, guard = super()._check_inputs(X, sample_weight)  # type: ignore[no-untyped-call]
+        X, sw, init_array, guard = super()._check_inputs(X, sample_weight, measure)  # type: ignore[no-untyped-call]
         if init_array is not None:
             _refuse_zero_rows(init_array, "init")
         return X, sw, init_array, guard
@@ -199,7 +200,7 @@ default=None
                    rows: int) -> Array:
         return cosine_distances(X, centers, xp, rows)
 
-    def _sparse_distances(self, X, centers, rows):
+    def _sparse_distances(self, X: Any, centers: Array, rows: int) -> Array:
         return sparse_cosine_distances(X, centers, rows)
 
     def fit_transform(self, X: Any, y: Any = None, sample_weight: Any = None) -> Any:
