@@ -22,6 +22,8 @@ KMeans(8, init="random", n_init=1, max_iter=15, tol=0, random_state=0, backend="
        verbose=1).fit(X)
 """
 CSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+#: the Lloyd progress bar's text as tqdm draws it: "Lloyd:  40%|####  | 6/15 [...]"
+BAR = re.compile(r"Lloyd: +\d+%\|")
 
 
 def screen(raw: str) -> list:
@@ -84,10 +86,17 @@ def test_bars_and_iteration_lines_never_overwrite_each_other(where):
     assert len(iteration) == 15, shown
     for line in iteration:  # whole: no bar before it, no bar drawn over it
         assert re.fullmatch(r"Iteration \d+, inertia \S+, center shift \S+", line), line
+    # the other verbose lines (e.g. "assignment: Lloyd's kernels: ...") are whole too
+    assert any(line.startswith("assignment: ") for line in shown), shown
+    for line in shown:
+        if line.startswith("assignment: "):
+            assert not BAR.search(line), line
+    # the bar is told by its own text ("Lloyd:  40%|..."), not by the word "Lloyd", which
+    # the "assignment: Lloyd's kernels" line also holds
     if where == "tty":
-        assert "Lloyd" in raw  # the bar was drawn (and cleared) around the lines
+        assert BAR.search(raw)  # the bar was drawn (and cleared) around the lines
     else:
-        assert "Lloyd" not in raw and "\r" not in raw  # off a terminal: the lines alone
+        assert not BAR.search(raw) and "\r" not in raw  # off a terminal: the lines alone
 
 
 def test_no_progress_bars_keeps_the_lines_and_drops_the_bar(capsys):
