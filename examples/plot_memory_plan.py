@@ -4,8 +4,8 @@ Planning memory before a fit
 
 ``estimate_memory`` returns the working bytes of a fit before anything runs, for any
 backend, installed or not. Here: how the plan grows with the number of clusters for the
-``numpy`` backend and for ``cupy-fused`` (planned without CuPy), and how ``max_memory``
-bounds the numpy backend's chunks.
+``numpy`` backend and for ``cupy-fused`` (planned without CuPy), and how ``max_memory`` bounds everything a fit
+allocates beyond X (the backend's chunks and the driver's own arrays).
 """
 import matplotlib.pyplot as plt
 import numpy as np
@@ -30,14 +30,16 @@ ax.legend()
 fig.tight_layout()
 
 # %%
-# ``max_memory`` bounds the numpy backend's chunk buffers: the chunks shrink to fit, and the
-# fit gives the same partition.
+# ``max_memory`` bounds everything the fit allocates beyond X: the driver's own arrays (the
+# centered copy of X, the labels, init's arrays) come first, and the numpy backend's chunk
+# buffers shrink to fit in what is left. The fit gives the same partition.
 X = np.random.default_rng(0).standard_normal((100_003, 3), dtype=np.float32)
 C0 = X[:50].copy()
-for budget in ("auto", "1MB"):
+for budget in ("auto", "8MB"):
     plan = estimate_memory(len(X), 3, 50, dtype="float32", backend="numpy", max_memory=budget)
     km = KMeans(50, init=C0, n_init=1, max_iter=20, backend="numpy",
                 max_memory=budget).fit(X)
+    beyond_x = plan.total - plan.parts.get("data", 0)
     print(f"max_memory={budget!r}: chunk of {plan.chunk_rows} rows, "
           f"chunk buffers {plan.parts['chunk_buffers'] / MiB:.2f} MiB, "
-          f"inertia {km.inertia_:.6g}")
+          f"all beyond X {beyond_x / MiB:.2f} MiB, inertia {km.inertia_:.6g}")
