@@ -85,7 +85,7 @@ default=None
         False: no centered copy of X is made; the fit computes on X as given, which it
         never writes (a memmap neither).
     algorithm : {"lloyd", "elkan"}, default="lloyd"
-        Both give Lloyd's answer (the same labels, centers and n_iter_). "elkan" prunes
+        Both give Lloyd's answer (the same labels, centers and ``n_iter_``). "elkan" prunes
         distance computations with exact triangle-inequality bounds (Hamerly, Elkan or
         Yinyang, by k and d) on the CPU backends, and runs Lloyd's kernels where bounds do
         not pay (a GPU, k * d tiny); with one cluster it warns and runs "lloyd", as
