@@ -37,12 +37,7 @@ LEFT_OUT = {
 
 #: items deselected until their feature lands: a test name (all its items) or a parameter
 #: value (every item parametrized with it), each with the reason
-PENDING = {
-    "param:elkan": "elkan lands separately",
-    "test_kmeans_elkan_results": "elkan lands separately",
-    "test_kmeans_elkan_iter_attribute": "elkan lands separately",
-    "test_warning_elkan_1_cluster": "elkan lands separately",
-}
+PENDING = {}
 
 SOURCE = "sklearn/cluster/tests/test_k_means.py"
 
