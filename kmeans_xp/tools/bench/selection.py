@@ -79,10 +79,15 @@ def resolve_backends(spec) -> list:
 
 
 def _default():
-    from kmeans_xp.contract.registry import list_backends
+    from kmeans_xp.contract.registry import SPARSE_PATH, list_backends
     names, skipped = [], []
+    sparse_only = set(SPARSE_PATH.values())
     for name, info in list_backends().items():
-        if name in GENERIC:
+        if name in sparse_only:   # the workloads here are dense arrays
+            skipped.append(_skip(name, "computes on scipy/cupyx sparse X only; the workloads "
+                                       "here are dense",
+                                 "fit sparse X (docs/sparse.md)", gpu=info.gpu))
+        elif name in GENERIC:
             skipped.append(_skip(name, GENERIC[name], f"--backends default,{name} "
                                                       f"(or --backends all)"))
         elif info.available:
