@@ -31,12 +31,7 @@ class HostRows:
         return self.shape[0]
 
     def __getitem__(self, key):
-        if isinstance(key, tuple):
-            if len(key) == 2 and (key[1] is Ellipsis or key[1] == slice(None)):
-                key = key[0]
-            else:
-                raise TypeError(f"{type(self).__name__} selects whole rows, not {key!r}")
-        return self.data[key] - self.mean
+        return self.data[row_key(key, self)] - self.mean
 
     def take(self, indices, axis=None, out=None, mode="raise"):
         if axis != 0 or out is not None:
@@ -72,3 +67,13 @@ def is_memmap(X) -> bool:
             return True
         a = getattr(a, "base", None)
     return False
+
+
+def row_key(key, owner):
+    """The rows `key` selects (`X[rows]`, `X[rows, ...]` or `X[rows, :]`), for the row views
+    here and in `contract.sparse`: they select whole rows only."""
+    if isinstance(key, tuple):
+        if len(key) == 2 and (key[1] is Ellipsis or key[1] == slice(None)):
+            return key[0]
+        raise TypeError(f"{type(owner).__name__} selects whole rows, not {key!r}")
+    return key

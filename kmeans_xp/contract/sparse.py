@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from kmeans_xp.contract.rows import row_key
+
 #: a squared distance by the expansion within this many float64 ulps of the squared norms
 #: it came from is rounding as much as distance: transform takes it by differences instead
 NEAR_ULPS = 64
@@ -80,11 +82,7 @@ class SparseRows:
         return self.shape[0]
 
     def __getitem__(self, key):
-        if isinstance(key, tuple):
-            if len(key) == 2 and (key[1] is Ellipsis or key[1] == slice(None)):
-                key = key[0]
-            else:
-                raise TypeError(f"{type(self).__name__} selects whole rows, not {key!r}")
+        key = row_key(key, self)
         if not isinstance(key, slice):
             key = self.xp.asarray(key)   # (cupyx indexes with device arrays)
         rows = self.csr[key]
