@@ -165,90 +165,151 @@ def kmeans_single_lloyd(backend, X, sample_weight, centers, *, xp, max_iter, tol
     bounds the assignments use (`backend.assign_bounded`), the same run with most distances
     left out; None (or input they do not take, `bounded_step`): Lloyd's kernels."""
     step = bounded_step(backend, X, centers.shape[0], bounds)
-    iterate = backend.lloyd_iter if step is None else step
     if backend_loop and step is None:
         own = backend.lloyd(X, sample_weight, centers, xp=xp, max_iter=max_iter, tol=tol,
                             spherical=spherical)
         if own is not None:
             return returned.check_run(backend, own, X.shape[0], centers.shape[0], X.shape[1])
-    place = backend.placement
-    if plan is None:
-        plan = backend.plan(X, centers.shape[0], weighted=sample_weight is not None)
-    centers = place.small(centers, plan)
-    cxp = place.namespace(centers)
-    if spherical:
-        centers = cxp.astype(unit_centers(centers, centers, cxp), centers.dtype)
-    centers64 = cxp.astype(centers, cxp.float64, copy=False)
-    zero = cxp.zeros((), dtype=cxp.float64, device=device(centers64))
-    k = centers.shape[0]
-    history = {"inertia": [], "center_shift": []}
-    strict = False
-    labels_old = None
-    ahead = None  # the next iteration, issued before this one's statistics are read
-    relocated = False
-    iteration_s = 0.0  # wall time between two reads: the device's time per iteration
-    gated = (place.asynchronous and backend.ahead_gate and device(centers) == device(X)
-             and step is None)
-    t_read = time.perf_counter()
-    it = returned.check_iteration(backend, iterate(X, sample_weight, centers, None, xp=xp),
-                                  X.shape[0], k, X.shape[1])
+    run = SingleRun(backend, X, sample_weight, centers, xp=xp, spherical=spherical,
+                    plan=plan, step=step)
+    return drive(run, max_iter=max_iter, tol=tol, verbose=verbose)
+
+
+def drive(run, *, max_iter, tol, verbose=0):
+    """THE Lloyd loop, for one problem (`SingleRun`) or a batch of them (`kmeans_xp.
+    algorithms.batches.BatchRun`): each iteration the run updates its centers and reads one
+    small (4, active problems) array (`run.advance`); here, per problem, the history, the
+    convergence test (strict: no label changed since the last iteration; else the squared
+    center shift <= tol, a scalar or one per problem) and max_iter; a problem that stopped
+    leaves the run (`run.retire`), which issues the next iteration for the others
+    (`run.next`) until none is left. `run.finish()` is the run's result."""
     progress = bar(max_iter, "Lloyd", verbose)
+    tol = (tol.astype(np.float64) if isinstance(tol, np.ndarray)
+           else np.float64(float(tol)))  # (a float, or one per problem)
     for i in range(max_iter):
         progress.update(1)
-        c_new, c64, small = _update(backend, X, sample_weight, centers, centers64, it, xp=xp,
-                                    cxp=cxp, relocate=False, spherical=spherical,
-                                    zero=zero)
+        values = np.reshape(run.advance(), (4, -1))
+        active = run.active
+        for j, history in enumerate(run.histories()):
+            returned.check_read(run.backend, values[SHIFT, j], values[INERTIA, j])
+            history["inertia"].append(float(values[INERTIA, j]))
+            history["center_shift"].append(float(values[SHIFT, j]))
+        strict = values[CHANGED] == 0 if i > 0 else np.zeros(len(active), dtype=bool)
+        within = values[SHIFT] <= (tol if tol.ndim == 0 else tol[list(active)])
+        if verbose:
+            _log_iteration(run, values, i, strict, within, tol)
+        run.retire(strict | within | (i + 1 == max_iter), strict, i + 1)
+        if not run.active:
+            break
+        run.next()
+    progress.close()
+    return run.finish()
+
+
+def _log_iteration(run, values, i, strict, within, tol):
+    for j, b in enumerate(run.active):
+        who = f"Problem {b}: " if run.batched else ""
+        _log(True, "{}Iteration {}, inertia {:.6g}, center shift {:.3g}", who, i,
+             values[INERTIA, j], values[SHIFT, j])
+        if strict[j]:
+            _log(True, "{}Converged at iteration {}: strict convergence.", who, i)
+        elif within[j]:
+            _log(True, "{}Converged at iteration {}: center shift {:.3g} within tolerance "
+                       "{:.3g}.", who, i, values[SHIFT, j],
+                 float(tol if tol.ndim == 0 else tol[b]))
+
+
+class SingleRun:
+    """One problem's run for `drive`: X (n, d), its centers (k, d), and the device pipeline
+    (the next iteration issued ahead of the read: see the module's docstring)."""
+
+    batched = False
+
+    def __init__(self, backend, X, sample_weight, centers, *, xp, spherical, plan, step):
+        self.backend, self.X, self.sw, self.xp = backend, X, sample_weight, xp
+        self.spherical, self.step = spherical, step
+        self.iterate = backend.lloyd_iter if step is None else step
+        place = self.place = backend.placement
+        if plan is None:
+            plan = backend.plan(X, centers.shape[0], weighted=sample_weight is not None)
+        centers = place.small(centers, plan)
+        cxp = self.cxp = place.namespace(centers)
+        if spherical:
+            centers = cxp.astype(unit_centers(centers, centers, cxp), centers.dtype)
+        self.centers = centers
+        self.centers64 = cxp.astype(centers, cxp.float64, copy=False)
+        self.zero = cxp.zeros((), dtype=cxp.float64, device=device(self.centers64))
+        self.k = centers.shape[0]
+        self.history = {"inertia": [], "center_shift": []}
+        self.active = (0,)
+        self.strict, self.n_iter = False, 0
+        self.labels_old = None
+        self.ahead = None  # the next iteration, issued before this one's statistics are read
+        self.relocated = False
+        self.iteration_s = 0.0  # wall time between two reads: the device's time per iteration
+        self.gated = (place.asynchronous and backend.ahead_gate
+                      and device(centers) == device(X) and step is None)
+        self.t_read = time.perf_counter()
+        self.it = returned.check_iteration(
+            backend, self.iterate(X, sample_weight, centers, None, xp=xp), X.shape[0],
+            self.k, X.shape[1])
+
+    def histories(self):
+        return (self.history,)
+
+    def _update(self, relocate):
+        return _update(self.backend, self.X, self.sw, self.centers, self.centers64, self.it,
+                       xp=self.xp, cxp=self.cxp, relocate=relocate,
+                       spherical=self.spherical, zero=self.zero)
+
+    def advance(self):
+        """Update the centers from the last iteration's statistics and read them."""
+        X, sw, xp, it, k, place = self.X, self.sw, self.xp, self.it, self.k, self.place
+        c_new, c64, small = self._update(False)
         pending = place.fetch(small)
-        if gated:  # (left out on the device when a cluster came out empty: see below)
-            ahead = iterate(X, sample_weight, c_new, it.labels, xp=xp,
-                            skip=small[FILLED:] < k)  # (an array, not a scalar)
-        elif place.asynchronous and not relocated and iteration_s < AHEAD_MAX_ITERATION_S:
+        if self.gated:  # (left out on the device when a cluster came out empty: see below)
+            self.ahead = self.iterate(X, sw, c_new, it.labels, xp=xp,
+                                      skip=small[FILLED:] < k)  # (an array, not a scalar)
+        elif (place.asynchronous and not self.relocated
+              and self.iteration_s < AHEAD_MAX_ITERATION_S):
             # (after a relocation, empty clusters tend to come again: the pass issued ahead
             # would be dropped, a whole assignment lost)
-            ahead = iterate(X, sample_weight, c_new, it.labels, xp=xp)
+            self.ahead = self.iterate(X, sw, c_new, it.labels, xp=xp)
         values = pending()
-        iteration_s, t_read = time.perf_counter() - t_read, time.perf_counter()
-        relocated = values[FILLED] < k
-        if relocated:
+        self.iteration_s, self.t_read = time.perf_counter() - self.t_read, time.perf_counter()
+        self.relocated = values[FILLED] < k
+        if self.relocated:
             # (the iteration issued ahead was left out, or is dropped here: relocation changes
             # the centers. These are final: with ahead_gate the next goes ahead of the read)
-            c_new, c64, small = _update(backend, X, sample_weight, centers, centers64, it,
-                                        xp=xp, cxp=cxp, relocate=True, spherical=spherical,
-                                        zero=zero)
+            c_new, c64, small = self._update(True)
             pending = place.fetch(small)
-            ahead = iterate(X, sample_weight, c_new, it.labels,
-                            xp=xp) if gated else None
+            self.ahead = self.iterate(X, sw, c_new, it.labels, xp=xp) if self.gated else None
             values = pending()
-        returned.check_read(backend, values[SHIFT], values[INERTIA])
-        shift = float(values[SHIFT])
-        history["inertia"].append(float(values[INERTIA]))
-        history["center_shift"].append(shift)
-        _log(verbose, "Iteration {}, inertia {:.6g}, center shift {:.3g}", i,
-             values[INERTIA], shift)
-        centers, centers64 = place.persist(c_new), place.persist(c64)
-        if labels_old is not None and values[CHANGED] == 0:
-            _log(verbose, "Converged at iteration {}: strict convergence.", i)
-            strict = True
-            break
-        if shift <= tol:
-            _log(verbose, "Converged at iteration {}: center shift {:.3g} within tolerance "
-                          "{:.3g}.", i, shift, tol)
-            break
-        if i + 1 == max_iter:
-            break
-        labels_old = it.labels
-        it = ahead if ahead is not None else iterate(
-            X, sample_weight, centers, labels_old, xp=xp)
-        ahead = None
-    progress.close()
-    labels = it.labels if strict else None if ahead is None else ahead.labels
-    # (the last iterations' labels go before the final assignment: n values each)
-    del it, ahead, labels_old
-    if labels is None:  # a final assignment, so that labels_ == predict(X)
-        final = backend.labels_inertia if step is None else step.final
-        labels, inertia = final(X, sample_weight, centers, xp=xp)
-        returned.check_labels(backend, "labels_inertia", labels, X.shape[0], k)
-    else:
-        inertia = backend.inertia(X, sample_weight, centers, labels, xp=xp)
-    inertia = returned.check_statistic(backend, "inertia", "inertia", to_numpy(inertia))
-    return LloydResult(labels, max(inertia, 0.0), centers, i + 1, history)
+        self.centers, self.centers64 = place.persist(c_new), place.persist(c64)
+        return values
+
+    def retire(self, stop, strict, n_iter):
+        self.n_iter = n_iter
+        if stop[0]:
+            self.strict, self.active = bool(strict[0]), ()
+
+    def next(self):
+        self.labels_old = self.it.labels
+        self.it = self.ahead if self.ahead is not None else self.iterate(
+            self.X, self.sw, self.centers, self.labels_old, xp=self.xp)
+        self.ahead = None
+
+    def finish(self) -> LloydResult:
+        X, sw, centers, backend, xp = self.X, self.sw, self.centers, self.backend, self.xp
+        labels = (self.it.labels if self.strict
+                  else None if self.ahead is None else self.ahead.labels)
+        # (the last iterations' labels go before the final assignment: n values each)
+        self.it = self.ahead = self.labels_old = None
+        if labels is None:  # a final assignment, so that labels_ == predict(X)
+            final = backend.labels_inertia if self.step is None else self.step.final
+            labels, inertia = final(X, sw, centers, xp=xp)
+            returned.check_labels(backend, "labels_inertia", labels, X.shape[0], self.k)
+        else:
+            inertia = backend.inertia(X, sw, centers, labels, xp=xp)
+        inertia = returned.check_statistic(backend, "inertia", "inertia", to_numpy(inertia))
+        return LloydResult(labels, max(inertia, 0.0), centers, self.n_iter, self.history)
