@@ -57,8 +57,8 @@ def new_centers(sums, weights, centers_old, xp, *, fill_empty=True, filled=None,
     `filled` (weights > 0), when the caller has it already. `spherical`: the means projected
     onto the unit sphere (in float64, before the rounding to centers_old's dtype); a mean of
     norm 0 keeps its old center."""
-    w = weights[:, None]
-    filled = (weights > 0 if filled is None else filled)[:, None]
+    w = weights[..., None]   # ((k,) or a batch's (A, k))
+    filled = (weights > 0 if filled is None else filled)[..., None]
     means = sums / xp.where(filled, w, 1.0)
     if fill_empty:
         heaviest = xp.take(means, xp.reshape(xp.argmax(weights), (1,)), axis=0)

@@ -36,6 +36,9 @@ above, and `check_backend` checks an override against it, so a plugin needs none
     inertia           sum of w * ||x - c_label||^2 by differences (driver, score)
     labels_inertia    assign + inertia (a backend that streams X does both in one pass)
     farthest          the m points farthest from their centers (only when a cluster is empty)
+    batch_lloyd_iter  one iteration of a batch of problems (`contract.batching`): default,
+                      each active problem's `lloyd_iter`; a GPU backend computes the batch
+                      in one launch per step
     assign_bounded    labels with triangle-inequality bounds (a `bounds.Bounds` the driver
                       holds between iterations), equal to `assign`'s: the vectorised NumPy
                       bounds (the driver asks for it on NumPy X on the CPU only)
@@ -67,6 +70,7 @@ import inspect
 from typing import Any, Callable, ClassVar, TypeAlias, cast
 
 from kmeans_xp.contract import return_checks as returned
+from kmeans_xp.contract.batching import BatchStats, loop_batch_lloyd_iter
 from kmeans_xp.contract.bounds import assign_bounded_numpy
 from kmeans_xp.contract.chunks import count_changed, feature_mean, labelled_sq_dist, tolerance, weighted_total
 from kmeans_xp.contract.fitplan import FitPlan
@@ -94,8 +98,8 @@ from kmeans_xp.contract.scaling import rescaled
 from kmeans_xp.contract.sphere import unit_rows
 
 __all__ = ["KMeansBackend", "Placement", "Option", "InvalidOptionError", "WorkerLostError",
-           "AssignResult", "ReduceResult", "IterStats", "Farthest", "LloydResult", "Array",
-           "Namespace"]
+           "AssignResult", "ReduceResult", "IterStats", "BatchStats", "Farthest", "LloydResult",
+           "Array", "Namespace"]
 
 #: an array of the namespace a backend computes on (NumPy, CuPy, torch, dask, ...): the array
 #: API standard gives no static type that all of them share
@@ -367,6 +371,14 @@ class KMeansBackend:
         return IterStats(labels, sums, weights,
                          weighted_total(min_sq, sample_weight, xp),
                          count_changed(labels, labels_old, xp))
+
+    def batch_lloyd_iter(self, X: Any, sample_weight: Any, centers: Array, labels_old: Any,
+                         active: tuple[int, ...], *, xp: Namespace) -> BatchStats:
+        """One Lloyd iteration of the `active` problems of a batch: their `IterStats`
+        stacked as a `BatchStats` (arguments and shapes: `kmeans_xp.contract.batching`).
+        Default: each active problem's `lloyd_iter`, in order."""
+        return loop_batch_lloyd_iter(self, X, sample_weight, centers, labels_old, active,
+                                     xp=xp)
 
     def assign_bounded(self, X: Array, centers: Array, bounds: Any, *,
                        xp: Namespace) -> Array:

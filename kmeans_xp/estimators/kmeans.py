@@ -15,6 +15,7 @@ import numpy as np
 
 from kmeans_xp.contract.bounds import bound_path, room as bound_room
 from kmeans_xp.contract.chunks import tolerance
+from kmeans_xp.estimators.batched import fit_batch, is_batch
 from kmeans_xp.estimators.fitting import Fitting
 from kmeans_xp.estimators.interop import SklearnInterop
 from kmeans_xp.algorithms.init import seeding_dtype
@@ -201,11 +202,14 @@ default=None
         ----------
         X : array-like of shape (n_samples, n_features)
             Training data: NumPy, CuPy, torch, array-api-strict, dask or nested lists; the
-            fitted arrays come back in its namespace and on its device.
+            fitted arrays come back in its namespace and on its device. A batch of
+            independent problems, of shape (n_problems, n_samples, n_features) or a list
+            of 2-D arrays, fits them all together (docs/batches.md).
         y : Ignored
             Not used, present for API consistency by convention.
         sample_weight : array-like of shape (n_samples,), default=None
-            Weight of each sample (None: all 1).
+            Weight of each sample (None: all 1); for a batch, one row (or array) per
+            problem.
 
         Returns
         -------
@@ -213,6 +217,9 @@ default=None
             The fitted estimator.
         """
         with verbose_logging(self.verbose):
+            if is_batch(X):
+                return fit_batch(self, X, sample_weight, _convergence_warning())
+            self.__dict__.pop("_batch", None)
             return self._fit(X, sample_weight)
 
     def _fit(self, X: Any, sample_weight: Any) -> KMeans:

@@ -8,6 +8,7 @@ import warnings
 from typing import Any
 
 from kmeans_xp.contract.chunks import row_chunks
+from kmeans_xp.estimators.batched import is_batch, predict_batch, score_batch, transform_batch
 from kmeans_xp.contract.memory import explains_memory_errors
 from kmeans_xp.contract.namespaces import device, namespace_name, to_numpy
 from kmeans_xp.contract.registry import get_backend, get_backend_info, select_backend
@@ -62,6 +63,11 @@ class Predicting:
         `method` (predict etc.); with center=False, X uncentered and the mean in place of the
         centers."""
         self._check_fitted()
+        if getattr(self, "_batch", None) is not None:
+            raise ValueError(f"{type(self).__name__} was fitted on a batch of "
+                             f"{self._batch[0]} problems; {method} takes a batch too: X of "
+                             f"shape ({self._batch[0]}, n_samples, n_features) or a list "
+                             f"of {self._batch[0]} arrays.")
         self._check_same_namespace(X, method)
         self._check_feature_names(X)
         X = check_array(X, owner=type(self).__name__)
@@ -111,6 +117,8 @@ class Predicting:
         labels : array of shape (n_samples,)
             Index of the closest center, in X's namespace.
         """
+        if is_batch(X):
+            return predict_batch(self, X)
         backend, Xc, xp, X, centers = self._prepare(X, "predict")
         return user_labels(backend.placement.from_backend(
             assigned_labels(backend, Xc, centers, xp), like=X))
@@ -149,6 +157,8 @@ class Predicting:
             Euclidean distance of each sample to each center, in X's namespace (or a
             DataFrame after ``set_output(transform="pandas")``).
         """
+        if is_batch(X):
+            return transform_batch(self, X)
         X_user = X
         backend, Xb, xp, X, mean = self._prepare(X, "transform", center=False)
         if is_sparse(Xb):  # never densified: the expansion on the CSR's rows
@@ -206,6 +216,8 @@ class Predicting:
         score : float
             Minus the (weighted) sum of squared distances of X to the closest centers.
         """
+        if is_batch(X):
+            return score_batch(self, X, sample_weight)
         backend, Xc, xp, X, centers = self._prepare(X, "score")
         sw = None if sample_weight is None else xp.asarray(check_sample_weight(
             sample_weight, Xc.shape[0], host_dtype_of(Xc.dtype)), device=device(Xc))
