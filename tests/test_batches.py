@@ -4,11 +4,11 @@ import warnings
 
 import numpy as np
 import pytest
+from kmeans_xp_backends.numpy.backend import NumpyBackend
 
 from kmeans_xp import KMeans
 from kmeans_xp.contract.batching import loop_batch_lloyd_iter
 from kmeans_xp.testing import asymmetric_data
-from kmeans_xp_backends.numpy.backend import NumpyBackend
 
 
 def _problems(sizes, d, k, dtype, seed=0):

@@ -21,7 +21,7 @@ import numpy as np
 from kmeans_xp.algorithms import init as _init
 from kmeans_xp.algorithms.lloyd import FILLED, drive, new_centers, relocate_empty
 from kmeans_xp.contract import return_checks as returned
-from kmeans_xp.contract.batching import batch_size, check_batch_stats, problem
+from kmeans_xp.contract.batching import batch_size, check_batch_stats, problem, row
 from kmeans_xp.contract.namespaces import device, to_numpy
 
 
@@ -115,7 +115,7 @@ class BatchRun:
         for j in relocate:
             b = self.active[j]
             s[j], w[j] = relocate_empty(self.backend, self.X[b], problem(self.sw, b),
-                                        self.centers[j, ...], it.labels[j], s[j], w[j], xp)
+                                        self.centers[j, ...], row(it.labels, j), s[j], w[j], xp)
         return xp.stack(s), xp.stack(w)
 
     def retire(self, stop, strict, n_iter):
@@ -123,7 +123,7 @@ class BatchRun:
         for j in np.flatnonzero(stop):
             b = self.active[j]
             self.final[b] = self.centers[j, ...]
-            self.labels[b] = it.labels[j] if strict[j] else None
+            self.labels[b] = row(it.labels, j) if strict[j] else None
             self.n_iter[b] = n_iter
         keep = np.flatnonzero(~np.asarray(stop))
         self.labels_old = it.labels
@@ -140,7 +140,7 @@ class BatchRun:
         stay one array, for its next launch."""
         if getattr(labels, "ndim", 1) == 2:
             return self.xp.take(labels, self.xp.asarray(keep, device=device(labels)), axis=0)
-        return [labels[j] for j in keep]
+        return [row(labels, j) for j in keep]
 
     def next(self):
         self.it = self._iterate(self.labels_old)

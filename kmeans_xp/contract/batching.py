@@ -53,7 +53,13 @@ class BatchStats(NamedTuple):
 
 def problem(batch, b):
     """Problem b of a batch (X or weights; None stays None)."""
-    return None if batch is None else batch[b]
+    return None if batch is None else row(batch, b)
+
+
+def row(a, j):
+    """Entry j of a sequence of arrays: a list's item, or a 2-D (or 3-D) array's row (the
+    array API indexes one axis of a many-axis array only with a trailing ellipsis)."""
+    return a[j] if isinstance(a, (list, tuple, BatchArray)) else a[j, ...]
 
 
 def batch_size(X) -> int:
@@ -73,8 +79,8 @@ def loop_batch_lloyd_iter(backend, X, sample_weight, centers, labels_old, active
     stats = []
     for j, b in enumerate(active):
         Xb = X[b]
-        it = backend.lloyd_iter(Xb, problem(sample_weight, b), centers[j],
-                                None if labels_old is None else labels_old[j], xp=xp)
+        it = backend.lloyd_iter(Xb, problem(sample_weight, b), centers[j, ...],
+                                None if labels_old is None else row(labels_old, j), xp=xp)
         stats.append(returned.check_iteration(backend, it, Xb.shape[0], centers.shape[1],
                                               Xb.shape[1], values=False))
     return stack_stats(stats, xp)
@@ -111,6 +117,6 @@ def check_batch_stats(backend, stats, X, active, k, *, values=True):
             f"backend {backend.name!r}: batch_lloyd_iter returned {len(stats.labels)} label "
             f"arrays for {a} active problems")
     for j, b in enumerate(active):
-        returned.check_labels(backend, "batch_lloyd_iter", stats.labels[j], X[b].shape[0], k,
-                              values=values)
+        returned.check_labels(backend, "batch_lloyd_iter", row(stats.labels, j),
+                              X[b].shape[0], k, values=values)
     return stats

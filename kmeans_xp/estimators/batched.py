@@ -13,21 +13,29 @@ from __future__ import annotations
 
 import time
 import warnings
-from typing import Any
 
 import numpy as np
 
 from kmeans_xp.algorithms.batches import batch_initial_centers, kmeans_batch_lloyd
 from kmeans_xp.algorithms.progress import Clock
 from kmeans_xp.contract.batching import BatchArray
-from kmeans_xp.contract.namespaces import (array_namespace, device, is_array_api_obj,
-                                           namespace_name, to_numpy)
+from kmeans_xp.contract.namespaces import (
+    array_namespace,
+    device,
+    is_array_api_obj,
+    namespace_name,
+    to_numpy,
+)
 from kmeans_xp.contract.registry import select_backend
 from kmeans_xp.contract.results import user_labels
 from kmeans_xp.contract.return_checks import assigned_labels
 from kmeans_xp.contract.scaling import NumericGuard, host_dtype_of
-from kmeans_xp.estimators.validation import (check_array, check_init_array,
-                                             check_random_state, check_sample_weight)
+from kmeans_xp.estimators.validation import (
+    check_array,
+    check_init_array,
+    check_random_state,
+    check_sample_weight,
+)
 
 
 def is_batch(X) -> bool:

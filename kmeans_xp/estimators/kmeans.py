@@ -218,7 +218,8 @@ default=None
         """
         with verbose_logging(self.verbose):
             if is_batch(X):
-                return fit_batch(self, X, sample_weight, _convergence_warning())
+                fit_batch(self, X, sample_weight, _convergence_warning())
+                return self
             self.__dict__.pop("_batch", None)
             return self._fit(X, sample_weight)
 

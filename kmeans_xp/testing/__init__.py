@@ -7,8 +7,10 @@ Lloyd run that must give the numpy backend's partition from the same initial cen
 for a backend that runs the whole loop itself, `lloyd`, the driver's on its primitives),
 MiniBatchKMeans's steps (its `lloyd_iter` on gathered batches, through `batch_backend`),
 which must give the numpy backend's centers, counts and steps, for spherical k-means, the
-placement's unit rows and whole `SphericalKMeans` fits likewise, and on NumPy input the
-bounded assignment (`assign_bounded`, each bounds method) against `assign`.
+placement's unit rows and whole `SphericalKMeans` fits likewise, on NumPy input the
+bounded assignment (`assign_bounded`, each bounds method) against `assign`, and batches of
+problems (`testing.batches`): `batch_lloyd_iter` equal to each problem's `lloyd_iter`, and
+batched fits equal to the numpy backend's single fits.
 
     from kmeans_xp.testing import check_backend
     check_backend(MyBackend)                       # raises AssertionError on the first failure
@@ -24,6 +26,7 @@ import numpy.typing as npt
 from kmeans_xp.contract import return_checks as returned
 from kmeans_xp.contract.backend import Array, KMeansBackend, Namespace
 from kmeans_xp.contract.namespaces import device, to_numpy
+from kmeans_xp.testing.batches import check_batch_fit, check_batch_iteration
 from kmeans_xp.testing.fits import (  # noqa: F401 - asymmetric_data and lloyd_cases are public here
     _dev,
     _host,
@@ -108,7 +111,8 @@ def check_backend(cls: type[KMeansBackend], *,
         for check, kw in ((check_memory_bound, {}), (check_lloyd, {}), (check_own_loop, {}),
                           (check_minibatch, {}), (check_unit_rows, {}),
                           (check_lloyd, {"spherical": True}),
-                          (check_own_loop, {"spherical": True})):
+                          (check_own_loop, {"spherical": True}),
+                          (check_batch_iteration, {}), (check_batch_fit, {})):
             passed += _failed_check(f"{where} {check.__name__}", check, backend, to_arr, dtype,
                                     **kw)
     return passed
