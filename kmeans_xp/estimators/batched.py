@@ -185,6 +185,8 @@ def fit_batch(est, X, sample_weight, warning=UserWarning):
     dtype = Xb[0].dtype
     sw = None if weights is None else [
         xp.asarray(w.astype(host_dtype_of(dtype)), device=device(Xb[0])) for w in weights]
+    if sw is not None and batch.dense:   # (one (B, n) array: a backend's batched kernels)
+        sw = BatchArray(xp.stack(sw))
     place.synchronize()
     clock.lap("transfer")
     Xc, means, tol = _centered(est, place, batch, Xb, xp)
@@ -200,18 +202,22 @@ def fit_batch(est, X, sample_weight, warning=UserWarning):
 
 def _to_backend(place, batch):
     """The problems on the backend: a (B, n, d) batch moves as one (n_problems * n, d) array
-    (one transfer), seen as B views; a ragged one problem by problem."""
+    (one transfer), seen as B views (`BatchArray`); a ragged one problem by problem. A
+    batch is never streamed from the host (a placement that would stream it refuses)."""
+    streams = getattr(place, "streams", None)
+    for p in ([batch.array] if batch.dense else batch.problems):
+        host = p if not batch.dense else np.reshape(p, (-1, batch.d)) if isinstance(
+            p, np.ndarray) else None
+        if streams is not None and isinstance(host, np.ndarray) and streams(host):
+            raise ValueError("This batch does not fit on the device beside the fit, and "
+                             "batched fits are not streamed from the host: give a smaller "
+                             "batch (or max_memory), or fit its problems one by one.")
     if not batch.dense:
         return [place.to_backend(p) for p in batch.problems]
     B, n, d = batch.array.shape
     xp = array_namespace(batch.array)
     flat = place.to_backend(xp.reshape(batch.array, (B * n, d)))
-    fxp = place.namespace(flat)
-    if not hasattr(flat, "reshape"):
-        raise ValueError("This batch would be streamed from the host, which batched fits do "
-                         "not do: give a smaller batch, or fit its problems one by one.")
-    arr = fxp.reshape(flat, (B, n, d))
-    return BatchArray(arr)
+    return BatchArray(place.namespace(flat).reshape(flat, (B, n, d)))
 
 
 def _centered(est, place, batch, Xb, xp):

@@ -43,9 +43,11 @@ def check_batch_iteration(backend, to_arr, dtype):
     for layout, sizes in (("dense", [1031] * 3), ("ragged", [1031, 257, 2003])):
         problems, weights, C_np = _batch_data(dtype, sizes)
         if layout == "dense":
-            arr = place.to_backend(to_arr(np.stack(problems)))
+            dense = np.stack(problems)   # (moved as (B * n, d), as the estimator does)
+            flat = place.to_backend(to_arr(dense.reshape(-1, dense.shape[2])))
+            xp = place.namespace(flat)
+            arr = xp.reshape(flat, dense.shape)
             X = BatchArray(arr)
-            xp = place.namespace(arr)
             sw = BatchArray(xp.asarray(np.stack(weights), device=_dev(arr)))
         else:
             X = [place.to_backend(to_arr(p)) for p in problems]
