@@ -172,3 +172,40 @@ def test_predict_wants_the_fitted_number_of_problems():
         km.predict(X[:2])
     with pytest.raises(ValueError, match=r"X has 2 features"):
         km.predict(X[..., :2])
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("d", [3, 17])
+@pytest.mark.parametrize("weighted", [False, True])
+def test_batched_init_draws_what_each_problem_draws_alone(dtype, d, weighted):
+    """k-means++ and random over the whole batch at once give problem b the centers the
+    init method gives it alone with its seed (`batch_seeds`)."""
+    import array_api_compat.numpy as xp
+
+    from kmeans_xp.algorithms.batch_init import batch_plusplus, batch_random, batch_seeds
+    from kmeans_xp.algorithms.init import kmeans_plusplus, random_init
+    X = np.stack(_problems([1031] * 3, d, 6, dtype, seed=13))
+    sw = None
+    if weighted:
+        sw = np.random.default_rng(0).uniform(0.5, 2.0, (3, 1031)).astype(dtype)
+        sw[:, ::7] = 0
+    seeds = batch_seeds(np.random.RandomState(5), 3)
+    plus = batch_plusplus(X, 23, sw, seeds, xp=xp)
+    rand = batch_random(X, 23, sw, seeds, xp=xp)
+    for b in range(3):
+        w = None if sw is None else sw[b]
+        alone = kmeans_plusplus(X[b], 23, sample_weight=w, xp=xp, rows=1 << 20,
+                                random_state=np.random.RandomState(seeds[b]))[0]
+        np.testing.assert_array_equal(plus[b], alone)
+        alone = random_init(X[b], 23, sample_weight=w, xp=xp,
+                            random_state=np.random.RandomState(seeds[b]))[0]
+        np.testing.assert_array_equal(rand[b], alone)
+
+
+def test_a_batch_too_large_for_the_batched_init_runs_it_per_problem(monkeypatch):
+    from kmeans_xp.algorithms import batch_init
+    X = np.stack(_problems([1031] * 3, 3, 6, np.float64, seed=17))
+    big = KMeans(6, random_state=1, max_iter=1, backend="numpy").fit(X)
+    monkeypatch.setattr(batch_init, "batch_plusplus", None)   # (not called: per problem)
+    small = KMeans(6, random_state=1, max_iter=1, backend="numpy", max_memory="200KB").fit(X)
+    np.testing.assert_array_equal(big.labels_, small.labels_)

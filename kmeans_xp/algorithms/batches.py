@@ -1,5 +1,5 @@
-"""Batches of problems: the batched mode of the Lloyd driver (`lloyd.drive`) and the
-initial centers of a batch.
+"""Batches of problems: the batched mode of the Lloyd driver (`lloyd.drive`); their initial
+centers are `batch_init`'s.
 
 B independent problems (same d and k) run through the one loop together: each iteration
 calls the backend's `batch_lloyd_iter` once for the problems still running (a GPU backend
@@ -18,7 +18,6 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from kmeans_xp.algorithms import init as _init
 from kmeans_xp.algorithms.lloyd import FILLED, drive, new_centers, relocate_empty
 from kmeans_xp.contract import return_checks as returned
 from kmeans_xp.contract.batching import batch_size, check_batch_stats, problem, row
@@ -163,24 +162,3 @@ class BatchRun:
                                                       to_numpy(total)), 0.0)
         return BatchResult(labels, inertia, xp.stack(self.final), self.n_iter.copy(),
                            self._histories)
-
-
-def batch_seeds(random_state, B):
-    """One seed per problem, drawn from the fit's RandomState: each problem's init draws
-    from its own stream, so the same random_state gives the same batch."""
-    return random_state.randint(np.iinfo(np.int32).max, size=B)
-
-
-def batch_initial_centers(method, X, k, sample_weight, random_state, *, xp, backend,
-                          verbose=0):
-    """(B, k, d) initial centers by the init method named `method` (`init.INIT_METHODS`),
-    each problem from its own seed (`batch_seeds`) on its own rows."""
-    seeds = batch_seeds(random_state, batch_size(X))
-    centers = []
-    for b, seed in enumerate(seeds):
-        Xb = X[b]
-        centers.append(_init.INIT_METHODS[method].run(
-            Xb, k, sample_weight=problem(sample_weight, b),
-            random_state=np.random.RandomState(seed), xp=xp, rows=backend.driver_rows(Xb),
-            backend=backend, persist=backend.placement.persist, verbose=verbose))
-    return xp.stack([xp.astype(c, X[0].dtype) for c in centers])

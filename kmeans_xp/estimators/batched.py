@@ -16,7 +16,8 @@ import warnings
 
 import numpy as np
 
-from kmeans_xp.algorithms.batches import batch_initial_centers, kmeans_batch_lloyd
+from kmeans_xp.algorithms.batch_init import batch_initial_centers
+from kmeans_xp.algorithms.batches import kmeans_batch_lloyd
 from kmeans_xp.algorithms.progress import Clock
 from kmeans_xp.contract.batching import BatchArray
 from kmeans_xp.contract.namespaces import (
