@@ -176,9 +176,12 @@ def fit_batch(est, X, sample_weight, warning=UserWarning):
         sample_weight=None if weights is None else weights[big],
         backend_options=est.backend_options, max_memory=est.max_memory, check_memory=True,
         copy_x=bool(est.copy_x))
-    if callable(est.init):
-        given = np.stack([check_init_array(est.init(p, est.n_clusters, random_state=rs),
-                                           est.n_clusters, batch.d) for p in batch.problems])
+    if callable(est.init):   # (called per run and problem, before X is centered)
+        given = [np.stack([check_init_array(est.init(p, est.n_clusters, random_state=rs),
+                                            est.n_clusters, batch.d)
+                           for p in batch.problems]) for _ in range(n_init)]
+    elif given is not None:
+        given = [given] * n_init
     clock.lap("validation")
     place = backend.placement
     Xb = _to_backend(place, batch)
@@ -235,14 +238,15 @@ def _centered(est, place, batch, Xb, xp):
 
 
 def _runs(est, backend, Xc, means, sw, xp, rs, n_init, tol, given):
-    """n_init batched runs; per problem, the run of lowest inertia."""
+    """n_init batched runs (`given`: each run's (B, k, d) host centers, or None for the
+    init method); per problem, the run of lowest inertia."""
     best = None
     t_init = t_lloyd = 0.0
-    for _ in range(n_init):
+    for run in range(n_init):
         t0 = time.perf_counter()
         with backend.memory.stage("init"):
             if given is not None:
-                centers = xp.asarray(given.astype(host_dtype_of(Xc[0].dtype)),
+                centers = xp.asarray(given[run].astype(host_dtype_of(Xc[0].dtype)),
                                      device=device(Xc[0])) - means[:, None, :]
             else:
                 centers = batch_initial_centers(est.init, Xc, est.n_clusters, sw, rs, xp=xp,
