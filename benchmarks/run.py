@@ -91,9 +91,29 @@ def cpu_specs(bench):
     return [s for s in bench.select("default").specs if s not in gpu]
 
 
+def batch_table(bench):
+    """The batched workloads (F2, and F2s its CPU size) of code that has them."""
+    return {**getattr(bench, "BATCH_WORKLOADS", {}), **getattr(bench, "SMALL_BATCH_WORKLOADS", {})}
+
+
+def batch_backends(backends, has_gpu):
+    """The kmeans_xp backends a batched workload runs on: those of --backends, else the
+    GPU ones (with a GPU) or numpy."""
+    import kmeans_xp
+    infos = kmeans_xp.list_backends()
+    if isinstance(backends, str) and backends != "default":
+        return [b for b in backends.split(",") if b in infos]
+    if isinstance(backends, list):
+        return [b for b in backends if b in infos]
+    return [name for name, info in infos.items() if info.available and info.gpu
+            and name != "cupy-sparse"] if has_gpu else ["numpy"]
+
+
 def plan(args, bench, has_gpu):
-    """[(name, Workload)] for the arguments."""
+    """[(name, Workload)] for the arguments (a `BatchWorkload` for a batched one)."""
+    batches = batch_table(bench)
     table = TINY_WORKLOADS if args.size == "tiny" else {**bench.WORKLOADS, **CPU_WORKLOADS}
+    table = {**table, **batches}
     names = args.workloads or (["T1", "T5"] if args.size == "tiny" else
                                ["W1", "W3", "W5"] if has_gpu else list(CPU_WORKLOADS))
     unknown = [n for n in names if n not in table]
@@ -101,6 +121,10 @@ def plan(args, bench, has_gpu):
         raise SystemExit(f"run.py: unknown workload(s) {unknown}; known: {sorted(table)}")
     out = []
     for name in names:
+        if name in batches:
+            out.append((name, bench.BatchWorkload(**batches[name], iters=args.iters,
+                                                  repeats=args.repeats, seed=args.seed)))
+            continue
         w = bench.Workload(**table[name], iters=args.iters, repeats=args.repeats,
                            cpu_repeats=args.cpu_repeats or (1 if has_gpu else None),
                            seed=args.seed)
@@ -173,6 +197,22 @@ def workload_section(name, result, bench):
     return lines
 
 
+def batch_section(name, result):
+    """A batched workload's section: each backend's batched fit and its loop of single fits."""
+    i = result["inputs"]
+    lines = [f"## {name}: {i['batch']} problems of n={i['n']:,} d={i['d']} k={i['k']}",
+             "",
+             f"{i['dtype']}, blobs per problem, one shared init per problem, {i['iters']} "
+             f"iterations with tol=0; median of {i['repeats']} timed fits after a warm-up "
+             f"fit. ms/iter: the whole batch's Lloyd time per iteration; `loop`: a Python loop "
+             f"of {i['batch']} single fits from the same centers; speed-up: loop over batched.",
+             "",
+             "| row | device | ms/iter | spread | whole fit s | from host s | iters | inertia "
+             "| agree | speed-up |",
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    return lines + [row_line(r) for r in result["rows"]] + [""]
+
+
 def versions_line(machine):
     v = machine.get("versions", {})
     return ", ".join(f"{k} {val}" for k, val in v.items())
@@ -236,7 +276,7 @@ def section_name(header):
 def section_order(name):
     """Workloads in their table's order, then the rest by name."""
     order = list(bench_module().WORKLOADS) if hasattr(bench_module(), "WORKLOADS") else []
-    order += list(CPU_WORKLOADS) + list(TINY_WORKLOADS)
+    order += list(CPU_WORKLOADS) + list(TINY_WORKLOADS) + list(batch_table(bench_module()))
     return (order.index(name), "") if name in order else (len(order), name)
 
 
@@ -364,7 +404,8 @@ def parse(argv):
     ap.add_argument("--kind", help="the results file's name (default: from the machine, e.g. "
                                    "h100, h200, cpu-2core)")
     ap.add_argument("--workloads", type=lambda s: [w for w in s.split(",") if w],
-                    help="comma-separated names (GPU: W1,W3,W5, also W2; CPU: S1,S3,S5)")
+                    help="comma-separated names (GPU: W1,W3,W5, also W2; CPU: S1,S3,S5; "
+                         "batches of problems: F2, F2s its CPU size)")
     ap.add_argument("--device", choices=("all", "gpu", "cpu"), default="all",
                     help="which installed rows run (default all)")
     ap.add_argument("--backends", help="row specs instead of --device's set, as "
@@ -410,6 +451,14 @@ def main(argv=None):
           f"code: {where_code_is()}", flush=True)
     results, sections = {}, []
     for name, w in workloads:
+        if name in batch_table(bench):
+            result = bench.compare_batched(batch_backends(backends, has_gpu), w)
+            result["workload"] = name
+            (raw / f"{name}.json").write_text(json.dumps(result, indent=1, default=str) + "\n")
+            results[name] = result
+            sections.append(batch_section(name, result))
+            print("\n".join(sections[-1]), flush=True)
+            continue
         print(f"== {name}: n={w.n:,} d={w.d} k={w.k}", flush=True)
         result = bench.compare(backends, w)
         result["workload"] = name

@@ -52,6 +52,21 @@ def test_benchmark_command_rewrites_one_results_file_per_kind(tmp_path):
     assert sorted(p.name for p in results.iterdir()) == ["test-kind.md"]
 
 
+def test_benchmark_command_times_a_batched_workload(tmp_path):
+    """F2s (F2's shape at CPU size): each backend's batched fit and its loop of single fits,
+    the same partition from the same centers."""
+    results, raw = tmp_path / "results", tmp_path / "raw"
+    out = run_tool("benchmarks/run.py", "--workloads", "F2s", "--backends", "numpy",
+                   "--repeats", "1", "--iters", "2", "--kind", "test-kind",
+                   "--results-dir", results, "--raw-dir", raw)
+    page = (results / "test-kind.md").read_text()
+    assert "## F2s: 8 problems of n=4,099 d=32 k=64" in page, out
+    rows = json.loads((raw / "test-kind" / "F2s.json").read_text())["rows"]
+    assert [r["name"] for r in rows] == ["numpy batched", "numpy loop"]
+    assert all(r["status"] == "ok" and r["agreement"] == 1.0 for r in rows), rows
+    assert rows[0]["speedup"] > 0 and rows[0]["inertia"] == pytest.approx(rows[1]["inertia"])
+
+
 def test_time_kernels_times_every_primitive(tmp_path):
     out = run_tool("benchmarks/time_kernels.py", "--backends", "numpy", "--n", "5000",
                    "--k", "8", "--repeats", "2", "--iters", "3", "--json", tmp_path / "k.json")

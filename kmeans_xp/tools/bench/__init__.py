@@ -14,8 +14,15 @@ Modules, each importing only those above it:
 - `selection`: which rows run ("default", "all", names) and what the default leaves out;
 - `summary`: the baseline (the fastest CPU row), speed-ups, the headline;
 - `report`: rows as JSON and as a table;
-- `comparison`: `compare` and `sweep`.
+- `comparison`: `compare` and `sweep`;
+- `batched`: batches of problems (F2): the batched fit against a loop of single fits.
 """
+from kmeans_xp.tools.bench.batched import (
+    BATCH_WORKLOADS,
+    SMALL_BATCH_WORKLOADS,
+    BatchWorkload,
+    compare_batched,
+)
 from kmeans_xp.tools.bench.comparison import compare, sweep
 from kmeans_xp.tools.bench.entries import BackendEntry
 from kmeans_xp.tools.bench.machine import (
@@ -57,6 +64,7 @@ from kmeans_xp.tools.bench.torch_rows import TORCH_ROW, TorchEntry
 from kmeans_xp.tools.bench.workload import WORKLOADS, Workload, data_shape, fingerprint, make_data, shared_init
 
 __all__ = [
+    "BATCH_WORKLOADS", "SMALL_BATCH_WORKLOADS", "BatchWorkload", "compare_batched",
     "SCHEMA", "WORKLOADS", "SEED_ROW", "TORCH_ROW", "SKLEARN_ROW", "FAISS_ROW", "GENERIC",
     "REFERENCES", "compare", "sweep",
     "Workload", "make_data", "data_shape", "shared_init", "fingerprint",
