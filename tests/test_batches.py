@@ -209,3 +209,14 @@ def test_a_batch_too_large_for_the_batched_init_runs_it_per_problem(monkeypatch)
     monkeypatch.setattr(batch_init, "batch_plusplus", None)   # (not called: per problem)
     small = KMeans(6, random_state=1, max_iter=1, backend="numpy", max_memory="200KB").fit(X)
     np.testing.assert_array_equal(big.labels_, small.labels_)
+
+
+def test_spherical_and_verbose_batches(caplog):
+    from kmeans_xp import SphericalKMeans
+    X = np.stack(_problems([301] * 2, 3, 3, np.float64))
+    with pytest.raises(ValueError, match="SphericalKMeans does not fit batches"):
+        SphericalKMeans(3).fit(X)
+    with caplog.at_level("INFO", logger="kmeans_xp"):
+        KMeans(3, random_state=0, verbose=1, backend="numpy").fit(X)
+    assert "Problem 1: Iteration 0, inertia" in caplog.text
+    assert "Problem 0: Converged at iteration" in caplog.text

@@ -198,7 +198,7 @@ def fit_batch(est, X, sample_weight, warning=UserWarning):
     best, laps = _runs(est, backend, Xc, means, sw, xp, rs, n_init, tol, given)
     _store(est, batch, backend, why, best, means, warning)
     del Xb, Xc, sw, best
-    place.finish({})   # (the fit's buffers go back; the attributes are not moved)
+    est._finish(place)   # (the fit's buffers go back; device attributes may be moved)
     clock.skip()
     est.timings_ = {**clock.laps, **laps, "total": clock.total()}
     return est
