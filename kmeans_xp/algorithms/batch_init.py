@@ -81,7 +81,8 @@ def batch_plusplus(arr, k, sample_weight, seeds, *, xp):
     base = xp.asarray(np.arange(B, dtype=np.int64)[:, None] * n, device=dev)
     by_weight = _by_weight(w64, u_all, u_host, n, xp)             # (B, 1 + (k-1) L)
     chosen = [by_weight[:, :1]]
-    closest = _sq_dist(arr, _gather(arr, chosen[0] + base, xp), xp)[..., 0]
+    x_sq = None if d <= 4 else xp.sum(arr * arr, axis=2)[:, :, None]   # (once: B n d reads)
+    closest = _sq_dist(arr, _gather(arr, chosen[0] + base, xp), x_sq, xp)[..., 0]
     trials = xp.arange(L, device=dev)
     for c in range(1, k):
         draws = slice(1 + (c - 1) * L, 1 + c * L)
@@ -89,7 +90,7 @@ def batch_plusplus(arr, k, sample_weight, seeds, *, xp):
             closest, xp.float64) * w64
         drawn = _draw_rows(mass, u_all[:, draws], n, xp)
         cand = xp.where(xp.sum(mass, axis=1)[:, None] > 0, drawn, by_weight[:, draws])
-        minima = xp.minimum(_sq_dist(arr, _gather(arr, cand + base, xp), xp),
+        minima = xp.minimum(_sq_dist(arr, _gather(arr, cand + base, xp), x_sq, xp),
                             closest[..., None])                   # (B, n, L)
         m64 = xp.astype(minima, xp.float64)
         pots = xp.sum(m64 if w64 is None else m64 * w64[..., None], axis=1)   # (B, L)
@@ -116,9 +117,10 @@ def _by_weight(w64, u_all, u_host, n, xp):
     return _draw_rows(w64, u_all, n, xp)
 
 
-def _sq_dist(arr, P, xp):
+def _sq_dist(arr, P, x_sq, xp):
     """(B, n, m) squared distances of each problem's rows to its m points P (B, m, d), as
-    `init.sq_dist` computes them: direct differences for d <= 4, else the expansion."""
+    `init.sq_dist` computes them: direct differences for d <= 4, else the expansion with the
+    rows' squared norms `x_sq` (B, n, 1)."""
     d = arr.shape[2]
     if d <= 4:
         acc = None
@@ -126,7 +128,6 @@ def _sq_dist(arr, P, xp):
             diff = arr[:, :, j][:, :, None] - P[:, :, j][:, None, :]
             acc = diff * diff if acc is None else acc + diff * diff
         return acc
-    x_sq = xp.sum(arr * arr, axis=2)[:, :, None]
     p_sq = xp.sum(P * P, axis=2)[:, None, :]
     dist = x_sq - 2 * xp.matmul(arr, xp.permute_dims(P, (0, 2, 1))) + p_sq
     return xp.where(dist < 0, xp.zeros_like(dist), dist)

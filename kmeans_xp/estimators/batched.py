@@ -242,6 +242,7 @@ def _runs(est, backend, Xc, means, sw, xp, rs, n_init, tol, given):
     init method); per problem, the run of lowest inertia."""
     best = None
     t_init = t_lloyd = 0.0
+    iterations = 0
     for run in range(n_init):
         t0 = time.perf_counter()
         with backend.memory.stage("init"):
@@ -259,7 +260,9 @@ def _runs(est, backend, Xc, means, sw, xp, rs, n_init, tol, given):
         backend.placement.synchronize()
         t_init, t_lloyd = t_init + t1 - t0, t_lloyd + time.perf_counter() - t1
         best = result if best is None else _better(best, result, xp)
-    return best, {"init": t_init, "lloyd": t_lloyd}
+        iterations += int(result.n_iter.max())   # (the batch's: its slowest problem's)
+    return best, {"init": t_init, "lloyd": t_lloyd,
+                  "per_iteration": t_lloyd / max(iterations, 1)}
 
 
 def _better(best, new, xp):
