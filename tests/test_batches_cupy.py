@@ -1,7 +1,8 @@
-"""The CuPy backends' batched iteration (backends/cupy/batched.py): one batched GEMM per chunk
-and one scatter for all active problems, checked against each problem's own `lloyd_iter`
-and the numpy backend's single fits: on the CPU through the NumPy stand-in for CuPy with the
-real sums kernel emulated (tests/_fake_cupy.py), and on the device (marked gpu)."""
+"""cupy-chunked's batched iteration (backends/cupy/batched.py): one batched GEMM per chunk and
+one scatter for all active problems, checked against each problem's own `lloyd_iter` and the
+numpy backend's single fits: on the CPU through the NumPy stand-in for CuPy with the real
+kernels emulated (tests/_fake_cupy.py), and on the device (marked gpu). The other CuPy
+backends batch through the default loop over their own kernels."""
 import warnings
 
 import numpy as np
@@ -60,10 +61,15 @@ def test_emulated_batched_fit_matches_numpy(fake_cupy, name, dtype):
 
 def test_emulated_batched_iteration_in_small_chunks_equals_lloyd_iter(fake_cupy, monkeypatch):
     """Chunks of a few rows (n not a multiple), an active subset (runs), weights."""
+    calls = []
+    real = batched.batch_lloyd_iter
+    monkeypatch.setattr(batched, "batch_lloyd_iter",
+                        lambda *a, **k: calls.append(a[5]) or real(*a, **k))
     monkeypatch.setattr(batched, "MAX_BLOCK_BYTES", 3 * 24 * 8 * 37)
     backend = get_backend("cupy-chunked")()
     for dtype in (np.float32, np.float64):
         assert check_batch_iteration(backend, lambda a: a, dtype) == 8
+    assert (0, 2) in calls   # (the dense batches' calls: the override ran)
 
 
 @pytest.mark.gpu
@@ -91,7 +97,7 @@ def test_one_batch_hook_call_per_iteration_on_the_device(monkeypatch):
     calls = []
     real = batched.batch_lloyd_iter
     monkeypatch.setattr(batched, "batch_lloyd_iter",
-                        lambda *a, **k: calls.append(a[4]) or real(*a, **k))
+                        lambda *a, **k: calls.append(a[5]) or real(*a, **k))
     X = cupy.asarray(np.stack(_problems(8, 4099, 16, 32, np.float32)))
     km = KMeans(32, random_state=0, max_iter=20, tol=0, backend="cupy-chunked").fit(X)
     assert len(calls) == int(km.n_iter_.max())

@@ -22,7 +22,7 @@ from kmeans_xp.contract.backend import (
 )
 from kmeans_xp.contract.memory import MemoryEstimate
 
-from . import batched, nearest, reductions
+from . import nearest, reductions
 from .budget import CupyBudget, NominalBudget, centered_copy_error, host_x_error
 from .common import STREAM_HINT, ctype, cupy, device_empty, out_of_memory_error
 from .placement import CupyPlacement
@@ -215,15 +215,6 @@ class CupyBackendBase(KMeansBackend):
         reductions.count_changed(labels, None if labels_old is None
                                  else self.labels32(labels_old), stats[1:2], self.scratch)
         return IterStats(labels, sums, weights, stats[0], stats[1])
-
-    def batch_lloyd_iter(self, X, sample_weight, centers, labels_old, active, *, xp=None):
-        """A dense batch on the device: one batched GEMM per chunk and one scatter for all
-        active problems (`batched`); a ragged batch, each problem's `lloyd_iter`."""
-        arr = getattr(X, "array", None)
-        if arr is None or self.is_streamed(arr):
-            return super().batch_lloyd_iter(X, sample_weight, centers, labels_old, active,
-                                            xp=xp)
-        return batched.batch_lloyd_iter(self, X, sample_weight, centers, labels_old, active)
 
     def inertia(self, X, sample_weight, centers, labels, *, xp=None):
         """0-d float64 sum of w * ||x - c_label||^2 by direct differences (numpy's rounding)."""

@@ -1,8 +1,10 @@
-"""A batch of problems in one launch per step (`KMeansBackend.batch_lloyd_iter` of the CuPy
-backends): the distances of every active problem by one batched GEMM (cupy.matmul on
-(m, rows, d) x (m, d, k) stacks) per chunk of rows, the argmin along k, and the per-problem
-sums by ONE scatter (`nearest.cluster_sums`) over the labels offset by j * k, so problem j
-owns rows j*k .. j*k+k-1 of one (A*k, d) table.
+"""cupy-chunked's batch of problems in one launch per step (`KMeansBackend.batch_lloyd_iter`):
+the distances of every active problem by ONE batched GEMM per chunk of rows (cupy.matmul on
+(m, rows, d) x (m, d, k) stacks, -2 folded into the centers: exact), each problem's argmin by
+cupy-chunked's row kernel (`nearest.row_argmin_shifted`: ||c||^2 added with one rounding,
+the lower index on ties), and the per-problem sums by ONE scatter (`nearest.cluster_sums`)
+over the labels offset by j * k, so problem j owns rows j*k .. j*k+k-1 of one (A*k, d)
+table. The squared distances of the inertia are direct differences, as cupy-chunked's.
 
 Problems that left the batch (converged) are skipped without a copy: the active problems
 are taken as runs of consecutive indices, each run a view of the (B, n, d) array; with all
@@ -10,9 +12,9 @@ problems active, one run. The distance block (m, rows, k) is bounded by the fit'
 and by MAX_BLOCK_BYTES. A ragged batch (a list of arrays) loops over the problems
 (`contract.batching.loop_batch_lloyd_iter`).
 
-Numerics as cupy-chunked's: cuBLAS's GEMM, ||c||^2 added to -2 x.c, ||x||^2 added for the
-distances only (the argmin does not need it), so near ties may go the other way than on the
-numpy backend; `check_backend`'s batch checks allow for that.
+Numerics: cupy-chunked's (cuBLAS's GEMM, whose batched order may differ from the single
+GEMM's in the last bit: a near tie may go the other way; `check_backend`'s batch checks
+allow for that).
 """
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ import numpy as np
 
 from kmeans_xp.contract.backend import BatchStats
 
-from . import nearest
+from . import nearest, reductions
 
 #: a distance block larger than this buys no speed, only memory (as cupy-chunked's)
 MAX_BLOCK_BYTES = 1 << 30
@@ -38,8 +40,8 @@ def runs(active):
 
 
 def chunk_rows(n, m, d, k, itemsize, budget):
-    """Rows per chunk so that the (m, rows, k) distance block and the (m, rows, d) squares
-    of ||x||^2 stay within the budget and MAX_BLOCK_BYTES."""
+    """Rows per chunk so that the (m, rows, k) distance block (and what cuBLAS may stage of
+    a strided (m, rows, d) operand) stay within the budget and MAX_BLOCK_BYTES."""
     per_row = m * (k + d + 2) * itemsize
     return int(max(1, min(n, min(budget, MAX_BLOCK_BYTES) // per_row)))
 
@@ -52,17 +54,29 @@ def batch_lloyd_iter(backend, X, sample_weight, centers, labels_old, active):
     n, d = arr.shape[1], arr.shape[2]
     a, k = centers.shape[0], centers.shape[1]
     C = backend.contiguous(centers, arr.dtype)
-    c_sq = cp.sum(C * C, axis=2)                                  # (A, k)
+    c_norm = [nearest.center_norms(C[j], arr.dtype) for j in range(a)]
+    minus2 = C * arr.dtype.type(-2)   # (x . -2c is -2 x.c exactly, cuBLAS's alpha=-2)
     labels = cp.empty((a, n), dtype=cp.int32)
     min_sq = cp.empty((a, n), dtype=arr.dtype)
     with backend.stage("assign"):
         for j0, j1, b0 in runs(active):
             m = j1 - j0
             rows = chunk_rows(n, m, d, k, arr.itemsize, backend.memory.bytes())
+            block = cp.empty((m, rows, k), dtype=arr.dtype)
+            run_min = cp.empty(rows, dtype=arr.dtype)
+            Ct = minus2[j0:j1].transpose(0, 2, 1)
             for s in range(0, n, rows):
                 e = min(n, s + rows)
-                _assign_chunk(cp, arr[b0:b0 + m, s:e], C[j0:j1], c_sq[j0:j1],
-                              labels[j0:j1, s:e], min_sq[j0:j1, s:e])
+                # (a contiguous (m, e - s, k) block: the last chunk is shorter)
+                dist = block.reshape(-1)[:m * (e - s) * k].reshape(m, e - s, k)
+                cp.matmul(arr[b0:b0 + m, s:e], Ct, out=dist)
+                for j in range(m):
+                    nearest.row_argmin_shifted(cp.ascontiguousarray(dist[j]), c_norm[j0 + j],
+                                               0, True, run_min[:e - s], labels[j0 + j, s:e])
+            del block
+            for j in range(m):
+                reductions.labelled_sq_dist(arr[b0 + j], labels[j0 + j], C[j0 + j],
+                                            min_sq[j0 + j])
     weights_of = _weights(backend, sample_weight, arr.dtype)
     sums = cp.zeros((a * k, d), dtype=cp.float64)
     counts = cp.zeros((a * k,), dtype=cp.float64)
@@ -83,18 +97,6 @@ def batch_lloyd_iter(backend, X, sample_weight, centers, labels_old, active):
         old = labels_old if hasattr(labels_old, "ndim") else cp.stack(list(labels_old))
         changed = cp.sum(labels != old, axis=1).astype(cp.float64)
     return BatchStats(labels, sums.reshape(a, k, d), counts.reshape(a, k), inertia, changed)
-
-
-def _assign_chunk(cp, xs, C, c_sq, labels_out, min_out):
-    """Labels and squared distances of a (m, rows, d) chunk against (m, k, d) centers."""
-    g = cp.matmul(xs, C.transpose(0, 2, 1))                       # (m, rows, k): x.c
-    g *= -2
-    g += c_sq[:, None, :]
-    lab = cp.argmin(g, axis=2)
-    best = cp.take_along_axis(g, lab[..., None], axis=2)[..., 0]
-    x_sq = cp.sum(xs * xs, axis=2)
-    labels_out[...] = lab
-    min_out[...] = cp.maximum(best + x_sq, 0)
 
 
 def _weights(backend, sample_weight, dtype):

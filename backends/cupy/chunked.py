@@ -20,7 +20,7 @@ from typing import NamedTuple
 
 from kmeans_xp.contract.memory import MemoryEstimate, chunk_rows
 
-from . import nearest, reductions
+from . import batched, nearest, reductions
 from .base import BASE_OPTIONS, STREAM_OPTIONS, CupyBackendBase
 from .common import MIN_CHUNK_ROWS, ctype, with_oom_retry
 
@@ -114,6 +114,15 @@ class CupyChunkedBackend(CupyBackendBase):
     def fit_kernels(self, n, d, k, dtype, *, seeding=None):
         return super().fit_kernels(n, d, k, dtype, seeding=seeding) + nearest.assignment_kernels(
             k, d, dtype, ("row_argmin.cu", f"row_argmin_shifted<{ctype(dtype)}>"))
+
+    def batch_lloyd_iter(self, X, sample_weight, centers, labels_old, active, *, xp=None):
+        """A dense batch on the device: one batched GEMM per chunk and one scatter for all
+        active problems (`batched`); a ragged batch, each problem's `lloyd_iter`."""
+        arr = getattr(X, "array", None)
+        if arr is None or self.is_streamed(arr):
+            return super().batch_lloyd_iter(X, sample_weight, centers, labels_old, active,
+                                            xp=xp)
+        return batched.batch_lloyd_iter(self, X, sample_weight, centers, labels_old, active)
 
     # -- the per-chunk primitive ----------------------------------------------------------------
     def chunk_centers(self, centers, dtype):
