@@ -359,16 +359,16 @@ def predict_batch(est, X):
     return _gathered(batch, out, array_namespace(out[0]))
 
 
-def transform_batch(est, X):
-    """Each problem's (n_b, k) distances to its own centers: (B, n, k), or a list."""
-    from kmeans_xp.estimators.predicting import _distances
+def transform_batch(est, X, distances):
+    """Each problem's (n_b, k) distances to its own centers: (B, n, k), or a list;
+    `distances(X, centers, mean, xp, rows)`, transform's of one problem."""
     batch = _batch_model(est, X, "transform")
     backend, place, problems, xp = _problem_backend(est, batch)
     out = []
     for b, Xb in enumerate(problems):
         centers = xp.asarray(to_numpy(est.cluster_centers_[b, ...]), device=device(Xb))
         _, mean = _fitted(est, xp, Xb, b)
-        dist = _distances(Xb, centers, mean, xp, backend.driver_rows(Xb))
+        dist = distances(Xb, centers, mean, xp, backend.driver_rows(Xb))
         out.append(place.from_backend(dist, like=batch.like))
     return _gathered(batch, out, array_namespace(out[0]))
 

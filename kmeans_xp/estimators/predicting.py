@@ -158,7 +158,7 @@ class Predicting:
             DataFrame after ``set_output(transform="pandas")``).
         """
         if is_batch(X):
-            return transform_batch(self, X)
+            return transform_batch(self, X, _distances)
         X_user = X
         backend, Xb, xp, X, mean = self._prepare(X, "transform", center=False)
         if is_sparse(Xb):  # never densified: the expansion on the CSR's rows
