@@ -53,12 +53,15 @@ def _check_against_numpy(name, dtype, k, max_memory="auto"):
             assert got.inertia_[b] == pytest.approx(ref.inertia_, rel=1e-4)
 
 
+@pytest.mark.slow   # (the kernels emulated on the CPU: seconds; the quick tier has the
+#                      contract suite's batch checks on the emulated device)
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("name", CUPY_BACKENDS)
 def test_emulated_batched_fit_matches_numpy(fake_cupy, name, dtype):
     _check_against_numpy(name, dtype, 7)
 
 
+@pytest.mark.slow
 def test_emulated_batched_iteration_in_small_chunks_equals_lloyd_iter(fake_cupy, monkeypatch):
     """Chunks of a few rows (n not a multiple), an active subset (runs), weights."""
     calls = []
