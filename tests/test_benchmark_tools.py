@@ -84,12 +84,17 @@ def test_dask_multi_gpu_runs_its_protocol_on_cpu_workers(tmp_path):
     assert case["dask_2_workers_actors"]["max_abs_center_diff_vs_single_gpu"] < 1e-3
 
 
-def test_minibatch_step_timer_runs():
+def test_minibatch_step_timer_runs(tmp_path):
     """benchmarks/minibatch_step.py (the per-step comparison with scikit-learn that the GPU
-    target is measured with) at a small size on the numpy backend."""
+    target is measured with) at a small size on the numpy backend, its figures written as
+    the results file's `minibatch` section."""
     out = run_tool("benchmarks/minibatch_step.py", "--n", "20000", "--k", "20", "--batch",
-                   "1024", "--backend", "numpy", "--repeats", "1")
+                   "1024", "--backend", "numpy", "--repeats", "1", "--results", tmp_path,
+                   "--kind", "test-kind")
     assert "ms per step" in out and "x scikit-learn per step" in out
+    page = (tmp_path / "test-kind.md").read_text()
+    assert "## minibatch: n=20,000 d=3 k=20 batch 1024" in page
+    assert "| kmeans_xp numpy |" in page and "| scikit-learn (host) |" in page
 
 
 def test_bounds_fit_compares_bounds_with_lloyd_and_sklearn(tmp_path):
@@ -114,8 +119,11 @@ def test_sparse_tfidf_runs_against_sklearn(tmp_path):
     pytest.importorskip("sklearn")
     out_json = tmp_path / "sparse.json"
     out = run_tool("benchmarks/sparse_tfidf.py", "--small", "--rows", "scipy-sparse",
-                   "sklearn", "--threads", "1", "--json", out_json)
+                   "sklearn", "--threads", "1", "--json", out_json, "--results", tmp_path,
+                   "--kind", "test-kind")
     assert "| scipy-sparse |" in out and "| sklearn |" in out
+    page = (tmp_path / "test-kind.md").read_text()   # beside the other tools' sections
+    assert "## sparse: n=3,000 d=20,000" in page and "| sklearn |" in page
     rows = {r["row"]: r for r in json.loads(out_json.read_text())["rows"]}
     assert rows["scipy-sparse"]["agreement"] > 0.99   # the same fit from the same init
     assert rows["scipy-sparse"]["inertia"] == pytest.approx(rows["sklearn"]["inertia"],
