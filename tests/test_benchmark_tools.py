@@ -128,3 +128,13 @@ def test_sparse_tfidf_runs_against_sklearn(tmp_path):
     assert rows["scipy-sparse"]["agreement"] > 0.99   # the same fit from the same init
     assert rows["scipy-sparse"]["inertia"] == pytest.approx(rows["sklearn"]["inertia"],
                                                              rel=1e-4)
+
+
+def test_memory_peak_tool_writes_its_section(tmp_path):
+    """benchmarks/memory_peak.py (the committed max_memory figures) on the numpy backend:
+    the measured peak within max_memory and the estimate, written as its section."""
+    out = run_tool("benchmarks/memory_peak.py", "--backends", "numpy", "--sizes",
+                   "30011:16", "--results", tmp_path, "--kind", "test-kind")
+    assert "| numpy | 30,011 | 16 |" in out and "| yes |" in out
+    page = (tmp_path / "test-kind.md").read_text()
+    assert "## max_memory:" in page and "| numpy | 30,011 | 16 |" in page
