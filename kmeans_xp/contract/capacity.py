@@ -182,7 +182,7 @@ def nearest_xp(X, centers, m, xp, budget_bytes):
     c2 = xp.sum(c * c, axis=1)
     idx, dist = [], []
     for s in range(0, n, rows):
-        x = X[s:s + rows, ...]
+        x = X[s:min(s + rows, n), ...]
         D = xp.sum(x * x, axis=1)[:, None] - 2 * (x @ c.T) + c2[None, :]
         D = xp.where(D < 0, xp.zeros_like(D), D)
         if mod is None:
