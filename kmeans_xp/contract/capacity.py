@@ -66,6 +66,12 @@ AUCTION_EPS = 0.01
 #: and a cap of n / k, took up to 1800; a Lloyd iteration's a few dozen): rows still
 #: unplaced then go to `greedy_rounds`
 AUCTION_ROUNDS = 2000
+#: rounds without fewer rows unplaced after which the auction stops where rows have fewer
+#: candidates than k: those left may have candidates that cannot hold them all (the cap
+#: pushes them past their m nearest centers), and bidding only moves them around; they go
+#: to the free slots (`greedy_rounds`, fallback). With every center a candidate the auction
+#: always ends, and runs to AUCTION_ROUNDS
+AUCTION_STALL = 20
 #: the regret of a row at its last candidate: far beyond any squared distance, finite so
 #: that a zero weight times it is 0, not NaN
 LAST_REGRET = 1e300
@@ -224,11 +230,17 @@ def auction(cand, dist, w, cap, k, mod):
 
 
 def _bidding(cost_all, cand, cap, k, mod, price, eps, labels, bid):
-    """Rounds of bids by the unplaced rows until none is left or AUCTION_ROUNDS; labels
-    and bid are updated in place, the prices returned."""
+    """Rounds of bids by the unplaced rows until none is left, AUCTION_ROUNDS, or
+    (with fewer candidates than centers) AUCTION_STALL rounds without fewer left; labels and bid are updated in place, the
+    prices returned."""
+    m = cand.shape[1]
+    fewest, since = labels.shape[0] + 1, 0
     for _ in range(AUCTION_ROUNDS):
         U = mod.flatnonzero(labels < 0)
         if U.shape[0] == 0:
+            break
+        fewest, since = (U.shape[0], 0) if U.shape[0] < fewest else (fewest, since + 1)
+        if since > AUCTION_STALL and m < k:   # (rows whose candidates all filled)
             break
         cu = cand[U].astype(mod.int64)
         best, c1, c2 = _two_best(cost_all[U] + price[cu], mod)
