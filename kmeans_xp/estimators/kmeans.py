@@ -63,9 +63,12 @@ class KMeans(Fitting, Predicting, SklearnInterop, MetadataRouting):
     ----------
     n_clusters : int, default=8
         The number of clusters, and of centers.
-    init : {"k-means++", "k-means||", "random"}, callable or array-like, default="k-means++"
+    init : {"k-means++", "k-means||", "random", "hierarchical"}, callable or array-like, \
+default="k-means++"
         How the initial centers are chosen: greedy k-means++ (sklearn's), k-means|| (a few
-        passes over X in all: for large n and for Dask), random rows, a callable
+        passes over X in all: for large n and for Dask), random rows, "hierarchical" (for
+        large k: a coarse fit at sqrt(k) clusters, each split; then ``max_iter`` flat
+        iterations, a few are enough: docs/large_k.md), a callable
         ``init(X, n_clusters, random_state=rs)`` returning an (n_clusters, n_features)
         array, or that array itself.
     n_init : "auto" or int, default="auto"
