@@ -28,7 +28,8 @@ over each row's m nearest centers:
   cost of the rows' nearest centers: within 1% of the unconstrained cost).
 - each assignment starts from prices 0 (the last iteration's prices as a warm start took
   fewer rounds but cost 1-6% more: a cluster that no longer fills keeps a price it should
-  not have); rounds stop at AUCTION_ROUNDS, and rows still unplaced take the free slots
+  not have); with m < k, rounds stop at AUCTION_ROUNDS or a stall (the increment doubles
+  while no row is placed: a price war), and rows still unplaced take the free slots
   of their candidates in regret order (`greedy_rounds`), then the nearest centers with
   room (`BalancedStep`'s fallback, the backend's distances).
 
@@ -62,16 +63,23 @@ NEAREST_CHUNK_BYTES = 32 << 20
 #: the auction's bid increment, as a fraction of the mean cost of the rows' nearest centers:
 #: the assignment is within n times the increment of the optimum (1% of that cost)
 AUCTION_EPS = 0.01
-#: bidding rounds of one assignment at most (adversarial small problems, random centers
-#: and a cap of n / k, took up to 1800; a Lloyd iteration's a few dozen): rows still
-#: unplaced then go to `greedy_rounds`
-AUCTION_ROUNDS = 2000
+#: bidding rounds of one assignment at most with m < k candidates (each round sorts the
+#: rows still moving; a Lloyd iteration on uneven data can take hundreds to place the last
+#: few rows): rows still unplaced then go to `greedy_rounds` and the fallback
+AUCTION_ROUNDS = 100
+#: ... where every center is a candidate (m = k: the auction's bound holds when it ends)
+AUCTION_EXACT_ROUNDS = 5000
 #: rounds without fewer rows unplaced after which the auction stops where rows have fewer
 #: candidates than k: those left may have candidates that cannot hold them all (the cap
 #: pushes them past their m nearest centers), and bidding only moves them around; they go
 #: to the free slots (`greedy_rounds`, fallback). With every center a candidate the auction
-#: always ends, and runs to AUCTION_ROUNDS
+#: always ends, and runs to AUCTION_EXACT_ROUNDS (adversarial small problems, random
+#: centers and a cap of n / k, took up to 1800)
 AUCTION_STALL = 20
+#: rounds without fewer rows unplaced after which the increment doubles: prices that must
+#: climb far (a dense region's rows pushed out past several clusters) climb in fewer
+#: rounds, at the cost of the bound (n times the last increment)
+AUCTION_SLOW = 4
 #: the regret of a row at its last candidate: far beyond any squared distance, finite so
 #: that a zero weight times it is 0, not NaN
 LAST_REGRET = 1e300
@@ -215,33 +223,38 @@ def _two_best(cost, mod):
     return best, mod.minimum(c[:, 0], c[:, 1]), mod.maximum(c[:, 0], c[:, 1])
 
 
-def auction(cand, dist, w, cap, k, mod):
+def auction(cand, dist, w, cap, k, mod, rounds=None):
     """(labels, -1 where unplaced after AUCTION_ROUNDS) of Bertsekas's auction over the
     candidates (module docstring), from all prices 0. A cluster with room keeps price 0,
     so a bid for it is the row's regret plus eps, and a full one's price is its lowest
     kept bid: at the end each row pays within eps of its best alternative, and the
     assignment is within n * eps of the optimum."""
-    n = cand.shape[0]
+    n, m = cand.shape
+    if rounds is None:
+        rounds = AUCTION_EXACT_ROUNDS if m >= k else AUCTION_ROUNDS
     cost_all = dist if w is None else dist * w[:, None]
     eps = AUCTION_EPS * float(mod.mean(cost_all[:, 0])) + 1e-300
     labels = mod.full(n, -1, dtype=mod.int64)
-    _bidding(cost_all, cand, cap, k, mod, mod.zeros(k), eps, labels, mod.zeros(n))
+    _bidding(cost_all, cand, cap, k, mod, mod.zeros(k), eps, labels, mod.zeros(n), rounds)
     return labels
 
 
-def _bidding(cost_all, cand, cap, k, mod, price, eps, labels, bid):
+def _bidding(cost_all, cand, cap, k, mod, price, eps, labels, bid, rounds):
     """Rounds of bids by the unplaced rows until none is left, AUCTION_ROUNDS, or
-    (with fewer candidates than centers) AUCTION_STALL rounds without fewer left; labels and bid are updated in place, the
-    prices returned."""
+    (with fewer candidates than centers) AUCTION_STALL rounds without fewer left; labels
+    and bid are updated in place, the prices returned."""
     m = cand.shape[1]
     fewest, since = labels.shape[0] + 1, 0
-    for _ in range(AUCTION_ROUNDS):
-        U = mod.flatnonzero(labels < 0)
+    U = mod.flatnonzero(labels < 0)
+    for _ in range(rounds):
         if U.shape[0] == 0:
             break
         fewest, since = (U.shape[0], 0) if U.shape[0] < fewest else (fewest, since + 1)
-        if since > AUCTION_STALL and m < k:   # (rows whose candidates all filled)
-            break
+        if m < k:   # (the heuristics of a partial candidate list: module docstring)
+            if since > AUCTION_STALL:
+                break
+            if since and since % AUCTION_SLOW == 0:
+                eps *= 2.0
         cu = cand[U].astype(mod.int64)
         best, c1, c2 = _two_best(cost_all[U] + price[cu], mod)
         j = cu[mod.arange(U.shape[0]), best]
@@ -258,7 +271,8 @@ def _bidding(cost_all, cand, cap, k, mod, price, eps, labels, bid):
                                        cl.astype(mod.float64)]))
         cs, rs, bs = cl[order], rows[order], bids[order]
         ok = mod.arange(cs.shape[0]) - mod.searchsorted(cs, cs, side="left") < cap
-        labels[rs[~ok]] = -1
+        U = rs[~ok]   # (the rows left: bidders turned down and holders outbid)
+        labels[U] = -1
         labels[rs[ok]], bid[rs[ok]] = cs[ok], bs[ok]
         count = mod.bincount(cs[ok], minlength=k)
         lowest = mod.full(k, mod.inf)
@@ -269,11 +283,11 @@ def _bidding(cost_all, cand, cap, k, mod, price, eps, labels, bid):
     return price
 
 
-def capacity_assign(cand, dist, w, cap, k, mod):
+def capacity_assign(cand, dist, w, cap, k, mod, rounds=None):
     """(labels, -1 where the candidates had no room; their distances; the rows each
     cluster may still take): the auction, then `greedy_rounds` for the rows it left
     unplaced."""
-    labels = auction(cand, dist, w, cap, k, mod)
+    labels = auction(cand, dist, w, cap, k, mod, rounds)
     placed = labels >= 0
     remaining = cap - mod.bincount(labels[placed], minlength=k).astype(mod.int64)
     chosen = mod.where(cand == labels[:, None], dist, mod.inf).min(axis=1)
