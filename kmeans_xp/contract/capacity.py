@@ -170,6 +170,11 @@ def array_module(a):
     return None
 
 
+def _stable_argsort(a, mod):
+    """A stable argsort of a 1-d array (CuPy's sorts are stable radix sorts)."""
+    return mod.argsort(a, kind="stable") if mod is np else mod.argsort(a)
+
+
 def top_m(dist, m, mod):
     """(indices, distances) of each row's m smallest entries of `dist`, smallest first
     (a NumPy or CuPy module `mod`)."""
@@ -266,9 +271,10 @@ def _bidding(cost_all, cand, cap, k, mod, price, eps, labels, bid, rounds):
         rows = mod.concatenate([held, U])
         cl = mod.concatenate([labels[held], j])
         bids = mod.concatenate([bid[held], b])
-        # by cluster, then bid descending, then row: each cluster keeps its cap best
-        order = mod.lexsort(mod.stack([rows.astype(mod.float64), -bids,
-                                       cl.astype(mod.float64)]))
+        # by cluster, then bid descending (then held before new, a fixed order): each
+        # cluster keeps its cap best
+        order = _stable_argsort(-bids, mod)
+        order = order[_stable_argsort(cl[order], mod)]
         cs, rs, bs = cl[order], rows[order], bids[order]
         ok = mod.arange(cs.shape[0]) - mod.searchsorted(cs, cs, side="left") < cap
         U = rs[~ok]   # (the rows left: bidders turned down and holders outbid)
@@ -326,9 +332,9 @@ def greedy_rounds(cand, dist, w, remaining, mod, labels=None, chosen=None, rows=
         regret = nxt - here
         if w is not None:
             regret = regret * w[rows[active]]
-        # by cluster, then regret descending, then row
-        order = mod.lexsort(mod.stack([active.astype(mod.float64), -regret,
-                                       c.astype(mod.float64)]))
+        # by cluster, then regret descending, then row (`active` is sorted)
+        order = _stable_argsort(-regret, mod)
+        order = order[_stable_argsort(c[order], mod)]
         cs, pos = c[order], active[order]
         rank = mod.arange(cs.shape[0]) - mod.searchsorted(cs, cs, side="left")
         ok = rank < remaining[cs]
