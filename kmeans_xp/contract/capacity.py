@@ -197,6 +197,8 @@ def nearest_xp(X, centers, m, xp, budget_bytes):
     m = min(int(m), k)
     rows = max(1, min(NEAREST_CHUNK_BYTES, max(budget_bytes, 1) // 4) // (16 * k))
     mod = array_module(X)
+    if mod is not None and array_module(centers) is not mod:   # (centers kept on the host)
+        centers = mod.asarray(to_numpy(centers))
     c = xp.astype(centers, X.dtype)   # (X's dtype: the GEMM at its speed, as assign's)
     c2 = xp.sum(c * c, axis=1)
     idx, dist = [], []
