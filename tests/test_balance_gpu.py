@@ -9,7 +9,7 @@ from kmeans_xp import KMeans
 
 pytestmark = pytest.mark.gpu
 
-BACKENDS = ("cp-kernels", "cp-chunked", "cp-fused")
+BACKENDS = ("cupy-kernels", "cupy-chunked", "cupy-fused")
 
 
 def _gaussian(n, dtype, seed=1):
