@@ -390,7 +390,7 @@ class KMeansBackend:
         Default: the norm expansion in xp code over chunks of rows within the budget
         (`capacity.nearest_xp`); NumPy and CuPy keep the result where X is, other
         namespaces give it on the host."""
-        return nearest_xp(X, centers, m, xp, self.memory.bytes())
+        return cast("NearestResult", nearest_xp(X, centers, m, xp, self.memory.bytes()))
 
     def lloyd(self, X: Array, sample_weight: Array | None, centers: Array, *, xp: Namespace,
               max_iter: int, tol: float, spherical: bool = False) -> LloydResult | None:
