@@ -171,6 +171,9 @@ def main(argv=None):
         if not available(row):
             print(f"| {row} | (not installed) | | | |")
             continue
+        if row == "subsampled" and args.per_center * args.k >= args.n:
+            print(f"| {row} | (per-center * k >= n: the flat fit) | | | |")
+            continue
         seconds, C, labels = run_row(row, X, args)
         spread, inertia = partition_stats(X, C, labels, args.k)
         flat = inertia if row == "flat" else flat
