@@ -58,7 +58,8 @@ from kmeans_xp.contract.namespaces import device, namespace_name, to_numpy
 DEFAULT_CANDIDATES = 8
 #: candidates per row of the fallback, where rows look past their m nearest centers
 FALLBACK_CANDIDATES = 64
-#: bytes of one chunk's (rows, k) distances in the default `nearest` (`nearest_xp`)
+#: bytes of one chunk's (rows, k) distances in the default `nearest` (`nearest_xp`) on the
+#: host: a chunk stays in cache while it is selected
 NEAREST_CHUNK_BYTES = 32 << 20
 #: the auction's bid increment, as a fraction of the mean cost of the rows' nearest centers:
 #: the assignment is within n times the increment of the optimum (1% of that cost)
@@ -190,13 +191,16 @@ def top_m(dist, m, mod):
 
 def nearest_xp(X, centers, m, xp, budget_bytes):
     """The default `KMeansBackend.nearest`: squared distances by the norm expansion, chunk by
-    chunk of rows whose (rows, k) distances and their selection fit NEAREST_CHUNK_BYTES (and
-    a quarter of the budget), in X's dtype, the top m of each chunk kept (float64). NumPy and CuPy keep them where X is;
+    chunk of rows whose (rows, k) distances and their selection fit a quarter of the budget
+    (on the host also NEAREST_CHUNK_BYTES), in X's dtype, the top m of each chunk kept (float64). NumPy and CuPy keep them where X is;
     other namespaces bring each chunk's distances to the host."""
     n, k = X.shape[0], centers.shape[0]
     m = min(int(m), k)
-    rows = max(1, min(NEAREST_CHUNK_BYTES, max(budget_bytes, 1) // 4) // (16 * k))
     mod = array_module(X)
+    room = max(budget_bytes, 1) // 4
+    if mod is np or mod is None:   # (on a GPU, a chunk this small would be launch-bound)
+        room = min(NEAREST_CHUNK_BYTES, room)
+    rows = max(1, room // (16 * k))
     if mod is not None and array_module(centers) is not mod:   # (centers kept on the host)
         centers = mod.asarray(to_numpy(centers))
     c = xp.astype(centers, X.dtype)   # (X's dtype: the GEMM at its speed, as assign's)
