@@ -138,3 +138,14 @@ def test_memory_peak_tool_writes_its_section(tmp_path):
     assert "| numpy | 30,011 | 16 |" in out and "| yes |" in out
     page = (tmp_path / "test-kind.md").read_text()
     assert "## max_memory:" in page and "| numpy | 30,011 | 16 |" in page
+
+
+def test_large_k_compares_flat_hierarchical_balanced_and_subsampled(tmp_path):
+    out = run_tool("benchmarks/large_k.py", "--n", "3000", "--d", "4", "--k", "16",
+                   "--backend", "numpy", "--max-iter", "5", "--refine", "2",
+                   "--per-center", "64", "--json", tmp_path / "k.json")
+    rows = {r["row"]: r for r in json.loads((tmp_path / "k.json").read_text())["rows"]}
+    for name in ("flat", "hierarchical", "balanced", "balanced-hierarchical", "subsampled"):
+        assert rows[name]["seconds"] > 0 and rows[name]["inertia"] > 0, out
+    assert rows["balanced"]["spread"] <= 1.1 + 16 / 3000
+    assert rows["flat"]["over_flat"] == 1.0

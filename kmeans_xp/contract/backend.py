@@ -39,6 +39,9 @@ above, and `check_backend` checks an override against it, so a plugin needs none
     assign_bounded    labels with triangle-inequality bounds (a `bounds.Bounds` the driver
                       holds between iterations), equal to `assign`'s: the vectorised NumPy
                       bounds (the driver asks for it on NumPy X on the CPU only)
+    nearest           each row's m nearest centers and their squared distances, nearest
+                      first: the candidates of a balanced fit's assignment (`capacity`):
+                      the norm expansion in xp code, chunk by chunk of rows
     batch_backend     the backend computing MiniBatchKMeans's gathered batches (itself; dask:
                       its blocks')
     seeding           k-means++'s O(n) steps on the backend's device (None: xp code)
@@ -68,6 +71,7 @@ from typing import Any, Callable, ClassVar, TypeAlias, cast
 
 from kmeans_xp.contract import return_checks as returned
 from kmeans_xp.contract.bounds import assign_bounded_numpy
+from kmeans_xp.contract.capacity import NearestResult, nearest_xp
 from kmeans_xp.contract.chunks import count_changed, feature_mean, labelled_sq_dist, tolerance, weighted_total
 from kmeans_xp.contract.fitplan import FitPlan
 from kmeans_xp.contract.memory import (
@@ -377,6 +381,16 @@ class KMeansBackend:
         passes its own distance formula, or row test, to `bounds.assign_bounded_numpy`).
         The driver asks for it only on NumPy X, on the CPU (`bounds.bound_path`)."""
         return assign_bounded_numpy(X, centers, bounds)
+
+    def nearest(self, X: Array, centers: Array, m: int, *, xp: Namespace) -> NearestResult:
+        """`NearestResult(index, sq_dist)`: each row's min(m, k) nearest centers (an (n, m)
+        integer array, nearest first; ties in any order) and their squared distances
+        (float64, clamped at 0), the candidates of a balanced fit's assignment
+        (`kmeans_xp.contract.capacity`). Column 0 is `assign`'s label up to near ties.
+        Default: the norm expansion in xp code over chunks of rows within the budget
+        (`capacity.nearest_xp`); NumPy and CuPy keep the result where X is, other
+        namespaces give it on the host."""
+        return cast("NearestResult", nearest_xp(X, centers, m, xp, self.memory.bytes()))
 
     def lloyd(self, X: Array, sample_weight: Array | None, centers: Array, *, xp: Namespace,
               max_iter: int, tol: float, spherical: bool = False) -> LloydResult | None:

@@ -13,6 +13,7 @@ import numpy as np
 
 from kmeans_xp.algorithms.init import INIT_METHODS
 from kmeans_xp.contract.chunks import check_finite
+from kmeans_xp.contract.capacity import parse_balance
 from kmeans_xp.contract.memory import parse_memory
 from kmeans_xp.contract.constraints import Check, Interval, Options
 from kmeans_xp.contract.sparse import is_sparse
@@ -89,6 +90,8 @@ PARAMETER_CONSTRAINTS = {
     "backend_options": [Check(lambda v: v is None or isinstance(v, dict), "None or a dict")],
     "max_memory": [Check(_is_memory, "'auto', a positive number of bytes or a string like "
                                      "'2GB'")],
+    "balance": [Check(lambda v: v is None or isinstance(v, (float, dict)),
+                      "None, a float >= 1 or a dict (docs/large_k.md)")],
     # MiniBatchKMeans's own
     "batch_size": [Interval(numbers.Integral, 1)],
     "compute_labels": [Check(lambda v: isinstance(v, (bool, np.bool_)), "a bool")],
@@ -107,6 +110,15 @@ def validate_params(params: dict, owner="KMeans"):
             allowed = " or ".join(str(c) for c in constraints)
             raise invalid_parameter_error(f"The {name!r} parameter of {owner} must be "
                                           f"{allowed}. Got {value!r} instead.")
+
+
+def check_balance(spec, owner="KMeans"):
+    """The parsed `balance` parameter (`contract.capacity.parse_balance`), its errors as
+    InvalidParameterError naming the parameter."""
+    try:
+        return parse_balance(spec)
+    except ValueError as exc:
+        raise invalid_parameter_error(f"The 'balance' parameter of {owner}: {exc}") from exc
 
 
 def check_random_state(seed):
