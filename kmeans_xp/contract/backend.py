@@ -26,6 +26,9 @@ The contract a plugin implements (docs/plugins.md is its page): twelve names.
                                 free_memory
     memory            given     the fit's `memory.Budget`: a backend chunks within
                                 `memory.bytes()` (a share of the placement's free memory)
+    precisions        no        ("exact",): the compute precisions it takes (`contract.
+                                precision.PRECISIONS`); the fit's, from its `FitPlan`, is
+                                in `compute_precision` when its primitives run (docs/precision.md)
 
 Hooks the first-party backends override for speed; each default derives from the members
 above, and `check_backend` checks an override against it, so a plugin needs none of them:
@@ -261,6 +264,11 @@ class KMeansBackend:
     placement_class: ClassVar[type[Placement]] = Placement
     budget_class: ClassVar[type[Budget]] = Budget
     ahead_gate: ClassVar[bool] = False
+    #: the compute precisions the backend takes (docs/precision.md); a fit at another is
+    #: refused before any work, and backend="auto" passes over the backend
+    precisions: ClassVar[tuple[str, ...]] = ("exact",)
+    #: the precision of the fit being run (`use_precision`, from its `FitPlan.precision`)
+    compute_precision: str = "exact"
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -322,7 +330,16 @@ class KMeansBackend:
              weighted: bool = False) -> FitPlan:
         """The `FitPlan` of a fit of X (2-d, with a dtype) on this backend."""
         return FitPlan.of(X, n_clusters, device=self.device, max_memory=self.max_memory,
-                          copy_x=copy_x, weighted=weighted)
+                          copy_x=copy_x, weighted=weighted, precision=self.compute_precision)
+
+    def use_precision(self, precision: str) -> None:
+        """Compute the fit's distances at `precision` (one of `precisions`; the registry
+        checked it). A backend whose kernels take it as an option of their own overrides this
+        to set that option."""
+        if precision not in self.precisions:
+            raise ValueError(f"backend {self.name!r} computes at precision "
+                             f"{list(self.precisions)}, not {precision!r}")
+        self.compute_precision = precision
 
     def check_memory(self, X: Array, plan: FitPlan,
                      options: dict[str, Any] | None = None) -> None:

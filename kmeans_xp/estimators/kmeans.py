@@ -20,6 +20,7 @@ from kmeans_xp.estimators.interop import SklearnInterop
 from kmeans_xp.algorithms.init import seeding_dtype
 from kmeans_xp.algorithms.lloyd import kmeans_single_lloyd
 from kmeans_xp.contract.memory import explains_memory_errors, format_bytes
+from kmeans_xp.contract.precision import resolve as resolve_precision
 from kmeans_xp.contract.namespaces import array_namespace, device, to_numpy
 from kmeans_xp.estimators.predicting import Predicting
 from kmeans_xp.algorithms.progress import Clock, logger, verbose_logging
@@ -101,6 +102,13 @@ default=None
         Bound on everything the fit allocates beyond X (the backend's buffers and the
         driver's arrays: centered copy, labels, init): bytes or a string such as "2GB";
         "auto" is a share of the memory free where the backend computes.
+    precision : {"exact", "tf32", "fp16", "bf16"}, default="exact"
+        Arithmetic of the distances: "exact" in X's dtype; "tf32", "fp16", "bf16" round X
+        and the centers to that format before the distance product (tensor cores on a GPU,
+        float32 accumulation; emulated by the numpy backend). Centers, sums and inertia stay
+        float32. Float16/bfloat16 X computes at its own format. Labels near ties may differ
+        from the exact fit's: docs/precision.md gives the bound, and which backends take
+        which precision (a backend that does not is refused, and "auto" passes it over).
 
     Attributes
     ----------
@@ -158,7 +166,7 @@ default=None
                  verbose: int = 0, random_state: Any = None, copy_x: bool = True,
                  algorithm: str = "lloyd", backend: str = "auto",
                  backend_options: dict[str, Any] | None = None,
-                 max_memory: str | int = "auto") -> None:
+                 max_memory: str | int = "auto", precision: str = "exact") -> None:
         self.n_clusters = n_clusters
         self.init = init
         self.n_init = n_init
@@ -171,6 +179,7 @@ default=None
         self.backend = backend
         self.backend_options = backend_options
         self.max_memory = max_memory
+        self.precision = precision
 
     # -- fitting ------------------------------------------------------------------------------
     def _bounds(self, backend: KMeansBackend, Xc: Array) -> Any:
@@ -219,13 +228,16 @@ default=None
         clock = Clock()
         X_user = X
         X, sw_host, init_array, guard = self._check_inputs(X, sample_weight)
+        # (from the dtype X came in: float16 X is float32 from here on, on the CPU)
+        self._precision_fit = resolve_precision(self.precision,
+                                                getattr(X_user, "dtype", X.dtype))
         self._n_init = n_init = self._resolved_n_init()
         rs = check_random_state(self.random_state)
         backend, why = select_backend(self.backend, X, n_clusters=self.n_clusters,
                                       sample_weight=sw_host,
                                       backend_options=self.backend_options,
                                       max_memory=self.max_memory, check_memory=True,
-                                      copy_x=bool(self.copy_x))
+                                      copy_x=bool(self.copy_x), precision=self._precision_fit)
         place = backend.placement
         given = self._given_inits(X, init_array, n_init, rs)
         # after the last check (a callable init's centers): a fit refused starts nothing
@@ -283,7 +295,8 @@ default=None
              scale: float) -> tuple[Any, dict[str, float]]:
         place = backend.placement
         best = None
-        bounds = self._bounds(backend, Xc)
+        # (the bounds are exact distances: a reduced-precision fit runs Lloyd's kernels)
+        bounds = self._bounds(backend, Xc) if self._precision_fit == "exact" else None
         t_init = t_lloyd = 0.0
         iterations = 0  # over all runs: runs stop after different numbers of iterations
         for run in range(n_init):

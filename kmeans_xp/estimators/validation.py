@@ -14,6 +14,7 @@ import numpy as np
 from kmeans_xp.algorithms.init import INIT_METHODS
 from kmeans_xp.contract.chunks import check_finite
 from kmeans_xp.contract.memory import parse_memory
+from kmeans_xp.contract.precision import PRECISIONS
 from kmeans_xp.contract.constraints import Check, Interval, Options
 from kmeans_xp.contract.sparse import is_sparse
 from kmeans_xp.estimators.sparse_input import check_sparse
@@ -89,6 +90,7 @@ PARAMETER_CONSTRAINTS = {
     "backend_options": [Check(lambda v: v is None or isinstance(v, dict), "None or a dict")],
     "max_memory": [Check(_is_memory, "'auto', a positive number of bytes or a string like "
                                      "'2GB'")],
+    "precision": [Options(*PRECISIONS)],
     # MiniBatchKMeans's own
     "batch_size": [Interval(numbers.Integral, 1)],
     "compute_labels": [Check(lambda v: isinstance(v, (bool, np.bool_)), "a bool")],
