@@ -5,9 +5,9 @@ which, and the documented bound on how far a reduced-precision fit may be from t
 "exact" computes in X's dtype (float32 or float64). "tf32", "fp16" and "bf16" round X and the
 centers to that format's mantissa before the distance product and accumulate in float32
 (tensor cores on a GPU; the numpy backend emulates the rounding so CI tests the semantics).
-Centers, sums and inertia stay float32. X of dtype float16 or bfloat16 has no exact float32
-distance product on a tensor core (the centers must be rounded to X's format too), so a fit
-of such X with precision="exact" computes at X's own precision ("fp16" or "bf16").
+Centers, sums and inertia stay float32. X of dtype float16 or bfloat16 takes "exact" (the
+CPU backends compute its values in float32, which holds them exactly) or its own format
+(the centers rounded to it too, as a tensor core reads them); another format is refused.
 """
 from __future__ import annotations
 
@@ -35,8 +35,7 @@ def half_kind(dtype) -> str | None:
 
 def resolve(precision: str, dtype) -> str:
     """The precision a fit of X of `dtype` computes at, or a ValueError saying what to change
-    (raised before any device work). Half X computes at its own format: "exact" means that
-    format (the centers are rounded to it for the product), another reduced one is refused."""
+    (raised before any device work). Half X takes "exact" or its own format."""
     if precision not in PRECISIONS:
         raise ValueError(f"precision={precision!r} is not one of {list(PRECISIONS)}.")
     kind = half_kind(dtype)
@@ -46,7 +45,7 @@ def resolve(precision: str, dtype) -> str:
                              f"X computes at its own format ({kind!r}); pass precision="
                              f"{kind!r} (or 'exact'), or X.astype(float32) for "
                              f"precision={precision!r}.")
-        return kind
+        return precision
     if precision != "exact" and "64" in _name(dtype):
         raise ValueError(f"precision={precision!r} needs float32 or half X, got float64 "
                          f"(reduced precision of float64 data only wastes its bits); pass "
