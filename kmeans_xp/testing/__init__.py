@@ -24,6 +24,7 @@ import numpy.typing as npt
 from kmeans_xp.contract import return_checks as returned
 from kmeans_xp.contract.backend import Array, KMeansBackend, Namespace
 from kmeans_xp.contract.namespaces import device, to_numpy
+from kmeans_xp.testing.precision_checks import check_half_precision
 from kmeans_xp.testing.fits import (  # noqa: F401 - asymmetric_data and lloyd_cases are public here
     _dev,
     _host,
@@ -111,6 +112,7 @@ def check_backend(cls: type[KMeansBackend], *,
                           (check_own_loop, {"spherical": True})):
             passed += _failed_check(f"{where} {check.__name__}", check, backend, to_arr, dtype,
                                     **kw)
+    passed += _failed_check(f"{cls.name} half precision", check_half_precision, backend, to_arr)
     return passed
 
 
