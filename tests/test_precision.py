@@ -181,3 +181,16 @@ def test_cupy_float16_x_fits_with_float32_centers():
     ref = _fit(X16, init, backend="numpy")
     got = _fit(cp.asarray(X16), init, backend="auto")
     check_fit_within_bound(got, ref, "fp16", X.shape[1], "cupy float16 X")
+
+
+@pytest.mark.parametrize("precision", REDUCED)
+def test_minibatch_takes_a_precision(precision):
+    from kmeans_xp import MiniBatchKMeans
+    X, init = half_case()
+    kw = dict(init=init, backend="numpy", random_state=0, batch_size=256)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ref = MiniBatchKMeans(6, **kw).fit(X)
+        got = MiniBatchKMeans(6, precision=precision, **kw).fit(X)
+    check_fit_within_bound(got, ref, precision, X.shape[1], f"MiniBatchKMeans {precision}")
+    assert np.array_equal(got.predict(X), got.labels_)

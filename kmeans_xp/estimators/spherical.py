@@ -72,6 +72,8 @@ default=None
         Options of the backend, checked by name.
     max_memory : "auto", int or str, default="auto"
         Bound on everything the fit allocates beyond X (docs/memory.md).
+    precision : {"exact", "tf32", "fp16", "bf16"}, default="exact"
+        Arithmetic of the distances, as KMeans's (docs/precision.md).
 
     Attributes
     ----------
