@@ -390,7 +390,7 @@ class NumpyBackend(KMeansBackend):
         return (self.threads > 1 and nbytes >= SHARED_MIN_BYTES and
                 _wants_workers(self.processes, d))
 
-    #: "exact" in X's dtype; the reduced ones emulated (`numpy_emulated`, docs/precision.md)
+    #: "exact" in X's dtype; the reduced ones emulated (`emulated`, docs/precision.md)
     precisions = ("exact", "tf32", "fp16", "bf16")
 
     def assign(self, X, centers, *, xp=None):
@@ -407,7 +407,7 @@ class NumpyBackend(KMeansBackend):
     def lloyd_iter(self, X, sample_weight, centers, labels_old, *, xp=None):
         old = None if labels_old is None else np.asarray(labels_old)
         if self.compute_precision != "exact":
-            return self._emulated_iter(X, sample_weight, centers, old)
+            return emulated.lloyd_iter(self, X, sample_weight, centers, old)
         labels, _, acc, ops = self._run(X, sample_weight, centers, labels_old=old)
         changed = float(len(labels)) if old is None else float(acc.changed)
         inertia = max(acc.inertia(ops), 0.0)  # a sum of squares, whatever the rounding
@@ -423,19 +423,9 @@ class NumpyBackend(KMeansBackend):
         """One pass: int32 labels, and their inertia by differences summed per block while
         labelling (no n distances: the final pass of a fit on a memmap stays in budget)."""
         if self.compute_precision != "exact":
-            labels = self.assign(X, centers).labels
-            return labels, self.inertia(X, sample_weight, centers, labels)
+            return emulated.labels_inertia(self, X, sample_weight, centers)
         labels, _, acc, _ = self._run(X, sample_weight, centers, mode="final")
         return labels, np.float64(acc.direct)
-
-    def _emulated_iter(self, X, sample_weight, centers, old):
-        """lloyd_iter at a reduced precision: emulated labels, exact sums and inertia."""
-        labels = self.assign(X, centers).labels
-        sums = self.reduce(X, labels, sample_weight, centers.shape[0])
-        inertia = self.inertia(X, sample_weight, centers, labels)
-        changed = len(labels) if old is None else np.count_nonzero(labels != old)
-        return IterStats(labels, sums.weighted_sums, sums.weight_in_clusters,
-                         np.float64(inertia), np.float64(changed))
 
     def assign_bounded(self, X, centers, bounds, *, xp=None):
         """The contract's vectorised bounds, rows recomputed by this backend's augmented

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from kmeans_xp.contract.backend import IterStats
 from kmeans_xp.contract.precision import round_to
 
 #: rows per chunk of the emulated product: a (rows, k) float32 block beside its rounded rows
@@ -32,3 +33,20 @@ def assign(X, centers, precision):
         x_sq = np.einsum("ij,ij->i", A, A)
         min_sq[s:s + len(A)] = np.maximum(D[np.arange(len(A)), lab] + x_sq, 0)
     return labels, min_sq
+
+
+def lloyd_iter(backend, X, sample_weight, centers, labels_old):
+    """`backend`'s lloyd_iter at its reduced precision: emulated labels, exact sums and
+    inertia (the backend's own exact passes)."""
+    labels = backend.assign(X, centers).labels
+    sums = backend.reduce(X, labels, sample_weight, centers.shape[0])
+    inertia = backend.inertia(X, sample_weight, centers, labels)
+    changed = len(labels) if labels_old is None else np.count_nonzero(labels != labels_old)
+    return IterStats(labels, sums.weighted_sums, sums.weight_in_clusters,
+                     np.float64(inertia), np.float64(changed))
+
+
+def labels_inertia(backend, X, sample_weight, centers):
+    """The final pass at the reduced precision: its labels, their exact inertia."""
+    labels = backend.assign(X, centers).labels
+    return labels, backend.inertia(X, sample_weight, centers, labels)
