@@ -194,3 +194,16 @@ def test_minibatch_takes_a_precision(precision):
         got = MiniBatchKMeans(6, precision=precision, **kw).fit(X)
     check_fit_within_bound(got, ref, precision, X.shape[1], f"MiniBatchKMeans {precision}")
     assert np.array_equal(got.predict(X), got.labels_)
+
+
+@pytest.mark.parametrize("dtype_name", ["float16", "bfloat16"])
+def test_torch_half_x_fits_with_float32_centers(dtype_name):
+    torch = pytest.importorskip("torch")
+    X, init = half_case()
+    T = torch.from_numpy(X).to(getattr(torch, dtype_name))
+    ref = _fit(T.float().numpy(), init, backend="numpy")
+    own = "fp16" if dtype_name == "float16" else "bf16"
+    for precision in ("exact", own):
+        got = _fit(T, init, precision=precision)
+        assert got.cluster_centers_.dtype == torch.float32
+        check_fit_within_bound(got, ref, own, X.shape[1], f"torch {dtype_name} {precision}")
