@@ -207,3 +207,20 @@ def test_torch_half_x_fits_with_float32_centers(dtype_name):
         got = _fit(T, init, precision=precision)
         assert got.cluster_centers_.dtype == torch.float32
         check_fit_within_bound(got, ref, own, X.shape[1], f"torch {dtype_name} {precision}")
+
+
+def test_cupy_fused_maps_the_fit_precision_onto_its_kernel_paths(fake_cupy):
+    from kmeans_xp_backends.cupy.fused import CupyFusedBackend
+    backend = CupyFusedBackend()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")   # the new option warns about nothing
+        backend.use_precision("tf32")
+        assert (backend.precision, backend.compute_precision) == ("tf32", "tf32")
+        backend.use_precision("exact")
+        assert (backend.precision, backend.compute_precision) == ("fp32", "exact")
+    with pytest.raises(ValueError, match="not 'fp16'"):
+        backend.use_precision("fp16")
+    old = CupyFusedBackend(precision="tf32")
+    with pytest.warns(DeprecationWarning, match="KMeans\\(precision='tf32'\\)"):
+        old.use_precision("exact")
+    assert (old.precision, old.compute_precision) == ("tf32", "tf32")

@@ -109,9 +109,9 @@ class CupyFusedBackend(CupyBackendBase):
         backend_options={'precision': 'tf32'} still runs TF32 under precision='exact', with a
         DeprecationWarning: KMeans(precision='tf32') says it once for every backend."""
         super().use_precision(precision)
-        if precision != "exact":
-            self.precision = paths.PRECISIONS[precision]
-        elif self.precision == "tf32":
+        given = self.__dict__.setdefault("_precision_option", self.precision)  # the user's
+        self.precision = paths.PRECISIONS[precision] if precision != "exact" else given
+        if precision == "exact" and given == "tf32":
             warnings.warn("backend_options={'precision': 'tf32'} is deprecated; pass "
                           "KMeans(precision='tf32') instead (docs/precision.md).",
                           DeprecationWarning, stacklevel=2)
