@@ -224,3 +224,18 @@ def test_cupy_fused_maps_the_fit_precision_onto_its_kernel_paths(fake_cupy):
     with pytest.warns(DeprecationWarning, match="KMeans\\(precision='tf32'\\)"):
         old.use_precision("exact")
     assert (old.precision, old.compute_precision) == ("tf32", "tf32")
+
+
+@pytest.mark.parametrize("precision", REDUCED)
+def test_cupy_chunked_reduced_precision_on_the_emulated_device(fake_cupy, precision):
+    """cupy-chunked rounds X's rows and the centers as the numpy emulation does, then its FP32
+    GEMM: the same fit up to the order of the sums."""
+    from kmeans_xp_backends.cupy.rounding import round_into
+    X, init = half_case()
+    assert np.array_equal(round_into(fake_cupy, X, precision, np.empty_like(X)),
+                          prec.round_to(X, precision))
+    ref = _fit(X, init, backend="numpy", precision=precision)
+    got = _fit(fake_cupy.asarray(X), init, backend="cupy-chunked", precision=precision)
+    assert got.backend_ == "cupy-chunked"
+    check_fit_within_bound(got, ref, precision, X.shape[1], f"cupy-chunked {precision}")
+    assert np.mean(fake_cupy.asnumpy(got.labels_) != ref.labels_) <= 0.001
