@@ -169,8 +169,24 @@ def test_cupy_fused_old_tf32_option_still_runs_tf32_and_warns():
 def test_cupy_half_precision_is_refused_with_the_backends_that_take_it(precision):
     import cupy as cp
     X, init = half_case()
-    with pytest.raises(ValueError, match=f"not '{precision}'.*would: .*'numpy'"):
+    with pytest.raises(ValueError, match=f"not '{precision}'.*would: .*'cupy-chunked'"):
         KMeans(6, init=init, backend="cupy-fused", precision=precision).fit(cp.asarray(X))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", REDUCED)
+def test_cupy_chunked_reduced_precision_on_the_gpu(precision):
+    import cupy as cp
+    from kmeans_xp_backends.cupy.rounding import round_into
+    X, init = half_case()
+    Xd = cp.asarray(X)
+    rounded = round_into(cp, Xd, precision, cp.empty_like(Xd))
+    assert np.array_equal(cp.asnumpy(rounded), prec.round_to(X, precision))
+    ref = _fit(X, init, backend="numpy")
+    got = _fit(Xd, init, backend="auto", precision=precision)
+    assert got.backend_ == ("cupy-fused" if precision == "tf32" else "cupy-chunked")
+    check_fit_within_bound(got, ref, precision, X.shape[1], f"{got.backend_} {precision}")
+    check_assignment_bound(get_backend("cupy-chunked")(), cp.asarray, precision, precision)
 
 
 @pytest.mark.gpu
