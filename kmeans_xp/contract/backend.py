@@ -26,9 +26,6 @@ The contract a plugin implements (docs/plugins.md is its page): twelve names.
                                 free_memory
     memory            given     the fit's `memory.Budget`: a backend chunks within
                                 `memory.bytes()` (a share of the placement's free memory)
-    precisions        no        ("exact",): the compute precisions it takes (`contract.
-                                precision.PRECISIONS`); the fit's, from its `FitPlan`, is
-                                in `compute_precision` when its primitives run (docs/precision.md)
 
 Hooks the first-party backends override for speed; each default derives from the members
 above, and `check_backend` checks an override against it, so a plugin needs none of them:
@@ -49,6 +46,9 @@ above, and `check_backend` checks an override against it, so a plugin needs none
     check_memory      raise before any work when the fit's `FitPlan` cannot fit (default:
                       `estimate_memory` applied to the plan)
     budget_class      the `Budget` class (CuPy's measures its pool's peaks per stage)
+    precisions        ("exact",): the compute precisions it takes (docs/precision.md); the
+                      fit's, from its `FitPlan`, is in `compute_precision` when its
+                      primitives run (`use_precision` sets it)
     driver_rows       rows per chunk of the O(n d) passes done in xp code (a quarter of the
                       budget; dask: all rows, it chunks them itself)
 
