@@ -5,13 +5,16 @@ import warnings
 
 import numpy as np
 import pytest
+from kmeans_xp_backends.numpy.backend import NumpyBackend
 
 from kmeans_xp import KMeans, SphericalKMeans
 from kmeans_xp.contract import precision as prec
 from kmeans_xp.contract.registry import get_backend
-from kmeans_xp.testing.precision_checks import (check_assignment_bound, check_fit_within_bound,
-                                                half_case)
-from kmeans_xp_backends.numpy.backend import NumpyBackend
+from kmeans_xp.testing.precision_checks import (
+    check_assignment_bound,
+    check_fit_within_bound,
+    half_case,
+)
 
 REDUCED = ("tf32", "fp16", "bf16")
 

@@ -24,7 +24,6 @@ import numpy.typing as npt
 from kmeans_xp.contract import return_checks as returned
 from kmeans_xp.contract.backend import Array, KMeansBackend, Namespace
 from kmeans_xp.contract.namespaces import device, to_numpy
-from kmeans_xp.testing.precision_checks import check_half_precision
 from kmeans_xp.testing.fits import (  # noqa: F401 - asymmetric_data and lloyd_cases are public here
     _dev,
     _host,
@@ -35,6 +34,7 @@ from kmeans_xp.testing.fits import (  # noqa: F401 - asymmetric_data and lloyd_c
     check_unit_rows,
     lloyd_cases,
 )
+from kmeans_xp.testing.precision_checks import check_half_precision
 
 
 def _brute(X: np.ndarray, C: np.ndarray, labels: np.ndarray | None = None,
