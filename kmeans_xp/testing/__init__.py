@@ -112,7 +112,8 @@ def check_backend(cls: type[KMeansBackend], *,
                           (check_own_loop, {"spherical": True})):
             passed += _failed_check(f"{where} {check.__name__}", check, backend, to_arr, dtype,
                                     **kw)
-    passed += _failed_check(f"{cls.name} half precision", check_half_precision, backend, to_arr)
+    passed += int(_failed_check(f"{cls.name} half precision", check_half_precision, backend,
+                                to_arr))
     return passed
 
 
