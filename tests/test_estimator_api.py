@@ -17,7 +17,7 @@ from tests._helpers import AUTO_CPU
 
 X = asymmetric_data(403, 4, 5, seed=1)
 PARAMS = ["algorithm", "backend", "backend_options", "balance", "copy_x", "init", "max_iter",
-          "max_memory", "n_clusters", "n_init", "random_state", "tol", "verbose"]
+          "max_memory", "n_clusters", "n_init", "precision", "random_state", "tol", "verbose"]
 
 
 def test_get_params_lists_every_init_argument():

@@ -49,6 +49,9 @@ above, and `check_backend` checks an override against it, so a plugin needs none
     check_memory      raise before any work when the fit's `FitPlan` cannot fit (default:
                       `estimate_memory` applied to the plan)
     budget_class      the `Budget` class (CuPy's measures its pool's peaks per stage)
+    precisions        ("exact",): the compute precisions it takes (docs/precision.md); the
+                      fit's, from its `FitPlan`, is in `compute_precision` when its
+                      primitives run (`use_precision` sets it)
     driver_rows       rows per chunk of the O(n d) passes done in xp code (a quarter of the
                       budget; dask: all rows, it chunks them itself)
 
@@ -265,6 +268,11 @@ class KMeansBackend:
     placement_class: ClassVar[type[Placement]] = Placement
     budget_class: ClassVar[type[Budget]] = Budget
     ahead_gate: ClassVar[bool] = False
+    #: the compute precisions the backend takes (docs/precision.md); a fit at another is
+    #: refused before any work, and backend="auto" passes over the backend
+    precisions: ClassVar[tuple[str, ...]] = ("exact",)
+    #: the precision of the fit being run (`use_precision`, from its `FitPlan.precision`)
+    compute_precision: str = "exact"
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -326,7 +334,16 @@ class KMeansBackend:
              weighted: bool = False) -> FitPlan:
         """The `FitPlan` of a fit of X (2-d, with a dtype) on this backend."""
         return FitPlan.of(X, n_clusters, device=self.device, max_memory=self.max_memory,
-                          copy_x=copy_x, weighted=weighted)
+                          copy_x=copy_x, weighted=weighted, precision=self.compute_precision)
+
+    def use_precision(self, precision: str) -> None:
+        """Compute the fit's distances at `precision` (one of `precisions`; the registry
+        checked it). A backend whose kernels take it as an option of their own overrides this
+        to set that option."""
+        if precision not in self.precisions:
+            raise ValueError(f"backend {self.name!r} computes at precision "
+                             f"{list(self.precisions)}, not {precision!r}")
+        self.compute_precision = precision
 
     def check_memory(self, X: Array, plan: FitPlan,
                      options: dict[str, Any] | None = None) -> None:

@@ -351,12 +351,14 @@ def _narrow_first(candidates: list[str], X: Any) -> list[str]:
 def select_backend(backend: str, X: Any, *, n_clusters: int, sample_weight: Any = None,
                    backend_options: dict[str, Any] | None = None,
                    max_memory: int | str = "auto", check_memory: bool = False,
-                   copy_x: bool = True) -> tuple[KMeansBackend, str]:
+                   copy_x: bool = True,
+                   precision: str = "exact") -> tuple[KMeansBackend, str]:
     """(backend instance, why it was chosen) for this input; never a silent fallback. With
     check_memory (a fit), the chosen backend's `check_memory` passed too, given the fit's
     plan: "auto" passes over a backend the fit would not fit in, a named one raises its
     KMeansMemoryError. copy_x: whether the fit centers a copy of X (the plan carries it to
-    the check, which counts it)."""
+    the check, which counts it). precision: the fit's compute precision (resolved,
+    `contract.precision.resolve`); a backend that does not declare it does not take X."""
     from kmeans_xp.contract.namespaces import DLPACK_FOREIGN, foreign_device_type, namespace_name
 
     options = dict(backend_options or {})
@@ -367,14 +369,15 @@ def select_backend(backend: str, X: Any, *, n_clusters: int, sample_weight: Any 
     if backend != "auto":
         cls = get_backend(backend)
         inst = cls(max_memory=max_memory, **options)
-        reason = inst.reject_reason(X, n_clusters=n_clusters, sample_weight=sample_weight)
+        reason = _precise_reject_reason(inst, X, n_clusters, sample_weight, precision)
         if reason is not None:
             takers = [n for n in available_backends() if n != backend and _takes(
-                n, X, n_clusters, sample_weight)]
+                n, X, n_clusters, sample_weight, precision)]
             raise ValueError(f"backend {backend!r} cannot take this input: {reason}. Backends "
                              f"that would: {takers or 'none installed'}.")
         if check_memory:
             inst = _checked_for_fit(inst, X, n_clusters, copy_x, sample_weight, options)
+            inst.use_precision(precision)   # (a backend sized anew is a new instance)
         if named is not None:
             return inst, f"named by the user: {named!r}, whose sparse X goes to {backend!r}"
         return inst, "named by the user"
@@ -399,13 +402,15 @@ def select_backend(backend: str, X: Any, *, n_clusters: int, sample_weight: Any 
     candidates = _narrow_first(_small_work_skips_numba(candidates, X, ns, n_clusters), X)
     reasons, short_of_memory = [], None
     for name in candidates:  # only these are looked at: a NumPy fit never probes a GPU
-        reason = _reject_reason(name, X, n_clusters, sample_weight)
+        reason = _reject_reason(name, X, n_clusters, sample_weight, precision)
         if reason is None:
             inst = get_backend(name)(max_memory=max_memory, **options)
+            inst.use_precision(precision)
             try:  # a backend the fit would not fit in is passed over, as one that refuses
                 if check_memory:
                     inst = _checked_for_fit(inst, X, n_clusters, copy_x, sample_weight,
                                             options)
+                    inst.use_precision(precision)
             except KMeansMemoryError as exc:
                 reasons.append(f"{name}: {exc}")
                 short_of_memory = exc
@@ -456,17 +461,33 @@ def _small_work_skips_numba(candidates: list[str], X: Any, ns: str,
     return [c for c in candidates if c != "numba"]
 
 
-def _reject_reason(name: str, X: Any, n_clusters: int, sample_weight: Any) -> str | None:
-    """None when backend `name` is installed and takes X, else why not (a sentence)."""
+def _reject_reason(name: str, X: Any, n_clusters: int, sample_weight: Any,
+                   precision: str = "exact") -> str | None:
+    """None when backend `name` is installed and takes X at `precision`, else why not (a
+    sentence)."""
     info = _info(name)
     if info is None or not info.available:
         return "not installed" if info is None else info.reason
     try:
-        return get_backend(name)().reject_reason(X, n_clusters=n_clusters,
-                                                 sample_weight=sample_weight)
+        return _precise_reject_reason(get_backend(name)(), X, n_clusters, sample_weight,
+                                      precision)
     except Exception as exc:  # noqa: BLE001 - a backend that cannot even start does not take X
         return f"it failed to start ({type(exc).__name__}: {exc})"
 
 
-def _takes(name: str, X: Any, n_clusters: int, sample_weight: Any) -> bool:
-    return _reject_reason(name, X, n_clusters, sample_weight) is None
+def _precise_reject_reason(inst: KMeansBackend, X: Any, n_clusters: int, sample_weight: Any,
+                           precision: str) -> str | None:
+    """The backend's reject_reason once set to compute at `precision` (its kernels may not
+    run that precision on this device), or why it takes no fit at that precision."""
+    from kmeans_xp.contract.precision import unsupported_reason
+
+    reason = unsupported_reason(type(inst), precision)
+    if reason is not None:
+        return reason
+    inst.use_precision(precision)
+    return inst.reject_reason(X, n_clusters=n_clusters, sample_weight=sample_weight)
+
+
+def _takes(name: str, X: Any, n_clusters: int, sample_weight: Any,
+           precision: str = "exact") -> bool:
+    return _reject_reason(name, X, n_clusters, sample_weight, precision) is None

@@ -21,6 +21,7 @@ from kmeans_xp.estimators.interop import SklearnInterop
 from kmeans_xp.algorithms.init import seeding_dtype
 from kmeans_xp.algorithms.lloyd import kmeans_single_lloyd
 from kmeans_xp.contract.memory import explains_memory_errors, format_bytes
+from kmeans_xp.contract.precision import resolve as resolve_precision
 from kmeans_xp.contract.namespaces import array_namespace, device, to_numpy
 from kmeans_xp.estimators.predicting import Predicting
 from kmeans_xp.algorithms.progress import Clock, logger, verbose_logging
@@ -112,6 +113,13 @@ default=None
         ``{"penalty": lam}`` adds a size penalty to the distances instead (soft);
         ``"candidates"``: nearest centers each row may take (default 8). ``labels_``
         holds the cap; ``predict`` gives the nearest center.
+    precision : {"exact", "tf32", "fp16", "bf16"}, default="exact"
+        Arithmetic of the distances: "exact" in X's dtype; "tf32", "fp16", "bf16" round X
+        and the centers to that format before the distance product (tensor cores on a GPU,
+        float32 accumulation; emulated by the numpy backend). Centers, sums and inertia stay
+        float32. Float16/bfloat16 X computes at its own format. Labels near ties may differ
+        from the exact fit's: docs/precision.md gives the bound, and which backends take
+        which precision (a backend that does not is refused, and "auto" passes it over).
 
     Attributes
     ----------
@@ -169,7 +177,8 @@ default=None
                  verbose: int = 0, random_state: Any = None, copy_x: bool = True,
                  algorithm: str = "lloyd", backend: str = "auto",
                  backend_options: dict[str, Any] | None = None,
-                 max_memory: str | int = "auto", balance: Any = None) -> None:
+                 max_memory: str | int = "auto", balance: Any = None,
+                 precision: str = "exact") -> None:
         self.n_clusters = n_clusters
         self.init = init
         self.n_init = n_init
@@ -183,6 +192,7 @@ default=None
         self.backend_options = backend_options
         self.max_memory = max_memory
         self.balance = balance
+        self.precision = precision
 
     # -- fitting ------------------------------------------------------------------------------
     def _bounds(self, backend: KMeansBackend, Xc: Array) -> Any:
@@ -240,13 +250,16 @@ default=None
         X_user = X
         X, sw_host, init_array, guard = self._check_inputs(X, sample_weight)
         self._balance_of(X)
+        # (from the dtype X came in: float16 X is float32 from here on, on the CPU)
+        self._precision_fit = resolve_precision(self.precision,
+                                                getattr(X_user, "dtype", X.dtype))
         self._n_init = n_init = self._resolved_n_init()
         rs = check_random_state(self.random_state)
         backend, why = select_backend(self.backend, X, n_clusters=self.n_clusters,
                                       sample_weight=sw_host,
                                       backend_options=self.backend_options,
                                       max_memory=self.max_memory, check_memory=True,
-                                      copy_x=bool(self.copy_x))
+                                      copy_x=bool(self.copy_x), precision=self._precision_fit)
         place = backend.placement
         given = self._given_inits(X, init_array, n_init, rs)
         # after the last check (a callable init's centers): a fit refused starts nothing
@@ -304,7 +317,8 @@ default=None
              scale: float) -> tuple[Any, dict[str, float]]:
         place = backend.placement
         best = None
-        bounds = self._bounds(backend, Xc)
+        # (the bounds are exact distances: a reduced-precision fit runs Lloyd's kernels)
+        bounds = self._bounds(backend, Xc) if self._precision_fit == "exact" else None
         t_init = t_lloyd = 0.0
         iterations = 0  # over all runs: runs stop after different numbers of iterations
         for run in range(n_init):

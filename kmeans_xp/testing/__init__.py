@@ -35,6 +35,7 @@ from kmeans_xp.testing.fits import (  # noqa: F401 - asymmetric_data and lloyd_c
     check_unit_rows,
     lloyd_cases,
 )
+from kmeans_xp.testing.precision_checks import check_half_precision
 
 
 def _brute(X: np.ndarray, C: np.ndarray, labels: np.ndarray | None = None,
@@ -113,6 +114,8 @@ def check_backend(cls: type[KMeansBackend], *,
                           (check_own_loop, {"spherical": True})):
             passed += _failed_check(f"{where} {check.__name__}", check, backend, to_arr, dtype,
                                     **kw)
+    passed += int(_failed_check(f"{cls.name} half precision", check_half_precision, backend,
+                                to_arr))
     return passed
 
 
