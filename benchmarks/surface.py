@@ -20,7 +20,8 @@ beside it), so this tool only chooses the points and writes what they measured.
   whole fit in seconds, max_iter=CONVERGE_MAX_ITER, tol=CONVERGE_TOL; faiss has no tol and
   runs them all).
 - n per point (`points`): as many rows as keep n * k * d at --budget, within [--n-min,
-  --n-max] and at least MIN_PER_CLUSTER rows a cluster; a point where even that floor needs
+  --n-max], X (float32) within the grid's x_max_bytes (2 GiB CPU, 8 GiB GPU) and at least
+  MIN_PER_CLUSTER rows a cluster; a point where even that floor needs
   more than OVER_BUDGET times the budget is listed as beyond it, not run.
 
 It REWRITES the section `surface-<device>` of `<results-dir>/<kind>.md` (kind: `cpu-<cores>core`
@@ -51,10 +52,12 @@ OVER_BUDGET = 4
 GRIDS = {
     "cpu": dict(d=[2, 3, 8, 16, 32, 64, 128, 384, 768, 1536],
                 k=[8, 64, 256, 1024, 4096, 16384], threads=["1", "2", "4", "all"],
-                modes=["fixed", "converge"], budget=2e8, n_min=10_000, n_max=1_000_000),
+                modes=["fixed", "converge"], budget=2e8, n_min=10_000, n_max=1_000_000,
+                x_max_bytes=2 << 30),
     "gpu": dict(d=[2, 3, 8, 16, 32, 64, 128, 256, 512, 1024, 2048],
                 k=[8, 64, 256, 1024, 4096, 16384, 65536, 262144], threads=["all"],
-                modes=["fixed"], budget=2e12, n_min=10_000, n_max=20_000_000),
+                modes=["fixed"], budget=5e11, n_min=10_000, n_max=20_000_000,
+                x_max_bytes=8 << 30),
 }
 #: named subsets (the grid's other settings stay): each fits its stated time
 SUBSETS = {
@@ -63,15 +66,16 @@ SUBSETS = {
     "quick": dict(d=[3, 64], k=[64, 1024], threads=["all"], budget=1e8),
     # about 20 minutes on 2 shared cores
     "cpu-2core": dict(d=[2, 8, 32, 128, 768], k=[8, 256, 1024], threads=["1", "all"],
-                      n_max=250_000),
-    # one 9-minute call on 16 cores each (run a then b; the raw JSON merges them)
-    "cpu16-a": dict(d=[2, 3, 16, 64, 128], k=[8, 256, 1024, 16384], threads=["1", "all"],
+                      budget=1.2e8, n_max=100_000),
+    # one 9-minute call on 16 cores each, with --max-minutes 8 (run a then b on the same
+    # warm machine: the raw JSON merges them)
+    "cpu16-a": dict(d=[3, 16, 64, 128, 768], k=[64, 256, 1024], threads=["all"],
                     budget=1e9),
-    "cpu16-b": dict(d=[8, 32, 384, 768, 1536], k=[64, 1024, 4096], threads=["4", "all"],
-                    budget=1e9),
-    # one 9-minute device call each
-    "gpu-a": dict(d=[16, 64, 128, 256], k=[256, 1024, 16384, 65536]),
-    "gpu-b": dict(d=[2, 3, 512, 1024, 2048], k=[8, 1024, 4096, 16384, 262144]),
+    "cpu16-b": dict(d=[2, 8, 32, 384, 1536], k=[8, 256, 4096], threads=["1", "4"],
+                    modes=["fixed"], budget=1e9),
+    # one 9-minute device call each, with --max-minutes 8
+    "gpu-a": dict(d=[16, 64, 128, 256], k=[256, 4096, 16384, 65536]),
+    "gpu-b": dict(d=[2, 3, 512, 1024, 2048], k=[8, 1024, 16384, 262144]),
 }
 
 
@@ -88,7 +92,8 @@ def points(settings):
     for d in settings["d"]:
         for k in settings["k"]:
             floor = max(settings["n_min"], MIN_PER_CLUSTER * k)
-            n = int(min(settings["n_max"], max(floor, settings["budget"] // (k * d))))
+            cap = min(settings["n_max"], settings["x_max_bytes"] // (4 * d))
+            n = int(min(cap, max(floor, settings["budget"] // (k * d))))
             if floor * k * d > OVER_BUDGET * settings["budget"]:
                 out.append((d, k, None, f"n >= {floor:,} needs n*k*d = {floor * k * d:.2g} > "
                                         f"{OVER_BUDGET} x --budget {settings['budget']:.2g}"))
