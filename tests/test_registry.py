@@ -505,7 +505,9 @@ def test_auto_orders_the_cpu_engines_by_the_table():
     from kmeans_xp.contract.registry import select_backend
     assert cpu_engines.choose(50_000, 3, 8, iterations=300).order == ("numba", "numpy")
     assert cpu_engines.choose(50_000, 3, 8, iterations=5).order == ("numpy",)
-    assert cpu_engines.choose(50_000, 64, 8, iterations=300).order == ("numpy",)
+    assert cpu_engines.choose(50_000, 64, 8, iterations=300).order == ("numba", "numpy")
+    assert cpu_engines.choose(50_000, 64, 8, iterations=5).order == ("numpy",)
+    assert cpu_engines.choose(20_000, 64, 32, iterations=300).order == ("numpy",)
     assert cpu_engines.choose(50_000, 64, 64, iterations=1).order == ("numba", "numpy")
     X = np.zeros((50_000, 3), np.float32)
     numba = "numba" in kmeans_xp.available_backends()

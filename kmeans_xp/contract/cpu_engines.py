@@ -21,6 +21,12 @@ NARROW_MAX_D = 4
 #: (1-2 s) at d <= NARROW_MAX_D: it saves about 5 ns a unit of work against the numpy
 #: backend's GEMM of K = d, 3-5x faster (figure: surface-cpu, benchmarks/results/cpu-2core.md)
 NARROW_NUMBA_MIN_FIT_WORK = 3 * 10**8
+#: from this few clusters down, numba's pass is 3-7x the numpy backend at every d measured (the
+#: numpy backend's GEMM of so few columns is mostly its per-chunk cost): about 1.3 ns saved a
+#: unit of work, so from this whole-fit work it repays numba's first use (figure: surface-cpu,
+#: k = 8 rows, benchmarks/results/cpu-2core.md)
+SMALL_K_MAX = 16
+SMALL_K_NUMBA_MIN_FIT_WORK = 15 * 10**8
 #: below this n * k * d an iteration, numba's first use in a process costs more than the numpy
 #: backend's whole fit at d > NARROW_MAX_D, where the two are within 20% of each other warm
 #: (figure: W1 and surface-cpu rows of benchmarks/results/<kind>.md)
@@ -51,6 +57,10 @@ CPU_ENGINES = (
         lambda q: q.d <= NARROW_MAX_D and q.work * q.iterations >= NARROW_NUMBA_MIN_FIT_WORK,
         f"d <= {NARROW_MAX_D}: numba's narrow kernel, 3-5x the numpy backend, repays its "
         f"first use from n*k*d*iterations >= {NARROW_NUMBA_MIN_FIT_WORK:.0e}"),
+    Row(("numba", "numpy"),
+        lambda q: q.k <= SMALL_K_MAX and q.work * q.iterations >= SMALL_K_NUMBA_MIN_FIT_WORK,
+        f"k <= {SMALL_K_MAX}: numba's pass, 3-7x the numpy backend's GEMM of few columns, "
+        f"repays its first use from n*k*d*iterations >= {SMALL_K_NUMBA_MIN_FIT_WORK:.0e}"),
     Row(("numpy",),
         lambda q: q.work < AUTO_NUMBA_MIN_WORK,
         f"n*k*d < {AUTO_NUMBA_MIN_WORK:.0e}: numba's first use in a process would cost "
