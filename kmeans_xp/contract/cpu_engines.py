@@ -13,7 +13,7 @@ work of one iteration (n * k * d) or of the whole fit (times the iterations it m
 from __future__ import annotations
 
 import os
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 #: numba's narrow kernel takes d up to this (kmeans_xp_backends.numba.backend.NARROW_D)
 NARROW_MAX_D = 4
@@ -47,8 +47,8 @@ class Query(NamedTuple):
 
 class Row(NamedTuple):
     """When `holds(query)`, the engines in `order` (those not listed are left out)."""
-    order: tuple
-    holds: object
+    order: tuple[str, ...]
+    holds: Callable[[Query], bool]
     why: str
 
 
@@ -77,13 +77,14 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
-def choose(n, d, k, *, iterations=1, threads=1) -> Row:
+def choose(n: int, d: int, k: int, *, iterations: int = 1, threads: int = 1) -> Row:
     """The row of CPU_ENGINES a problem takes."""
     q = Query(int(n), int(d), int(k), max(1, int(iterations)), max(1, int(threads)))
     return next(row for row in CPU_ENGINES if row.holds(q))
 
 
-def arrange(candidates, n, d, k, *, iterations=1, threads=1):
+def arrange(candidates: list[str], n: int, d: int, k: int, *, iterations: int = 1,
+            threads: int = 1) -> tuple[list[str], str]:
     """(candidates with the CPU engines in the table's order, the row's reason): engines the
     row leaves out are removed, the rest of the candidates (GPU backends first) stay."""
     row = choose(n, d, k, iterations=iterations, threads=threads)
@@ -91,7 +92,7 @@ def arrange(candidates, n, d, k, *, iterations=1, threads=1):
     if not engines:
         return list(candidates), ""
     ordered = iter([e for e in row.order if e in engines])
-    out = []
+    out: list[str] = []
     for c in candidates:
         if c not in ("numba", "numpy"):
             out.append(c)
