@@ -160,6 +160,7 @@ def measure_point(bench, specs, d, k, n, threads, mode, args):
         else CONVERGE_MAX_ITER
     w = bench.Workload(n=n, d=d, k=k, iters=iters, tol=0.0 if fixed else CONVERGE_TOL,
                        threads=threads, repeats=args.repeats if fixed else 1,
+                       agreement=args.device == "cpu",   # (a host fit per GPU point)
                        seed=args.seed, warmup_iters=1 if args.subset == "tiny" else 2)
     result = bench.compare(specs, w)
     rows = []
