@@ -67,13 +67,13 @@ SUBSETS = {
     # about 20 minutes on 2 shared cores
     "cpu-2core": dict(d=[2, 8, 32, 128, 768], k=[8, 256, 1024], threads=["1", "all"],
                       budget=1.2e8, n_max=100_000),
-    # one 9-minute call on 16 cores each, with --max-minutes 8 (run a then b on the same
+    # one 9-minute call on 16 cores each, with --max-minutes 7 (run a then b on the same
     # warm machine: the raw JSON merges them)
     "cpu16-a": dict(d=[3, 16, 64, 128, 768], k=[64, 256, 1024], threads=["all"],
                     budget=1e9),
     "cpu16-b": dict(d=[2, 8, 32, 384, 1536], k=[8, 256, 4096], threads=["1", "4"],
                     modes=["fixed"], budget=1e9),
-    # one 9-minute device call each, with --max-minutes 8
+    # one 9-minute device call each, with --max-minutes 6.5
     "gpu-a": dict(d=[16, 64, 128, 256], k=[256, 4096, 16384, 65536]),
     "gpu-b": dict(d=[2, 3, 512, 1024, 2048], k=[8, 1024, 16384, 262144]),
 }
