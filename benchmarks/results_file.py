@@ -14,7 +14,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS_DIR = ROOT / "benchmarks" / "results"
 #: sections after the comparison's own workloads, in this order (the rest by name)
-EXTRA_ORDER = ("S1", "S3", "S5", "T1", "T5", "F1", "F2", "minibatch", "sparse", "max_memory")
+EXTRA_ORDER = ("S1", "S3", "S5", "T1", "T5", "F1", "F2", "surface-cpu", "surface-gpu",
+               "minibatch", "sparse", "max_memory")
 
 
 def bench_module():

@@ -149,3 +149,38 @@ def test_large_k_compares_flat_hierarchical_balanced_and_subsampled(tmp_path):
         assert rows[name]["seconds"] > 0 and rows[name]["inertia"] > 0, out
     assert rows["balanced"]["spread"] <= 1.1 + 16 / 3000
     assert rows["flat"]["over_flat"] == 1.0
+
+
+def test_surface_sweep_writes_its_section_table_and_heat_map(tmp_path):
+    """benchmarks/surface.py (the (d, k) x threads x mode grid of issues 40 and 41) on a tiny
+    grid: every point's rows ran from one init, the section has a table per mode with the
+    auto row's choice and the ratios, and a second run of part of the grid merges into it."""
+    results, raw = tmp_path / "results", tmp_path / "raw"
+    common = ["--subset", "tiny", "--kind", "t", "--results-dir", results, "--raw-dir", raw,
+              "--rows", "kmeans_xp-auto,numpy,scikit-learn,scikit-learn-elkan"]
+    out = run_tool("benchmarks/surface.py", *common, "--modes", "fixed,converge", "--fresh")
+    assert "[4/4] converge threads=1 d=16 k=8" in out, out
+    points = json.loads((raw / "t" / "surface-cpu.json").read_text())
+    assert len(points) == 4 and {p["mode"] for p in points} == {"fixed", "converge"}
+    for p in points:
+        assert p["threads"] == 1 and p["n"] >= 8 * p["k"]
+        rows = {r["name"]: r for r in p["rows"]}
+        assert all(r["status"] == "ok" and r["time_s"] > 0 for r in rows.values()), rows
+        assert rows["kmeans_xp-auto"]["engine"] in ("numpy", "numba")
+        assert rows["scikit-learn-elkan"]["agreement"] > 0.99
+        if p["mode"] == "converge":   # the same tol rule: the same iterations as sklearn
+            assert rows["numpy"]["n_iter"] == rows["scikit-learn"]["n_iter"] < 100
+    page = (results / "t.md").read_text()
+    section = page.split("## surface-cpu: ", 1)[1]
+    assert "### fixed: ms per iteration" in section and "### converge: whole fit" in section
+    assert "| kmeans_xp-auto | numpy |" in section and "ours / best peer" in section
+    assert "python benchmarks/surface.py --subset tiny" in section
+    if (results / "t-surface-cpu.png").exists():
+        assert "![ours over the best peer](t-surface-cpu.png)" in section
+    else:
+        pytest.importorskip("matplotlib")
+        raise AssertionError("matplotlib is installed, but no heat map was drawn")
+    # a run of one point merges into the earlier ones (unless --fresh)
+    run_tool("benchmarks/surface.py", *common, "--modes", "fixed", "--d", "3")
+    assert len(json.loads((raw / "t" / "surface-cpu.json").read_text())) == 4
+    assert "## surface-cpu: 4 points" in (results / "t.md").read_text()

@@ -77,11 +77,6 @@ AUTO_GPU_MIN_WORK = 2 * 10**8
 #: scipy.sparse input with at least this many stored values times k goes to the GPU's sparse
 #: path under "auto" where one works (the dense rule's AUTO_GPU_MIN_WORK, on stored values)
 AUTO_GPU_SPARSE_MIN_WORK = AUTO_GPU_MIN_WORK
-#: below this n * k * d, "auto" leaves the numba backend out on the CPU: a process's first
-#: numba fit imports numba and SciPy (about a second with its kernels cached, more in a new
-#: environment), more than the numpy backend's whole fit takes there (figure: W1 rows of
-#: benchmarks/results/<kind>.md)
-AUTO_NUMBA_MIN_WORK = 10**8
 AUTO_GPU_FOR_HOST = ("cupy-fused", "cupy-chunked", "cupy-kernels")
 #: X with at most this many features goes to cupy-kernels before cupy-chunked (when cupy-fused
 #: does not take it): direct distances beat a cuBLAS GEMM of K = d there, and at d=128 the
@@ -351,8 +346,8 @@ def _narrow_first(candidates: list[str], X: Any) -> list[str]:
 def select_backend(backend: str, X: Any, *, n_clusters: int, sample_weight: Any = None,
                    backend_options: dict[str, Any] | None = None,
                    max_memory: int | str = "auto", check_memory: bool = False,
-                   copy_x: bool = True,
-                   precision: str = "exact") -> tuple[KMeansBackend, str]:
+                    copy_x: bool = True, precision: str = "exact",
+                    iterations: int = 1) -> tuple[KMeansBackend, str]:
     """(backend instance, why it was chosen) for this input; never a silent fallback. With
     check_memory (a fit), the chosen backend's `check_memory` passed too, given the fit's
     plan: "auto" passes over a backend the fit would not fit in, a named one raises its
@@ -399,7 +394,11 @@ def select_backend(backend: str, X: Any, *, n_clusters: int, sample_weight: Any 
             why = f"NumPy input with n*k*d = {n * n_clusters * d:.2g} >= {AUTO_GPU_MIN_WORK:.0e}"
         else:
             candidates = list(AUTO_CPU)
-    candidates = _narrow_first(_small_work_skips_numba(candidates, X, ns, n_clusters), X)
+    candidates, engine_why = _cpu_engines(candidates, X, ns, n_clusters, iterations,
+                                          options.get("n_threads"))
+    candidates = _narrow_first(candidates, X)
+    if engine_why:
+        why = f"{why}; {engine_why}"
     reasons, short_of_memory = [], None
     for name in candidates:  # only these are looked at: a NumPy fit never probes a GPU
         reason = _reject_reason(name, X, n_clusters, sample_weight, precision)
@@ -444,21 +443,23 @@ def _checked_for_fit(inst: KMeansBackend, X: Any, n_clusters: int, copy_x: bool,
     return inst
 
 
-def _small_work_skips_numba(candidates: list[str], X: Any, ns: str,
-                            n_clusters: int) -> list[str]:
-    """Candidates without numba where n * k * d < AUTO_NUMBA_MIN_WORK."""
-    if "numba" not in candidates:
-        return candidates
+def _cpu_engines(candidates: list[str], X: Any, ns: str, n_clusters: int, iterations: int,
+                 threads: Any) -> tuple[list[str], str]:
+    """The CPU engines among the candidates in `cpu_engines.CPU_ENGINES`' order for X's
+    shape, and the row's reason ("" where X has no 2-D shape)."""
+    from kmeans_xp.contract import cpu_engines
+
+    if not {"numba", "numpy"} & set(candidates):
+        return candidates, ""
     if ns == "list":
         n, d = len(X), len(X[0]) if len(X) and hasattr(X[0], "__len__") else 1
     else:
         shape = tuple(getattr(X, "shape", ()))
         if len(shape) != 2:
-            return candidates
+            return candidates, ""
         n, d = shape
-    if n * n_clusters * max(d, 1) >= AUTO_NUMBA_MIN_WORK:
-        return candidates
-    return [c for c in candidates if c != "numba"]
+    return cpu_engines.arrange(candidates, n, d, n_clusters, iterations=iterations,
+                               threads=threads or cpu_engines.usable_cores())
 
 
 def _reject_reason(name: str, X: Any, n_clusters: int, sample_weight: Any,

@@ -259,7 +259,8 @@ default=None
                                       sample_weight=sw_host,
                                       backend_options=self.backend_options,
                                       max_memory=self.max_memory, check_memory=True,
-                                      copy_x=bool(self.copy_x), precision=self._precision_fit)
+                                      copy_x=bool(self.copy_x), precision=self._precision_fit,
+                                      iterations=int(self.max_iter))
         place = backend.placement
         given = self._given_inits(X, init_array, n_init, rs)
         # after the last check (a callable init's centers): a fit refused starts nothing
