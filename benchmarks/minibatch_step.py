@@ -58,7 +58,12 @@ def main(argv=None):
     p.add_argument("--sklearn-repeats", type=int, default=1)
     p.add_argument("--no-sklearn", action="store_true")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--results", nargs="?", const="", metavar="DIR",
+                   help="write the figures into DIR/<machine kind>.md (DIR: benchmarks/results)")
+    p.add_argument("--kind", default=None, help="with --results: the results file's name")
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = p.parse_args(argv)
+    t0 = time.perf_counter()
 
     from kmeans_xp import MiniBatchKMeans, get_backend
     from kmeans_xp.tools.data import seed_data
@@ -91,8 +96,9 @@ def main(argv=None):
     own = model.timings_["steps"] / model.n_steps_
     print(f"kmeans_xp {args.backend}: {1e3 * mine:.3f} ms per step "
           f"(fit's own steps timer: {1e3 * own:.3f} ms)")
+    lines = [f"| kmeans_xp {args.backend} | {1e3 * mine:.3f} | {1e3 * own:.3f} |"]
     if args.no_sklearn:
-        return 0
+        return _record(args, argv, t0, lines)
     from sklearn.cluster import MiniBatchKMeans as SkMiniBatchKMeans
 
     def theirs(passes):
@@ -101,6 +107,23 @@ def main(argv=None):
     sk, _ = per_step(theirs, X, steps_per_pass, args.sklearn_repeats, lambda: None)
     print(f"scikit-learn (host): {1e3 * sk:.3f} ms per step")
     print(f"ratio: {sk / mine:.1f}x scikit-learn per step (target 20x)")
+    lines += [f"| scikit-learn (host) | {1e3 * sk:.3f} | - |", "",
+              f"kmeans_xp {args.backend}: {sk / mine:.1f}x scikit-learn per step."]
+    return _record(args, argv, t0, lines)
+
+
+def _record(args, argv, t0, lines):
+    """The figures as the results file's `minibatch` section (with --results)."""
+    if args.results is not None:
+        from results_file import record
+        head = [f"## minibatch: n={args.n:,} d={args.d} k={args.k} batch {args.batch}, "
+                f"{args.dtype}", "",
+                "ms per step: a 2-pass fit minus a 1-pass fit over the steps of a pass "
+                "(median of repeats); ours on device X.", "",
+                "| row | ms per step | fit's own steps timer |", "| --- | ---: | ---: |"]
+        print("wrote", record([head + lines], script="benchmarks/minibatch_step.py",
+                              argv=argv, wall_s=time.perf_counter() - t0, kind=args.kind,
+                              results_dir=args.results or None))
     return 0
 
 

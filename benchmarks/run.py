@@ -34,12 +34,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import re
-import shlex
 import sys
 import time
 from pathlib import Path
+
+from results_file import bench_module, busy_spread, machine, machine_kind, record
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -53,26 +52,6 @@ CPU_WORKLOADS = {
 TINY_WORKLOADS = {"T1": dict(n=3_000, d=3, k=8), "T5": dict(n=1_000, d=16, k=8)}
 
 
-def bench_module():
-    """`kmeans_xp.tools.bench`, or `kmeans_xp.bench` in versions before the layer packages
-    (so the same script times the old code)."""
-    import importlib
-
-    import kmeans_xp
-    # asked by folder, not by trying the import: an editable install's finder would hand
-    # the old package the new `tools` subpackage
-    layered = (Path(kmeans_xp.__file__).parent / "tools" / "bench").is_dir()
-    return importlib.import_module("kmeans_xp.tools.bench" if layered else "kmeans_xp.bench")
-
-
-def machine_kind(machine) -> str:
-    """`h100`, `h200`, `a100`, ... from the first GPU's name; `cpu-<cores>core` without one."""
-    gpus = [g for g in machine.get("gpus", []) if g.get("name")]
-    if gpus:
-        name = gpus[0]["name"].lower().replace("nvidia", "")
-        m = re.search(r"\b([a-z]+\d+[a-z]*)\b", name)
-        return m.group(1) if m else re.sub(r"[^a-z0-9]+", "-", name).strip("-")
-    return f"cpu-{machine['cpu']['usable_cores']}core"
 
 
 def gpu_specs(bench):
@@ -134,14 +113,6 @@ def plan(args, bench, has_gpu):
     return out
 
 
-def busy_spread():
-    """The comparison's own rule (`kmeans_xp.tools.bench.spread.BUSY_SPREAD`: slowest over
-    fastest repeat), or its value where the code timed predates it."""
-    try:
-        from kmeans_xp.tools.bench.spread import BUSY_SPREAD
-    except ImportError:
-        return 1.5
-    return BUSY_SPREAD
 
 
 def spread_text(row):
@@ -213,89 +184,6 @@ def batch_section(name, result):
     return lines + [row_line(r) for r in result["rows"]] + [""]
 
 
-def versions_line(machine):
-    v = machine.get("versions", {})
-    return ", ".join(f"{k} {val}" for k, val in v.items())
-
-
-def machine_lines(machine):
-    cpu = machine["cpu"]
-    blas = ", ".join(f"{b.get('internal_api')} {b.get('version')} ({b.get('num_threads')} "
-                     f"threads)" for b in machine.get("blas", []) if b.get("user_api") == "blas")
-    gpus = "; ".join(f"{g.get('name')} ({g.get('memory_bytes', 0) / 2**30:.0f} GiB, "
-                     f"compute {g.get('compute_capability')}, CUDA runtime "
-                     f"{g.get('cuda_runtime')})" for g in machine.get("gpus", []))
-    mem = machine.get("host_memory_bytes") or 0
-    return [f"- CPU: {cpu['model']}, {cpu['usable_cores']} usable of {cpu['logical_cores']} "
-            f"logical cores; host memory {mem / 2**30:.0f} GiB; BLAS: {blas or 'unknown'}",
-            f"- GPU: {gpus or 'none'}",
-            f"- Platform: {machine.get('platform')}",
-            f"- Versions: {versions_line(machine)}",
-            f"- kmeans_xp commit: {machine.get('kmeans_xp_commit') or 'unknown'}"]
-
-
-def results_markdown(kind, command, sections, machine, wall_s, path=None):
-    """The results file: the header (how to read it, the machine, the versions) and one
-    section per workload. Sections of workloads this run did not time stay as they were in
-    the file at `path`, each with its own stamp (when, by which command), so a run of one
-    workload updates its section and leaves the others' figures."""
-    stamp = (f"Measured {machine['date']} in {wall_s / 60:.1f} min by `{command}` "
-             f"(commit {machine.get('kmeans_xp_commit') or 'unknown'}).")
-    fresh = {}
-    for section in sections:
-        name = section_name(section[0])
-        fresh[name] = section[:2] + [stamp, ""] + section[2:]
-    kept = {name: lines for name, lines in read_sections(path).items() if name not in fresh}
-    lines = [f"# Benchmark results: {kind}",
-             "",
-             "Rewritten by the benchmark command each time it runs on this kind of machine; "
-             "earlier figures are in git's history. Every row of a workload starts from the "
-             "same centers and runs the same iterations (`kmeans_xp.tools.bench.compare`). "
-             "ms/iter: Lloyd time over iterations (median), the final labelling pass included; "
-             "spread: fastest-slowest of the timed repeats (`busy?` where the slowest took "
-             f"more than {busy_spread()}x the fastest); whole fit: the `fit` call on data in "
-             "place; from host: copy in, fit, results back. Each section says when and by "
-             "which command it was measured; the machine below is the latest run's.",
-             "",
-             "Reproduce every section:",
-             "",
-             "```",
-             "python benchmarks/run.py --device all",
-             "```",
-             ""] + machine_lines(machine) + [""]
-    for name in sorted(set(fresh) | set(kept), key=section_order):
-        lines += fresh.get(name) or kept[name]
-    return "\n".join(lines).rstrip() + "\n"
-
-
-def section_name(header):
-    """"## W1: n=..." -> "W1"."""
-    return header[3:].split(":", 1)[0].strip()
-
-
-def section_order(name):
-    """Workloads in their table's order, then the rest by name."""
-    order = list(bench_module().WORKLOADS) if hasattr(bench_module(), "WORKLOADS") else []
-    order += list(CPU_WORKLOADS) + list(TINY_WORKLOADS) + list(batch_table(bench_module()))
-    return (order.index(name), "") if name in order else (len(order), name)
-
-
-def read_sections(path):
-    """{name: lines} of the "## NAME: ..." sections of an existing results file."""
-    if path is None or not Path(path).exists():
-        return {}
-    out, name = {}, None
-    for line in Path(path).read_text().splitlines():
-        if line.startswith("## "):
-            name = section_name(line)
-            out[name] = []
-        if name is not None:
-            out[name].append(line)
-    for lines in out.values():
-        lines.append("")
-    return out
-
-
 def compact_table(results):
     """Rows x workloads: ms per iteration, whole fit on data in place and from host data
     (seconds), for a quick side-by-side."""
@@ -322,34 +210,8 @@ def compact_table(results):
     return "\n".join(out)
 
 
-def code_commit():
-    """The commit (and `+changes` for a dirty tree) of the checkout kmeans_xp is imported
-    from, or None (an installed copy)."""
-    import subprocess
-
-    import kmeans_xp
-    for folder in Path(kmeans_xp.__file__).resolve().parents:
-        if (folder / ".git").exists():
-            def git(*a):
-                return subprocess.run(["git", "-C", str(folder), *a], capture_output=True,
-                                      text=True, timeout=10, check=False).stdout.strip()
-            head = git("rev-parse", "--short", "HEAD")
-            dirty = git("status", "--porcelain", "--untracked-files=no", "--", "kmeans_xp",
-                        "backends")
-            return head + (" + uncommitted changes" if dirty else "") if head else None
-    return None
 
 
-def more_versions():
-    """Versions of the peers' and backends' libraries that `machine_info` leaves out."""
-    from importlib.metadata import PackageNotFoundError, version
-    out = {}
-    for dist in ("numba", "faiss-cpu", "faiss-gpu", "scipy", "dask-cuda", "cuvs"):
-        try:
-            out[dist] = version(dist)
-        except PackageNotFoundError:
-            pass
-    return out
 
 
 def where_code_is():
@@ -381,20 +243,6 @@ def mixed_modules():
     return out
 
 
-def the_command(argv):
-    """The command line that reproduces this run (output folders left out)."""
-    keep, skip = [], False
-    for a in argv:
-        if skip:
-            skip = False
-            continue
-        if a in ("--results-dir", "--raw-dir", "--label"):
-            skip = True
-            continue
-        if a.startswith(("--results-dir=", "--raw-dir=", "--label=")):
-            continue
-        keep.append(a)
-    return " ".join(["python benchmarks/run.py", *map(shlex.quote, keep)])
 
 
 def parse(argv):
@@ -429,11 +277,9 @@ def main(argv=None):
     args = parse(argv)
     bench = bench_module()
     t0 = time.perf_counter()
-    machine = bench.machine_info()
-    machine["kmeans_xp_commit"] = code_commit() or machine.get("kmeans_xp_commit")
-    machine["versions"].update(more_versions())
+    info = machine()
     has_gpu = bool(bench.gpu_info()) and bench.cupy_gpu()
-    kind = args.kind or machine_kind(machine)
+    kind = args.kind or machine_kind(info)
     if args.backends:
         backends = args.backends
     elif args.device == "gpu":
@@ -467,13 +313,8 @@ def main(argv=None):
         results[name] = result
         sections.append(workload_section(name, result, bench))
     wall = time.perf_counter() - t0
-    args.results_dir.mkdir(parents=True, exist_ok=True)
-    path = args.results_dir / f"{kind}.md"
-    if args.label:
-        commit = machine.get("kmeans_xp_commit")
-        machine["kmeans_xp_commit"] = f"{args.label} ({commit})" if commit else args.label
-    path.write_text(results_markdown(kind, the_command(argv), sections, machine, wall,
-                                      path))
+    path = record(sections, script="benchmarks/run.py", argv=argv, wall_s=wall, kind=kind,
+                  results_dir=args.results_dir, label=args.label, info=info)
     label = f"{args.label}, " if args.label else ""
     print(f"\n{kind}: ms per iteration; whole fit (s) on data in place and from host data; "
           f"{label}{where_code_is()}")

@@ -109,7 +109,12 @@ def main(argv=None):
     p.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0))
                    if hasattr(os, "sched_getaffinity") else os.cpu_count())
     p.add_argument("--json", default=None)
+    p.add_argument("--results", nargs="?", const="", metavar="DIR",
+                   help="write the table into DIR/<machine kind>.md (DIR: benchmarks/results)")
+    p.add_argument("--kind", default=None, help="with --results: the results file's name")
+    argv = sys.argv[1:] if argv is None else list(argv)
     a = p.parse_args(argv)
+    t0 = time.perf_counter()
     if a.small:
         a.n, a.d, a.density, a.k = 3000, 20_000, 0.002, 10
     rows = a.rows or [r for r in ROWS if not r.startswith("cupy") or _gpu_present()]
@@ -127,12 +132,21 @@ def main(argv=None):
                         "per_iter_s": seconds / max(int(est.n_iter_), 1),
                         "inertia": float(est.inertia_), "labels": labels})
     base = next((r["labels"] for r in results if r["row"] == "sklearn"), results[0]["labels"])
-    print("| row | fit s | s / iteration | iterations | inertia | labels as reference |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: |")
+    table = ["| row | fit s | s / iteration | iterations | inertia | labels as reference |",
+             "| --- | ---: | ---: | ---: | ---: | ---: |"]
     for r in results:
         r["agreement"] = float(np.mean(r.pop("labels") == base))
-        print(f"| {r['row']} | {r['fit_s']:.3f} | {r['per_iter_s']:.4f} | {r['n_iter']} | "
-              f"{r['inertia']:.6g} | {r['agreement']:.4f} |")
+        table.append(f"| {r['row']} | {r['fit_s']:.3f} | {r['per_iter_s']:.4f} | "
+                     f"{r['n_iter']} | {r['inertia']:.6g} | {r['agreement']:.4f} |")
+    print("\n".join(table))
+    if a.results is not None:
+        from results_file import record
+        head = [f"## sparse: n={a.n:,} d={a.d:,} density {a.density} k={a.k}, CSR float32",
+                "", f"Whole fits from the same init, at most {a.max_iter} iterations, "
+                f"{a.threads} CPU threads; labels against scikit-learn's.", ""]
+        print("wrote", record([head + table], script="benchmarks/sparse_tfidf.py", argv=argv,
+                              wall_s=time.perf_counter() - t0, kind=a.kind,
+                              results_dir=a.results or None))
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"n": a.n, "d": a.d, "density": a.density, "k": a.k, "nnz": int(X.nnz),

@@ -90,6 +90,8 @@ html_theme = "pydata_sphinx_theme"
 html_title = f"kmeans_xp {release}"
 html_theme_options = {
     "navigation_with_keys": False,
+    # the same repository as pyproject.toml's [project.urls] and the README
+    "github_url": "https://github.com/kmeans-xp/kmeans_xp",
     "show_toc_level": 2,
     "secondary_sidebar_items": ["page-toc"],
     "footer_start": ["copyright"],

@@ -62,7 +62,7 @@ def _expand(app: Any, docname: str, source: list[str], results: Path) -> None:
         blocks.append(
             f"```{{eval-rst}}\n.. plot::\n\n   from results_page import plot_results\n"
             f"   plot_results({str(rel)!r})\n```\n\n"
-            f"```{{include}} {rel.as_posix()}\n:heading-offset: 1\n```\n")
+            f"```{{include}} {rel.as_posix()}\n:heading-offset: 1\n:relative-images:\n```\n")
     source[0] = source[0].replace(MARKER, "\n".join(blocks) or "No results yet.")
 
 

@@ -2,7 +2,7 @@
 
 import numpy as np
 
-#: the backend "auto" picks for NumPy input on the CPU below registry.AUTO_NUMBA_MIN_WORK (the
+#: the backend "auto" picks for NumPy input on the CPU below cpu_engines.AUTO_NUMBA_MIN_WORK (the
 #: tests' sizes); numba from there where it is installed (test_numba_backend.py)
 AUTO_CPU = "numpy"
 

@@ -52,6 +52,63 @@ SLOW = (
     "tests/test_spherical.py::test_cupy_backends_emulated[cupy-fused]",
     "tests/test_cli.py::test_main_job_saves_its_results_and_names_the_best_cpu_row",
     "tests/test_dask_backend.py::test_contract_suite",
+    # the quick tier's budget (3 minutes on 2 cores): each of these has a quick sibling on
+    # another dtype, parameter or backend, or is a tool rather than the library
+    "tests/test_bounds.py::test_bounds_give_lloyds_run[float32-numba-1.0]",
+    "tests/test_bounds.py::test_bounds_give_lloyds_run[float64-numba-1.0]",
+    "tests/test_bounds.py::test_bounds_give_lloyds_run[float64-numba-0.0]",
+    "tests/test_numba_backend.py::test_one_thread_passes_contract",
+    "tests/test_docs.py::test_docs_build_without_warnings",
+    "tests/test_docs.py::test_api_reference_is_generated_from_the_docstrings",
+    "tests/test_docs.py::test_gallery_ran_its_cpu_examples",
+    "tests/test_docs.py::test_results_page_includes_every_results_file",
+    "tests/test_readme.py::test_doc_blocks_run_as_pasted[spherical.md]",
+    "tests/test_readme.py::test_doc_blocks_run_as_pasted[memory.md]",
+    "tests/test_readme.py::test_doc_blocks_run_as_pasted[dask.md]",
+    "tests/test_cupy_backends_cpu.py::test_contract_suite_on_the_emulated_device[cupy-kernels]",
+    "tests/test_cli.py::test_each_run_gets_its_own_results_folder",
+    "tests/test_cli.py::test_compare_writes_json_and_plots",
+    "tests/test_cli_items.py::test_sweep_says_true_things_at_the_end_in_its_json_and_in_its_header",
+    "tests/test_minibatch.py::test_fit_gives_sklearns_steps"
+    "[small batches, reassignments-float32-unweighted]",
+    "tests/test_minibatch.py::test_fit_gives_sklearns_steps"
+    "[small batches, reassignments-float64-unweighted]",
+    "tests/test_minibatch.py::test_fit_gives_sklearns_steps[random, n_init=3-float32-weighted]",
+    "tests/test_minibatch.py::test_fit_gives_sklearns_steps[callable-float32-unweighted]",
+    "tests/test_minibatch.py::test_fit_gives_sklearns_steps[callable-float64-weighted]",
+    "tests/test_minibatch.py::test_memmap_is_read_batch_by_batch",
+    "tests/test_bench_spread.py::test_jit_compilation_lands_in_the_warm_up_not_the_timed_fits",
+    "tests/test_resources.py::test_fitted_models_hold_no_threads_nor_scratch_buffers"
+    "[numba-MiniBatchKMeans]",
+    "tests/test_resources.py::test_fitted_models_hold_no_threads_nor_scratch_buffers"
+    "[numba-KMeans]",
+    "tests/test_resources.py::test_ctrl_c_stops_the_pass_in_flight_at_once[False]",
+    "tests/test_typing.py::test_public_modules_pass_mypy_strict",
+    "tests/test_benchmark_tools.py::test_benchmark_command_rewrites_one_results_file_per_kind",
+    "tests/test_registry.py::test_plugin_distribution_installed_with_pip",
+    "tests/test_dask_reliability.py::test_zero_row_blocks_on_a_cluster[k-means++-actors]",
+    "tests/test_dask_reliability.py::test_zero_row_blocks_on_a_cluster[k-means||-graph]",
+    "tests/test_dask_reliability.py::test_zero_row_blocks_persisted_with_weights[actors]",
+    "tests/test_resources.py::test_fitted_models_hold_no_threads_nor_scratch_buffers"
+    "[numpy-KMeans]",
+    "tests/test_numpy_memmap.py::test_memmap_fit_reads_blocks_and_gives_the_in_memory_fit"
+    "[array-numpy]",
+    "tests/test_readme.py::test_doc_blocks_run_as_pasted[bounds.md]",
+    "tests/test_dask_reliability.py::test_zero_row_blocks_persisted_with_weights[graph]",
+    "tests/test_dask_reliability.py::test_zero_row_blocks_on_a_cluster[k-means||-actors]",
+    "tests/test_cuda_compile.py::test_tensor_core_module_compiles_below_sm80",
+    "tests/test_cupy_streaming_cpu.py::test_streamed_fit_is_the_numpy_backends[False-cupy-chunked]",
+    "tests/test_minibatch.py::test_fit_gives_sklearns_steps[random, n_init=3-float64-weighted]",
+    "tests/test_minibatch.py::test_fit_gives_sklearns_steps[callable-float64-unweighted]",
+    "tests/test_minibatch.py::test_fit_gives_sklearns_steps"
+    "[batch larger than 10 k-float32-unweighted]",
+    "tests/test_cli.py::test_plot_redraws_a_saved_result",
+    "tests/test_cli.py::test_include_seed_with_a_tiny_cap_reports_its_oom",
+    "tests/test_cli.py::test_sweep_one_row_per_value",
+    "tests/test_memory.py::test_whole_fit_peak_under_estimate"
+    "[2000000-3-500-float64-320MB-False-array]",
+    "tests/test_benchmark_tools.py::test_bounds_fit_compares_bounds_with_lloyd_and_sklearn",
+    "tests/test_benchmark_tools.py::test_dask_multi_gpu_runs_its_protocol_on_cpu_workers",
 )
 
 

@@ -245,6 +245,7 @@ def test_resolve_backends():
 
 
 def test_the_default_set_leaves_generic_rows_out_and_says_how_to_add_them():
+    from kmeans_xp.tools.bench.selection import NOT_DEFAULT
     chosen = bench.select("default")
     assert chosen.specs[0] == "numpy"
     assert not set(bench.GENERIC) & set(chosen.specs)
@@ -264,6 +265,9 @@ def test_the_default_set_leaves_generic_rows_out_and_says_how_to_add_them():
                                                     "run on a machine with a CUDA GPU")
     for ref, (_, module, install) in bench.REFERENCES.items():
         installed = importlib.util.find_spec(module) is not None
+        if ref in NOT_DEFAULT:   # (scikit-learn-elkan: for fits to convergence)
+            assert ref not in chosen.specs and f"default,{ref}" in skipped[ref]["how"]
+            continue
         assert (ref in chosen.specs) == installed
         assert installed or skipped[ref]["how"] == install
     added = bench.select("default,array-api")
@@ -429,3 +433,21 @@ def test_chart_title_says_what_the_speedups_are_over():
     res = fake_result(*GPU_MACHINE)
     assert plot._speedup_caption(res) == ("speed-up: x vs scikit-learn, the fastest CPU row "
                                           "(200 ms/iteration)")
+
+
+def test_rows_take_backend_options_a_tol_and_threads():
+    """Fits to convergence (Workload.tol) on rows held to one thread: kmeans_xp-auto names
+    its choice, a backend row takes options in brackets, and the partition is sklearn's."""
+    w = bench.Workload(n=3000, d=5, k=7, iters=60, tol=1e-4, threads=1, repeats=1,
+                       warmup_iters=1)
+    res = bench.compare(["kmeans_xp-auto", "numpy[n_threads=1]", "scikit-learn-elkan"], w)
+    rows = {r["name"]: r for r in res["rows"]}
+    assert all(r["status"] == "ok" and r["threads"] == 1 for r in rows.values()), rows
+    assert rows["kmeans_xp-auto"]["engine"] in ("numpy", "numba")
+    assert rows["numpy[n_threads=1]"]["engine"] == "numpy"
+    iters = {r["n_iter"] for r in rows.values()}
+    assert len(iters) == 1 and iters.pop() < 60          # the same tol rule, converged
+    assert rows["scikit-learn-elkan"]["agreement"] == 1.0
+    assert res["inputs"]["tol"] == 1e-4 and res["inputs"]["threads"] == 1
+    with pytest.raises(ValueError, match="n_threads"):
+        bench.check_specs(["numpy[n_threads]"])

@@ -74,7 +74,7 @@ def test_compare_rows_carry_spread_and_warm_up_and_the_text_says_them():
     text = output.report_text(result).replace("\n    ", " ").splitlines()  # unwrapped
     warm = [line for line in text if line.startswith("One-time warm-up")]
     assert len(warm) == 1 and "numpy " in warm[0] and "outside the timings" in warm[0]
-    assert result["schema"] == bench.SCHEMA == "kmeans_xp.bench/3"
+    assert result["schema"] == bench.SCHEMA == "kmeans_xp.bench/4"
 
 
 @pytest.mark.skipif(importlib.util.find_spec("numba") is None, reason="numba not installed")

@@ -99,12 +99,17 @@ def test_dask_multi_gpu_runs_its_protocol_on_cpu_workers(tmp_path):
     assert case["dask_2_workers_actors"]["max_abs_center_diff_vs_single_gpu"] < 1e-3
 
 
-def test_minibatch_step_timer_runs():
+def test_minibatch_step_timer_runs(tmp_path):
     """benchmarks/minibatch_step.py (the per-step comparison with scikit-learn that the GPU
-    target is measured with) at a small size on the numpy backend."""
+    target is measured with) at a small size on the numpy backend, its figures written as
+    the results file's `minibatch` section."""
     out = run_tool("benchmarks/minibatch_step.py", "--n", "20000", "--k", "20", "--batch",
-                   "1024", "--backend", "numpy", "--repeats", "1")
+                   "1024", "--backend", "numpy", "--repeats", "1", "--results", tmp_path,
+                   "--kind", "test-kind")
     assert "ms per step" in out and "x scikit-learn per step" in out
+    page = (tmp_path / "test-kind.md").read_text()
+    assert "## minibatch: n=20,000 d=3 k=20 batch 1024" in page
+    assert "| kmeans_xp numpy |" in page and "| scikit-learn (host) |" in page
 
 
 def test_bounds_fit_compares_bounds_with_lloyd_and_sklearn(tmp_path):
@@ -129,9 +134,68 @@ def test_sparse_tfidf_runs_against_sklearn(tmp_path):
     pytest.importorskip("sklearn")
     out_json = tmp_path / "sparse.json"
     out = run_tool("benchmarks/sparse_tfidf.py", "--small", "--rows", "scipy-sparse",
-                   "sklearn", "--threads", "1", "--json", out_json)
+                   "sklearn", "--threads", "1", "--json", out_json, "--results", tmp_path,
+                   "--kind", "test-kind")
     assert "| scipy-sparse |" in out and "| sklearn |" in out
+    page = (tmp_path / "test-kind.md").read_text()   # beside the other tools' sections
+    assert "## sparse: n=3,000 d=20,000" in page and "| sklearn |" in page
     rows = {r["row"]: r for r in json.loads(out_json.read_text())["rows"]}
     assert rows["scipy-sparse"]["agreement"] > 0.99   # the same fit from the same init
     assert rows["scipy-sparse"]["inertia"] == pytest.approx(rows["sklearn"]["inertia"],
                                                              rel=1e-4)
+
+
+def test_memory_peak_tool_writes_its_section(tmp_path):
+    """benchmarks/memory_peak.py (the committed max_memory figures) on the numpy backend:
+    the measured peak within max_memory and the estimate, written as its section."""
+    out = run_tool("benchmarks/memory_peak.py", "--backends", "numpy", "--sizes",
+                   "30011:16", "--results", tmp_path, "--kind", "test-kind")
+    assert "| numpy | 30,011 | 16 |" in out and "| yes |" in out
+    page = (tmp_path / "test-kind.md").read_text()
+    assert "## max_memory:" in page and "| numpy | 30,011 | 16 |" in page
+
+
+def test_large_k_compares_flat_hierarchical_balanced_and_subsampled(tmp_path):
+    out = run_tool("benchmarks/large_k.py", "--n", "3000", "--d", "4", "--k", "16",
+                   "--backend", "numpy", "--max-iter", "5", "--refine", "2",
+                   "--per-center", "64", "--json", tmp_path / "k.json")
+    rows = {r["row"]: r for r in json.loads((tmp_path / "k.json").read_text())["rows"]}
+    for name in ("flat", "hierarchical", "balanced", "balanced-hierarchical", "subsampled"):
+        assert rows[name]["seconds"] > 0 and rows[name]["inertia"] > 0, out
+    assert rows["balanced"]["spread"] <= 1.1 + 16 / 3000
+    assert rows["flat"]["over_flat"] == 1.0
+
+
+def test_surface_sweep_writes_its_section_table_and_heat_map(tmp_path):
+    """benchmarks/surface.py (the (d, k) x threads x mode grid of issues 40 and 41) on a tiny
+    grid: every point's rows ran from one init, the section has a table per mode with the
+    auto row's choice and the ratios, and a second run of part of the grid merges into it."""
+    results, raw = tmp_path / "results", tmp_path / "raw"
+    common = ["--subset", "tiny", "--kind", "t", "--results-dir", results, "--raw-dir", raw,
+              "--rows", "kmeans_xp-auto,numpy,scikit-learn,scikit-learn-elkan"]
+    out = run_tool("benchmarks/surface.py", *common, "--modes", "fixed,converge", "--fresh")
+    assert "[4/4] converge threads=1 d=16 k=8" in out, out
+    points = json.loads((raw / "t" / "surface-cpu.json").read_text())
+    assert len(points) == 4 and {p["mode"] for p in points} == {"fixed", "converge"}
+    for p in points:
+        assert p["threads"] == 1 and p["n"] >= 8 * p["k"]
+        rows = {r["name"]: r for r in p["rows"]}
+        assert all(r["status"] == "ok" and r["time_s"] > 0 for r in rows.values()), rows
+        assert rows["kmeans_xp-auto"]["engine"] in ("numpy", "numba")
+        assert rows["scikit-learn-elkan"]["agreement"] > 0.99
+        if p["mode"] == "converge":   # the same tol rule: the same iterations as sklearn
+            assert rows["numpy"]["n_iter"] == rows["scikit-learn"]["n_iter"] < 100
+    page = (results / "t.md").read_text()
+    section = page.split("## surface-cpu: ", 1)[1]
+    assert "### fixed: ms per iteration" in section and "### converge: whole fit" in section
+    assert "| kmeans_xp-auto | numpy |" in section and "ours / best peer" in section
+    assert "python benchmarks/surface.py --subset tiny" in section
+    if (results / "t-surface-cpu.png").exists():
+        assert "![ours over the best peer](t-surface-cpu.png)" in section
+    else:
+        pytest.importorskip("matplotlib")
+        raise AssertionError("matplotlib is installed, but no heat map was drawn")
+    # a run of one point merges into the earlier ones (unless --fresh)
+    run_tool("benchmarks/surface.py", *common, "--modes", "fixed", "--d", "3")
+    assert len(json.loads((raw / "t" / "surface-cpu.json").read_text())) == 4
+    assert "## surface-cpu: 4 points" in (results / "t.md").read_text()

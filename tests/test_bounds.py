@@ -234,11 +234,12 @@ def test_bound_path_table():
     assert path(n=10**8) is None                         # nor for Hamerly's bound
     assert path(room=0) is None
     assert path("lloyd") is None
-    assert path("lloyd", auto=True, k=64) == "elkan"
-    assert path("lloyd", auto=True, k=256, d=128) == "yinyang"
-    assert path("lloyd", auto=True, k=64, max_iter=50) is None
-    assert path("lloyd", auto=True, k=64, d=16) is None
-    assert path("lloyd", auto=True, k=32) is None
+    assert path("lloyd", auto=True, k=64, n=100_000) == "elkan"
+    assert path("lloyd", auto=True, k=256, d=128, n=100_000) == "yinyang"
+    assert path("lloyd", auto=True, k=256, d=128) is None       # n below AUTO_MIN_N
+    assert path("lloyd", auto=True, k=64, max_iter=50, n=100_000) is None
+    assert path("lloyd", auto=True, k=64, d=16, n=100_000) is None
+    assert path("lloyd", auto=True, k=32, n=100_000) is None
 
 
 def test_lloyd_named_backend_never_uses_bounds():

@@ -436,7 +436,7 @@ def test_warm_up_compiles_the_tensor_core_kernel_of_a_tf32_fit(emulated_cupy):
     X = asymmetric_data(1500, 40, 9, dtype=np.float32, seed=3, offset=2.0)
     del _fake_cupy.LOOKED_UP[:]
     KMeans(9, init="k-means++", n_init=1, max_iter=4, random_state=0, backend="cupy-fused",
-           backend_options={"precision": "tf32"}).fit(X)
+           precision="tf32").fit(X)
     groups = {(f, together(f, n)) for f, n in emulated_cupy.prefetched}
     asked = [(f, n) for f, n in _fake_cupy.LOOKED_UP if "assign_mma" in n]
     assert asked and all(any(f == g and n in names for g, names in groups) for f, n in asked)

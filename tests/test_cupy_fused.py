@@ -286,8 +286,8 @@ def test_tf32_option_close_to_fp32(cp, kernel):
     X = asymmetric_data(20011, 128, 64, dtype=np.float32, seed=3)
     init = X[np.random.default_rng(3).choice(len(X), 64, replace=False)]
     exact = KMeans(64, init=init, backend="cupy-fused", max_iter=20).fit(cp.asarray(X))
-    fast = KMeans(64, init=init, backend="cupy-fused", max_iter=20,
-                  backend_options={"precision": "tf32", "tf32_kernel": kernel}).fit(
+    fast = KMeans(64, init=init, backend="cupy-fused", max_iter=20, precision="tf32",
+                  backend_options={"tf32_kernel": kernel}).fit(
         cp.asarray(X))
     agree = float(cp.mean(exact.labels_ == fast.labels_))
     # TF32 keeps 10 mantissa bits: near ties flip and the flips compound over 20 iterations,
@@ -295,7 +295,7 @@ def test_tf32_option_close_to_fp32(cp, kernel):
     assert agree >= 0.95, f"tf32 labels agree on {agree:.2%} only"
     assert abs(fast.inertia_ - exact.inertia_) <= 1e-2 * exact.inertia_
     with pytest.raises(ValueError, match="float32"):
-        KMeans(4, backend="cupy-fused", backend_options={"precision": "tf32"}).fit(
+        KMeans(4, backend="cupy-fused", precision="tf32").fit(
             cp.asarray(X[:100].astype(np.float64)))
 
 

@@ -16,8 +16,8 @@ from kmeans_xp.testing import asymmetric_data
 from tests._helpers import AUTO_CPU
 
 X = asymmetric_data(403, 4, 5, seed=1)
-PARAMS = ["algorithm", "backend", "backend_options", "copy_x", "init", "max_iter", "max_memory",
-          "n_clusters", "n_init", "random_state", "tol", "verbose"]
+PARAMS = ["algorithm", "backend", "backend_options", "balance", "copy_x", "init", "max_iter",
+          "max_memory", "n_clusters", "n_init", "precision", "random_state", "tol", "verbose"]
 
 
 def test_get_params_lists_every_init_argument():
@@ -118,6 +118,18 @@ for check, kw in [(ec.check_clustering, {}), (ec.check_clustering, {"readonly_me
         out.append([name, "passed", ""])
     except Exception as exc:
         out.append([name, "failed", repr(exc)[:500]])
+# torch on the CPU by name (check_estimator's results do not say which namespace ran):
+# fitted arrays, centers and outputs stay torch tensors
+import importlib.util
+if importlib.util.find_spec("torch") is not None:
+    for dtype in ("float32", "float64"):
+        name = "check_array_api_input_torch_cpu_" + dtype
+        try:
+            ec.check_array_api_input("NAME", Est(PARAMS), "torch", "cpu", dtype,
+                                     check_values=True, check_sample_weight=True)
+            out.append([name, "passed", ""])
+        except Exception as exc:
+            out.append([name, "failed", repr(exc)[:500]])
 print(json.dumps(out))
 """
     code = code.replace("NAME", name).replace("PARAMS", params)
@@ -136,6 +148,9 @@ print(json.dumps(out))
     api = [(n, st, e) for n, st, e in results if n.startswith("check_array_api")]
     assert sum(st == "passed" for _, st, _ in api) >= 4, api
     assert status["check_array_api_same_namespace"] == "passed"
+    if _has("torch"):
+        assert status["check_array_api_input_torch_cpu_float32"] == "passed"
+        assert status["check_array_api_input_torch_cpu_float64"] == "passed"
     missing = ("not installed", "requires cuda", "XPU", "MPS", "CUDA")
     assert all(st == "passed" or any(m in e for m in missing) for _, st, e in api), api
     for name in ("check_estimators_unfitted", "check_fit2d_1sample", "check_clustering",

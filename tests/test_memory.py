@@ -246,3 +246,22 @@ def test_backend_without_estimate_still_fits():
     finally:
         registry._runtime.pop("no-estimate")
         registry.list_backends.cache_clear()
+
+
+@pytest.mark.parametrize("backend", ["numpy", "numba"])
+def test_cpu_estimate_stays_bounded_at_index_scale_k(backend):
+    """n=1M, d=128, k=16384 (an IVF index's training size) fits the CPU backends in bounded
+    memory: the working chunks stay within the budget whatever n (they tile the rows, and
+    a row's k distances are one sub-chunk row), and with max_memory given the whole fit
+    does. The fit itself is a benchmark (benchmarks/large_k.py), not a test."""
+    from kmeans_xp import estimate_memory
+    n, d, k = 1_000_000, 128, 16384
+    est = estimate_memory(n, d, k, backend=backend, max_memory="auto")
+    assert est.total < 2 << 30
+    chunks = {p: v for p, v in est.parts.items() if not p.startswith("driver_")}
+    bigger = estimate_memory(10 * n, d, k, backend=backend, max_memory="auto")
+    grown = sum(v for p, v in bigger.parts.items() if not p.startswith("driver_")) - \
+        sum(chunks.values())
+    assert grown <= 16 * 9 * n   # (a few bytes a row: per-row results, never rows * k)
+    given = estimate_memory(n, d, k, backend=backend, max_memory="1.5GB")
+    assert given.total <= 1.5e9

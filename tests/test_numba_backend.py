@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from kmeans_xp import KMeans
-from kmeans_xp.contract import registry
+from kmeans_xp.contract import cpu_engines, registry
 from kmeans_xp.testing import asymmetric_data, check_backend
 from kmeans_xp.testing.label_bounds import fit_differences
 
@@ -147,7 +147,7 @@ def test_auto_picks_numba_where_installed_and_numpy_where_not(monkeypatch):
     X = asymmetric_data(2001, 3, 5, seed=1)
     small = KMeans(5, random_state=0).fit(X)   # n*k*d below AUTO_NUMBA_MIN_WORK
     assert small.backend_ == "numpy"
-    monkeypatch.setattr(registry, "AUTO_NUMBA_MIN_WORK", X.shape[0] * 5 * 3)
+    monkeypatch.setattr(cpu_engines, "AUTO_NUMBA_MIN_WORK", X.shape[0] * 5 * 3)
     km = KMeans(5, random_state=0).fit(X)
     assert km.backend_ == "numba" and km.backend_reason_.startswith("auto: numpy input")
     assert not fit_differences(X, km, small)

@@ -150,6 +150,11 @@ def test_metadata_has_classifiers_and_project_urls(dists):
                 for line in meta.splitlines() if line.startswith("Project-URL: "))
     assert {"Documentation", "Source", "Issues", "Changelog"} <= set(urls), urls
     assert all(u.startswith("https://") for u in urls.values()), urls
+    # one repository everywhere: the metadata, the README, the docs site's header
+    repo = urls["Source"]
+    assert all(u == repo or u.startswith(repo + "/") for u in urls.values()), urls
+    assert repo in (ROOT / "README.md").read_text()
+    assert repo in (ROOT / "docs" / "conf.py").read_text()
 
 
 #: the tests run against the installed wheel: imports stay light, the driver's semantics, the

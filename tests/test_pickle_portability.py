@@ -38,8 +38,8 @@ def _X():
 @pytest.mark.parametrize("cls", [KMeans, MiniBatchKMeans, SphericalKMeans],
                          ids=lambda c: c.__name__)
 def test_numba_model_predicts_without_numba(cls, how, monkeypatch):
-    import kmeans_xp.contract.registry as registry
-    monkeypatch.setattr(registry, "AUTO_NUMBA_MIN_WORK", 0)   # "auto" picks numba here
+    import kmeans_xp.contract.cpu_engines as cpu_engines
+    monkeypatch.setattr(cpu_engines, "AUTO_NUMBA_MIN_WORK", 0)   # "auto" picks numba here
     X = _X()
     model = cls(3, random_state=0, backend="numba" if how == "named" else "auto").fit(X)
     assert model.backend_ == "numba"

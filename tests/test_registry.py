@@ -496,3 +496,26 @@ def test_auto_tries_cupy_kernels_before_chunked_for_narrow_x(fake_cupy, monkeypa
         monkeypatch.setattr(registry, "AUTO_GPU_MIN_WORK", 1)
         inst, why = registry.select_backend("auto", Xin, n_clusters=5)
         assert inst.name == expected, why
+
+
+def test_auto_orders_the_cpu_engines_by_the_table():
+    """numba's narrow kernel (d <= 4) where the whole fit's work repays its first use in a
+    process; the numpy backend alone for little work; numba first otherwise."""
+    from kmeans_xp.contract import cpu_engines
+    from kmeans_xp.contract.registry import select_backend
+    assert cpu_engines.choose(50_000, 3, 8, iterations=300).order == ("numba", "numpy")
+    assert cpu_engines.choose(50_000, 3, 8, iterations=5).order == ("numpy",)
+    assert cpu_engines.choose(50_000, 64, 8, iterations=300).order == ("numba", "numpy")
+    assert cpu_engines.choose(50_000, 64, 8, iterations=5).order == ("numpy",)
+    assert cpu_engines.choose(20_000, 64, 32, iterations=300).order == ("numpy",)
+    assert cpu_engines.choose(50_000, 64, 64, iterations=1).order == ("numba", "numpy")
+    X = np.zeros((50_000, 3), np.float32)
+    numba = "numba" in kmeans_xp.available_backends()
+    be, why = select_backend("auto", X, n_clusters=8, iterations=300)
+    assert be.name == ("numba" if numba else "numpy") and "narrow kernel" in why
+    assert why.startswith("auto: numpy input")
+    be, why = select_backend("auto", X, n_clusters=8, iterations=5)
+    assert be.name == "numpy" and "first use" in why
+    # the GPU backends stay ahead of the CPU engines where the work sends X there
+    out, _ = cpu_engines.arrange(["cupy-fused", "numba", "numpy"], 50_000, 3, 8, iterations=5)
+    assert out == ["cupy-fused", "numpy"]

@@ -20,7 +20,7 @@ from typing import NamedTuple
 
 from kmeans_xp.contract.memory import MemoryEstimate, chunk_rows
 
-from . import batched, nearest, reductions
+from . import batched, nearest, reductions, rounding
 from .base import BASE_OPTIONS, STREAM_OPTIONS, CupyBackendBase
 from .common import MIN_CHUNK_ROWS, ctype, with_oom_retry
 
@@ -65,16 +65,20 @@ class CupyChunkedBackend(CupyBackendBase):
     name = "cupy-chunked"
     options = {**BASE_OPTIONS, **STREAM_OPTIONS}
     supports_streaming = True
+    #: the reduced ones round X's rows and the centers, then the FP32 GEMM (`rounding`): the
+    #: semantics of tensor-core arithmetic on any GPU, not its speed (docs/precision.md)
+    precisions = ("exact", "tf32", "fp16", "bf16")
 
     def __init__(self, max_memory="auto", **options):
         super().__init__(max_memory, **options)
         self._plan = None      # (n, d, k, dtype) -> ChunkPlan, fixed for a fit
-        self._blocks = None    # (rows, k_tile, dtype, distance block, running minimum)
+        self._blocks = None    # (rows, k_tile, dtype, d rounded, distance block, running
+        #                        minimum, rounded rows or None)
         self._stream_plan = None  # ChunkPlan of the GEMM blocks when X is streamed
 
     # -- buffers, kept for the whole fit ---------------------------------------------------------
     def _plan_for(self, n, d, k, dtype):
-        key = (n, d, k, dtype)
+        key = (n, d, k, dtype, self.compute_precision)
         if self._plan is None or self._plan[0] != key:
             self._plan = (key, self._planned(n, d, k, dtype.itemsize))
         return self._plan[1]
@@ -82,9 +86,12 @@ class CupyChunkedBackend(CupyBackendBase):
     def _planned(self, n, d, k, itemsize):
         # the driver allocates the next iteration's labels and distances beside the blocks
         reserve = n * (4 + itemsize)
+        # a reduced precision's rounded rows are planned as more columns of the block
+        extra = 0 if self.compute_precision == "exact" else rounding.ROW_FACTOR * d
         with self.memory.explain(f"cupy-chunked (n={n}, k={k}, d={d})", reserve,
                                  "labels and squared distances"):
-            return plan_chunks(n, d, k, itemsize, self.memory.bytes(reserve=reserve))
+            plan = plan_chunks(n, d, k + extra, itemsize, self.memory.bytes(reserve=reserve))
+        return plan._replace(k_tile=max(1, min(k, plan.k_tile - extra)))
 
     def _keep_rows(self, rows):
         """Remember the chunk that fitted after halving, so later iterations start there."""
@@ -92,13 +99,15 @@ class CupyChunkedBackend(CupyBackendBase):
         if rows != plan.rows:
             self._plan = (key, plan._replace(rows=rows))
 
-    def _chunk_blocks(self, rows, k_tile, dtype):
-        if self._blocks is None or self._blocks[:3] != (rows, k_tile, dtype):
+    def _chunk_blocks(self, rows, k_tile, dtype, d_rounded=0):
+        key = (rows, k_tile, dtype, d_rounded)
+        if self._blocks is None or self._blocks[:4] != key:
             self._blocks = None  # release the old blocks before asking for new ones
             cp = self._cp
-            self._blocks = (rows, k_tile, dtype, cp.empty(rows * k_tile, dtype=dtype),
-                            cp.empty(rows, dtype=dtype))
-        return self._blocks[3], self._blocks[4]
+            self._blocks = (*key, cp.empty(rows * k_tile, dtype=dtype),
+                            cp.empty(rows, dtype=dtype),
+                            cp.empty((rows, d_rounded), dtype=dtype) if d_rounded else None)
+        return self._blocks[4:]
 
     def _forget_blocks(self, rows=None):
         self._blocks = None
@@ -154,14 +163,23 @@ class CupyChunkedBackend(CupyBackendBase):
         from cupy import cublas  # needs the cuBLAS library: imported only when used
 
         n, k = X.shape[0], C.shape[0]
-        block, run_min = self._chunk_blocks(rows, k_tile, X.dtype)
+        precision = self.compute_precision
+        reduced = precision != "exact"
+        block, run_min, rounded = self._chunk_blocks(rows, k_tile, X.dtype,
+                                                     X.shape[1] if reduced else 0)
+        if reduced:   # the centers and their norms as the format holds them
+            C = rounding.round_into(self._cp, C, precision, self._cp.empty(C.shape, C.dtype))
+            c_norm = nearest.center_norms(C, X.dtype)
         for start in range(0, n, rows):
             stop = min(start + rows, n)
             m = stop - start
+            A = X[start:stop]
+            if reduced:
+                A = rounding.round_into(self._cp, A, precision, rounded[:m])
             for j0 in range(0, k, k_tile):
                 j1 = min(j0 + k_tile, k)
                 dist = block[: m * (j1 - j0)].reshape(m, j1 - j0)
-                cublas.gemm("N", "T", X[start:stop], C[j0:j1], out=dist, alpha=-2.0)
+                cublas.gemm("N", "T", A, C[j0:j1], out=dist, alpha=-2.0)
                 nearest.row_argmin_shifted(dist, c_norm[j0:j1], j0, j0 == 0, run_min[:m],
                                            labels[start:stop])
         return rows

@@ -28,6 +28,8 @@ reproduce numpy's pairwise summation (cuda/direct.cu).
 """
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 
 from kmeans_xp.contract.backend import AssignResult, IterStats, Option, ReduceResult
@@ -95,9 +97,25 @@ class CupyFusedBackend(CupyBackendBase):
                                "argmin group (1: compare and select per center)"),
     }
 
+    #: the fit's precisions its kernel paths run (`paths.PRECISIONS`)
+    precisions = tuple(paths.PRECISIONS)
+
     def __init__(self, max_memory="auto", **options):
         super().__init__(max_memory, **options)
         self._ws = None
+
+    def use_precision(self, precision):
+        """The fit's precision picks the kernel paths' (`paths.PRECISIONS`). The older
+        backend_options={'precision': 'tf32'} still runs TF32 under precision='exact', with a
+        DeprecationWarning: KMeans(precision='tf32') says it once for every backend."""
+        super().use_precision(precision)
+        given = self.__dict__.setdefault("_precision_option", self.precision)  # the user's
+        self.precision = paths.PRECISIONS[precision] if precision != "exact" else given
+        if precision == "exact" and given == "tf32":
+            warnings.warn("backend_options={'precision': 'tf32'} is deprecated; pass "
+                          "KMeans(precision='tf32') instead (docs/precision.md).",
+                          DeprecationWarning, stacklevel=2)
+            self.compute_precision = "tf32"
 
     def release_buffers(self):
         super().release_buffers()

@@ -27,6 +27,10 @@ MMA3_AUTO_MAX_D = 160
 TF32_KERNELS = ("auto", "wgmma", "fused", "fused-v1", "cublas")
 GEMM_KERNELS = ("auto", "simt", "3xtf32")
 _CTYPE = {"float32": "float", "float64": "double"}
+#: the estimator's compute precisions (`kmeans_xp.contract.precision`) this backend runs, and
+#: the `precision` of the PATHS rows each maps to; fp16/bf16 have no kernel here yet, so a
+#: fit at them is refused before any work (the numpy backend emulates them)
+PRECISIONS = {"exact": "fp32", "tf32": "tf32"}
 
 
 def cdiv(a, b):

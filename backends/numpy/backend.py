@@ -47,6 +47,7 @@ from kmeans_xp.contract.rows import HostRows, is_memmap
 from kmeans_xp.contract.constraints import Interval
 
 from kmeans_xp_backends.numpy import blocks as blocks
+from kmeans_xp_backends.numpy import emulated as emulated
 from kmeans_xp_backends.numpy import pool as numpy_pool, shm as numpy_shm
 from kmeans_xp_backends.numpy import stats as stats
 from kmeans_xp_backends.cpu_threads import (
@@ -389,7 +390,12 @@ class NumpyBackend(KMeansBackend):
         return (self.threads > 1 and nbytes >= SHARED_MIN_BYTES and
                 _wants_workers(self.processes, d))
 
+    #: "exact" in X's dtype; the reduced ones emulated (`emulated`, docs/precision.md)
+    precisions = ("exact", "tf32", "fp16", "bf16")
+
     def assign(self, X, centers, *, xp=None):
+        if self.compute_precision != "exact":
+            return AssignResult(*emulated.assign(X, centers, self.compute_precision))
         labels, min_sq, _, _ = self._run(X, None, centers, mode="assign")
         return AssignResult(labels, min_sq)
 
@@ -400,6 +406,8 @@ class NumpyBackend(KMeansBackend):
 
     def lloyd_iter(self, X, sample_weight, centers, labels_old, *, xp=None):
         old = None if labels_old is None else np.asarray(labels_old)
+        if self.compute_precision != "exact":
+            return emulated.lloyd_iter(self, X, sample_weight, centers, old)
         labels, _, acc, ops = self._run(X, sample_weight, centers, labels_old=old)
         changed = float(len(labels)) if old is None else float(acc.changed)
         inertia = max(acc.inertia(ops), 0.0)  # a sum of squares, whatever the rounding
@@ -414,6 +422,8 @@ class NumpyBackend(KMeansBackend):
     def labels_inertia(self, X, sample_weight, centers, *, xp=None):
         """One pass: int32 labels, and their inertia by differences summed per block while
         labelling (no n distances: the final pass of a fit on a memmap stays in budget)."""
+        if self.compute_precision != "exact":
+            return emulated.labels_inertia(self, X, sample_weight, centers)
         labels, _, acc, _ = self._run(X, sample_weight, centers, mode="final")
         return labels, np.float64(acc.direct)
 

@@ -355,6 +355,24 @@ def _random(X, k, *, sample_weight, random_state, xp, rows=None, backend=None, p
     return random_init(X, k, sample_weight=sample_weight, random_state=random_state, xp=xp)[0]
 
 
+def _hierarchical(X, k, *, sample_weight, random_state, xp, rows, backend=None, persist=None,
+                  verbose=0):
+    """A coarse fit at sqrt(k), each coarse cluster split (`algorithms.hierarchical`)."""
+    from kmeans_xp.algorithms.hierarchical import hierarchical_init  # (it runs the driver)
+    return hierarchical_init(X, k, sample_weight=sample_weight, random_state=random_state,
+                             xp=xp, rows=rows, backend=backend, persist=persist,
+                             verbose=verbose, plusplus=_plusplus)
+
+
+def _hierarchical_bytes(n, k, itemsize):
+    """k-means++ of sqrt(k) centers, and the coarse labels on the host (no more than
+    k-means++ of k: its candidates' chunks are larger)."""
+    from kmeans_xp.algorithms.hierarchical import HOST_ROW_BYTES, MIN_K, coarse_k
+    if k < MIN_K:
+        return xp_seeding_bytes(n, k, itemsize)
+    return xp_seeding_bytes(n, coarse_k(k), itemsize) + HOST_ROW_BYTES * n
+
+
 class InitMethod(NamedTuple):
     """An init method by name: how it runs and what it needs."""
     #: (X, k, *, sample_weight, random_state, xp, rows, backend, persist, verbose) -> the
@@ -378,6 +396,8 @@ INIT_METHODS = {
                             lambda n, k, itemsize: 6 * 8 * n + 3 * itemsize * n),
     # the drawing probabilities on the host (float64, two copies)
     "random": InitMethod(_random, False, None, lambda n, k, itemsize: 2 * 8 * n),
+    # for large k: a coarse fit at sqrt(k) clusters, each split (runs the Lloyd driver)
+    "hierarchical": InitMethod(_hierarchical, True, "X", _hierarchical_bytes),
 }
 
 

@@ -29,6 +29,7 @@ from kmeans_xp.contract import return_checks as returned
 from kmeans_xp.contract.bounds import bounded_step
 from kmeans_xp.contract.results import LloydResult
 from kmeans_xp.contract.namespaces import array_namespace, device, to_numpy
+from kmeans_xp.algorithms.balance import balanced_step
 from kmeans_xp.algorithms.progress import bar, logger
 from kmeans_xp.contract.sphere import unit_centers
 
@@ -154,7 +155,7 @@ def _log(verbose, text, *args):
 
 def kmeans_single_lloyd(backend, X, sample_weight, centers, *, xp, max_iter, tol,
                         verbose=0, spherical=False, plan=None,
-                        backend_loop=True, bounds=None) -> LloydResult:
+                        backend_loop=True, bounds=None, balance=None) -> LloydResult:
     """One Lloyd run from `centers` (X's dtype) on any backend. `spherical`: X has unit
     rows, and the centers are projected onto the unit sphere, the initial ones too (a row
     of norm 0 stays 0: the estimator refuses such an init). `plan`: the fit's `FitPlan`
@@ -163,8 +164,11 @@ def kmeans_single_lloyd(backend, X, sample_weight, centers, *, xp, max_iter, tol
     one by `check_backend`) does, unless `backend_loop` is False. `bounds`: a method of
     `kmeans_xp.contract.bounds` ("hamerly", "elkan", "yinyang") whose triangle-inequality
     bounds the assignments use (`backend.assign_bounded`), the same run with most distances
-    left out; None (or input they do not take, `bounded_step`): Lloyd's kernels."""
-    step = bounded_step(backend, X, centers.shape[0], bounds)
+    left out; None (or input they do not take, `bounded_step`): Lloyd's kernels.
+    `balance`: a `kmeans_xp.contract.capacity.Balance`, whose capacity-aware assignment
+    (`algorithms.balance`) replaces the backend's (bounds are then not used)."""
+    step = (bounded_step(backend, X, centers.shape[0], bounds) if balance is None
+            else balanced_step(backend, X, centers.shape[0], balance))
     if backend_loop and step is None:
         own = backend.lloyd(X, sample_weight, centers, xp=xp, max_iter=max_iter, tol=tol,
                             spherical=spherical)

@@ -197,9 +197,9 @@ def step(backend, Xb, xp, sample_weight, state, random_state, *, reassign, reass
     it = returned.check_iteration(backend, backend.lloyd_iter(Xb, sample_weight, centers, None,
                                                               xp=xp),
                                   Xb.shape[0], centers.shape[0], Xb.shape[1], values=check)
-    sums, weights = it.weighted_sums, it.weight_in_clusters
+    sums, weights, inertia = it.weighted_sums, it.weight_in_clusters, it.inertia
     if array_namespace(sums) is not cxp:
-        sums, weights = place.small(sums), place.small(weights)
+        sums, weights, inertia = _statistics_to(centers, place, sums, weights, inertia)
     dtype = centers.dtype
     counts64 = _f64(counts, cxp)
     seen = counts64 + weights
@@ -213,7 +213,20 @@ def step(backend, Xb, xp, sample_weight, state, random_state, *, reassign, reass
         centers, counts, state.counts_positive = _reassign(
             Xb, xp, centers, counts, random_state, reassignment_ratio, cxp, place, verbose)
     state.centers, state.counts = place.persist(centers), place.persist(counts)
-    return it.inertia
+    return inertia
+
+
+def _statistics_to(centers, place, sums, weights, inertia):
+    """(sums, weights, inertia) where the centers are: to host centers in ONE transfer (each
+    read of a device array waits for the device: three of them per step were a tenth of a
+    GPU step), else through the placement."""
+    if not isinstance(centers, np.ndarray):
+        return place.small(sums), place.small(weights), inertia
+    sxp = array_namespace(sums)
+    k, d = sums.shape
+    flat = to_numpy(sxp.concat([sxp.reshape(sums, (k * d,)), _f64(weights, sxp),
+                                sxp.reshape(_f64(sxp.asarray(inertia), sxp), (1,))]))
+    return flat[:k * d].reshape(k, d), flat[k * d:k * d + k], flat[k * d + k]
 
 
 def _reassign(Xb, xp, centers, counts, random_state, ratio, cxp, place, verbose):

@@ -42,6 +42,9 @@ above, and `check_backend` checks an override against it, so a plugin needs none
     assign_bounded    labels with triangle-inequality bounds (a `bounds.Bounds` the driver
                       holds between iterations), equal to `assign`'s: the vectorised NumPy
                       bounds (the driver asks for it on NumPy X on the CPU only)
+    nearest           each row's m nearest centers and their squared distances, nearest
+                      first: the candidates of a balanced fit's assignment (`capacity`):
+                      the norm expansion in xp code, chunk by chunk of rows
     batch_backend     the backend computing MiniBatchKMeans's gathered batches (itself; dask:
                       its blocks')
     seeding           k-means++'s O(n) steps on the backend's device (None: xp code)
@@ -49,6 +52,9 @@ above, and `check_backend` checks an override against it, so a plugin needs none
     check_memory      raise before any work when the fit's `FitPlan` cannot fit (default:
                       `estimate_memory` applied to the plan)
     budget_class      the `Budget` class (CuPy's measures its pool's peaks per stage)
+    precisions        ("exact",): the compute precisions it takes (docs/precision.md); the
+                      fit's, from its `FitPlan`, is in `compute_precision` when its
+                      primitives run (`use_precision` sets it)
     driver_rows       rows per chunk of the O(n d) passes done in xp code (a quarter of the
                       budget; dask: all rows, it chunks them itself)
 
@@ -72,6 +78,7 @@ from typing import Any, Callable, ClassVar, TypeAlias, cast
 from kmeans_xp.contract import return_checks as returned
 from kmeans_xp.contract.batching import BatchStats, loop_batch_lloyd_iter
 from kmeans_xp.contract.bounds import assign_bounded_numpy
+from kmeans_xp.contract.capacity import NearestResult, nearest_xp
 from kmeans_xp.contract.chunks import count_changed, feature_mean, labelled_sq_dist, tolerance, weighted_total
 from kmeans_xp.contract.fitplan import FitPlan
 from kmeans_xp.contract.memory import (
@@ -265,6 +272,11 @@ class KMeansBackend:
     placement_class: ClassVar[type[Placement]] = Placement
     budget_class: ClassVar[type[Budget]] = Budget
     ahead_gate: ClassVar[bool] = False
+    #: the compute precisions the backend takes (docs/precision.md); a fit at another is
+    #: refused before any work, and backend="auto" passes over the backend
+    precisions: ClassVar[tuple[str, ...]] = ("exact",)
+    #: the precision of the fit being run (`use_precision`, from its `FitPlan.precision`)
+    compute_precision: str = "exact"
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -326,7 +338,16 @@ class KMeansBackend:
              weighted: bool = False) -> FitPlan:
         """The `FitPlan` of a fit of X (2-d, with a dtype) on this backend."""
         return FitPlan.of(X, n_clusters, device=self.device, max_memory=self.max_memory,
-                          copy_x=copy_x, weighted=weighted)
+                          copy_x=copy_x, weighted=weighted, precision=self.compute_precision)
+
+    def use_precision(self, precision: str) -> None:
+        """Compute the fit's distances at `precision` (one of `precisions`; the registry
+        checked it). A backend whose kernels take it as an option of their own overrides this
+        to set that option."""
+        if precision not in self.precisions:
+            raise ValueError(f"backend {self.name!r} computes at precision "
+                             f"{list(self.precisions)}, not {precision!r}")
+        self.compute_precision = precision
 
     def check_memory(self, X: Array, plan: FitPlan,
                      options: dict[str, Any] | None = None) -> None:
@@ -389,6 +410,16 @@ class KMeansBackend:
         passes its own distance formula, or row test, to `bounds.assign_bounded_numpy`).
         The driver asks for it only on NumPy X, on the CPU (`bounds.bound_path`)."""
         return assign_bounded_numpy(X, centers, bounds)
+
+    def nearest(self, X: Array, centers: Array, m: int, *, xp: Namespace) -> NearestResult:
+        """`NearestResult(index, sq_dist)`: each row's min(m, k) nearest centers (an (n, m)
+        integer array, nearest first; ties in any order) and their squared distances
+        (float64, clamped at 0), the candidates of a balanced fit's assignment
+        (`kmeans_xp.contract.capacity`). Column 0 is `assign`'s label up to near ties.
+        Default: the norm expansion in xp code over chunks of rows within the budget
+        (`capacity.nearest_xp`); NumPy and CuPy keep the result where X is, other
+        namespaces give it on the host."""
+        return cast("NearestResult", nearest_xp(X, centers, m, xp, self.memory.bytes()))
 
     def lloyd(self, X: Array, sample_weight: Array | None, centers: Array, *, xp: Namespace,
               max_iter: int, tol: float, spherical: bool = False) -> LloydResult | None:

@@ -70,6 +70,11 @@ AUTO_MIN_ITER = 100
 #: ... with at least this many clusters and features (conservative until measured on the
 #: device's cores with benchmarks/bounds_fit.py)
 AUTO_MIN_K, AUTO_MIN_D = 64, 32
+#: ... and at least this many rows: on fewer, the bounds' fixed cost an iteration (Yinyang's
+#: groups, the k x k center distances, the row test's passes) outweighs what they save: at
+#: n <= 15k, k = 256, d = 32 and 128 auto's yinyang fit took 1.6-2x plain numba's
+#: (figure: surface-cpu, converge, benchmarks/results/cpu-2core.md)
+AUTO_MIN_N = 50_000
 
 METHODS = ("hamerly", "elkan", "yinyang")
 
@@ -83,7 +88,7 @@ def bound_path(algorithm, *, device, n, d, k, room, max_iter, auto=False, spheri
     - k == 1, or k * d < BOUNDS_MIN_KD: Lloyd's kernels (nothing to prune, or distances as
       cheap as the bookkeeping)
     - algorithm="lloyd": Lloyd's kernels, unless `auto` (backend="auto") and the fit may run
-      AUTO_MIN_ITER iterations with k >= AUTO_MIN_K and d >= AUTO_MIN_D
+      AUTO_MIN_ITER iterations with k >= AUTO_MIN_K, d >= AUTO_MIN_D and n >= AUTO_MIN_N
     - then, within `room` (bytes of max_memory the backend's own chunks leave, `room`; a
       function giving them, called only here):
       yinyang for k > ELKAN_MAX_K, hamerly for d < ELKAN_MIN_D or where Elkan's n * k
@@ -95,7 +100,7 @@ def bound_path(algorithm, *, device, n, d, k, room, max_iter, auto=False, spheri
         return None, f"Lloyd's kernels: k * d = {k * d} < {BOUNDS_MIN_KD}"
     if algorithm != "elkan":
         if not (auto and max_iter >= AUTO_MIN_ITER and k >= AUTO_MIN_K and d >= AUTO_MIN_D
-                and not spherical):
+                and n >= AUTO_MIN_N and not spherical):
             return None, "Lloyd's kernels (algorithm='lloyd')"
     if callable(room):  # (the backend's estimate, asked only here)
         room = room()

@@ -19,7 +19,7 @@ class FitPlan:
     d: int                       # features
     k: int                       # clusters
     dtype: str                   # the dtype the fit computes in: "float32" or "float64"
-    precision: str = "exact"     # compute precision of the distances (only "exact" today)
+    precision: str = "exact"     # compute precision of the distances (contract.precision)
     batch: int | None = None     # B of a batched fit of B problems (None: one problem)
     device: str = "cpu"          # the backend's `device`: "cpu", "gpu" or "any"
     max_memory: int | str = "auto"  # the working-memory bound: bytes, or "auto"
@@ -33,7 +33,7 @@ class FitPlan:
 
     @classmethod
     def of(cls, X, n_clusters, *, device="cpu", max_memory="auto", copy_x=True,
-           weighted=False) -> FitPlan:
+           weighted=False, precision="exact") -> FitPlan:
         """The plan of a fit of X (anything with a 2-d `shape` and a `dtype`) into
         n_clusters clusters."""
         n, d = X.shape[0], X.shape[1]  # (as given: a lazy X may not know its n yet, nan)
@@ -42,5 +42,5 @@ class FitPlan:
         except TypeError:  # a dtype NumPy does not name (bfloat16): planned as float64
             itemsize = 8
         return cls(n, d, int(n_clusters), "float32" if itemsize == 4 else "float64",
-                   device=device, max_memory=parse_memory(max_memory), copy_x=bool(copy_x),
-                   weighted=bool(weighted))
+                   precision=precision, device=device, max_memory=parse_memory(max_memory),
+                   copy_x=bool(copy_x), weighted=bool(weighted))

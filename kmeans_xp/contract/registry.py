@@ -77,11 +77,6 @@ AUTO_GPU_MIN_WORK = 2 * 10**8
 #: scipy.sparse input with at least this many stored values times k goes to the GPU's sparse
 #: path under "auto" where one works (the dense rule's AUTO_GPU_MIN_WORK, on stored values)
 AUTO_GPU_SPARSE_MIN_WORK = AUTO_GPU_MIN_WORK
-#: below this n * k * d, "auto" leaves the numba backend out on the CPU: a process's first
-#: numba fit imports numba and SciPy (about a second with its kernels cached, more in a new
-#: environment), more than the numpy backend's whole fit takes there (figure: W1 rows of
-#: benchmarks/results/<kind>.md)
-AUTO_NUMBA_MIN_WORK = 10**8
 AUTO_GPU_FOR_HOST = ("cupy-fused", "cupy-chunked", "cupy-kernels")
 #: X with at most this many features goes to cupy-kernels before cupy-chunked (when cupy-fused
 #: does not take it): direct distances beat a cuBLAS GEMM of K = d there, and at d=128 the
@@ -351,12 +346,14 @@ def _narrow_first(candidates: list[str], X: Any) -> list[str]:
 def select_backend(backend: str, X: Any, *, n_clusters: int, sample_weight: Any = None,
                    backend_options: dict[str, Any] | None = None,
                    max_memory: int | str = "auto", check_memory: bool = False,
-                   copy_x: bool = True) -> tuple[KMeansBackend, str]:
+                    copy_x: bool = True, precision: str = "exact",
+                    iterations: int = 1) -> tuple[KMeansBackend, str]:
     """(backend instance, why it was chosen) for this input; never a silent fallback. With
     check_memory (a fit), the chosen backend's `check_memory` passed too, given the fit's
     plan: "auto" passes over a backend the fit would not fit in, a named one raises its
     KMeansMemoryError. copy_x: whether the fit centers a copy of X (the plan carries it to
-    the check, which counts it)."""
+    the check, which counts it). precision: the fit's compute precision (resolved,
+    `contract.precision.resolve`); a backend that does not declare it does not take X."""
     from kmeans_xp.contract.namespaces import DLPACK_FOREIGN, foreign_device_type, namespace_name
 
     options = dict(backend_options or {})
@@ -367,14 +364,15 @@ def select_backend(backend: str, X: Any, *, n_clusters: int, sample_weight: Any 
     if backend != "auto":
         cls = get_backend(backend)
         inst = cls(max_memory=max_memory, **options)
-        reason = inst.reject_reason(X, n_clusters=n_clusters, sample_weight=sample_weight)
+        reason = _precise_reject_reason(inst, X, n_clusters, sample_weight, precision)
         if reason is not None:
             takers = [n for n in available_backends() if n != backend and _takes(
-                n, X, n_clusters, sample_weight)]
+                n, X, n_clusters, sample_weight, precision)]
             raise ValueError(f"backend {backend!r} cannot take this input: {reason}. Backends "
                              f"that would: {takers or 'none installed'}.")
         if check_memory:
             inst = _checked_for_fit(inst, X, n_clusters, copy_x, sample_weight, options)
+            inst.use_precision(precision)   # (a backend sized anew is a new instance)
         if named is not None:
             return inst, f"named by the user: {named!r}, whose sparse X goes to {backend!r}"
         return inst, "named by the user"
@@ -396,16 +394,22 @@ def select_backend(backend: str, X: Any, *, n_clusters: int, sample_weight: Any 
             why = f"NumPy input with n*k*d = {n * n_clusters * d:.2g} >= {AUTO_GPU_MIN_WORK:.0e}"
         else:
             candidates = list(AUTO_CPU)
-    candidates = _narrow_first(_small_work_skips_numba(candidates, X, ns, n_clusters), X)
+    candidates, engine_why = _cpu_engines(candidates, X, ns, n_clusters, iterations,
+                                          options.get("n_threads"))
+    candidates = _narrow_first(candidates, X)
+    if engine_why:
+        why = f"{why}; {engine_why}"
     reasons, short_of_memory = [], None
     for name in candidates:  # only these are looked at: a NumPy fit never probes a GPU
-        reason = _reject_reason(name, X, n_clusters, sample_weight)
+        reason = _reject_reason(name, X, n_clusters, sample_weight, precision)
         if reason is None:
             inst = get_backend(name)(max_memory=max_memory, **options)
+            inst.use_precision(precision)
             try:  # a backend the fit would not fit in is passed over, as one that refuses
                 if check_memory:
                     inst = _checked_for_fit(inst, X, n_clusters, copy_x, sample_weight,
                                             options)
+                    inst.use_precision(precision)
             except KMeansMemoryError as exc:
                 reasons.append(f"{name}: {exc}")
                 short_of_memory = exc
@@ -439,34 +443,52 @@ def _checked_for_fit(inst: KMeansBackend, X: Any, n_clusters: int, copy_x: bool,
     return inst
 
 
-def _small_work_skips_numba(candidates: list[str], X: Any, ns: str,
-                            n_clusters: int) -> list[str]:
-    """Candidates without numba where n * k * d < AUTO_NUMBA_MIN_WORK."""
-    if "numba" not in candidates:
-        return candidates
+def _cpu_engines(candidates: list[str], X: Any, ns: str, n_clusters: int, iterations: int,
+                 threads: Any) -> tuple[list[str], str]:
+    """The CPU engines among the candidates in `cpu_engines.CPU_ENGINES`' order for X's
+    shape, and the row's reason ("" where X has no 2-D shape)."""
+    from kmeans_xp.contract import cpu_engines
+
+    if not {"numba", "numpy"} & set(candidates):
+        return candidates, ""
     if ns == "list":
         n, d = len(X), len(X[0]) if len(X) and hasattr(X[0], "__len__") else 1
     else:
         shape = tuple(getattr(X, "shape", ()))
         if len(shape) != 2:
-            return candidates
+            return candidates, ""
         n, d = shape
-    if n * n_clusters * max(d, 1) >= AUTO_NUMBA_MIN_WORK:
-        return candidates
-    return [c for c in candidates if c != "numba"]
+    return cpu_engines.arrange(candidates, n, d, n_clusters, iterations=iterations,
+                               threads=threads or cpu_engines.usable_cores())
 
 
-def _reject_reason(name: str, X: Any, n_clusters: int, sample_weight: Any) -> str | None:
-    """None when backend `name` is installed and takes X, else why not (a sentence)."""
+def _reject_reason(name: str, X: Any, n_clusters: int, sample_weight: Any,
+                   precision: str = "exact") -> str | None:
+    """None when backend `name` is installed and takes X at `precision`, else why not (a
+    sentence)."""
     info = _info(name)
     if info is None or not info.available:
         return "not installed" if info is None else info.reason
     try:
-        return get_backend(name)().reject_reason(X, n_clusters=n_clusters,
-                                                 sample_weight=sample_weight)
+        return _precise_reject_reason(get_backend(name)(), X, n_clusters, sample_weight,
+                                      precision)
     except Exception as exc:  # noqa: BLE001 - a backend that cannot even start does not take X
         return f"it failed to start ({type(exc).__name__}: {exc})"
 
 
-def _takes(name: str, X: Any, n_clusters: int, sample_weight: Any) -> bool:
-    return _reject_reason(name, X, n_clusters, sample_weight) is None
+def _precise_reject_reason(inst: KMeansBackend, X: Any, n_clusters: int, sample_weight: Any,
+                           precision: str) -> str | None:
+    """The backend's reject_reason once set to compute at `precision` (its kernels may not
+    run that precision on this device), or why it takes no fit at that precision."""
+    from kmeans_xp.contract.precision import unsupported_reason
+
+    reason = unsupported_reason(type(inst), precision)
+    if reason is not None:
+        return reason
+    inst.use_precision(precision)
+    return inst.reject_reason(X, n_clusters=n_clusters, sample_weight=sample_weight)
+
+
+def _takes(name: str, X: Any, n_clusters: int, sample_weight: Any,
+           precision: str = "exact") -> bool:
+    return _reject_reason(name, X, n_clusters, sample_weight, precision) is None

@@ -98,11 +98,47 @@ def check_sums(backend, member, sums, weights, k, d, *, values=True):
 
 
 def check_iteration(backend, it, n, k, d, *, values=True):
-    """One `lloyd_iter`'s IterStats (the driver's and the mini-batch steps')."""
-    check_labels(backend, "lloyd_iter", it.labels, n, k, values=values)
+    """One `lloyd_iter`'s IterStats (the driver's and the mini-batch steps'). With values,
+    the labels' range and the sums' finiteness are read in one transfer per device (each
+    read waits for the device: three of them were a GPU iteration's worth)."""
+    check_labels(backend, "lloyd_iter", it.labels, n, k, values=False)
     check_sums(backend, "lloyd_iter", it.weighted_sums, it.weight_in_clusters, k, d,
-               values=values)
+               values=False)
+    if not values:
+        return it
+    parts = [("weighted_sums", it.weighted_sums), ("weight_in_clusters",
+                                                   it.weight_in_clusters)]
+    labels = it.labels if n and not _is_lazy(it.labels) else None
+    read = _read_summaries(labels, [a for _, a in parts])
+    if labels is not None:
+        lo, hi = read[0], read[1]
+        if lo < 0 or hi >= k:
+            _fail(backend, "lloyd_iter", "labels", f"from {int(lo)} to {int(hi)}; labels are "
+                                                  f"in [0, {k})")
+    for (part, _), total in zip(parts, read[2:]):
+        if not math.isfinite(total):
+            _fail(backend, "lloyd_iter", part, "with NaN or infinity")
     return it
+
+
+def _read_summaries(labels, arrays):
+    """[min(labels), max(labels) (NaN without labels), sum of each array], float64 on the
+    host, in one transfer for the arrays that share the first one's namespace and device."""
+    from kmeans_xp.contract.namespaces import device
+    items = ([] if labels is None else [("min", labels), ("max", labels)]) + [
+        ("sum", a) for a in arrays]
+    groups = {}
+    for i, (how, a) in enumerate(items):
+        xp = array_namespace(a)
+        groups.setdefault((id(xp), str(device(a))), (xp, []))[1].append((i, how, a))
+    out = [math.nan] * len(items)
+    for xp, members in groups.values():
+        # (reduced in their own dtype, the 0-d result made float64: no copy of n labels)
+        vals = [xp.astype(getattr(xp, how)(xp.astype(a, xp.float64) if how == "sum" else a),
+                          xp.float64) for _, how, a in members]
+        for (i, _, _), v in zip(members, to_numpy(xp.stack(vals)).tolist()):
+            out[i] = v
+    return ([math.nan, math.nan] if labels is None else []) + out
 
 
 def check_statistic(backend, member, part, value):

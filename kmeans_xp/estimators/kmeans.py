@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from kmeans_xp.contract.bounds import bound_path, room as bound_room
+from kmeans_xp.contract.capacity import cluster_cap
 from kmeans_xp.contract.chunks import tolerance
 from kmeans_xp.estimators.batched import fit_batch, is_batch
 from kmeans_xp.estimators.fitting import Fitting
@@ -21,6 +22,7 @@ from kmeans_xp.estimators.interop import SklearnInterop
 from kmeans_xp.algorithms.init import seeding_dtype
 from kmeans_xp.algorithms.lloyd import kmeans_single_lloyd
 from kmeans_xp.contract.memory import explains_memory_errors, format_bytes
+from kmeans_xp.contract.precision import resolve as resolve_precision
 from kmeans_xp.contract.namespaces import array_namespace, device, to_numpy
 from kmeans_xp.estimators.predicting import Predicting
 from kmeans_xp.algorithms.progress import Clock, logger, verbose_logging
@@ -28,7 +30,7 @@ from kmeans_xp.contract.registry import select_backend
 from kmeans_xp.estimators.routing import MetadataRouting
 from kmeans_xp.contract.results import user_labels
 from kmeans_xp.contract.scaling import scaled_mean
-from kmeans_xp.estimators.validation import check_random_state
+from kmeans_xp.estimators.validation import check_balance, check_random_state
 
 if TYPE_CHECKING:
     from kmeans_xp.contract.backend import Array, KMeansBackend, Namespace
@@ -63,9 +65,12 @@ class KMeans(Fitting, Predicting, SklearnInterop, MetadataRouting):
     ----------
     n_clusters : int, default=8
         The number of clusters, and of centers.
-    init : {"k-means++", "k-means||", "random"}, callable or array-like, default="k-means++"
+    init : {"k-means++", "k-means||", "random", "hierarchical"}, callable or array-like, \
+default="k-means++"
         How the initial centers are chosen: greedy k-means++ (sklearn's), k-means|| (a few
-        passes over X in all: for large n and for Dask), random rows, a callable
+        passes over X in all: for large n and for Dask), random rows, "hierarchical" (for
+        large k: a coarse fit at sqrt(k) clusters, each split; then ``max_iter`` flat
+        iterations, a few are enough: docs/large_k.md), a callable
         ``init(X, n_clusters, random_state=rs)`` returning an (n_clusters, n_features)
         array, or that array itself.
     n_init : "auto" or int, default="auto"
@@ -102,6 +107,20 @@ default=None
         Bound on everything the fit allocates beyond X (the backend's buffers and the
         driver's arrays: centered copy, labels, init): bytes or a string such as "2GB";
         "auto" is a share of the memory free where the backend computes.
+    balance : None, float or dict, default=None
+        Bounds cluster sizes (docs/large_k.md): a float ``f >= 1`` or ``{"max_size": f}``
+        caps every cluster at ``ceil(f * n_samples / n_clusters)`` rows (an int
+        ``max_size``: that many rows; sample weights weigh the cost, not the cap);
+        ``{"penalty": lam}`` adds a size penalty to the distances instead (soft);
+        ``"candidates"``: nearest centers each row may take (default 8). ``labels_``
+        holds the cap; ``predict`` gives the nearest center.
+    precision : {"exact", "tf32", "fp16", "bf16"}, default="exact"
+        Arithmetic of the distances: "exact" in X's dtype; "tf32", "fp16", "bf16" round X
+        and the centers to that format before the distance product (tensor cores on a GPU,
+        float32 accumulation; emulated by the numpy backend). Centers, sums and inertia stay
+        float32. Float16/bfloat16 X computes at its own format. Labels near ties may differ
+        from the exact fit's: docs/precision.md gives the bound, and which backends take
+        which precision (a backend that does not is refused, and "auto" passes it over).
 
     Attributes
     ----------
@@ -159,7 +178,8 @@ default=None
                  verbose: int = 0, random_state: Any = None, copy_x: bool = True,
                  algorithm: str = "lloyd", backend: str = "auto",
                  backend_options: dict[str, Any] | None = None,
-                 max_memory: str | int = "auto") -> None:
+                 max_memory: str | int = "auto", balance: Any = None,
+                 precision: str = "exact") -> None:
         self.n_clusters = n_clusters
         self.init = init
         self.n_init = n_init
@@ -172,6 +192,8 @@ default=None
         self.backend = backend
         self.backend_options = backend_options
         self.max_memory = max_memory
+        self.balance = balance
+        self.precision = precision
 
     # -- fitting ------------------------------------------------------------------------------
     def _bounds(self, backend: KMeansBackend, Xc: Array) -> Any:
@@ -193,6 +215,14 @@ default=None
         if self.verbose:
             logger.info(f"assignment: {self._bounds_path[1]}")
         return self._bounds_path[0]
+
+    def _balance_of(self, X: Any) -> Any:
+        """The parsed `balance` (`contract.capacity.Balance`) of a fit of X, or None; an
+        error before any work where its cap cannot hold X's rows."""
+        spec = check_balance(getattr(self, "balance", None), type(self).__name__)
+        if spec is not None and spec.max_size is not None:
+            cluster_cap(spec, X.shape[0], self.n_clusters)
+        return spec
 
     @explains_memory_errors
     def fit(self, X: Any, y: Any = None, sample_weight: Any = None) -> KMeans:
@@ -227,13 +257,18 @@ default=None
         clock = Clock()
         X_user = X
         X, sw_host, init_array, guard = self._check_inputs(X, sample_weight)
+        self._balance_of(X)
+        # (from the dtype X came in: float16 X is float32 from here on, on the CPU)
+        self._precision_fit = resolve_precision(self.precision,
+                                                getattr(X_user, "dtype", X.dtype))
         self._n_init = n_init = self._resolved_n_init()
         rs = check_random_state(self.random_state)
         backend, why = select_backend(self.backend, X, n_clusters=self.n_clusters,
                                       sample_weight=sw_host,
                                       backend_options=self.backend_options,
                                       max_memory=self.max_memory, check_memory=True,
-                                      copy_x=bool(self.copy_x))
+                                      copy_x=bool(self.copy_x), precision=self._precision_fit,
+                                      iterations=int(self.max_iter))
         place = backend.placement
         given = self._given_inits(X, init_array, n_init, rs)
         # after the last check (a callable init's centers): a fit refused starts nothing
@@ -291,7 +326,8 @@ default=None
              scale: float) -> tuple[Any, dict[str, float]]:
         place = backend.placement
         best = None
-        bounds = self._bounds(backend, Xc)
+        # (the bounds are exact distances: a reduced-precision fit runs Lloyd's kernels)
+        bounds = self._bounds(backend, Xc) if self._precision_fit == "exact" else None
         t_init = t_lloyd = 0.0
         iterations = 0  # over all runs: runs stop after different numbers of iterations
         for run in range(n_init):
@@ -309,7 +345,7 @@ default=None
                 result = kmeans_single_lloyd(backend, Xc, sw, centers, xp=xp,
                                              max_iter=self.max_iter, tol=tol,
                                              verbose=self.verbose, spherical=self._spherical,
-                                             bounds=bounds)
+                                             bounds=bounds, balance=self._balance_of(Xc))
             place.synchronize()
             t_init += t1 - t0
             t_lloyd += time.perf_counter() - t1

@@ -30,6 +30,7 @@ from kmeans_xp.algorithms.minibatch_steps import (
 from kmeans_xp.contract.namespaces import array_namespace, device, namespace_name, to_numpy
 from kmeans_xp.estimators.predicting import Predicting
 from kmeans_xp.algorithms.progress import Clock, verbose_logging
+from kmeans_xp.contract.precision import resolve as resolve_precision
 from kmeans_xp.contract.registry import select_backend
 from kmeans_xp.estimators.routing import MetadataRouting
 from kmeans_xp.contract.results import user_labels
@@ -97,6 +98,9 @@ default=None
         Options of the backend, checked by name.
     max_memory : "auto", int or str, default="auto"
         Bound on the backend's working memory for a batch and for the final labels.
+    precision : {"exact", "tf32", "fp16", "bf16"}, default="exact"
+        Arithmetic of the distances, as KMeans's (docs/precision.md); the batch steps and the
+        final labels compute at it on backends that declare it.
 
     Attributes
     ----------
@@ -159,7 +163,7 @@ default=None
                  max_no_improvement: int | None = 10, init_size: int | None = None,
                  n_init: str | int = "auto", reassignment_ratio: float = 0.01,
                  backend: str = "auto", backend_options: dict[str, Any] | None = None,
-                 max_memory: str | int = "auto") -> None:
+                 max_memory: str | int = "auto", precision: str = "exact") -> None:
         self.n_clusters = n_clusters
         self.init = init
         self.max_iter = max_iter
@@ -175,6 +179,7 @@ default=None
         self.backend = backend
         self.backend_options = backend_options
         self.max_memory = max_memory
+        self.precision = precision
 
     # -- set up -------------------------------------------------------------------------------
     def _sizes(self, n: int) -> tuple[int, int]:
@@ -197,15 +202,18 @@ default=None
         """(the backend named or chosen for X, why, the backend computing its batches),
         kept between partial_fit calls on the same kind of input."""
         key = (self.backend, repr(self.backend_options), str(self.max_memory),
-               namespace_name(X), str(getattr(X, "device", "")))
+               namespace_name(X), str(getattr(X, "device", "")), self.precision)
         cached = self.__dict__.get("_backend_cache")
         if cached is not None and cached[0] == key:
             return cached[1]
+        self._precision_fit = resolve_precision(self.precision, X.dtype)
         backend, why = select_backend(self.backend, X, n_clusters=self.n_clusters,
                                       backend_options=self.backend_options,
-                                      max_memory=self.max_memory)
+                                      max_memory=self.max_memory,
+                                      precision=self._precision_fit)
         steps = backend.batch_backend(X)
         if steps is not backend:
+            steps.use_precision(self._precision_fit)
             why = f"{why}; batches computed by {steps.name!r} where they are gathered"
         self.__dict__["_backend_cache"] = (key, (backend, why, steps))
         return backend, why, steps

@@ -53,6 +53,8 @@ class Predicting:
                               f"'auto' picks (the same labels).", UserWarning, stacklevel=4)
             return select_backend("auto", X, n_clusters=k, max_memory=max_memory)[0]
         backend = get_backend(name)(max_memory=max_memory, **options)
+        # the fit's precision, so that labels_ == predict(X) holds at it too
+        backend.use_precision(self.__dict__.get("_precision_fit", "exact"))
         if backend.accepts(X, n_clusters=k):
             return backend
         return select_backend("auto" if auto else name, X, n_clusters=k,

@@ -72,6 +72,11 @@ default=None
         Options of the backend, checked by name.
     max_memory : "auto", int or str, default="auto"
         Bound on everything the fit allocates beyond X (docs/memory.md).
+    balance : None, float or dict, default=None
+        Bounds cluster sizes, as in `KMeans` (docs/large_k.md): a hard cap such as 1.1
+        (rows per cluster at most 1.1 n / k) or ``{"penalty": lam}``.
+    precision : {"exact", "tf32", "fp16", "bf16"}, default="exact"
+        Arithmetic of the distances, as KMeans's (docs/precision.md).
 
     Attributes
     ----------

@@ -13,7 +13,9 @@ import numpy as np
 
 from kmeans_xp.algorithms.init import INIT_METHODS
 from kmeans_xp.contract.chunks import check_finite
+from kmeans_xp.contract.capacity import parse_balance
 from kmeans_xp.contract.memory import parse_memory
+from kmeans_xp.contract.precision import PRECISIONS, half_kind
 from kmeans_xp.contract.constraints import Check, Interval, Options
 from kmeans_xp.contract.sparse import is_sparse
 from kmeans_xp.estimators.sparse_input import check_sparse
@@ -89,6 +91,9 @@ PARAMETER_CONSTRAINTS = {
     "backend_options": [Check(lambda v: v is None or isinstance(v, dict), "None or a dict")],
     "max_memory": [Check(_is_memory, "'auto', a positive number of bytes or a string like "
                                      "'2GB'")],
+    "balance": [Check(lambda v: v is None or isinstance(v, (float, dict)),
+                      "None, a float >= 1 or a dict (docs/large_k.md)")],
+    "precision": [Options(*PRECISIONS)],
     # MiniBatchKMeans's own
     "batch_size": [Interval(numbers.Integral, 1)],
     "compute_labels": [Check(lambda v: isinstance(v, (bool, np.bool_)), "a bool")],
@@ -107,6 +112,15 @@ def validate_params(params: dict, owner="KMeans"):
             allowed = " or ".join(str(c) for c in constraints)
             raise invalid_parameter_error(f"The {name!r} parameter of {owner} must be "
                                           f"{allowed}. Got {value!r} instead.")
+
+
+def check_balance(spec, owner="KMeans"):
+    """The parsed `balance` parameter (`contract.capacity.parse_balance`), its errors as
+    InvalidParameterError naming the parameter."""
+    try:
+        return parse_balance(spec)
+    except ValueError as exc:
+        raise invalid_parameter_error(f"The 'balance' parameter of {owner}: {exc}") from exc
 
 
 def check_random_state(seed):
@@ -169,6 +183,8 @@ def check_array(X, *, name="X", owner="KMeans", absmax=False):
                         f"of its CSR chunks) or dense chunks.")
     if ns == "list" or (isinstance(X, np.ndarray) and X.dtype == object):
         X = _numeric_from_python(X, name)
+    if isinstance(X, np.ndarray) and half_kind(X.dtype) == "bf16":
+        X = X.astype(np.float32)  # ml_dtypes' bfloat16 (kind "V"): its values, exactly
     if isinstance(X, np.ndarray) and X.dtype.kind in "USVO":
         raise ValueError(f"{name} has dtype {X.dtype}, which is not numeric; give float32 or "
                          f"float64 data.")

@@ -8,7 +8,8 @@ for a backend that runs the whole loop itself, `lloyd`, the driver's on its prim
 MiniBatchKMeans's steps (its `lloyd_iter` on gathered batches, through `batch_backend`),
 which must give the numpy backend's centers, counts and steps, for spherical k-means, the
 placement's unit rows and whole `SphericalKMeans` fits likewise, on NumPy input the
-bounded assignment (`assign_bounded`, each bounds method) against `assign`, and batches of
+bounded assignment (`assign_bounded`, each bounds method) against `assign`, the m nearest
+centers of a balanced fit (`nearest`) against the brute-force distances, and batches of
 problems (`testing.batches`): `batch_lloyd_iter` equal to each problem's `lloyd_iter`, and
 batched fits equal to the numpy backend's single fits.
 
@@ -37,6 +38,7 @@ from kmeans_xp.testing.fits import (  # noqa: F401 - asymmetric_data and lloyd_c
     check_unit_rows,
     lloyd_cases,
 )
+from kmeans_xp.testing.precision_checks import check_half_precision
 
 
 def _brute(X: np.ndarray, C: np.ndarray, labels: np.ndarray | None = None,
@@ -105,6 +107,7 @@ def check_backend(cls: type[KMeansBackend], *,
             passed += _failed_check(where, check_primitives, backend, Xb, C, w, ref, xp, where)
             passed += _failed_check(where, check_iteration, backend, Xb, C, w, ref, xp, where)
             passed += _failed_check(where, check_extras, backend, Xb, C, w, ref, xp, where)
+            passed += _failed_check(where, check_nearest, backend, Xb, C, ref, xp, where)
             passed += _failed_check(where, check_seeding, backend, Xb, w, min(k, 6), xp, where)
             passed += _failed_check(where, check_bounded, backend, Xb, C_np, rtol, xp, where)
         where = f"{cls.name} {np.dtype(dtype)}"
@@ -115,6 +118,8 @@ def check_backend(cls: type[KMeansBackend], *,
                           (check_batch_iteration, {}), (check_batch_fit, {})):
             passed += _failed_check(f"{where} {check.__name__}", check, backend, to_arr, dtype,
                                     **kw)
+    passed += int(_failed_check(f"{cls.name} half precision", check_half_precision, backend,
+                                to_arr))
     return passed
 
 
@@ -273,6 +278,33 @@ def check_extras(backend: KMeansBackend, X: Array, C: Array, w: Array, ref: Refe
         to_numpy(far.label).astype(np.int64), lab[idx]), f"{where}: farthest rows or labels"
     assert np.allclose(_host(far.weight), ref.w[idx]), f"{where}: farthest weights"
     return 2
+
+
+def check_nearest(backend: KMeansBackend, X: Array, C: Array, ref: Reference,
+                  xp: Namespace, where: str, m: int = 4) -> int:
+    """nearest (a balanced fit's candidates): (n, min(m, k)) centers, nearest first, whose
+    squared distances are the brute-force ones; column 0 is the argmin (up to near ties)
+    and the columns are the m smallest distances of each row."""
+    got = backend.nearest(X, C, m, xp=xp)
+    mm = min(m, ref.k)
+    idx = to_numpy(got.index).astype(np.int64)
+    dist = _host(got.sq_dist)
+    assert idx.shape == (ref.n, mm) and dist.shape == (ref.n, mm), \
+        f"{where}: nearest shapes {idx.shape}, {dist.shape}, not {(ref.n, mm)}"
+    assert idx.min() >= 0 and idx.max() < ref.k, f"{where}: nearest indices outside [0, k)"
+    assert all(np.unique(row).size == mm for row in idx[:50]), \
+        f"{where}: nearest gives a center twice in a row"
+    want = np.take_along_axis(ref.dist, idx, axis=1)
+    tol = ref.rtol * 10 * ref.scale
+    assert np.allclose(dist, want, rtol=ref.rtol * 100, atol=tol), \
+        f"{where}: nearest distances differ from ||x - c||^2"
+    assert np.all(np.diff(dist, axis=1) >= -tol), f"{where}: nearest not nearest first"
+    kth = np.sort(ref.dist, axis=1)[:, mm - 1]
+    assert np.all(want.max(axis=1) <= kth + tol + ref.rtol * 100 * kth), \
+        f"{where}: nearest's centers are not the {mm} nearest"
+    bad = np.flatnonzero((idx[:, 0] != ref.labels) & ref.clear)
+    assert bad.size == 0, f"{where}: nearest's first column is not the argmin at {bad[:5]}"
+    return 1
 
 
 def check_bounded(backend: KMeansBackend, X: Array, C: Any, rtol: float, xp: Namespace,

@@ -8,8 +8,8 @@ Modules, each importing only those above it:
 - `machine`: where it ran (CPU, BLAS, GPUs, versions, commit);
 - `workload`: `Workload`, `WORKLOADS`, the host data and the shared init;
 - `protocol`: `Entry` (the clocking), `measure` (one row), synchronising and peaks;
-- `seed`, `torch_rows`, `references`: the reference rows (the seed's algorithm, a torch
-  baseline, scikit-learn and faiss-cpu), shipped in the package so an installed wheel runs them;
+- `seed`, `torch_rows`, `references`, `flash_rows`: the reference rows (the seed's
+  algorithm, a torch baseline, scikit-learn lloyd and elkan, faiss-cpu, flash-kmeans), shipped in the package so an installed wheel runs them;
 - `entries`: kmeans_xp backends as rows;
 - `selection`: which rows run ("default", "all", names) and what the default leaves out;
 - `summary`: the baseline (the fastest CPU row), speed-ups, the headline;
@@ -24,7 +24,8 @@ from kmeans_xp.tools.bench.batched import (
     compare_batched,
 )
 from kmeans_xp.tools.bench.comparison import compare, sweep
-from kmeans_xp.tools.bench.entries import BackendEntry
+from kmeans_xp.tools.bench.entries import AUTO, BackendEntry
+from kmeans_xp.tools.bench.flash_rows import FLASH_FP16_ROW, FLASH_FP32_ROW, FlashEntry
 from kmeans_xp.tools.bench.machine import (
     blas_info,
     cpu_model,
@@ -46,7 +47,14 @@ from kmeans_xp.tools.bench.protocol import (
     measure,
     release_device_memory,
 )
-from kmeans_xp.tools.bench.references import FAISS_ROW, SKLEARN_ROW, FaissEntry, SklearnEntry
+from kmeans_xp.tools.bench.references import (
+    FAISS_ROW,
+    SKLEARN_ELKAN_ROW,
+    SKLEARN_ROW,
+    FaissEntry,
+    SklearnElkanEntry,
+    SklearnEntry,
+)
 from kmeans_xp.tools.bench.report import SCHEMA, describe, format_table, row_dict
 from kmeans_xp.tools.bench.seed import SEED_ROW, SeedEntry
 from kmeans_xp.tools.bench.selection import (
@@ -65,10 +73,12 @@ from kmeans_xp.tools.bench.workload import WORKLOADS, Workload, data_shape, fing
 
 __all__ = [
     "BATCH_WORKLOADS", "SMALL_BATCH_WORKLOADS", "BatchWorkload", "compare_batched",
-    "SCHEMA", "WORKLOADS", "SEED_ROW", "TORCH_ROW", "SKLEARN_ROW", "FAISS_ROW", "GENERIC",
+    "SCHEMA", "WORKLOADS", "SEED_ROW", "TORCH_ROW", "SKLEARN_ROW", "SKLEARN_ELKAN_ROW",
+    "FAISS_ROW", "FLASH_FP32_ROW", "FLASH_FP16_ROW", "AUTO", "GENERIC",
     "REFERENCES", "compare", "sweep",
     "Workload", "make_data", "data_shape", "shared_init", "fingerprint",
-    "Entry", "BackendEntry", "SeedEntry", "TorchEntry", "SklearnEntry", "FaissEntry",
+    "Entry", "BackendEntry", "SeedEntry", "TorchEntry", "SklearnEntry", "SklearnElkanEntry",
+    "FaissEntry", "FlashEntry",
     "Selection", "select", "check_specs", "make_entries", "resolve_backends", "unknown_specs",
     "choose_baseline", "headline", "no_gpu_note", "skipped_text",
     "Fitted", "Measurement", "Row", "Unavailable", "measure", "host_inertia",

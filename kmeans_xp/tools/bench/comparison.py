@@ -5,7 +5,9 @@ The protocol, the same for every row:
 - ONE set of initial centers, computed once and handed to every backend (`init=array`), so
   every row does the same work from the same start;
 - a fixed iteration budget (tol=0, max_iter=iters; the driver still stops early only when no
-  label changes, and the row says how many iterations ran);
+  label changes, and the row says how many iterations ran), or with `Workload.tol` > 0 fits
+  to convergence, each library by its own rule for that tol (the row says how many ran);
+- with `Workload.threads`, every row held to that many threads (`Entry.threads_scope`);
 - a warm-up fit per row first: kernel compilation and pool growth are not the fit;
 - the device synchronised before every clock read;
 - the host-to-device copy timed apart from the fit (`transfer`), and end to end as well;
@@ -76,7 +78,7 @@ def _measure_all(entries, X, C, w, bar):
         if entry.name == "numpy" and row.ok:
             ref = row.labels
         rows.append(row)
-    if any(r.ok for r in rows) and ref is None:
+    if any(r.ok for r in rows) and ref is None and w.agreement:
         ref = _reference_labels(X, C, w)
     for row in rows:
         labels = getattr(row, "labels", None)
@@ -90,7 +92,7 @@ def _reference_labels(X, C, w):
     """numpy backend labels from the same init, untimed, when no numpy row ran."""
     from kmeans_xp.estimators.kmeans import KMeans
     try:
-        km = KMeans(w.k, init=C, n_init=1, max_iter=w.iters, tol=0, backend="numpy",
+        km = KMeans(w.k, init=C, n_init=1, max_iter=w.iters, tol=w.tol, backend="numpy",
                     max_memory=w.max_memory).fit(X)
     except Exception:  # no reference: agreement stays None, and the rows say nothing false
         return None
@@ -101,7 +103,8 @@ def _inputs(w, C):
     d = dataclasses.asdict(w)
     d["max_memory"] = str(w.max_memory)
     d["init_sha256_16"] = fingerprint(C)
-    d["protocol"] = ("same data; one shared init; tol=0 and max_iter=iters; one warm-up fit "
+    d["protocol"] = ("same data; one shared init; max_iter=iters with tol (0: a fixed "
+                     "budget); threads held to `threads` (None: all cores); one warm-up fit "
                      "per row; device synchronised before each clock read; host->device copy "
                      "timed apart; median of repeats; time_per_iter = Lloyd time / iterations "
                      "(includes the final labelling pass and inertia, amortised)")

@@ -1,17 +1,24 @@
 """kmeans_xp backends as rows of a comparison.
 
 A backend entry is "name" or "name@namespace" (feed it arrays of another library, e.g.
-"array-api@cupy"); it fits through `KMeans`, the product path. The reference rows are in
+"array-api@cupy"), optionally with backend options, "name[option=value,...]" (e.g.
+"cupy-fused[precision=tf32]"), or "kmeans_xp-auto" (KMeans' own choice, named in the row's `engine`);
+it fits through `KMeans`, the product path, with the workload's tol and threads (the
+backends' `n_threads` option). The reference rows are in
 `references` (scikit-learn, faiss-cpu), `torch_rows` and `seed`; `selection` picks the rows.
 """
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 
 from kmeans_xp.tools.bench.machine import torch_cuda
 from kmeans_xp.tools.bench.protocol import CupyPeak, Entry, Fitted, NoPeak, TorchPeak, Unavailable, sync_namespace
 from kmeans_xp.tools.bench.workload import Workload
+
+#: the row of KMeans' own choice (backend="auto"; "auto" alone names the default set)
+AUTO = "kmeans_xp-auto"
 
 
 class BackendEntry(Entry):
@@ -25,7 +32,8 @@ class BackendEntry(Entry):
 
     def __init__(self, spec, w: Workload):
         self.name = spec
-        self.backend_name, _, self.namespace = spec.partition("@")
+        base, self.options = split_options(spec)
+        self.backend_name, _, self.namespace = base.partition("@")
         self.w = w
         from kmeans_xp.contract.registry import list_backends
         info = list_backends().get(self.backend_name)
@@ -34,6 +42,8 @@ class BackendEntry(Entry):
 
     def check(self):
         from kmeans_xp.contract.registry import get_backend, list_backends
+        if self.backend_name == AUTO:
+            return self._check_auto()
         info = list_backends().get(self.backend_name)
         if info is None:
             raise Unavailable(f"unknown backend; known: {sorted(list_backends())}")
@@ -42,9 +52,34 @@ class BackendEntry(Entry):
         self.cls = get_backend(self.backend_name)
         self.device = "gpu" if (self.cls.device == "gpu" or self.namespace == "cupy" or (
             self.namespace == "torch" and torch_cuda())) else "cpu"
-        self.backend = self.cls(max_memory=self.w.max_memory)
+        self.backend = self.cls(max_memory=self.w.max_memory, **self.options)
+
+    def _check_auto(self):
+        """auto: KMeans(backend="auto") on host X; its choice is known after the fit."""
+        from kmeans_xp.contract.backend import KMeansBackend
+        self.cls, self.device = None, "cpu"
+        self.backend = KMeansBackend(max_memory=self.w.max_memory)  # placement, memory
+
+    def backend_options(self):
+        """The row's options, and the workload's threads through `n_threads` (where the
+        backend takes it; auto's CPU backends all do)."""
+        options = dict(self.options)
+        if self.w.threads is not None and (self.cls is None or "n_threads" in self.cls.options):
+            options["n_threads"] = int(self.w.threads)
+        return options or None
+
+    def threads_scope(self, threads):
+        # the backend's own n_threads; its BLAS is held to one thread inside its pool, and
+        # a limit set here would stop it (threadpoolctl lets one thread set OpenBLAS's
+        # limit): only one thread's run gets BLAS held to one thread here
+        if threads == 1:
+            from threadpoolctl import threadpool_limits
+            return threadpool_limits(limits=1, user_api="blas")
+        return contextlib.nullcontext()
 
     def to_input(self, X):
+        if self.backend_name == AUTO:
+            return X
         if self.namespace:
             return _converter(self.namespace)(X)
         if self.backend.reject_reason(X, n_clusters=self.w.k) is None:
@@ -69,22 +104,59 @@ class BackendEntry(Entry):
 
     def fit(self, Xb, C, iters) -> Fitted:
         from kmeans_xp.estimators.kmeans import KMeans
-        km = KMeans(self.w.k, init=C, n_init=1, max_iter=iters, tol=0, random_state=0,
-                    backend=self.backend_name, max_memory=self.w.max_memory).fit(Xb)
+        km = KMeans(self.w.k, init=C, n_init=1, max_iter=iters, tol=self.w.tol,
+                    random_state=0,
+                    backend="auto" if self.backend_name == AUTO else self.backend_name,
+                    backend_options=self.backend_options(),
+                    max_memory=self.w.max_memory).fit(Xb)
         # the copy-in stage was recorded by our own instance (to_input), the rest by the fit's
         stages = {**self.backend.memory.report, **km.memory_report_}
         report = {k: int(v) for k, v in stages.items()}
         return Fitted(km.labels_, km.cluster_centers_, km.inertia_, km.n_iter_,
-                      km.timings_["lloyd"], report)
+                      km.timings_["lloyd"], report, engine_of(km))
 
     def estimate(self):
         from kmeans_xp.contract.planning import estimate_memory
+        if self.backend_name == AUTO:
+            return None
         try:
             est = estimate_memory(self.w.n, self.w.d, self.w.k, dtype=self.w.dtype,
-                                  backend=self.backend_name, max_memory=self.w.max_memory)
+                                  backend=self.backend_name, max_memory=self.w.max_memory,
+                                  backend_options=self.options or None)
         except Exception:  # no estimate (plugin without one, or the budget refuses)
             return None
         return int(est.total)
+
+
+def split_options(spec):
+    """"name[a=1,b=x]" -> ("name", {"a": 1, "b": "x"}); "name" -> ("name", {})."""
+    base, bracket, rest = spec.partition("[")
+    if not bracket:
+        return spec, {}
+    if not rest.endswith("]"):
+        raise ValueError(f"row spec {spec!r}: options go in brackets, name[option=value,...]")
+    options = {}
+    for item in filter(None, rest[:-1].split(",")):
+        key, eq, value = item.partition("=")
+        if not eq:
+            raise ValueError(f"row spec {spec!r}: {item!r} is not option=value")
+        options[key.strip()] = _value(value.strip())
+    return base, options
+
+
+def _value(text):
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return {"true": True, "false": False, "none": None}.get(text.lower(), text)
+
+
+def engine_of(km):
+    """What a fit ran: its backend, and its bounds where it took them ("numba+yinyang")."""
+    bounds = (getattr(km, "_bounds_path", None) or (None,))[0]
+    return km.backend_ + (f"+{bounds}" if bounds else "")
 
 
 def _converter(ns):

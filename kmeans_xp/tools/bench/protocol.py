@@ -38,6 +38,7 @@ class Measurement(NamedTuple):
     end_to_end_s: float
     peak_bytes: int | None       # measured on the device, None where nothing measures it
     memory_report: dict
+    engine: str = ""
 
 
 @dataclasses.dataclass
@@ -60,6 +61,8 @@ class Row:
     memory_source: str = ""      # "measured: ..." or "estimate: ..."
     memory_estimate_bytes: int | None = None   # before running: working memory + X
     memory_report: dict = dataclasses.field(default_factory=dict)
+    engine: str = ""                       # what ran inside the row (auto's choice, a path)
+    threads: int | None = None             # the threads the row was held to (None: all)
     inertia: float | None = None
     agreement: float | None = None
     speedup: float | None = None           # over the fastest CPU row (result["baseline"])
@@ -84,6 +87,7 @@ class Fitted(NamedTuple):
     n_iter: int
     lloyd_s: float
     memory_report: dict
+    engine: str = ""          # what ran inside the row, where it chose (auto's backend)
 
 
 class Entry:
@@ -123,6 +127,14 @@ class Entry:
         """Context around one whole run (copy + fit) yielding a dict that gets "peak" bytes."""
         return NoPeak()
 
+    def threads_scope(self, threads):
+        """Context around a row's fits holding it to `threads` (None: as it is): BLAS and
+        OpenMP through threadpoolctl; entries with a thread option of their own override."""
+        if threads is None:
+            return contextlib.nullcontext()
+        from threadpoolctl import threadpool_limits
+        return threadpool_limits(limits=int(threads))
+
     def run(self, X, C, iters) -> Measurement:
         with self.memory_scope() as measured:
             self.sync()
@@ -152,7 +164,7 @@ def _measurement(X, labels, centers, fitted, measured, clock) -> Measurement:
                        t2 - t1, fitted.lloyd_s, t3 - t0,
                        max((v for key, v in report.items() if not key.endswith("_host")),
                            default=None),  # "pinned_host" is host memory
-                       report)
+                       report, fitted.engine)
 
 
 def host_inertia(X, centers, labels, rows=1 << 20) -> float:
@@ -175,16 +187,8 @@ def measure(entry, X, C, w, progress=None) -> Row:
               dtype=w.dtype)
     try:
         _prepare(row, entry, w)
-        _tick(progress, f"{entry.name}: warm-up")
-        warm = None
-        if w.warmup_iters > 0:
-            t0 = time.perf_counter()
-            warm_iters = entry.run(X, C, min(w.warmup_iters, w.iters)).n_iter
-            warm = (time.perf_counter() - t0, warm_iters)
-        runs, repeats = [], w.repeats_for(entry.device)
-        for r in range(repeats):
-            _tick(progress, f"{entry.name}: run {r + 1}/{repeats}")
-            runs.append(entry.run(X, C, w.iters))
+        with entry.threads_scope(w.threads):
+            warm, runs = _timed_runs(entry, X, C, w, progress)
         _summarise(row, runs, entry, w)
         if warm is not None:
             row.warmup_s = warm[0]
@@ -203,6 +207,21 @@ def measure(entry, X, C, w, progress=None) -> Row:
     return row
 
 
+def _timed_runs(entry, X, C, w, progress):
+    """The warm-up fit ((seconds, iterations) or None) and the timed runs of a row."""
+    _tick(progress, f"{entry.name}: warm-up")
+    warm = None
+    if w.warmup_iters > 0:
+        t0 = time.perf_counter()
+        warm_iters = entry.run(X, C, min(w.warmup_iters, w.iters)).n_iter
+        warm = (time.perf_counter() - t0, warm_iters)
+    runs, repeats = [], w.repeats_for(entry.device)
+    for r in range(repeats):
+        _tick(progress, f"{entry.name}: run {r + 1}/{repeats}")
+        runs.append(entry.run(X, C, w.iters))
+    return warm, runs
+
+
 def _prepare(row, entry, w):
     """Check the entry (raises Unavailable) and record its device, estimate and dtype."""
     entry.check()
@@ -219,6 +238,7 @@ def _summarise(row, runs, entry, w):
     last = runs[-1]
     per_iter = [m.lloyd_s / max(m.n_iter, 1) for m in runs]
     row.n_iter = last.n_iter
+    row.engine, row.threads = last.engine, w.threads
     row.times_per_iter_s = per_iter
     times = spread(per_iter)
     row.time_per_iter_s = times["median"]

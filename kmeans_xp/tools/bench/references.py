@@ -6,16 +6,20 @@ returned centers. What each clock covers is the row's `timed` text:
 - scikit-learn: `KMeans(algorithm="lloyd", init=C, n_init=1, max_iter=iters, tol=0)`, the
   whole `fit()` (its validation and centering of X, O(n d), included; its final labelling pass
   too). It stops early, as the kmeans_xp driver does, only when no label changes.
+- scikit-learn-elkan: the same with `algorithm="elkan"` (its bounds pay in fits to
+  convergence: with `Workload.tol` > 0 both stop by scikit-learn's tol rule).
 - faiss-cpu: `faiss.Kmeans(d, k, niter=iters, seed=..., max_points_per_centroid=10**9)` (no
   subsampling) trained with `init_centroids=C`, then one `index.search` for the labels of the
   final centers. faiss always runs `niter` iterations, computes in float32 (a float64 workload
-  is copied to float32 in the timed transfer), and splits a large cluster into an empty one
+  is copied to float32 in the timed transfer), has no tolerance (a fit to convergence
+runs all `iters`), and splits a large cluster into an empty one
   where the others move an empty cluster's center to the farthest point.
 Neither library exposes a measured peak, so their memory is an estimate of their arrays.
 The libraries are imported only when their row runs.
 """
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import os
@@ -26,6 +30,7 @@ import numpy as np
 from kmeans_xp.tools.bench.protocol import Entry, Fitted, Unavailable
 
 SKLEARN_ROW = "scikit-learn"
+SKLEARN_ELKAN_ROW = "scikit-learn-elkan"
 FAISS_ROW = "faiss-cpu"
 
 
@@ -40,6 +45,7 @@ class SklearnEntry(Entry):
     """scikit-learn's KMeans(algorithm="lloyd") from the shared init."""
 
     name = SKLEARN_ROW
+    algorithm = "lloyd"
     library = "scikit-learn"
     module = "sklearn"
     install = "pip install scikit-learn"
@@ -56,8 +62,8 @@ class SklearnEntry(Entry):
         self.KMeans = importlib.import_module("sklearn.cluster").KMeans
 
     def fit(self, Xb, C, iters) -> Fitted:
-        km = self.KMeans(self.w.k, init=C, n_init=1, max_iter=iters, tol=0,
-                         algorithm="lloyd", random_state=self.w.seed)
+        km = self.KMeans(self.w.k, init=C, n_init=1, max_iter=iters, tol=self.w.tol,
+                         algorithm=self.algorithm, random_state=self.w.seed)
         t0 = time.perf_counter()
         km.fit(Xb)
         elapsed = time.perf_counter() - t0
@@ -71,6 +77,20 @@ class SklearnEntry(Entry):
         chunk = 256  # sklearn's lloyd works on blocks of 256 samples per thread
         return int(n * d * item + n * item + 2 * n * 4
                    + _threads() * chunk * (k + d) * item + 4 * k * (d + 1) * item)
+
+
+class SklearnElkanEntry(SklearnEntry):
+    """scikit-learn's KMeans(algorithm="elkan"): triangle-inequality bounds, the same
+    partition; it pays in fits to convergence, once the centers settle."""
+
+    name = SKLEARN_ELKAN_ROW
+    algorithm = "elkan"
+
+    def estimate(self):
+        # Lloyd's arrays and Elkan's (n, k) lower bounds, upper bounds and center distances
+        n, k = self.w.n, self.w.k
+        item = np.dtype(self.w.dtype).itemsize
+        return int(super().estimate() + n * k * item + n * item + k * k * item)
 
 
 class FaissEntry(Entry):
@@ -95,6 +115,20 @@ class FaissEntry(Entry):
 
     def to_input(self, X):
         return np.ascontiguousarray(X, dtype=np.float32)
+
+    @contextlib.contextmanager
+    def threads_scope(self, threads):
+        # faiss's own OpenMP setting, and threadpoolctl's for the BLAS it calls
+        if threads is None:
+            yield
+            return
+        before = self.faiss.omp_get_max_threads()
+        self.faiss.omp_set_num_threads(int(threads))
+        try:
+            with super().threads_scope(threads):
+                yield
+        finally:
+            self.faiss.omp_set_num_threads(before)
 
     def fit(self, Xb, C, iters) -> Fitted:
         n, d = Xb.shape

@@ -16,7 +16,9 @@ from kmeans_xp.tools.bench.summary import fmt_speedup, speedup_label
 #: rows carry "library" and "timed"; the result carries "skipped".
 #: /3: rows carry the repeats' min, max and "spread", and the warm-up's "warmup_s" and
 #: "one_time_s"; a sweep carries "baselines" (value -> its run's baseline)
-SCHEMA = "kmeans_xp.bench/3"
+#: /4: rows carry "engine" (what ran where the row chose) and "threads"; inputs carry "tol"
+#: and "threads"
+SCHEMA = "kmeans_xp.bench/4"
 
 
 def row_dict(row: Row) -> dict:

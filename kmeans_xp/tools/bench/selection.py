@@ -1,7 +1,10 @@
 """Which rows a comparison runs, and what it leaves out and how to get it.
 
-A row spec is a kmeans_xp backend name, "name@namespace" (e.g. "array-api@cupy"), or a
-reference row: "scikit-learn" (also "sklearn"), "faiss-cpu" ("faiss"), "torch-gemm" ("torch").
+A row spec is a kmeans_xp backend name, "name@namespace" (e.g. "array-api@cupy"), either with
+backend options "name[option=value]" (e.g. "cupy-fused[precision=tf32]"), "kmeans_xp-auto"
+(KMeans' own choice), or a reference row: "scikit-learn" (also "sklearn"), "scikit-learn-elkan"
+("sklearn-elkan"), "faiss-cpu" ("faiss"), "torch-gemm" ("torch"), "flash-kmeans[fp32]" and
+"flash-kmeans[fp16]".
 A spec string is a comma-separated list of those and of two sets:
 - "default" (also "auto", or no spec): every installed kmeans_xp backend except the generic
   ones (`GENERIC`: correct everywhere, slow where a specialised backend exists), then every
@@ -18,9 +21,17 @@ import dataclasses
 import difflib
 import importlib.util
 
-from kmeans_xp.tools.bench.entries import BackendEntry
+from kmeans_xp.tools.bench.entries import AUTO, BackendEntry, split_options
 from kmeans_xp.tools.bench.machine import cupy_gpu
-from kmeans_xp.tools.bench.references import FAISS_ROW, SKLEARN_ROW, FaissEntry, SklearnEntry
+from kmeans_xp.tools.bench.flash_rows import FLASH_FP16_ROW, FLASH_FP32_ROW, FlashEntry
+from kmeans_xp.tools.bench.references import (
+    FAISS_ROW,
+    SKLEARN_ELKAN_ROW,
+    SKLEARN_ROW,
+    FaissEntry,
+    SklearnElkanEntry,
+    SklearnEntry,
+)
 from kmeans_xp.tools.bench.seed import SeedEntry
 from kmeans_xp.tools.bench.torch_rows import TORCH_ROW, TorchEntry
 from kmeans_xp.tools.bench.workload import Workload
@@ -38,10 +49,20 @@ GENERIC = {
 #: reference rows: spec -> (entry class, module it needs, how to install it)
 REFERENCES = {
     SKLEARN_ROW: (SklearnEntry, "sklearn", "pip install scikit-learn"),
+    SKLEARN_ELKAN_ROW: (SklearnElkanEntry, "sklearn", "pip install scikit-learn"),
     FAISS_ROW: (FaissEntry, "faiss", "pip install faiss-cpu"),
     TORCH_ROW: (TorchEntry, "torch", "pip install torch"),
+    FLASH_FP32_ROW: (FlashEntry, "flash_kmeans", "pip install flash-kmeans"),
+    FLASH_FP16_ROW: (FlashEntry, "flash_kmeans", "pip install flash-kmeans"),
 }
-ALIASES = {"sklearn": SKLEARN_ROW, "faiss": FAISS_ROW, "torch": TORCH_ROW}
+#: reference rows the default set leaves out, and why
+NOT_DEFAULT = {
+    SKLEARN_ELKAN_ROW: "scikit-learn's Elkan bounds pay in fits to convergence; the "
+                       "comparison's fixed budget (tol=0, few iterations) is Lloyd's work "
+                       "plus bookkeeping",
+}
+ALIASES = {"sklearn": SKLEARN_ROW, "faiss": FAISS_ROW, "torch": TORCH_ROW,
+           "sklearn-elkan": SKLEARN_ELKAN_ROW, "elkan": SKLEARN_ELKAN_ROW}
 SETS = ("default", "auto", "all")
 
 
@@ -101,7 +122,9 @@ def _default():
         skipped.append(_skip("array-api@cupy", GENERIC["array-api@cupy"],
                              "--backends default,array-api@cupy (or --backends all)"))
     for ref, (_, module, install) in REFERENCES.items():
-        if importlib.util.find_spec(module) is not None:
+        if ref in NOT_DEFAULT:
+            skipped.append(_skip(ref, NOT_DEFAULT[ref], f"--backends default,{ref}"))
+        elif importlib.util.find_spec(module) is not None:
             names.append(ref)
         else:
             skipped.append(_skip(ref, f"{module} is not installed", install))
@@ -127,8 +150,16 @@ def unknown_specs(specs) -> list:
     namespaces = {"", "numpy", "cupy", "torch", "array_api_strict", "dask.array"}
     out = []
     for spec in specs:
-        name, _, ns = spec.partition("@")
-        if spec not in REFERENCES and (name not in known or ns not in namespaces):
+        if spec in REFERENCES:
+            continue
+        try:
+            base, _ = split_options(spec)
+        except ValueError:
+            out.append(spec)
+            continue
+        name, _, ns = base.partition("@")
+        if spec not in REFERENCES and name != AUTO and (name not in known
+                                                         or ns not in namespaces):
             out.append(spec)
     return out
 
@@ -160,9 +191,14 @@ def make_entries(specs, w: Workload, *, include_seed=False, seed_device="auto",
                  include_torch=False):
     """Entries for row specs (backends and reference rows) plus the seed's rows."""
     specs = list(specs) + ([TORCH_ROW] if include_torch and TORCH_ROW not in specs else [])
-    entries = [REFERENCES[s][0](w) if s in REFERENCES else BackendEntry(s, w) for s in specs]
+    entries = [_reference(s, w) if s in REFERENCES else BackendEntry(s, w) for s in specs]
     if include_seed:
         devices = {"auto": ["gpu" if cupy_gpu() else "cpu"], "both": ["gpu", "cpu"],
                    "gpu": ["gpu"], "cpu": ["cpu"]}[seed_device]
         entries += [SeedEntry(dev, w) for dev in devices]
     return entries
+
+
+def _reference(spec, w):
+    cls = REFERENCES[spec][0]
+    return cls(w, spec) if cls is FlashEntry else cls(w)

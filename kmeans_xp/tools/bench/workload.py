@@ -41,6 +41,10 @@ class Workload:
     warmup_iters: int = 2
     cpu_repeats: int | None = None   # timed fits for CPU rows (None: `repeats`); slow rows
     max_memory: Any = "auto"
+    tol: float = 0.0             # 0: the fixed iteration budget; > 0: fits to convergence
+    threads: int | None = None   # every row held to this many threads (None: all cores)
+    agreement: bool = True       # labels against the numpy backend's (a host fit where no
+                                 # numpy row ran: off for large GPU-only sweeps)
 
     def repeats_for(self, device):
         return self.cpu_repeats if device == "cpu" and self.cpu_repeats else self.repeats

@@ -1,0 +1,127 @@
+"""The measured peak of a fit's working memory against `max_memory` and `estimate_memory`.
+
+For each backend and size: max_memory set a third above the least the fit is planned in
+(`estimate_memory` refuses less), then one fit of 5 iterations on X already in place, and the
+peak of what it allocated beyond X: the CuPy pool's used bytes for the GPU backends, NumPy's
+allocations through tracemalloc for the CPU ones. A row passes when the peak is within both
+max_memory and the estimate's total beyond X (the GPU suite asserts the same,
+tests/test_max_memory_bound.py).
+
+    python benchmarks/memory_peak.py --results                  # GPU backends, three sizes
+    python benchmarks/memory_peak.py --backends numpy --sizes 20000:10 --results /tmp/r
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+import numpy as np
+
+GPU_BACKENDS = ("cupy-kernels", "cupy-chunked", "cupy-fused")
+SIZES = ((1_000_003, 100), (4_000_037, 500), (10_000_019, 1000))
+
+
+def least_max_memory(n, d, k, backend):
+    """The least max_memory estimate_memory accepts for this fit (from its refusal)."""
+    from kmeans_xp import KMeansMemoryError, estimate_memory
+    try:
+        estimate_memory(n, d, k, backend=backend, dtype="float32", max_memory=64)
+    except KMeansMemoryError as exc:
+        return int(exc.needed)
+    return 64
+
+
+def gpu_peak(fit, X):
+    """Bytes the CuPy pool held beyond its use before `fit(X)`, at its peak during it."""
+    import cupy as cp
+
+    class PoolPeak(cp.cuda.memory_hook.MemoryHook):
+        name = "kmeans_xp_bench_pool_peak"   # (the fit installs its own hook inside)
+
+        def __init__(self):
+            self.peak = 0
+
+        def malloc_postprocess(self, **kwargs):
+            self.peak = max(self.peak, cp.get_default_memory_pool().used_bytes())
+
+    pool = cp.get_default_memory_pool()
+    pool.free_all_blocks()
+    base = pool.used_bytes()
+    hook = PoolPeak()
+    with hook:
+        fit(X)
+        cp.cuda.get_current_stream().synchronize()
+    return max(hook.peak, pool.used_bytes()) - base
+
+
+def host_peak(fit, X):
+    """Peak bytes NumPy allocated during `fit(X)` (tracemalloc sees NumPy's buffers)."""
+    import tracemalloc
+    tracemalloc.start()
+    try:
+        fit(X)
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def measure(backend, n, k, d=3):
+    from kmeans_xp import KMeans, estimate_memory, get_backend
+    from kmeans_xp.testing import asymmetric_data
+    on_gpu = get_backend(backend).device == "gpu"
+    X = asymmetric_data(n, d, 40, dtype=np.float32, seed=4)
+    if on_gpu:
+        import cupy as cp
+        X = cp.asarray(X)
+    bound = int(least_max_memory(n, d, k, backend) * 1.33)
+    est = estimate_memory(n, d, k, backend=backend, max_memory=bound)
+    beyond = est.total - est.parts.get("data", 0)   # (X on the device: not bounded)
+
+    def fit(A):
+        return KMeans(k, n_init=1, max_iter=5, tol=0, random_state=0, backend=backend,
+                      max_memory=bound).fit(A)
+
+    fit(X[:20_000])   # kernels compiled, threads started
+    peak = (gpu_peak if on_gpu else host_peak)(fit, X)
+    return {"backend": backend, "n": n, "k": k, "max_memory": bound, "estimate": beyond,
+            "peak": peak, "ok": peak <= bound and peak <= beyond}
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--backends", default=",".join(GPU_BACKENDS))
+    p.add_argument("--sizes", default=",".join(f"{n}:{k}" for n, k in SIZES),
+                   help="n:k pairs, comma-separated")
+    p.add_argument("--results", nargs="?", const="", metavar="DIR",
+                   help="write the table into DIR/<machine kind>.md (DIR: benchmarks/results)")
+    p.add_argument("--kind", default=None, help="with --results: the results file's name")
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = p.parse_args(argv)
+    t0 = time.perf_counter()
+    from kmeans_xp.contract.memory import format_bytes
+    sizes = [tuple(int(v) for v in s.split(":")) for s in args.sizes.split(",") if s]
+    table = ["| backend | n | k | max_memory | estimate beyond X | measured peak | within both |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | --- |"]
+    rows = []
+    for backend in [b for b in args.backends.split(",") if b]:
+        for n, k in sizes:
+            r = measure(backend, n, k)
+            rows.append(r)
+            table.append(f"| {backend} | {n:,} | {k} | {format_bytes(r['max_memory'])} | "
+                         f"{format_bytes(r['estimate'])} | {format_bytes(r['peak'])} | "
+                         f"{'yes' if r['ok'] else 'NO'} |")
+            print(table[-1], flush=True)
+    if args.results is not None:
+        from results_file import record
+        head = ["## max_memory: the measured peak of a fit beyond X, d=3 float32", "",
+                "max_memory a third above the least the fit is planned in; 5 iterations on X "
+                "in place; GPU: the CuPy pool's peak, CPU: NumPy's (tracemalloc).", ""]
+        print("wrote", record([head + table], script="benchmarks/memory_peak.py", argv=argv,
+                              wall_s=time.perf_counter() - t0, kind=args.kind,
+                              results_dir=args.results or None))
+    return 0 if all(r["ok"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

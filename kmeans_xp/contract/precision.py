@@ -1,0 +1,119 @@
+"""Compute precision of a fit's distances: the names, what each rounds, which backends take
+which, and the documented bound on how far a reduced-precision fit may be from the exact one
+(docs/precision.md derives it).
+
+"exact" computes in X's dtype (float32 or float64). "tf32", "fp16" and "bf16" round X and the
+centers to that format's mantissa before the distance product and accumulate in float32
+(tensor cores on a GPU; the numpy backend emulates the rounding so CI tests the semantics).
+Centers, sums and inertia stay float32. X of dtype float16 or bfloat16 takes "exact" (the
+CPU backends compute its values in float32, which holds them exactly) or its own format
+(the centers rounded to it too, as a tensor core reads them); another format is refused.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+#: the names of the `precision` option, in order of decreasing accuracy
+PRECISIONS = ("exact", "tf32", "fp16", "bf16")
+
+#: unit roundoff u of each reduced format: 2^-(mantissa bits + 1) for round to nearest; tf32
+#: and fp16 keep 10 mantissa bits, bf16 7 (float32 keeps 23). tf32's is 2^-10, which also
+#: covers truncation (cuBLAS may truncate to TF32; `testing.label_bounds.tf32_error` too)
+UNIT_ROUNDOFF = {"tf32": 2.0 ** -10, "fp16": 2.0 ** -11, "bf16": 2.0 ** -8}
+
+#: mantissa bits of float32 that tf32 and bf16 drop (both keep float32's exponent)
+_DROPPED_BITS = {"tf32": 13, "bf16": 16}
+
+#: float16's largest finite value: an fp16 fit of float32 X beyond it would overflow
+FP16_MAX = 65504.0
+
+
+def half_kind(dtype) -> str | None:
+    """"fp16" or "bf16" for a dtype of that format (NumPy, CuPy, torch, ml_dtypes), else None."""
+    name = str(getattr(dtype, "name", dtype)).rsplit(".", 1)[-1]
+    return {"float16": "fp16", "half": "fp16", "bfloat16": "bf16"}.get(name)
+
+
+def resolve(precision: str, dtype) -> str:
+    """The precision a fit of X of `dtype` computes at, or a ValueError saying what to change
+    (raised before any device work). Half X takes "exact" or its own format."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision={precision!r} is not one of {list(PRECISIONS)}.")
+    kind = half_kind(dtype)
+    if kind is not None:
+        if precision not in ("exact", kind):
+            raise ValueError(f"precision={precision!r} with X of dtype {_name(dtype)}: half "
+                             f"X computes at its own format ({kind!r}); pass precision="
+                             f"{kind!r} (or 'exact'), or X.astype(float32) for "
+                             f"precision={precision!r}.")
+        return precision
+    if precision != "exact" and "64" in _name(dtype):
+        raise ValueError(f"precision={precision!r} needs float32 or half X, got float64 "
+                         f"(reduced precision of float64 data only wastes its bits); pass "
+                         f"X.astype(np.float32), or precision='exact'.")
+    return precision
+
+
+def _name(dtype) -> str:
+    return str(getattr(dtype, "name", dtype)).rsplit(".", 1)[-1]
+
+
+def supported(backend_cls) -> tuple[str, ...]:
+    """The precisions a backend class declares (`KMeansBackend.precisions`; "exact" alone when
+    it declares none)."""
+    return tuple(getattr(backend_cls, "precisions", ("exact",)))
+
+
+def unsupported_reason(backend_cls, precision: str) -> str | None:
+    """None when the backend computes at `precision`, else a sentence saying why not."""
+    if precision in supported(backend_cls):
+        return None
+    return (f"it computes at precision {list(supported(backend_cls))}, not {precision!r}")
+
+
+def round_to(x, precision: str):
+    """NumPy float32 `x` rounded to the format of `precision` (round to nearest even) and
+    held in float32: what a tensor core reads. No new dependency: fp16 through NumPy's
+    float16, tf32 and bf16 by rounding away float32's low mantissa bits."""
+    x = np.asarray(x, dtype=np.float32)
+    if precision == "exact":
+        return x
+    if precision == "fp16":
+        with np.errstate(over="ignore"):
+            return x.astype(np.float16).astype(np.float32)
+    drop = _DROPPED_BITS[precision]
+    bits = x.view(np.uint32).astype(np.uint64)
+    half = np.uint64(1 << (drop - 1))
+    odd = (bits >> np.uint64(drop)) & np.uint64(1)   # ties go to the even mantissa
+    bits = (bits + half - np.uint64(1) + odd) >> np.uint64(drop) << np.uint64(drop)
+    out = (bits & np.uint64(0xFFFFFFFF)).astype(np.uint32).view(np.float32)
+    return np.where(np.isfinite(x), out, x)
+
+
+def assignment_error(precision: str, d: int, x_norm, c_norm):
+    """Bound on |computed - exact| of one squared distance ||x - c||^2 at `precision`, for
+    rows of norm x_norm and a center of norm c_norm (arrays broadcast): rounding x and c to
+    the format moves ||x - c|| by at most u (|x| + |c|), and the float32 accumulation of the
+    expansion |x|^2 - 2 x.c + |c|^2 adds gamma_{d+2} (|x| + |c|)^2 (docs/precision.md)."""
+    u = UNIT_ROUNDOFF.get(precision, 0.0)
+    u32 = np.finfo(np.float32).eps / 2
+    gamma = (d + 2) * u32 / (1 - (d + 2) * u32)
+    s = np.asarray(x_norm, np.float64) + np.asarray(c_norm, np.float64)
+    # (||x - c|| + u s)^2 - ||x - c||^2 <= 2 u s ||x - c|| + u^2 s^2 <= (2 u + u^2) s^2
+    return (2 * u + u * u + gamma) * s * s
+
+
+#: the documented whole-fit bound (docs/precision.md): relative inertia gap to the exact fit
+#: from the same initial centers, on data whose clusters are separated beyond the assignment
+#: error, as a multiple of the format's unit roundoff times sqrt(d)
+WHOLE_FIT_FACTOR = 16.0
+#: ... and the share of labels that may differ there (near ties only)
+LABEL_SHARE = 0.01
+
+
+def inertia_gap_bound(precision: str, d: int) -> float:
+    """Documented relative inertia gap |I_p - I_exact| / I_exact of a whole fit at
+    `precision` against the exact fit from the same initial centers (0 for "exact")."""
+    if precision == "exact":
+        return 0.0
+    return min(WHOLE_FIT_FACTOR * UNIT_ROUNDOFF[precision] * float(np.sqrt(d)), 0.5)

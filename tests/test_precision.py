@@ -1,0 +1,260 @@
+"""The `precision` option and half-precision X (docs/precision.md): validated before any work,
+carried by the fit plan to backends that declare it, emulated by the numpy backend, and within
+the documented bound of the exact fit from the same initial centers."""
+import warnings
+
+import numpy as np
+import pytest
+from kmeans_xp_backends.numpy.backend import NumpyBackend
+
+from kmeans_xp import KMeans, SphericalKMeans
+from kmeans_xp.contract import precision as prec
+from kmeans_xp.contract.registry import get_backend
+from kmeans_xp.testing.precision_checks import (
+    check_assignment_bound,
+    check_fit_within_bound,
+    half_case,
+)
+
+REDUCED = ("tf32", "fp16", "bf16")
+
+
+def _fit(X, init, **kw):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return KMeans(len(init), init=init, **{"tol": 0, "max_iter": 100, **kw}).fit(X)
+
+
+@pytest.mark.parametrize("precision", REDUCED)
+def test_rounding_is_the_format_s(precision):
+    """Round to nearest: relative error at most u, and idempotent (a rounded value is one
+    of the format's)."""
+    x = np.random.default_rng(0).normal(size=10001).astype(np.float32) * 1e3
+    r = prec.round_to(x, precision)
+    assert np.all(np.abs(r - x) <= prec.UNIT_ROUNDOFF[precision] * np.abs(x))
+    assert np.array_equal(prec.round_to(r, precision), r)
+    assert np.mean(r != x) > 0.9   # (it rounds: float32 data has bits below the format's)
+
+
+def test_bf16_rounding_is_ml_dtypes_s():
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    x = np.random.default_rng(1).normal(size=4099).astype(np.float32)
+    x[:3] = [np.inf, -np.inf, 0.0]
+    want = x.astype(ml_dtypes.bfloat16).astype(np.float32)
+    assert np.array_equal(prec.round_to(x, "bf16"), want)
+
+
+@pytest.mark.parametrize("precision", REDUCED)
+def test_reduced_fit_within_the_documented_bound(precision):
+    X, init = half_case()
+    ref = _fit(X, init, backend="numpy")
+    got = _fit(X, init, backend="numpy", precision=precision)
+    check_fit_within_bound(got, ref, precision, X.shape[1], precision)
+    assert got.cluster_centers_.dtype == np.float32
+    assert np.array_equal(got.predict(X), got.labels_)   # predict at the fit's precision
+
+
+@pytest.mark.parametrize("precision", REDUCED)
+def test_each_assignment_within_the_certified_bound(precision):
+    check_assignment_bound(NumpyBackend(), np.asarray, precision, precision)
+
+
+def test_reduced_precision_changes_labels_near_ties_only():
+    """On data without clusters (every label a near tie somewhere), bf16 moves some labels:
+    the emulation does round (a no-op would pass the bound tests too)."""
+    rng = np.random.default_rng(3)
+    X = (rng.uniform(size=(3001, 16)) * np.arange(1, 17) + 100).astype(np.float32)
+    init = X[:9].copy()
+    backend = NumpyBackend()
+    exact = backend.assign(X - X.mean(0), init - X.mean(0)).labels
+    backend.use_precision("bf16")
+    rounded = backend.assign(X - X.mean(0), init - X.mean(0)).labels
+    assert 0 < np.mean(exact != rounded) < 0.2
+
+
+@pytest.mark.parametrize("dtype", [np.float16, "bfloat16"])
+def test_half_x_fits_on_the_cpu_with_float32_centers(dtype):
+    if dtype == "bfloat16":
+        dtype = pytest.importorskip("ml_dtypes").bfloat16
+    X, init = half_case()
+    Xh = X.astype(dtype)
+    ref = _fit(Xh.astype(np.float32), init, backend="numpy")
+    for backend in ("numpy", "auto"):
+        got = _fit(Xh, init, backend=backend)
+        assert got.cluster_centers_.dtype == np.float32
+        assert np.array_equal(got.labels_, ref.labels_)
+        assert got.inertia_ == pytest.approx(ref.inertia_, rel=1e-5)
+
+
+def test_half_x_at_its_own_format():
+    X, init = half_case()
+    X16 = X.astype(np.float16)
+    ref = _fit(X16.astype(np.float32), init, backend="numpy")
+    got = _fit(X16, init, backend="numpy", precision="fp16")
+    check_fit_within_bound(got, ref, "fp16", X.shape[1], "fp16 X")
+
+
+def test_spherical_takes_a_precision():
+    X, init = half_case()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        got = SphericalKMeans(6, init=init, backend="numpy", precision="bf16").fit(X)
+    assert np.allclose(np.linalg.norm(got.cluster_centers_, axis=1), 1, atol=1e-5)
+
+
+@pytest.mark.parametrize("kwargs, X_dtype, match", [
+    ({"precision": "fp8"}, np.float32, "'precision' parameter of KMeans must be"),
+    ({"precision": "fp16"}, np.float64, "needs float32 or half X, got float64"),
+    ({"precision": "bf16"}, np.float16, "half X computes at its own format"),
+    ({"precision": "tf32", "backend": "numba"}, np.float32,
+     r"computes at precision \['exact'\], not 'tf32'.*would: \[.*'numpy'"),
+])
+def test_bad_precision_is_refused_before_work(kwargs, X_dtype, match):
+    if kwargs.get("backend") == "numba":
+        pytest.importorskip("numba")
+    X, init = half_case()
+    with pytest.raises(ValueError, match=match):
+        KMeans(6, init=init, **kwargs).fit(X.astype(X_dtype))
+
+
+def test_auto_passes_over_backends_without_the_precision():
+    X, init = half_case()
+    got = _fit(np.tile(X, (60, 1)), init, backend="auto", precision="fp16", max_iter=2)
+    assert "fp16" in get_backend(got.backend_).precisions
+
+
+def test_backends_declare_their_precisions():
+    assert set(NumpyBackend.precisions) == set(prec.PRECISIONS)
+    from kmeans_xp.contract.backend import KMeansBackend
+    assert KMeansBackend.precisions == ("exact",)
+    from kmeans_xp_backends.cupy import paths
+    assert set(paths.PRECISIONS) <= set(prec.PRECISIONS) and "exact" in paths.PRECISIONS
+
+
+def test_plan_carries_the_precision():
+    backend = NumpyBackend()
+    backend.use_precision("tf32")
+    assert backend.plan(np.zeros((10, 3), np.float32), 2).precision == "tf32"
+    with pytest.raises(ValueError, match="not 'fp8'"):
+        backend.use_precision("fp8")
+
+
+def test_bound_is_documented_per_precision():
+    assert prec.inertia_gap_bound("exact", 128) == 0
+    assert prec.inertia_gap_bound("fp16", 8) < prec.inertia_gap_bound("bf16", 8) <= 0.5
+
+
+# -- the GPU: cupy-fused's TF32 kernels at precision="tf32" ----------------------------------
+@pytest.mark.gpu
+def test_cupy_fused_tf32_within_the_bound_and_certified():
+    import cupy as cp
+    X, init = half_case()
+    ref = _fit(X, init, backend="numpy")
+    got = _fit(cp.asarray(X), init, backend="cupy-fused", precision="tf32")
+    check_fit_within_bound(got, ref, "tf32", X.shape[1], "cupy-fused tf32")
+    backend = get_backend("cupy-fused")()
+    check_assignment_bound(backend, cp.asarray, "tf32", "cupy-fused tf32")
+
+
+@pytest.mark.gpu
+def test_cupy_fused_old_tf32_option_still_runs_tf32_and_warns():
+    import cupy as cp
+    X, init = half_case()
+    new = _fit(cp.asarray(X), init, backend="cupy-fused", precision="tf32")
+    with pytest.warns(DeprecationWarning, match="precision='tf32'"):
+        old = KMeans(6, init=init, tol=0, max_iter=100, backend="cupy-fused",
+                     backend_options={"precision": "tf32"}).fit(cp.asarray(X))
+    assert np.array_equal(cp.asnumpy(old.labels_), cp.asnumpy(new.labels_))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_cupy_half_precision_is_refused_with_the_backends_that_take_it(precision):
+    import cupy as cp
+    X, init = half_case()
+    with pytest.raises(ValueError, match=f"not '{precision}'.*would: .*'cupy-chunked'"):
+        KMeans(6, init=init, backend="cupy-fused", precision=precision).fit(cp.asarray(X))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", REDUCED)
+def test_cupy_chunked_reduced_precision_on_the_gpu(precision):
+    import cupy as cp
+    from kmeans_xp_backends.cupy.rounding import round_into
+    X, init = half_case()
+    Xd = cp.asarray(X)
+    rounded = round_into(cp, Xd, precision, cp.empty_like(Xd))
+    assert np.array_equal(cp.asnumpy(rounded), prec.round_to(X, precision))
+    ref = _fit(X, init, backend="numpy")
+    got = _fit(Xd, init, backend="auto", precision=precision)
+    assert got.backend_ == ("cupy-fused" if precision == "tf32" else "cupy-chunked")
+    check_fit_within_bound(got, ref, precision, X.shape[1], f"{got.backend_} {precision}")
+    check_assignment_bound(get_backend("cupy-chunked")(), cp.asarray, precision, precision)
+
+
+@pytest.mark.gpu
+def test_cupy_float16_x_fits_with_float32_centers():
+    import cupy as cp
+    X, init = half_case()
+    X16 = X.astype(np.float16)
+    ref = _fit(X16, init, backend="numpy")
+    got = _fit(cp.asarray(X16), init, backend="auto")
+    check_fit_within_bound(got, ref, "fp16", X.shape[1], "cupy float16 X")
+
+
+@pytest.mark.parametrize("precision", REDUCED)
+def test_minibatch_takes_a_precision(precision):
+    from kmeans_xp import MiniBatchKMeans
+    X, init = half_case()
+    kw = dict(init=init, backend="numpy", random_state=0, batch_size=256)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ref = MiniBatchKMeans(6, **kw).fit(X)
+        got = MiniBatchKMeans(6, precision=precision, **kw).fit(X)
+    check_fit_within_bound(got, ref, precision, X.shape[1], f"MiniBatchKMeans {precision}")
+    assert np.array_equal(got.predict(X), got.labels_)
+
+
+@pytest.mark.parametrize("dtype_name", ["float16", "bfloat16"])
+def test_torch_half_x_fits_with_float32_centers(dtype_name):
+    torch = pytest.importorskip("torch")
+    X, init = half_case()
+    T = torch.from_numpy(X).to(getattr(torch, dtype_name))
+    ref = _fit(T.float().numpy(), init, backend="numpy")
+    own = "fp16" if dtype_name == "float16" else "bf16"
+    for precision in ("exact", own):
+        got = _fit(T, init, precision=precision)
+        assert got.cluster_centers_.dtype == torch.float32
+        check_fit_within_bound(got, ref, own, X.shape[1], f"torch {dtype_name} {precision}")
+
+
+def test_cupy_fused_maps_the_fit_precision_onto_its_kernel_paths(fake_cupy):
+    from kmeans_xp_backends.cupy.fused import CupyFusedBackend
+    backend = CupyFusedBackend()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")   # the new option warns about nothing
+        backend.use_precision("tf32")
+        assert (backend.precision, backend.compute_precision) == ("tf32", "tf32")
+        backend.use_precision("exact")
+        assert (backend.precision, backend.compute_precision) == ("fp32", "exact")
+    with pytest.raises(ValueError, match="not 'fp16'"):
+        backend.use_precision("fp16")
+    old = CupyFusedBackend(precision="tf32")
+    with pytest.warns(DeprecationWarning, match="KMeans\\(precision='tf32'\\)"):
+        old.use_precision("exact")
+    assert (old.precision, old.compute_precision) == ("tf32", "tf32")
+
+
+@pytest.mark.parametrize("precision", REDUCED)
+def test_cupy_chunked_reduced_precision_on_the_emulated_device(fake_cupy, precision):
+    """cupy-chunked rounds X's rows and the centers as the numpy emulation does, then its FP32
+    GEMM: the same fit up to the order of the sums."""
+    from kmeans_xp_backends.cupy.rounding import round_into
+    X, init = half_case()
+    assert np.array_equal(round_into(fake_cupy, X, precision, np.empty_like(X)),
+                          prec.round_to(X, precision))
+    ref = _fit(X, init, backend="numpy", precision=precision)
+    got = _fit(fake_cupy.asarray(X), init, backend="cupy-chunked", precision=precision)
+    assert got.backend_ == "cupy-chunked"
+    check_fit_within_bound(got, ref, precision, X.shape[1], f"cupy-chunked {precision}")
+    assert np.mean(fake_cupy.asnumpy(got.labels_) != ref.labels_) <= 0.001
