@@ -214,6 +214,8 @@ def test_a_batch_too_large_for_the_batched_init_runs_it_per_problem(monkeypatch)
 def test_spherical_and_verbose_batches(caplog):
     from kmeans_xp import SphericalKMeans
     X = np.stack(_problems([301] * 2, 3, 3, np.float64))
+    with pytest.raises(ValueError, match="precision='tf32' is not available for batches"):
+        KMeans(3, precision="tf32", backend="numpy").fit(X)
     with pytest.raises(ValueError, match="SphericalKMeans does not fit batches"):
         SphericalKMeans(3).fit(X)
     with caplog.at_level("INFO", logger="kmeans_xp"):

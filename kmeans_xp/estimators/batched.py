@@ -162,6 +162,10 @@ def fit_batch(est, X, sample_weight, warning=UserWarning):
     if est._spherical:
         raise ValueError(f"{type(est).__name__} does not fit batches of problems; fit each "
                          f"problem alone.")
+    precision = getattr(est, "precision", "exact")
+    if precision not in ("exact", None):   # (not yet carried to batch_lloyd_iter)
+        raise ValueError(f"precision={precision!r} is not available for batches of problems "
+                         f"yet: fit the batch with precision='exact', or each problem alone.")
     batch = check_batch(X, type(est).__name__, est.n_clusters)
     weights = check_batch_weights(est, sample_weight, batch)
     given = None
