@@ -16,7 +16,7 @@ CONTAINERS = [sp.csr_matrix, sp.csr_array, sp.csc_matrix, sp.csc_array]
 def _max_memory(X, k, budget, weighted=False):
     """max_memory that leaves the scipy-sparse backend `budget` bytes for its chunks: it bounds
     the driver's arrays too (`contract.fitmemory`), so their least comes first."""
-    from backends.numpy.sparse import ScipySparseBackend
+    from kmeans_xp_backends.numpy.sparse import ScipySparseBackend
     n, d = X.shape
     return least_max_memory(ScipySparseBackend, n, d, k, X.dtype.itemsize,
                             weighted=weighted) + budget
