@@ -214,11 +214,32 @@ def test_a_batch_too_large_for_the_batched_init_runs_it_per_problem(monkeypatch)
 def test_spherical_and_verbose_batches(caplog):
     from kmeans_xp import SphericalKMeans
     X = np.stack(_problems([301] * 2, 3, 3, np.float64))
-    with pytest.raises(ValueError, match="precision='tf32' is not available for batches"):
-        KMeans(3, precision="tf32", backend="numpy").fit(X)
     with pytest.raises(ValueError, match="SphericalKMeans does not fit batches"):
         SphericalKMeans(3).fit(X)
     with caplog.at_level("INFO", logger="kmeans_xp"):
         KMeans(3, random_state=0, verbose=1, backend="numpy").fit(X)
     assert "Problem 1: Iteration 0, inertia" in caplog.text
     assert "Problem 0: Converged at iteration" in caplog.text
+
+
+@pytest.mark.parametrize("precision", ["tf32", "fp16", "bf16"])
+def test_a_batch_at_reduced_precision_is_each_problem_alone(precision):
+    """A batch at a reduced precision (numpy's emulation) gives problem b the fit of problem
+    b alone at that precision, from the same initial centers."""
+    rng = np.random.default_rng(3)
+    X = np.stack(_problems([401] * 3, 5, 4, np.float32))
+    init = np.stack([p[rng.choice(len(p), 4, replace=False)] for p in X])
+    batch = KMeans(4, init=init, n_init=1, precision=precision, backend="numpy").fit(X)
+    for b in range(3):
+        one = KMeans(4, init=init[b], n_init=1, precision=precision,
+                     backend="numpy").fit(X[b])
+        np.testing.assert_array_equal(batch.labels_[b], one.labels_)
+        assert batch.inertia_[b] == pytest.approx(one.inertia_, rel=1e-5)
+
+
+def test_a_float16_batch_fits_with_float32_centers():
+    X = np.stack(_problems([301] * 2, 4, 3, np.float32)).astype(np.float16)
+    km = KMeans(3, n_init=1, random_state=0, precision="fp16").fit(X)
+    assert km.cluster_centers_.shape == (2, 3, 4)
+    assert km.cluster_centers_.dtype == np.float32
+    assert km.predict(X).shape == (2, 301)

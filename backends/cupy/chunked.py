@@ -126,9 +126,11 @@ class CupyChunkedBackend(CupyBackendBase):
 
     def batch_lloyd_iter(self, X, sample_weight, centers, labels_old, active, *, xp=None):
         """A dense batch on the device: one batched GEMM per chunk and one scatter for all
-        active problems (`batched`); a ragged batch, each problem's `lloyd_iter`."""
+        active problems (`batched`); a ragged batch, or a reduced precision, each problem's
+        `lloyd_iter`."""
         arr = getattr(X, "array", None)
-        if arr is None or self.is_streamed(arr):
+        # (the batched GEMM is exact FP32: a reduced precision rounds per problem)
+        if arr is None or self.is_streamed(arr) or self.compute_precision != "exact":
             return super().batch_lloyd_iter(X, sample_weight, centers, labels_old, active,
                                             xp=xp)
         return batched.batch_lloyd_iter(self, X, sample_weight, centers, labels_old, active)

@@ -19,6 +19,7 @@ import numpy as np
 from kmeans_xp.algorithms.batch_init import batch_initial_centers
 from kmeans_xp.algorithms.batches import kmeans_batch_lloyd
 from kmeans_xp.algorithms.progress import Clock
+from kmeans_xp.contract.precision import resolve as resolve_precision
 from kmeans_xp.contract.batching import BatchArray
 from kmeans_xp.contract.namespaces import (
     array_namespace,
@@ -162,11 +163,11 @@ def fit_batch(est, X, sample_weight, warning=UserWarning):
     if est._spherical:
         raise ValueError(f"{type(est).__name__} does not fit batches of problems; fit each "
                          f"problem alone.")
-    precision = getattr(est, "precision", "exact")
-    if precision not in ("exact", None):   # (not yet carried to batch_lloyd_iter)
-        raise ValueError(f"precision={precision!r} is not available for batches of problems "
-                         f"yet: fit the batch with precision='exact', or each problem alone.")
     batch = check_batch(X, type(est).__name__, est.n_clusters)
+    # (as a single fit: from the dtype the problems came in; half X computes at its format)
+    first = X[0] if isinstance(X, (list, tuple)) and len(X) else X
+    precision = resolve_precision(getattr(est, "precision", "exact") or "exact",
+                                  getattr(X, "dtype", getattr(first, "dtype", None)))
     weights = check_batch_weights(est, sample_weight, batch)
     given = None
     if not isinstance(est.init, str) and not callable(est.init):
@@ -179,7 +180,7 @@ def fit_batch(est, X, sample_weight, warning=UserWarning):
         est.backend, batch.problems[big], n_clusters=est.n_clusters,
         sample_weight=None if weights is None else weights[big],
         backend_options=est.backend_options, max_memory=est.max_memory, check_memory=True,
-        copy_x=bool(est.copy_x))
+        copy_x=bool(est.copy_x), precision=precision)
     if callable(est.init):   # (called per run and problem, before X is centered)
         given = [np.stack([check_init_array(est.init(p, est.n_clusters, random_state=rs),
                                             est.n_clusters, batch.d)
