@@ -143,7 +143,9 @@ def read_sections(path):
             out[name] = []
         if name is not None:
             out[name].append(line)
-    for lines in out.values():
+    for lines in out.values():   # (one blank line after each: a rewrite adds none)
+        while lines and not lines[-1].strip():
+            lines.pop()
         lines.append("")
     return out
 
