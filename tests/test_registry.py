@@ -498,11 +498,17 @@ def test_auto_tries_cupy_kernels_before_chunked_for_narrow_x(fake_cupy, monkeypa
         assert inst.name == expected, why
 
 
-def test_auto_orders_the_cpu_engines_by_the_table():
+def test_auto_orders_the_cpu_engines_by_the_table(monkeypatch):
     """numba's narrow kernel (d <= 4) where the whole fit's work repays its first use in a
-    process; the numpy backend alone for little work; numba first otherwise."""
+    process; the numpy backend alone for little work; numba first otherwise, and wherever
+    numba's kernels are loaded already (its first use paid)."""
+    import sys
+
     from kmeans_xp.contract import cpu_engines
-    from kmeans_xp.contract.registry import select_backend
+    from kmeans_xp.contract.registry import NUMBA_KERNELS, select_backend
+    monkeypatch.delitem(sys.modules, NUMBA_KERNELS, raising=False)   # (a fresh process)
+    assert cpu_engines.choose(50_000, 64, 8, iterations=5,
+                              numba_loaded=True).order == ("numba", "numpy")
     assert cpu_engines.choose(50_000, 3, 8, iterations=300).order == ("numba", "numpy")
     assert cpu_engines.choose(50_000, 3, 8, iterations=5).order == ("numpy",)
     assert cpu_engines.choose(50_000, 64, 8, iterations=300).order == ("numba", "numpy")

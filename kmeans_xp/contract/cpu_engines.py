@@ -39,6 +39,7 @@ class Query(NamedTuple):
     k: int
     iterations: int   # Lloyd iterations the fit may run (1: one pass, e.g. predict)
     threads: int      # the threads the fit may use
+    numba_loaded: bool = False   # numba's kernels already loaded in this process
 
     @property
     def work(self) -> int:
@@ -53,6 +54,9 @@ class Row(NamedTuple):
 
 
 CPU_ENGINES = (
+    Row(("numba", "numpy"), lambda q: q.numba_loaded,
+        "numba's kernels are loaded in this process: their first use is paid, and warm "
+        "numba is the faster engine or within 15% (surface-cpu, its auto / best own column)"),
     Row(("numba", "numpy"),
         lambda q: q.d <= NARROW_MAX_D and q.work * q.iterations >= NARROW_NUMBA_MIN_FIT_WORK,
         f"d <= {NARROW_MAX_D}: numba's narrow kernel, 3-5x the numpy backend, repays its "
@@ -77,17 +81,20 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
-def choose(n: int, d: int, k: int, *, iterations: int = 1, threads: int = 1) -> Row:
+def choose(n: int, d: int, k: int, *, iterations: int = 1, threads: int = 1,
+           numba_loaded: bool = False) -> Row:
     """The row of CPU_ENGINES a problem takes."""
-    q = Query(int(n), int(d), int(k), max(1, int(iterations)), max(1, int(threads)))
+    q = Query(int(n), int(d), int(k), max(1, int(iterations)), max(1, int(threads)),
+              bool(numba_loaded))
     return next(row for row in CPU_ENGINES if row.holds(q))
 
 
 def arrange(candidates: list[str], n: int, d: int, k: int, *, iterations: int = 1,
-            threads: int = 1) -> tuple[list[str], str]:
+            threads: int = 1, numba_loaded: bool = False) -> tuple[list[str], str]:
     """(candidates with the CPU engines in the table's order, the row's reason): engines the
     row leaves out are removed, the rest of the candidates (GPU backends first) stay."""
-    row = choose(n, d, k, iterations=iterations, threads=threads)
+    row = choose(n, d, k, iterations=iterations, threads=threads,
+                 numba_loaded=numba_loaded)
     engines = [c for c in candidates if c in ("numba", "numpy")]
     if not engines:
         return list(candidates), ""

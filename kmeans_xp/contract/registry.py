@@ -12,6 +12,7 @@ import difflib
 import functools
 import importlib
 import importlib.util
+import sys
 import warnings
 from importlib.metadata import entry_points
 from collections.abc import Iterator
@@ -443,6 +444,10 @@ def _checked_for_fit(inst: KMeansBackend, X: Any, n_clusters: int, copy_x: bool,
     return inst
 
 
+#: the numba backend's compiled-kernel module: once imported, numba's first use is paid
+NUMBA_KERNELS = "kmeans_xp_backends.numba.kernels"
+
+
 def _cpu_engines(candidates: list[str], X: Any, ns: str, n_clusters: int, iterations: int,
                  threads: Any) -> tuple[list[str], str]:
     """The CPU engines among the candidates in `cpu_engines.CPU_ENGINES`' order for X's
@@ -458,8 +463,11 @@ def _cpu_engines(candidates: list[str], X: Any, ns: str, n_clusters: int, iterat
         if len(shape) != 2:
             return candidates, ""
         n, d = shape
+    # (a module name looked up, not imported: the numba backend's kernels already loaded)
+    loaded = NUMBA_KERNELS in sys.modules
     return cpu_engines.arrange(candidates, n, d, n_clusters, iterations=iterations,
-                               threads=threads or cpu_engines.usable_cores())
+                               threads=threads or cpu_engines.usable_cores(),
+                               numba_loaded=loaded)
 
 
 def _reject_reason(name: str, X: Any, n_clusters: int, sample_weight: Any,
