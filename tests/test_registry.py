@@ -498,15 +498,25 @@ def test_auto_tries_cupy_kernels_before_chunked_for_narrow_x(fake_cupy, monkeypa
         assert inst.name == expected, why
 
 
+def test_auto_takes_numba_once_its_kernels_are_loaded(monkeypatch):
+    """In a process where numba's kernels are loaded its first use is paid: `auto` takes it
+    for a fit the table would give numpy in a fresh process."""
+    from kmeans_xp.contract import registry
+    if "numba" not in kmeans_xp.available_backends():
+        pytest.skip("numba is not installed")
+    X = np.zeros((50_000, 64), np.float32)
+    assert registry.select_backend("auto", X, n_clusters=8, iterations=5)[0].name == "numpy"
+    monkeypatch.setattr(registry, "numba_loaded", lambda: True)
+    be, why = registry.select_backend("auto", X, n_clusters=8, iterations=5)
+    assert be.name == "numba" and "kernels are loaded" in why
+
+
 def test_auto_orders_the_cpu_engines_by_the_table(monkeypatch):
     """numba's narrow kernel (d <= 4) where the whole fit's work repays its first use in a
     process; the numpy backend alone for little work; numba first otherwise, and wherever
     numba's kernels are loaded already (its first use paid)."""
-    import sys
-
     from kmeans_xp.contract import cpu_engines
-    from kmeans_xp.contract.registry import NUMBA_KERNELS, select_backend
-    monkeypatch.delitem(sys.modules, NUMBA_KERNELS, raising=False)   # (a fresh process)
+    from kmeans_xp.contract.registry import select_backend
     assert cpu_engines.choose(50_000, 64, 8, iterations=5,
                               numba_loaded=True).order == ("numba", "numpy")
     assert cpu_engines.choose(50_000, 3, 8, iterations=300).order == ("numba", "numpy")

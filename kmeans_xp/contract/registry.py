@@ -448,6 +448,12 @@ def _checked_for_fit(inst: KMeansBackend, X: Any, n_clusters: int, copy_x: bool,
 NUMBA_KERNELS = "kmeans_xp_backends.numba.kernels"
 
 
+def numba_loaded() -> bool:
+    """Whether numba's kernels are loaded in this process (a name looked up, not imported):
+    `auto` then takes numba for any fit (`cpu_engines`' first row)."""
+    return NUMBA_KERNELS in sys.modules
+
+
 def _cpu_engines(candidates: list[str], X: Any, ns: str, n_clusters: int, iterations: int,
                  threads: Any) -> tuple[list[str], str]:
     """The CPU engines among the candidates in `cpu_engines.CPU_ENGINES`' order for X's
@@ -463,8 +469,7 @@ def _cpu_engines(candidates: list[str], X: Any, ns: str, n_clusters: int, iterat
         if len(shape) != 2:
             return candidates, ""
         n, d = shape
-    # (a module name looked up, not imported: the numba backend's kernels already loaded)
-    loaded = NUMBA_KERNELS in sys.modules
+    loaded = numba_loaded()
     return cpu_engines.arrange(candidates, n, d, n_clusters, iterations=iterations,
                                threads=threads or cpu_engines.usable_cores(),
                                numba_loaded=loaded)
