@@ -12,12 +12,12 @@ from __future__ import annotations
 import dataclasses
 import statistics
 import time
-from typing import Any
 
 import numpy as np
 
 from kmeans_xp.contract.namespaces import to_numpy
 from kmeans_xp.tools.bench.protocol import is_out_of_memory, release_device_memory, sync_namespace
+from kmeans_xp.tools.bench.workload import Workload
 
 #: the named batched workloads of issue 35 (float32)
 BATCH_WORKLOADS = {"F2": dict(batch=32, n=65_536, d=128, k=1024)}
@@ -26,17 +26,13 @@ SMALL_BATCH_WORKLOADS = {"F2s": dict(batch=8, n=4_099, d=32, k=64)}
 
 
 @dataclasses.dataclass
-class BatchWorkload:
-    """B problems of (n, d) with k clusters each, timed over `iters` iterations."""
+class BatchWorkload(Workload):
+    """B problems of (n, d) with k clusters each, timed over `iters` iterations: a
+    `Workload` (its dtype, seed, repeats, max_memory) with a batch size."""
     batch: int = 8
     n: int = 4_099
     d: int = 32
     k: int = 64
-    iters: int = 10
-    dtype: str = "float32"
-    seed: int = 0
-    repeats: int = 3
-    max_memory: Any = "auto"
 
 
 def batch_data(w: BatchWorkload) -> tuple[np.ndarray, np.ndarray]:
