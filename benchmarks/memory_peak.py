@@ -17,6 +17,7 @@ import sys
 import time
 
 import numpy as np
+from results_file import add_arguments, record_if_asked
 
 GPU_BACKENDS = ("cupy-kernels", "cupy-chunked", "cupy-fused")
 SIZES = ((1_000_003, 100), (4_000_037, 500), (10_000_019, 1000))
@@ -93,9 +94,7 @@ def main(argv=None):
     p.add_argument("--backends", default=",".join(GPU_BACKENDS))
     p.add_argument("--sizes", default=",".join(f"{n}:{k}" for n, k in SIZES),
                    help="n:k pairs, comma-separated")
-    p.add_argument("--results", nargs="?", const="", metavar="DIR",
-                   help="write the table into DIR/<machine kind>.md (DIR: benchmarks/results)")
-    p.add_argument("--kind", default=None, help="with --results: the results file's name")
+    add_arguments(p)
     argv = sys.argv[1:] if argv is None else list(argv)
     args = p.parse_args(argv)
     t0 = time.perf_counter()
@@ -113,13 +112,11 @@ def main(argv=None):
                          f"{'yes' if r['ok'] else 'NO'} |")
             print(table[-1], flush=True)
     if args.results is not None:
-        from results_file import record
         head = ["## max_memory: the measured peak of a fit beyond X, d=3 float32", "",
                 "max_memory a third above the least the fit is planned in; 5 iterations on X "
                 "in place; GPU: the CuPy pool's peak, CPU: NumPy's (tracemalloc).", ""]
-        print("wrote", record([head + table], script="benchmarks/memory_peak.py", argv=argv,
-                              wall_s=time.perf_counter() - t0, kind=args.kind,
-                              results_dir=args.results or None))
+        record_if_asked(args, [head + table], script="benchmarks/memory_peak.py", argv=argv,
+                        wall_s=time.perf_counter() - t0)
     return 0 if all(r["ok"] for r in rows) else 1
 
 

@@ -22,6 +22,7 @@ import sys
 import time
 
 import numpy as np
+from results_file import add_arguments, record_if_asked
 
 
 def _fit_seconds(make, X, passes, repeats, sync):
@@ -58,9 +59,7 @@ def main(argv=None):
     p.add_argument("--sklearn-repeats", type=int, default=1)
     p.add_argument("--no-sklearn", action="store_true")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--results", nargs="?", const="", metavar="DIR",
-                   help="write the figures into DIR/<machine kind>.md (DIR: benchmarks/results)")
-    p.add_argument("--kind", default=None, help="with --results: the results file's name")
+    add_arguments(p)
     argv = sys.argv[1:] if argv is None else list(argv)
     args = p.parse_args(argv)
     t0 = time.perf_counter()
@@ -115,15 +114,13 @@ def main(argv=None):
 def _record(args, argv, t0, lines):
     """The figures as the results file's `minibatch` section (with --results)."""
     if args.results is not None:
-        from results_file import record
         head = [f"## minibatch: n={args.n:,} d={args.d} k={args.k} batch {args.batch}, "
                 f"{args.dtype}", "",
                 "ms per step: a 2-pass fit minus a 1-pass fit over the steps of a pass "
                 "(median of repeats); ours on device X.", "",
                 "| row | ms per step | fit's own steps timer |", "| --- | ---: | ---: |"]
-        print("wrote", record([head + lines], script="benchmarks/minibatch_step.py",
-                              argv=argv, wall_s=time.perf_counter() - t0, kind=args.kind,
-                              results_dir=args.results or None))
+        record_if_asked(args, [head + lines], script="benchmarks/minibatch_step.py", argv=argv,
+                        wall_s=time.perf_counter() - t0)
     return 0
 
 

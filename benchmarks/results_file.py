@@ -39,6 +39,24 @@ def machine():
     return info
 
 
+def add_arguments(parser):
+    """A tool's --results [DIR] and --kind: where `record_if_asked` writes its section."""
+    parser.add_argument("--results", nargs="?", const="", metavar="DIR",
+                        help="write the figures into DIR/<machine kind>.md "
+                             "(DIR: benchmarks/results)")
+    parser.add_argument("--kind", default=None, help="with --results: the results file's name")
+
+
+def record_if_asked(args, sections, *, script, argv, wall_s):
+    """`record` the sections where the tool was asked to (--results), printing the path."""
+    if args.results is None:
+        return None
+    path = record(sections, script=script, argv=argv, wall_s=wall_s, kind=args.kind,
+                  results_dir=args.results or None)
+    print("wrote", path)
+    return path
+
+
 def record(sections, *, script, argv, wall_s, kind=None, results_dir=None, label=None,
            info=None):
     """Write `sections` (lists of markdown lines, each starting "## NAME: ...") into the

@@ -24,6 +24,7 @@ import sys
 import time
 
 import numpy as np
+from results_file import add_arguments, record_if_asked
 
 ROWS = ("scipy-sparse", "sklearn", "cupy-sparse", "cupy-sparse-device")
 
@@ -109,9 +110,7 @@ def main(argv=None):
     p.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0))
                    if hasattr(os, "sched_getaffinity") else os.cpu_count())
     p.add_argument("--json", default=None)
-    p.add_argument("--results", nargs="?", const="", metavar="DIR",
-                   help="write the table into DIR/<machine kind>.md (DIR: benchmarks/results)")
-    p.add_argument("--kind", default=None, help="with --results: the results file's name")
+    add_arguments(p)
     argv = sys.argv[1:] if argv is None else list(argv)
     a = p.parse_args(argv)
     t0 = time.perf_counter()
@@ -140,13 +139,11 @@ def main(argv=None):
                      f"{r['n_iter']} | {r['inertia']:.6g} | {r['agreement']:.4f} |")
     print("\n".join(table))
     if a.results is not None:
-        from results_file import record
         head = [f"## sparse: n={a.n:,} d={a.d:,} density {a.density} k={a.k}, CSR float32",
                 "", f"Whole fits from the same init, at most {a.max_iter} iterations, "
                 f"{a.threads} CPU threads; labels against scikit-learn's.", ""]
-        print("wrote", record([head + table], script="benchmarks/sparse_tfidf.py", argv=argv,
-                              wall_s=time.perf_counter() - t0, kind=a.kind,
-                              results_dir=a.results or None))
+        record_if_asked(a, [head + table], script="benchmarks/sparse_tfidf.py", argv=argv,
+                        wall_s=time.perf_counter() - t0)
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"n": a.n, "d": a.d, "density": a.density, "k": a.k, "nnz": int(X.nnz),
