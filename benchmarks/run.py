@@ -80,10 +80,11 @@ def batch_backends(backends, has_gpu):
     GPU ones (with a GPU) or numpy."""
     import kmeans_xp
     infos = kmeans_xp.list_backends()
+    from kmeans_xp.tools.bench.entries import split_options
     if isinstance(backends, str) and backends != "default":
-        return [b for b in backends.split(",") if b in infos]
-    if isinstance(backends, list):
-        return [b for b in backends if b in infos]
+        backends = backends.split(",")
+    if isinstance(backends, list):   # (a row may name its precision: "name[precision=fp16]")
+        return [b for b in backends if split_options(b)[0] in infos]
     return [name for name, info in infos.items() if info.available and info.gpu
             and name != "cupy-sparse"] if has_gpu else ["numpy"]
 

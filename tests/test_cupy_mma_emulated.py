@@ -145,3 +145,34 @@ def test_falls_back_where_the_v2_kernel_cannot_run():
     p = fused_plan.plan(10**5, 1024, 77, "float32", h200, gemm_kernel="3xtf32")
     assert p.path == "mma3" and not p.resident
     assert p.fixed_bytes["center_operands"] == (2 * p.kpad * 1024 + p.kpad) * 4
+
+
+@pytest.mark.parametrize("layout,fmt", [(5, "fp16"), (6, "bf16")])
+def test_half_operands_are_the_rounded_negated_centers(emulated_cupy, layout, fmt):
+    """pack_centers' layouts 5 / 6 (the wgmma kernel's half formats): rows of roundup(d, 16)
+    halves of -c rounded to nearest even as NumPy's float16 / ml_dtypes' bfloat16 round (ties,
+    subnormals, fp16's overflow past 65504), zero padding, and ||c||^2 / 2 beside them."""
+    from kmeans_xp_backends.cupy.nearest import pack_centers
+    from kmeans_xp.contract.precision import round_to
+    rng = np.random.default_rng(5)
+    k, d = 37, 21
+    C = (rng.normal(size=(k, d)) * np.logspace(-6, 4, d)).astype(np.float32)
+    edges = [65504, 65519.99, 65520, 2.0 ** -14, 2.0 ** -24, 2.0 ** -25, 3 * 2.0 ** -25,
+             1 + 2.0 ** -11, 1 + 3 * 2.0 ** -11, 1 + 2.0 ** -8, 1 + 3 * 2.0 ** -8, 0.0,
+             -1.5 * 2.0 ** -24]
+    C[0, :len(edges)] = np.float32(edges)
+    S, kpad = paths.half_dk(d), 128
+    ops = np.zeros(kpad * S // 2, np.float32)
+    cnorm = np.full(kpad, np.inf, np.float32)
+    pack_centers(np.ascontiguousarray(C), layout, ops, cnorm, S=S, kpad=kpad)
+    got = ops.view(np.uint16).reshape(kpad, S)
+    if fmt == "fp16":
+        with np.errstate(over="ignore"):
+            want = (-C).astype(np.float16).view(np.uint16)
+    else:
+        want = (round_to(-C, "bf16").view(np.uint32) >> 16).astype(np.uint16)
+    assert np.array_equal(got[:k, :d], want)
+    assert not got[:, d:].any() and not got[k:].any()
+    norm = np.einsum("ij,ij->i", C.astype(np.float64), C.astype(np.float64)) / 2
+    np.testing.assert_allclose(cnorm[:k], norm, rtol=1e-6)
+    assert np.isinf(cnorm[k:]).all()

@@ -20,6 +20,10 @@ DOCUMENTED = [
     ((128, "float32", "tf32", H200, {"tf32_kernel": "cublas"}), "tf32"),
     ((128, "float32", "tf32", H200, {"tf32_kernel": "fused-v1"}), "tf32mma"),
     ((128, "float32", "tf32", SM86, {}), "tf32mma"),   # v2's shared memory does not fit
+    # precision="fp16" / "bf16": the wgmma kernel's half formats, d <= 256 (elsewhere the
+    # backend refuses the fit: test_half_formats_have_no_path_off_hopper)
+    ((128, "float32", "fp16", H200, {}), "wgmma-fp16"),
+    ((256, "float32", "bf16", H200, {}), "wgmma-bf16"),
     # exact: small d, then 3xTF32 on float32 up to d = 160, else the SIMT kernel
     ((16, "float32", "fp32", H200, {}), "small"),
     ((1, "float64", "fp32", SM75, {}), "small"),
@@ -69,6 +73,14 @@ def test_rows_name_known_variants_and_option_values():
                     for dt in ("float32", "float64"):
                         for pr in ("fp32", "tf32"):
                             paths.choose(d, 1, dt, pr, dev, tf32_kernel=tk, gemm_kernel=gk)
+
+
+def test_half_formats_have_no_path_off_hopper():
+    for dev, d in ((A100, 128), (H200, 257)):
+        with pytest.raises(ValueError, match="no kernel path"):
+            paths.choose(d, 300, "float32", "fp16", dev)
+    assert paths.wgmma_atoms(256, 1) == paths.wgmma_atoms(128) == 4
+    assert paths.wgmma_smem(256, False, 2) == paths.wgmma_smem(128)
 
 
 def test_the_plan_takes_the_tables_path_and_its_variants_kernel():

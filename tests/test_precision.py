@@ -169,25 +169,47 @@ def test_cupy_fused_old_tf32_option_still_runs_tf32_and_warns():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])
-def test_cupy_half_precision_is_refused_with_the_backends_that_take_it(precision):
+def test_cupy_fused_half_precision_within_the_bound_and_certified(precision):
+    """The wgmma kernel's half formats (Hopper): the fit within the documented bound of the
+    exact one, and each assignment within the certified bound, at d across the atoms of K
+    (tails of 16 and of 64), n past a block's 256 rows and k past a column block's 64."""
     import cupy as cp
+    from kmeans_xp_backends.cupy import fused_plan, paths
+    if not paths.wgmma_fits(8, fused_plan.device_facts(cp.cuda.Device().id), False, 1):
+        pytest.skip("the half formats' kernel needs compute capability 9.0")
     X, init = half_case()
-    with pytest.raises(ValueError, match=f"not '{precision}'.*would: .*'cupy-chunked'"):
-        KMeans(6, init=init, backend="cupy-fused", precision=precision).fit(cp.asarray(X))
+    ref = _fit(X, init, backend="numpy")
+    got = _fit(cp.asarray(X), init, backend="cupy-fused", precision=precision)
+    assert got.backend_ == "cupy-fused"
+    check_fit_within_bound(got, ref, precision, X.shape[1], f"cupy-fused {precision}")
+    backend = get_backend("cupy-fused")()
+    rng = np.random.default_rng(3)
+    for n, d, k in ((2003, 8, 6), (1001, 37, 203), (777, 100, 64), (4099, 200, 1000),
+                    (300, 256, 130), (513, 3, 1)):
+        X = (rng.normal(size=(n, d)) * np.linspace(0.5, 3, d) + 1).astype(np.float32)
+        C = X[rng.choice(n, k, replace=k > n)] + np.float32(0.01)
+        check_assignment_bound(backend, cp.asarray, precision,
+                               f"cupy-fused {precision} n={n} d={d} k={k}", case=(X, C))
+
+
+@pytest.mark.gpu
+def test_cupy_fused_refuses_half_precision_past_its_kernel():
+    import cupy as cp
+    X = np.random.default_rng(0).normal(size=(300, 300)).astype(np.float32)
+    with pytest.raises(ValueError, match="fp16.*wgmma kernel.*cupy-chunked"):
+        KMeans(4, backend="cupy-fused", precision="fp16").fit(cp.asarray(X))
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("precision", REDUCED)
 def test_cupy_chunked_reduced_precision_on_the_gpu(precision):
     import cupy as cp
-    from kmeans_xp_backends.cupy.rounding import round_into
     X, init = half_case()
     Xd = cp.asarray(X)
-    rounded = round_into(cp, Xd, precision, cp.empty_like(Xd))
+    rounded = prec.round_to(Xd, precision, cp.empty_like(Xd))
     assert np.array_equal(cp.asnumpy(rounded), prec.round_to(X, precision))
     ref = _fit(X, init, backend="numpy")
-    got = _fit(Xd, init, backend="auto", precision=precision)
-    assert got.backend_ == ("cupy-fused" if precision == "tf32" else "cupy-chunked")
+    got = _fit(Xd, init, backend="cupy-chunked", precision=precision)
     check_fit_within_bound(got, ref, precision, X.shape[1], f"{got.backend_} {precision}")
     check_assignment_bound(get_backend("cupy-chunked")(), cp.asarray, precision, precision)
 
@@ -237,8 +259,10 @@ def test_cupy_fused_maps_the_fit_precision_onto_its_kernel_paths(fake_cupy):
         assert (backend.precision, backend.compute_precision) == ("tf32", "tf32")
         backend.use_precision("exact")
         assert (backend.precision, backend.compute_precision) == ("fp32", "exact")
-    with pytest.raises(ValueError, match="not 'fp16'"):
-        backend.use_precision("fp16")
+        backend.use_precision("bf16")   # (the wgmma kernel's half formats)
+        assert (backend.precision, backend.compute_precision) == ("bf16", "bf16")
+    with pytest.raises(ValueError, match="not 'fp8'"):
+        backend.use_precision("fp8")
     old = CupyFusedBackend(precision="tf32")
     with pytest.warns(DeprecationWarning, match="KMeans\\(precision='tf32'\\)"):
         old.use_precision("exact")
@@ -249,12 +273,31 @@ def test_cupy_fused_maps_the_fit_precision_onto_its_kernel_paths(fake_cupy):
 def test_cupy_chunked_reduced_precision_on_the_emulated_device(fake_cupy, precision):
     """cupy-chunked rounds X's rows and the centers as the numpy emulation does, then its FP32
     GEMM: the same fit up to the order of the sums."""
-    from kmeans_xp_backends.cupy.rounding import round_into
     X, init = half_case()
-    assert np.array_equal(round_into(fake_cupy, X, precision, np.empty_like(X)),
+    assert np.array_equal(prec.round_to(X, precision, np.empty_like(X)),
                           prec.round_to(X, precision))
     ref = _fit(X, init, backend="numpy", precision=precision)
     got = _fit(fake_cupy.asarray(X), init, backend="cupy-chunked", precision=precision)
     assert got.backend_ == "cupy-chunked"
     check_fit_within_bound(got, ref, precision, X.shape[1], f"cupy-chunked {precision}")
     assert np.mean(fake_cupy.asnumpy(got.labels_) != ref.labels_) <= 0.001
+
+
+@pytest.mark.parametrize("factor", [2.0 ** 20, 1e6, 2.0 ** -30])
+def test_fp16_fit_of_data_outside_float16s_range(factor):
+    """precision="fp16" on float32 X past float16's 65504 (or deep in its subnormals) fits
+    within the bound as X in range does: the fit's power of two brings X into range."""
+    X, init = half_case()
+    X, init = X * np.float32(factor), init * np.float32(factor)
+    ref = _fit(X, init, backend="numpy")
+    got = _fit(X, init, backend="numpy", precision="fp16")
+    assert np.isfinite(got.inertia_) and np.isfinite(got.cluster_centers_).all()
+    check_fit_within_bound(got, ref, "fp16", X.shape[1], f"fp16 X * {factor:g}")
+
+
+def test_batch_outside_float16s_range_is_refused_at_fp16():
+    X, init = half_case()
+    batch = np.stack([X, X * np.float32(1e6)])
+    with pytest.raises(ValueError, match="Problem 1 .*float16's range"):
+        KMeans(6, precision="fp16", n_init=1).fit(batch)
+    KMeans(6, precision="bf16", n_init=1, max_iter=3).fit(batch)   # (bf16 keeps the range)

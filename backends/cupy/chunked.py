@@ -20,7 +20,9 @@ from typing import NamedTuple
 
 from kmeans_xp.contract.memory import MemoryEstimate, chunk_rows
 
-from . import batched, nearest, reductions, rounding
+from kmeans_xp.contract.precision import round_to
+
+from . import batched, nearest, reductions
 from .base import BASE_OPTIONS, STREAM_OPTIONS, CupyBackendBase
 from .common import MIN_CHUNK_ROWS, ctype, with_oom_retry
 
@@ -28,6 +30,13 @@ from .common import MIN_CHUNK_ROWS, ctype, with_oom_retry
 TILE_MIN_ROWS = 8192
 #: a distance block larger than this buys no speed, only memory
 MAX_BLOCK_BYTES = 1 << 30
+#: a reduced precision rounds X's rows and the centers (`contract.precision.round_to`, the
+#: numpy emulation's rounding) and runs cuBLAS's FP32 GEMM on them: a product of two values of
+#: at most 11 significant bits is exact in float32, so that GEMM computes what a tensor core
+#: computes on the format with FP32 accumulation (up to the order of the sum), the semantics
+#: on any GPU, not the speed. Float32 values per row a rounding needs beside X's: the rounded
+#: row, and the in-place rounding's temporaries (a word and a flag a value)
+ROUNDED_ROW_FACTOR = 3
 
 
 class ChunkPlan(NamedTuple):
@@ -65,7 +74,7 @@ class CupyChunkedBackend(CupyBackendBase):
     name = "cupy-chunked"
     options = {**BASE_OPTIONS, **STREAM_OPTIONS}
     supports_streaming = True
-    #: the reduced ones round X's rows and the centers, then the FP32 GEMM (`rounding`): the
+    #: the reduced ones round X's rows and the centers, then the FP32 GEMM (ROUNDED_ROW_FACTOR): the
     #: semantics of tensor-core arithmetic on any GPU, not its speed (docs/precision.md)
     precisions = ("exact", "tf32", "fp16", "bf16")
 
@@ -87,7 +96,7 @@ class CupyChunkedBackend(CupyBackendBase):
         # the driver allocates the next iteration's labels and distances beside the blocks
         reserve = n * (4 + itemsize)
         # a reduced precision's rounded rows are planned as more columns of the block
-        extra = 0 if self.compute_precision == "exact" else rounding.ROW_FACTOR * d
+        extra = 0 if self.compute_precision == "exact" else ROUNDED_ROW_FACTOR * d
         with self.memory.explain(f"cupy-chunked (n={n}, k={k}, d={d})", reserve,
                                  "labels and squared distances"):
             plan = plan_chunks(n, d, k + extra, itemsize, self.memory.bytes(reserve=reserve))
@@ -170,14 +179,14 @@ class CupyChunkedBackend(CupyBackendBase):
         block, run_min, rounded = self._chunk_blocks(rows, k_tile, X.dtype,
                                                      X.shape[1] if reduced else 0)
         if reduced:   # the centers and their norms as the format holds them
-            C = rounding.round_into(self._cp, C, precision, self._cp.empty(C.shape, C.dtype))
+            C = round_to(C, precision, self._cp.empty(C.shape, C.dtype))
             c_norm = nearest.center_norms(C, X.dtype)
         for start in range(0, n, rows):
             stop = min(start + rows, n)
             m = stop - start
             A = X[start:stop]
             if reduced:
-                A = rounding.round_into(self._cp, A, precision, rounded[:m])
+                A = round_to(A, precision, rounded[:m])
             for j0 in range(0, k, k_tile):
                 j1 = min(j0 + k_tile, k)
                 dist = block[: m * (j1 - j0)].reshape(m, j1 - j0)

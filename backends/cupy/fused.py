@@ -129,8 +129,16 @@ class CupyFusedBackend(CupyBackendBase):
         dtype = float_dtype_name(getattr(X, "dtype", "float64"))  # "float32" of torch.float32 too
         if getattr(X, "dtype", None) is not None and dtype not in _CTYPE:
             return f"it computes in float32 or float64, not {dtype}"
-        if self.precision == "tf32" and dtype != "float32":
-            return "precision='tf32' needs float32 input"
+        if self.precision != "fp32" and dtype != "float32":
+            return f"precision={self.compute_precision!r} needs float32 input"
+        if self.precision in paths.HALF_FORMATS:
+            d = X.shape[1] if getattr(X, "ndim", 2) > 1 else 1
+            dev = fp.device_facts(self._cp.cuda.Device().id)
+            if not paths.wgmma_fits(d, dev, False, paths.HALF_FORMATS[self.precision]):
+                return (f"precision={self.precision!r} runs on its wgmma kernel, which needs "
+                        f"compute capability 9.0 and d <= {paths.WGMMA_MAX_D_HALF} (this GPU "
+                        f"{dev.cc // 10}.{dev.cc % 10}, d={d}); cupy-chunked computes it on any "
+                        f"GPU")
         if self.precision == "tf32":
             cc = int(self._cp.cuda.Device().compute_capability)
             if cc < 80:

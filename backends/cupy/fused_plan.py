@@ -179,7 +179,8 @@ class Plan(NamedTuple):
     assign_smem: int
     assign_grid: int
     layout: int        # 0: ops (k, S); 1: -2C^T (d, kpad) + ||c||^2 (kpad); 3/4: tf32(-2C)
-                       # (kpad, S) [+ its small part], ||c||^2 (kpad) (pack_centers)
+                       # (kpad, S) [+ its small part], ||c||^2 (kpad); 5/6: fp16/bf16(-C)
+                       # (kpad, S halves), ||c||^2 / 2 (kpad) (pack_centers)
     S: int
     kpad: int
     acc_mode: str      # "fused", "shared", "sorted" (d > 16: 0.37 against 0.77 ms a W5 sum
@@ -196,9 +197,10 @@ class Plan(NamedTuple):
 def operand_sizes(layout, k, d, S, kpad) -> tuple:
     """(ops, cnorm) values of the centers' operands in a layout (pack_centers, centers.cu):
     0 rows of S (no cnorm: one unused value), 1 -2C^T (d, kpad), 3 tf32(-2C) (kpad, S),
-    4 the same and its small part."""
+    4 the same and its small part, 5 / 6 fp16 / bf16 -C (kpad, S): two halves a value."""
     return {0: (k * S, 1), 1: (d * kpad, kpad), 3: (kpad * S, kpad),
-            4: (2 * kpad * S, kpad)}[layout]
+            4: (2 * kpad * S, kpad), 5: (kpad * S // 2, kpad),
+            6: (kpad * S // 2, kpad)}[layout]
 
 
 def plan(n, d, k, dtype_name, dev, *, precision="fp32", fuse="auto", P=None, G=None,
@@ -211,7 +213,8 @@ def plan(n, d, k, dtype_name, dev, *, precision="fp32", fuse="auto", P=None, G=N
     if variant.kind != "small":
         resident, assign_smem = variant.fit(d, dev)
         layout = variant.layout
-        S = mma_dk(d) if layout in (3, 4) else 0   # (the tensor-core kernels' operands)
+        # (the tensor-core kernels' operands: rows of TF32 words or of halves)
+        S = mma_dk(d) if layout in (3, 4) else paths.half_dk(d) if layout in (5, 6) else 0
         tn = GEMM_TILES[dtype_name][1]
         kpad = cdiv(k, 16 * tn) * 16 * tn   # a multiple of 128 (every GEMM kernel's BN)
         fused, P, tc = False, 1, 0

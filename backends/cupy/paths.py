@@ -28,9 +28,12 @@ TF32_KERNELS = ("auto", "wgmma", "fused", "fused-v1", "cublas")
 GEMM_KERNELS = ("auto", "simt", "3xtf32")
 _CTYPE = {"float32": "float", "float64": "double"}
 #: the estimator's compute precisions (`kmeans_xp.contract.precision`) this backend runs, and
-#: the `precision` of the PATHS rows each maps to; fp16/bf16 have no kernel here yet, so a
-#: fit at them is refused before any work (the numpy backend emulates them)
-PRECISIONS = {"exact": "fp32", "tf32": "tf32"}
+#: the `precision` of the PATHS rows each maps to; fp16/bf16 run on the wgmma kernel only
+#: (compute capability 9.0, d <= WGMMA_MAX_D_HALF): elsewhere the fit is refused before any
+#: work, naming cupy-chunked (their semantics on any GPU)
+PRECISIONS = {"exact": "fp32", "tf32": "tf32", "fp16": "fp16", "bf16": "bf16"}
+#: the wgmma kernel's operand format of each precision (its template parameter FMT)
+HALF_FORMATS = {"fp16": 1, "bf16": 2}
 
 
 def cdiv(a, b):
@@ -102,6 +105,9 @@ def mma_kernel_name(split: bool, resident: bool, vec: bool) -> str:
 #: d it takes
 WGMMA_TILES = {False: (2, 64), True: (1, 64)}
 WGMMA_STAGES, WGMMA_MAX_D = 3, 128
+#: the largest d of the half formats' wgmma kernel: an atom of K holds 64 halves, so d = 256
+#: takes the shared memory of TF32's d = 128
+WGMMA_MAX_D_HALF = 256
 
 
 def wgmma_tile(split: bool) -> tuple:
@@ -109,38 +115,46 @@ def wgmma_tile(split: bool) -> tuple:
     return WGMMA_TILES[bool(split)]
 
 
-def wgmma_atoms(d: int) -> int:
-    """32-word atoms of K in the wgmma kernel's shared tiles (its template parameter NAT)."""
-    return -(-mma_dk(d) // 32)
+def half_dk(d: int) -> int:
+    """Row stride (values) of the half formats' operands: d padded to the k16 step."""
+    return (d + 15) // 16 * 16
 
 
-def wgmma_smem(d: int, split: bool = False) -> int:
+def wgmma_atoms(d: int, fmt: int = 0) -> int:
+    """128-byte atoms of K in the wgmma kernel's shared tiles (its template parameter NAT):
+    32 TF32 values, or 64 of a half format (fmt 1, 2)."""
+    return -(-half_dk(d) // 64) if fmt else -(-mma_dk(d) // 32)
+
+
+def wgmma_smem(d: int, split: bool = False, fmt: int = 0) -> int:
     """Dynamic shared memory (bytes) of assign_wgmma (the formula in cuda/fused_wgmma.cu): X's
     rows and the centers' stages in 32-word atoms of K (two parts each with the 3xTF32
     split), and 1024 bytes to align the atoms."""
     mt, bn = wgmma_tile(split)
     stages = WGMMA_STAGES * bn
-    return 1024 + 4 * wgmma_atoms(d) * 32 * (2 * stages if split else 128 * mt + stages)
+    return 1024 + 4 * wgmma_atoms(d, fmt) * 32 * (2 * stages if split else 128 * mt + stages)
 
 
-def wgmma_fits(d, dev, split=False) -> bool:
+def wgmma_fits(d, dev, split=False, fmt=0) -> bool:
     """The wgmma kernel runs here: compute capability 9.0 (sm_90a) and its shared memory."""
-    return (dev.cc == 90 and d <= WGMMA_MAX_D
-            and wgmma_smem(d, split) <= dev.smem_block - 1024)
+    return (dev.cc == 90 and d <= (WGMMA_MAX_D_HALF if fmt else WGMMA_MAX_D)
+            and wgmma_smem(d, split, fmt) <= dev.smem_block - 1024)
 
 
-def wgmma_kernel_name(d: int, vec: bool, split: bool = False) -> str:
-    """An instance of assign_wgmma: 3xTF32 or TF32, row tiles, column block, atoms of K,
-    16-byte loads of X."""
+def wgmma_kernel_name(d: int, vec: bool, split: bool = False, fmt: int = 0) -> str:
+    """An instance of assign_wgmma: 3xTF32 or TF32 (or, fmt 1 / 2, fp16 / bf16), row tiles,
+    column block, atoms of K, 16-byte loads of X."""
     mt, bn = wgmma_tile(split)
-    return (f"assign_wgmma<{int(split)},{mt},{bn},{wgmma_atoms(d)},"
-            f"{'true' if vec else 'false'}>")
+    return (f"assign_wgmma<{int(split)},{mt},{bn},{wgmma_atoms(d, fmt)},"
+            f"{'true' if vec else 'false'}" + (f",{fmt}>" if fmt else ">"))
 
 
-def _wgmma_instances(split):
-    # (d up to WGMMA_MAX_D: one instance per atom count)
-    return tuple(wgmma_kernel_name(32 * a, v, split)
-                 for a in range(1, wgmma_atoms(WGMMA_MAX_D) + 1) for v in (True, False))
+def _wgmma_instances(split, fmt=0):
+    # (d up to the largest d: one instance per atom count)
+    per_atom = 64 if fmt else 32
+    top = wgmma_atoms(WGMMA_MAX_D_HALF if fmt else WGMMA_MAX_D, fmt)
+    return tuple(wgmma_kernel_name(per_atom * a, v, split, fmt)
+                 for a in range(1, top + 1) for v in (True, False))
 
 
 def _mma_instances(split):
@@ -203,6 +217,13 @@ VARIANTS = {
         lambda d, dev: (True, wgmma_smem(d)) if wgmma_fits(d, dev) else None,
         lambda dt, d, vec, res: wgmma_kernel_name(d, vec),
         lambda dt: _wgmma_instances(False)),
+    **{f"wgmma-{name}": Variant(
+        "tile", "fused_wgmma.cu", ("float32",), 4 + fmt,
+        lambda n, dt, dev: cdiv(n, 128 * wgmma_tile(False)[0]),
+        lambda d, dev, fmt=fmt: (True, wgmma_smem(d, False, fmt))
+        if wgmma_fits(d, dev, False, fmt) else None,
+        lambda dt, d, vec, res, fmt=fmt: wgmma_kernel_name(d, vec, False, fmt),
+        lambda dt, fmt=fmt: _wgmma_instances(False, fmt)) for name, fmt in HALF_FORMATS.items()},
     "wgmma3": Variant(
         "tile", "fused_wgmma.cu", ("float32",), 4,
         lambda n, dt, dev: cdiv(n, 128 * wgmma_tile(True)[0]),
@@ -236,6 +257,12 @@ class Row(NamedTuple):
 
 
 PATHS = (
+    Row("wgmma-fp16", {"precision": "fp16", "fits": True},
+        "fp16 on Hopper's asynchronous tensor cores (the wgmma kernel's half format, compute "
+        "capability 9.0, d <= 256): X rounded to fp16 in shared memory, FP32 accumulation"),
+    Row("wgmma-bf16", {"precision": "bf16", "fits": True},
+        "bf16 on Hopper's asynchronous tensor cores (the wgmma kernel's half format, compute "
+        "capability 9.0, d <= 256): X rounded to bf16 in shared memory, FP32 accumulation"),
     Row("wgmma", {"precision": "tf32", "tf32_kernel": ("auto", "wgmma"), "fits": True},
         "TF32 on Hopper's asynchronous tensor cores (cuda/fused_wgmma.cu, compute capability "
         "9.0, d <= 128): the fastest TF32 kernel where it runs"),

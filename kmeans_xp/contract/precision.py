@@ -71,23 +71,40 @@ def unsupported_reason(backend_cls, precision: str) -> str | None:
     return (f"it computes at precision {list(supported(backend_cls))}, not {precision!r}")
 
 
-def round_to(x, precision: str):
-    """NumPy float32 `x` rounded to the format of `precision` (round to nearest even) and
-    held in float32: what a tensor core reads. No new dependency: fp16 through NumPy's
-    float16, tf32 and bf16 by rounding away float32's low mantissa bits."""
-    x = np.asarray(x, dtype=np.float32)
+def round_to(x, precision: str, out=None):
+    """Float32 `x` (NumPy, or CuPy on the device: the array's own methods, no kernel) rounded
+    to the format of `precision`, round to nearest even, held in float32: what a tensor core
+    reads, and the one rounding of the numpy emulation and cupy-chunked's reduced GEMM. Into
+    `out` (x's shape; float64 when predict gets float64 X from a reduced fit) when given. No
+    new dependency: fp16 through the library's float16 cast (which narrows the exponent
+    range as float16 does: past 65504, inf), tf32 and bf16 by rounding away float32's low
+    mantissa bits in place (a finite value past float32's range becomes inf)."""
+    if getattr(x, "dtype", None) != np.float32:
+        x = np.asarray(x, dtype=np.float32) if out is None or isinstance(out, np.ndarray) \
+            else x.astype("float32")
+    if out is not None and out.dtype != np.float32:
+        out[...] = round_to(x, precision)
+        return out
+    r = x.copy() if out is None else out
     if precision == "exact":
-        return x
+        r[...] = x
+        return r
     if precision == "fp16":
         with np.errstate(over="ignore"):
-            return x.astype(np.float16).astype(np.float32)
+            r[...] = x.astype("float16")
+        return r
     drop = _DROPPED_BITS[precision]
-    bits = x.view(np.uint32).astype(np.uint64)
-    half = np.uint64(1 << (drop - 1))
-    odd = (bits >> np.uint64(drop)) & np.uint64(1)   # ties go to the even mantissa
-    bits = (bits + half - np.uint64(1) + odd) >> np.uint64(drop) << np.uint64(drop)
-    out = (bits & np.uint64(0xFFFFFFFF)).astype(np.uint32).view(np.float32)
-    return np.where(np.isfinite(x), out, x)
+    r[...] = x
+    bits = r.view("uint32")
+    bump = bits >> np.uint32(drop)
+    bump &= np.uint32(1)                                   # ties go to the even mantissa
+    bump += np.uint32((1 << (drop - 1)) - 1)
+    finite = (bits & np.uint32(0x7F800000)) != np.uint32(0x7F800000)
+    bump *= finite                                         # (inf and NaN stay as they are)
+    bits += bump
+    bits >>= np.uint32(drop)
+    bits <<= np.uint32(drop)
+    return r
 
 
 def assignment_error(precision: str, d: int, x_norm, c_norm):

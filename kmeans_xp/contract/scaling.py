@@ -25,14 +25,16 @@ class NumericGuard:
     measured) and the weights' (`w_scale`), and the conversions between X's units and the
     units the fit computes in."""
 
-    def __init__(self, dtype, d, total_weight=1.0, w_scale=1.0, absmax=None):
+    def __init__(self, dtype, d, total_weight=1.0, w_scale=1.0, absmax=None,
+                 precision="exact"):
         self.dtype, self.d, self.total_weight, self.w_scale = dtype, d, total_weight, w_scale
+        self.precision = precision
         self.scale = None
         if absmax is not None:
             self.measure(absmax)
 
     @classmethod
-    def of(cls, dtype, d, n, sample_weight=None, absmax=None):
+    def of(cls, dtype, d, n, sample_weight=None, absmax=None, precision="exact"):
         """(the guard of a fit of n rows of X's dtype, the weights in X's dtype times the
         guard's w_scale: validated float64 weights in, a new array out; None stays None)."""
         w_scale = pow2_scale_weights(sample_weight, dtype)
@@ -41,12 +43,12 @@ class NumericGuard:
             sw = (sample_weight * w_scale if w_scale != 1 else sample_weight).astype(
                 host_dtype_of(dtype))
             total = max(total, float(np.sum(sw, dtype=np.float64)))
-        return cls(dtype, d, total, w_scale, absmax), sw
+        return cls(dtype, d, total, w_scale, absmax, precision), sw
 
     def measure(self, absmax):
         """Set X's power of two from its max |x| (the fit's own, or a lazy X's, measured
         where it was checked for NaN/inf); returns it."""
-        self.scale = pow2_scale(absmax, self.dtype, self.d, self.total_weight)
+        self.scale = pow2_scale(absmax, self.dtype, self.d, self.total_weight, self.precision)
         return self.scale
 
     @property
@@ -111,12 +113,21 @@ def scaled_mean(X, scale, xp, rows):
     return xp.astype(mean, X.dtype)
 
 
-def pow2_scale(absmax, dtype, d, total_weight=1.0):
+#: precision="fp16" keeps max |x| in [2^-6, 2^13]: centered X and the centers (within twice
+#: it) stay below float16's 65504 and, for most values, above its smallest normal 2^-14
+FP16_RANGE = (2.0 ** -6, 2.0 ** 13)
+
+
+def pow2_scale(absmax, dtype, d, total_weight=1.0, precision="exact"):
     """A power of two that brings X into the range where squared distances neither overflow
-    nor underflow in its dtype, nor their float64 sum over `total_weight` (1.0 when it is
-    there already, or absmax is unknown)."""
+    nor underflow in its dtype, nor their float64 sum over `total_weight`, and, at
+    precision="fp16", where X and the centers fit float16's narrow range (`FP16_RANGE`;
+    the other formats keep float32's exponent) (1.0 when it is there already, or absmax is
+    unknown)."""
     if not absmax:
         return 1.0
+    if precision == "fp16" and not FP16_RANGE[0] <= absmax <= FP16_RANGE[1]:
+        return _pow2_toward_one(absmax, np.finfo(host_dtype_of(dtype)))
     info = np.finfo(host_dtype_of(dtype))
     span = 2 * absmax   # |x - c| for centered x and centers inside the data's range
     sq = span * span * d * 4

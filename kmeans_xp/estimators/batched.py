@@ -141,17 +141,19 @@ def check_batch_init(init, n_clusters, batch):
     return np.stack([check_init_array(arr[b], n_clusters, batch.d) for b in range(batch.B)])
 
 
-def _guard_free(batch, weights):
+def _guard_free(batch, weights, precision="exact"):
     """A batched fit computes in X's units: a problem whose squared distances (or weights)
-    would leave its dtype, which a single fit rescales, is refused."""
+    would leave its dtype (or, at fp16, whose values leave float16's range), which a single
+    fit rescales, is refused."""
     for b, p in enumerate(batch.problems):
         xp = array_namespace(p)
         top = float(to_numpy(xp.max(xp.abs(p)))) if p.shape[0] else 0.0
         guard, _ = NumericGuard.of(p.dtype, batch.d, p.shape[0],
-                                   None if weights is None else weights[b], top)
+                                   None if weights is None else weights[b], top, precision)
         if guard.scale != 1 or guard.w_scale != 1:
             raise ValueError(f"Problem {b} of the batch has values (max |x| = {top:.3g}) or "
-                             f"weights whose squared distances leave {p.dtype}: fit it alone "
+                             f"weights whose squared distances leave {p.dtype} (or, at "
+                             f"precision='fp16', float16's range): fit it alone "
                              f"(KMeans rescales a single problem), or rescale it first.")
 
 
@@ -172,7 +174,7 @@ def fit_batch(est, X, sample_weight, warning=UserWarning):
     given = None
     if not isinstance(est.init, str) and not callable(est.init):
         given = check_batch_init(est.init, est.n_clusters, batch)
-    _guard_free(batch, weights)
+    _guard_free(batch, weights, precision)
     n_init = est._resolved_n_init()
     rs = check_random_state(est.random_state)
     big = int(np.argmax(batch.sizes))   # the backend is chosen for the largest problem

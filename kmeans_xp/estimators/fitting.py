@@ -83,7 +83,8 @@ class Fitting:
     def _guard(self, X, sw, absmax):
         """(the fit's `NumericGuard`, the weights in X's dtype, scaled by it): every fit
         and partial_fit makes its guard here, so no estimator computes without one."""
-        return NumericGuard.of(X.dtype, X.shape[1], X.shape[0], sw, absmax)
+        return NumericGuard.of(X.dtype, X.shape[1], X.shape[0], sw, absmax,
+                               getattr(self, "_precision_fit", "exact"))
 
     def _check_inputs(self, X, sample_weight, measure=False):
         """(X, weights in X's dtype or None, the init array or None, the fit's guard). X

@@ -256,11 +256,13 @@ default=None
     def _fit(self, X: Any, sample_weight: Any) -> KMeans:
         clock = Clock()
         X_user = X
+        # (from the dtype X came in: float16 X is float32 from here on, on the CPU; a list
+        # becomes float64; the guard reads it: fp16's range)
+        self._check_params()
+        self._precision_fit = resolve_precision(self.precision,
+                                                getattr(X_user, "dtype", "float64"))
         X, sw_host, init_array, guard = self._check_inputs(X, sample_weight)
         self._balance_of(X)
-        # (from the dtype X came in: float16 X is float32 from here on, on the CPU)
-        self._precision_fit = resolve_precision(self.precision,
-                                                getattr(X_user, "dtype", X.dtype))
         self._n_init = n_init = self._resolved_n_init()
         rs = check_random_state(self.random_state)
         backend, why = select_backend(self.backend, X, n_clusters=self.n_clusters,

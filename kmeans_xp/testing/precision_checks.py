@@ -43,9 +43,10 @@ def check_fit_within_bound(got, ref, precision, d, where):
     assert centers.dtype == np.float32, f"{where}: centers are {centers.dtype}, not float32"
 
 
-def check_assignment_bound(backend, to_arr, precision, where):
-    """Each row's center at `precision` is within the certified error of the nearest."""
-    X, init = half_case()
+def check_assignment_bound(backend, to_arr, precision, where, case=None):
+    """Each row's center at `precision` is within the certified error of the nearest; case:
+    (X, centers) float32 NumPy arrays, half_case()'s by default."""
+    X, init = half_case() if case is None else case
     backend.use_precision(precision)
     try:
         Xb = backend.placement.to_backend(to_arr(X))
@@ -83,6 +84,14 @@ def check_half_precision(backend, to_arr):
             if precision == "exact":
                 continue
             where = f"{name} precision={precision!r}"
+            backend.use_precision(precision)
+            try:   # (a precision the backend declares may need a device it is not on: its
+                # reject_reason says so, and the fit is refused before any work)
+                refused = backend.reject_reason(to_arr(X), n_clusters=len(init))
+            finally:
+                backend.use_precision("exact")
+            if refused is not None:
+                continue
             check_fit_within_bound(_fit(name, to_arr(X), init, precision), ref, precision,
                                    X.shape[1], where)
             check_assignment_bound(backend, to_arr, precision, where)

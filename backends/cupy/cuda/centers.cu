@@ -6,7 +6,10 @@
 // cnorm (cupy-chunked, whose GEMM takes C itself); 3: the tensor-core kernels' (fused_mma.cu,
 // float only): rows of S = roundup(d, 8) words per center, tf32(-2c) (kpad rows, the padding
 // zero), ||c||^2 in cnorm; 4: as 3, then kpad more rows of the small part tf32(-2c - big) of
-// the 3xTF32 split. Rounded here once, so the kernels' inner loops convert nothing.
+// the 3xTF32 split; 5 / 6: the half-precision wgmma kernel's (fused_wgmma.cu FMT 1 / 2, float
+// only): rows of S = roundup(d, 16) fp16 / bf16 values of -c (nearest even) in ops' words,
+// kpad rows, and ||c||^2 / 2 in cnorm (the kernel ranks dist / 2: -2c could overflow fp16).
+// Rounded here once, so the kernels' inner loops convert nothing.
 #include "common.cuh"
 
 // norm_mode (detected on the host from numpy itself, kmeans_xp_backends.cupy.einsum_order):
@@ -69,6 +72,14 @@ pack_centers(const T* __restrict__ C, int k, int d, int layout, int S, int kpad,
             for (int j = 0; j < d; ++j) ops[(i64)c * S + j] = mul_rn((T)-2, row[j]);
             ops[(i64)c * S + d] = cn;
             for (int j = d + 1; j < S; ++j) ops[(i64)c * S + j] = (T)0;
+        } else if (layout >= 5) {
+            if constexpr (sizeof(T) == 4) {
+                unsigned short* const h = reinterpret_cast<unsigned short*>(ops) + (i64)c * S;
+                for (int j = 0; j < d; ++j)
+                    h[j] = (unsigned short)(layout == 5 ? half_bits<1>(-row[j])
+                                                        : half_bits<2>(-row[j]));
+            }
+            cnorm[c] = mul_rn((T)0.5, cn);
         } else if (layout >= 3) {
             if constexpr (sizeof(T) == 4) {  // (the host asks for it with float only)
                 for (int j = 0; j < d; ++j) {

@@ -55,6 +55,37 @@ __device__ __forceinline__ float tf32_rna(float x) {
     return __uint_as_float((__float_as_uint(x) + 0x1000u) & 0xffffe000u);
 }
 
+// The 16 bits of finite x rounded to nearest even in fp16 (FMT 1) or bf16 (FMT 2): what a
+// half-precision tensor core reads (the host's rounding, kmeans_xp.contract.precision.round_to,
+// gives the same values). Integer arithmetic only: no cuda_fp16.h under NVRTC, and the CPU
+// emulator runs it as is. fp16: past 65504 (half-way 65520 up) the result is inf, below
+// 2^-14 a subnormal.
+template <int FMT>
+__device__ __forceinline__ unsigned half_bits(float x) {
+    const unsigned u = __float_as_uint(x), ax = u & 0x7fffffffu;
+    if constexpr (FMT == 2) {
+        return (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    } else {
+        const unsigned sign = (u >> 16) & 0x8000u;
+        if (ax >= 0x477ff000u) return sign | 0x7c00u;
+        if (ax < 0x38800000u) {  // subnormal: units of 2^-24, to nearest even
+            const unsigned m = ax ? (ax & 0x7fffffu) | 0x800000u : 0u;
+            const int shift = 126 - (int)(ax >> 23);  // 14..; m * 2^(e - 150) / 2^-24
+            if (shift > 24) return sign;
+            const unsigned q = m >> shift, rem = m & ((1u << shift) - 1u), half = 1u << (shift - 1);
+            return sign | (q + (rem > half || (rem == half && (q & 1u))));
+        }
+        const unsigned r = ax - 0x38000000u;  // exponent 127 -> 15 bias
+        return sign | ((r + 0xfffu + ((r >> 13) & 1u)) >> 13);
+    }
+}
+
+// two floats as one word of halves, lo in the low 16 bits (the K order of the operands)
+template <int FMT>
+__device__ __forceinline__ unsigned half2_bits(float lo, float hi) {
+    return half_bits<FMT>(lo) | (half_bits<FMT>(hi) << 16);
+}
+
 // Weight of point i; W null means unit weights.
 template <typename T>
 __device__ __forceinline__ T weight_at(const T* __restrict__ W, i64 i) {

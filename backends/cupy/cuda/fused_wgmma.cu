@@ -28,6 +28,13 @@
 // 128-byte rows (32 words of one row of X or one center); 16-byte chunk c of row r sits at
 // word r*32 + 4*(c ^ (r & 7)). Descriptor: leading byte offset 16, stride byte offset 1024
 // (8 rows), swizzle 128B; a k8 step moves the start address 32 bytes; atoms 1024-byte aligned.
+// Half formats (FMT 1 fp16, 2 bf16: precision="fp16"/"bf16"): the same bytes, the same tiles
+// and descriptors. An atom's 128-byte row holds 64 halves, a 32-byte K step is a k16 wgmma
+// (.f32.f16.f16 / .f32.bf16.bf16, FP32 accumulation); X's float32 rows are rounded to the
+// format (round to nearest even) as they enter shared memory; the centers' operand is
+// fmt(-c) (layout 5/6 of pack_centers, rows of roundup(d, 16) halves) and cnorm ||c||^2 / 2,
+// so the kernel ranks dist / 2 = x.(-c) + ||c||^2 / 2 (-2c could overflow fp16 where c does
+// not; halving is exact), and the row's minimum is doubled back for finish_rows.
 // Accumulators (m64nN .f32, PTX ISA): warp q of the warpgroup, lane (g = lane/4, t = lane%4):
 // d[j][0..3] = (16q + g, 8j + 2t), (16q + g, 8j + 2t + 1), (16q + g + 8, 8j + 2t),
 // (16q + g + 8, 8j + 2t + 1): the mma.sync C fragment per 8 columns, so row_first_min applies.
@@ -81,25 +88,36 @@ __device__ __forceinline__ void wg_pin(float (&d)[NT][4]) {
         for (int e = 0; e < 4; ++e) asm volatile("" : "+f"(d[j][e])::"memory");
 }
 
-// D (64 x 64) += A (64 x 8, shared, descriptor da) * B (64 x 8, shared, db)^T; scale_d = 0
-// starts from zero instead of D
+#define KMEANS_WGMMA_SS(SHAPE_TYPES, TAIL)                                                   \
+    asm volatile(                                                                            \
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"                                          \
+        "wgmma.mma_async.sync.aligned." SHAPE_TYPES " {"                                     \
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "             \
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "  \
+        "%32, %33, p, 1, 1" TAIL ";\n}\n"                                                    \
+        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),                        \
+          "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),                        \
+          "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),                        \
+          "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),                        \
+          "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]),                        \
+          "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),                        \
+          "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),                        \
+          "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])                         \
+        : "l"(da), "l"(db), "r"(scale_d))
+
+// D (64 x 64) += A (64 x K, shared, descriptor da) * B (64 x K, shared, db)^T, one 32-byte K
+// step: k8 of TF32 (FMT 0), k16 of fp16 (1) or bf16 (2), FP32 accumulation, both operands
+// K-major (the half formats' transpose flags 0); scale_d = 0 starts from zero instead of D
+template <int FMT>
 __device__ __forceinline__ void wgmma_64(float (&d)[8][4], u64 da, u64 db, int scale_d) {
 #if KMEANS_WGMMA
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32 {"
-        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-        "%32, %33, p, 1, 1;\n}\n"
-        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
-          "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
-          "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
-          "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
-          "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]),
-          "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
-          "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
-          "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
-        : "l"(da), "l"(db), "r"(scale_d));
+    if constexpr (FMT == 0) {
+        KMEANS_WGMMA_SS("m64n64k8.f32.tf32.tf32", "");
+    } else if constexpr (FMT == 1) {
+        KMEANS_WGMMA_SS("m64n64k16.f32.f16.f16", ", 0, 0");
+    } else {
+        KMEANS_WGMMA_SS("m64n64k16.f32.bf16.bf16", ", 0, 0");
+    }
 #else
     __trap();
 #endif
@@ -138,8 +156,10 @@ constexpr int WG_STAGES = 3;  // centers' stages: a column block loads two block
 // registers. Dynamic shared memory (bytes; the host's fused_plan.wgmma_smem): 1024
 // (alignment) + 4 * NAT * 32 * (SPLIT ? 2 * WG_STAGES * BN : BM + WG_STAGES * BN). NAT =
 // ceil(roundup(d, 8) / 32) atoms of K, a template parameter so that every copy and descriptor
-// offset is a constant (d <= 32 NAT).
-template <int SPLIT, int MT, int BN, int NAT, bool VEC>
+// offset are a constant (d <= 32 NAT). FMT (0 TF32, 1 fp16, 2 bf16; not with SPLIT): the
+// format of the operands in shared memory; a half format's atom holds 64 values of K (d <= 64
+// NAT), its K padded to 16 and `ops` holds 16-bit values (layouts 5 and 6).
+template <int SPLIT, int MT, int BN, int NAT, bool VEC, int FMT = 0>
 __global__ void __launch_bounds__(256, 1)
 assign_wgmma(const float* __restrict__ X, const float* __restrict__ W,
              const float* __restrict__ ops, const float* __restrict__ cnorm, int n, int d,
@@ -149,12 +169,16 @@ assign_wgmma(const float* __restrict__ X, const float* __restrict__ W,
     if (skip != nullptr && *skip) return;  // an iteration the driver drops
     constexpr int BM = 128 * MT, NT = BN / 8, RS = 4, NB = SPLIT ? 2 : 1;
     static_assert(BN == 64 && (!SPLIT || MT == 1), "the tiles of fused_plan.wgmma_tile");
+    static_assert(FMT == 0 || !SPLIT, "the split is of TF32 only");
+    constexpr int EB = FMT ? 2 : 4;        // bytes of an operand value in shared memory
+    constexpr int EC = 16 / EB;            // values in a 16-byte chunk
+    constexpr int EA = 8 * EC;             // values of K in an atom's 128-byte row
     KMEANS_DYNAMIC_SMEM(unsigned char, smem_raw);
     __shared__ double red[8];
     __shared__ u64 redc[8];
     const unsigned raw = smem_u32(smem_raw);
     float* const xs = reinterpret_cast<float*>(smem_raw + (((raw + 1023) & ~1023u) - raw));
-    const int dk = (d + 7) & ~7;                // K padded to the mma's 8 (zeros)
+    const int dk = FMT ? (d + 15) & ~15 : (d + 7) & ~7;  // K padded to the step's 8 / 16
     constexpr int nat = NAT;                    // atoms of 32 words
     float* const bs = xs + (SPLIT ? 0 : nat * BM * 32);  // WG_STAGES stages of NB nat BN 32
 
@@ -174,16 +198,18 @@ assign_wgmma(const float* __restrict__ X, const float* __restrict__ W,
     // centers' column block cb -> its stage (all of K; zeros past dk)
     auto issue = [&](int cb) {
         const unsigned st = smem_u32(bs + (cb % WG_STAGES) * NB * nat * BN * 32 + sw);
-        const float* src = ops + (i64)(cb * BN + r0) * dk + c8 * 4;
+        const unsigned char* src = reinterpret_cast<const unsigned char*>(ops) +
+                                   ((i64)(cb * BN + r0) * dk + c8 * EC) * EB;
 #pragma unroll
         for (int part = 0; part < NB; ++part)  // the big part, then (SPLIT) the small one
 #pragma unroll
             for (int a = 0; a < nat; ++a) {
-                const bool ok = a * 32 + c8 * 4 < dk;
+                const bool ok = a * EA + c8 * EC < dk;
 #pragma unroll
                 for (int i = 0; i < BN / 32; ++i)
                     cp_async16(st + ((part * nat + a) * BN * 32 + i * 32 * 32) * 4,
-                               ok ? src + (i64)part * kpad * dk + i * 32 * dk + a * 32 : ops,
+                               ok ? src + ((i64)part * kpad * dk + i * 32 * dk + a * EA) * EB
+                                  : (const void*)ops,
                                ok);
             }
     };
@@ -212,19 +238,30 @@ assign_wgmma(const float* __restrict__ X, const float* __restrict__ W,
                 xl[s][e] = __float_as_uint(tf32_rna(__fsub_rn(v, big)));
             }
     }
-    // TF32: the block's rows in shared memory once, TF32 (rna), zeros past n and d
+    // TF32: the block's rows in shared memory once, TF32 (rna), zeros past n and d; a half
+    // format: rounded to it (nearest even), a 16-byte chunk of 8 values from two float loads
 #pragma unroll
     for (int a = 0; a < (SPLIT ? 0 : nat); ++a) {
-        const int k = a * 32 + c8 * 4;
+        const int k = a * EA + c8 * EC;
 #pragma unroll 4
         for (int i = 0; i < BM / 32; ++i) {
             const i64 gx = row0 + r0 + 32 * i;
-            const int cnt = gx < n ? max(0, min(4, d - k)) : 0;
-            float v[4];
-            ldg_vec<float, VEC>(X + (gx < n ? gx : 0) * d + (cnt > 0 ? k : 0), cnt, v);
-            float4 f;
-            f.x = tf32_rna(v[0]); f.y = tf32_rna(v[1]); f.z = tf32_rna(v[2]); f.w = tf32_rna(v[3]);
-            *reinterpret_cast<float4*>(xs + a * BM * 32 + i * 32 * 32 + sw) = f;
+            const float* const xr = X + (gx < n ? gx : 0) * d;
+            float v[2][4];
+#pragma unroll
+            for (int h = 0; h < EC / 4; ++h) {
+                const int cnt = gx < n ? max(0, min(4, d - k - 4 * h)) : 0;
+                ldg_vec<float, VEC>(xr + (cnt > 0 ? k + 4 * h : 0), cnt, v[h]);
+            }
+            uint4 f;
+            if constexpr (FMT == 0) {
+                f.x = __float_as_uint(tf32_rna(v[0][0])); f.y = __float_as_uint(tf32_rna(v[0][1]));
+                f.z = __float_as_uint(tf32_rna(v[0][2])); f.w = __float_as_uint(tf32_rna(v[0][3]));
+            } else {
+                f.x = half2_bits<FMT>(v[0][0], v[0][1]); f.y = half2_bits<FMT>(v[0][2], v[0][3]);
+                f.z = half2_bits<FMT>(v[1][0], v[1][1]); f.w = half2_bits<FMT>(v[1][2], v[1][3]);
+            }
+            *reinterpret_cast<uint4*>(xs + a * BM * 32 + i * 32 * 32 + sw) = f;
         }
     }
 
@@ -260,7 +297,7 @@ assign_wgmma(const float* __restrict__ X, const float* __restrict__ W,
     // stage or a row tile adds its byte offset / 16 to the address field (bits 0-13)
     const u64 da0 = wg_desc(smem_u32(xs) + wgi * 64 * MT * 128);
     const u64 db0 = wg_desc(smem_u32(bs));
-    const int nk = dk >> 3;
+    const int nk = dk * EB / 32;  // 32-byte K steps
 
     // column block cb: its products into `cur` (asynchronous); then, while they run, the
     // argmin of column block cb - 1 from `prev` (the two sets swap every column block)
@@ -289,7 +326,8 @@ assign_wgmma(const float* __restrict__ X, const float* __restrict__ W,
                 } else {
 #pragma unroll
                     for (int mt = 0; mt < MT; ++mt)
-                        wgmma_64(cur[mt], da + (u64)(mt * 64 * 8 + j * 2), dbj, a + j > 0);
+                        wgmma_64<FMT>(cur[mt], da + (u64)(mt * 64 * 8 + j * 2), dbj,
+                                      a + j > 0);
                 }
             }
         }
@@ -331,7 +369,7 @@ assign_wgmma(const float* __restrict__ X, const float* __restrict__ W,
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             const int at = (rbase + mt * 64 + g + 8 * h) * RS + t;
-            rbest[at] = best[mt][h];
+            rbest[at] = FMT ? 2.0f * best[mt][h] : best[mt][h];  // (half: dist / 2 ranked)
             ridx[at] = bidx[mt][h];
         }
     __syncthreads();

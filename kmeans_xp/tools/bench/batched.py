@@ -73,7 +73,7 @@ def compare_batched(backends, w: BatchWorkload, *, loop=True) -> dict:
 
 def _measure(name, X, C, w, batched):
     from kmeans_xp import list_backends
-    info = list_backends().get(name)
+    info = list_backends().get(_split(name)[0])
     row = {"name": f"{name} {'batched' if batched else 'loop'}", "backend": name,
            "status": "ok", "message": "", "device": "gpu" if info and info.gpu else "cpu",
            "agreement": None, "speedup": None}
@@ -110,18 +110,29 @@ def _on_device(device, X):
     return (lambda: sync_namespace("cupy")), Xd, time.perf_counter() - t0
 
 
-def _batched_fit(name, X, C, w, *, max_iter):
+def _split(spec):
+    """"name" or "name[precision=fp16]" (the rows' precision, KMeans' own option) -> (name,
+    precision)."""
+    from kmeans_xp.tools.bench.entries import split_options
+    name, options = split_options(spec)
+    return name, str(options.get("precision", "exact"))
+
+
+def _batched_fit(spec, X, C, w, *, max_iter):
     from kmeans_xp import KMeans
+    name, precision = _split(spec)
     km = KMeans(w.k, init=C, n_init=1, max_iter=max_iter, tol=0, backend=name,
-                max_memory=w.max_memory).fit(X)
+                max_memory=w.max_memory, precision=precision).fit(X)
     labels = np.stack([to_numpy(km.labels_[b]) for b in range(len(C))])
     return km.timings_["lloyd"], int(km.n_iter_.max()), float(km.inertia_.sum()), labels
 
 
-def _loop_fit(name, X, C, w, *, max_iter):
+def _loop_fit(spec, X, C, w, *, max_iter):
     from kmeans_xp import KMeans
+    name, precision = _split(spec)
     fits = [KMeans(w.k, init=C[b], n_init=1, max_iter=max_iter, tol=0, backend=name,
-                   max_memory=w.max_memory).fit(X[b]) for b in range(len(C))]
+                   max_memory=w.max_memory, precision=precision).fit(X[b])
+            for b in range(len(C))]
     labels = np.stack([to_numpy(f.labels_) for f in fits])
     return (sum(f.timings_["lloyd"] for f in fits), max(f.n_iter_ for f in fits),
             float(sum(f.inertia_ for f in fits)), labels)

@@ -2,7 +2,9 @@
 
 A backend entry is "name" or "name@namespace" (feed it arrays of another library, e.g.
 "array-api@cupy"), optionally with backend options, "name[option=value,...]" (e.g.
-"cupy-fused[precision=tf32]"), or "kmeans_xp-auto" (KMeans' own choice, named in the row's `engine`);
+"cupy-fused[precision=tf32]": `precision` is KMeans' own option, "exact", "tf32", "fp16" or
+"bf16", the others the backend's), or "kmeans_xp-auto" (KMeans' own choice, named in the row's
+`engine`);
 it fits through `KMeans`, the product path, with the workload's tol and threads (the
 backends' `n_threads` option). The reference rows are in
 `references` (scikit-learn, faiss-cpu), `torch_rows` and `seed`; `selection` picks the rows.
@@ -33,6 +35,8 @@ class BackendEntry(Entry):
     def __init__(self, spec, w: Workload):
         self.name = spec
         base, self.options = split_options(spec)
+        # (the estimator's precision, not a backend option; "fp32" is the old name of exact)
+        self.precision = str(self.options.pop("precision", "exact")).replace("fp32", "exact")
         self.backend_name, _, self.namespace = base.partition("@")
         self.w = w
         from kmeans_xp.contract.registry import list_backends
@@ -108,7 +112,7 @@ class BackendEntry(Entry):
                     random_state=0,
                     backend="auto" if self.backend_name == AUTO else self.backend_name,
                     backend_options=self.backend_options(),
-                    max_memory=self.w.max_memory).fit(Xb)
+                    max_memory=self.w.max_memory, precision=self.precision).fit(Xb)
         # the copy-in stage was recorded by our own instance (to_input), the rest by the fit's
         stages = {**self.backend.memory.report, **km.memory_report_}
         report = {k: int(v) for k, v in stages.items()}

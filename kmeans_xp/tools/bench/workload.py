@@ -23,6 +23,8 @@ WORKLOADS = {
     "W2": dict(n=2_000_000, d=3, k=500),
     "W3": dict(n=20_000_000, d=3, k=1000),
     "W5": dict(n=1_000_000, d=128, k=4096),
+    # issue 35's embeddings workload: n=8M, d=128, k=1024 (rows of the precision you name)
+    "F1": dict(n=8_000_000, d=128, k=1024),
 }
 
 
