@@ -11,8 +11,8 @@ import pytest
 from kmeans_xp_backends.cupy import fused_plan, paths
 from kmeans_xp_backends.numpy.backend import NumpyBackend
 
-from kmeans_xp.testing.label_bounds import near_tie, tf32_error
 from kmeans_xp.testing import asymmetric_data
+from kmeans_xp.testing.label_bounds import near_tie, tf32_error
 from tests._cuda_emulator import EmulatedKernels
 
 pytestmark = pytest.mark.skipif(not EmulatedKernels.available(), reason="needs g++")
@@ -153,6 +153,7 @@ def test_half_operands_are_the_rounded_negated_centers(emulated_cupy, layout, fm
     halves of -c rounded to nearest even as NumPy's float16 / ml_dtypes' bfloat16 round (ties,
     subnormals, fp16's overflow past 65504), zero padding, and ||c||^2 / 2 beside them."""
     from kmeans_xp_backends.cupy.nearest import pack_centers
+
     from kmeans_xp.contract.precision import round_to
     rng = np.random.default_rng(5)
     k, d = 37, 21

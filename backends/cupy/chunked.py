@@ -19,7 +19,6 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from kmeans_xp.contract.memory import MemoryEstimate, chunk_rows
-
 from kmeans_xp.contract.precision import round_to
 
 from . import batched, nearest, reductions
