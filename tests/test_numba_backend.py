@@ -174,3 +174,16 @@ def test_estimate_bounds_the_plan():
         if mem != "auto":
             from kmeans_xp.contract.memory import parse_memory
             assert plan.total <= parse_memory(mem), (n, d, k, mem)
+
+
+@pytest.mark.parametrize("d", [2, 5, 128])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_feature_stats_are_the_numpy_backends_bits(d, threads):
+    """The tol's deviation sums in one compiled pass give NumPy's float64 sums bit for bit
+    (an offset in float32 X included), so a fit's tol is the same on either backend."""
+    from kmeans_xp_backends.numpy.backend import NumpyBackend
+    rng = np.random.default_rng(d)
+    X = (rng.normal(size=(20_011, d)) * np.linspace(1, 9, d) + 1e3).astype(np.float32)
+    got = _backend()(n_threads=threads).placement.feature_stats(X, 1e-4, xp=np)
+    want = NumpyBackend(n_threads=threads).placement.feature_stats(X, 1e-4, xp=np)
+    assert np.array_equal(got[0], want[0]) and got[1] == want[1] > 0

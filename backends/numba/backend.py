@@ -35,7 +35,7 @@ from kmeans_xp.contract.backend import (
     compact_labels_dtype,
 )
 from kmeans_xp.contract.bounds import PRUNE_SLACK, assign_bounded_numpy
-from kmeans_xp.contract.chunks import spawn
+from kmeans_xp.contract.chunks import mean_of_sums, spawn, tolerance
 from kmeans_xp.contract.memory import MemoryEstimate, chunk_rows, host_available_memory, resolve_budget
 from kmeans_xp.contract.rows import HostRows, is_memmap
 from kmeans_xp.contract.constraints import Interval
@@ -72,6 +72,12 @@ def _kernels():
 
 
 _wide_ready = False
+
+
+def _workers():
+    """numba's threads now (inside `_launch`): the pass's workers, each with its scratch."""
+    import numba
+    return int(numba.get_num_threads())
 
 
 def _load_blas():
@@ -178,6 +184,30 @@ class NumbaPlacement(NumpyPlacement):
         threading.Thread(target=self._compile, args=(sample, centers, n_clusters),
                          name="kmeans_xp-numba-compile").start()
 
+    def feature_stats(self, X, tol, *, xp):
+        """The driver's mean and tol, NumPy's bits (`NumpyPlacement.feature_stats`), the
+        tol's deviation sums in one compiled pass per chunk (`numba_kernels.deviation_sums`)
+        instead of three float64 temporaries of the chunk (at n=100k, d=128: 0.2 s of a
+        1 s fit)."""
+        if not numpy_stats.parallel_columns(X) or tol == 0:
+            return super().feature_stats(X, tol, xp=xp)
+        threads = self.backend.threads
+        mean = mean_of_sums(numpy_stats.column_sums(X, spawn, threads), X.shape[0],
+                            X.dtype, xp)
+        d = X.shape[1]
+        groups = np.array(numpy_stats.column_groups(d, max(1, min(threads, d // 2))),
+                          dtype=np.int64)
+
+        def chunk_sums(sl, mean64):
+            sq, shift = np.empty(d), np.empty(d)
+            with _launch(threads, False):
+                _kernels().deviation_sums(X, sl.start or 0, sl.stop, mean64, groups, sq,
+                                          shift)
+            return sq, shift
+
+        return mean, tolerance(X, mean, tol, xp, self.backend.driver_rows(X),
+                               chunk_sums=chunk_sums)
+
     def _compile(self, sample, centers, n_clusters):
         b = self.backend
         try:  # the iterations' compact labels for n_clusters, then the final pass's int32
@@ -245,6 +275,9 @@ class NumbaBackend(KMeansBackend):
         k = centers.shape[0]
         plan = _Plan(n, d, k, dtype.itemsize, self.max_memory, self.threads)
         empty = np.empty(0, dtype)
+        # (a wide tile is read in place where X is C-contiguous and not centered on the fly)
+        in_place = plan.wide and mean is None and data.flags.c_contiguous
+        Xc = data if in_place else np.empty((0, d), dtype)
         mean = empty if mean is None else np.ascontiguousarray(mean, dtype=dtype)
         w = empty if sample_weight is None else np.ascontiguousarray(sample_weight, dtype=dtype)
         C = np.ascontiguousarray(centers, dtype=dtype)
@@ -269,8 +302,8 @@ class NumbaBackend(KMeansBackend):
         sums = weights = None
         inertia = changed = 0.0
         with _launch(plan.threads, plan.wide and plan.threads > 1 and flags & ASSIGN):
-            kernel(data, mean, w, g, cn, c64, labels, old, min_sq, part_sums, part_w,
-                   part_stats, flags, plan.task_rows, plan.tile)
+            kernel(data, Xc, mean, w, g, cn, c64, labels, old, min_sq, part_sums, part_w,
+                   part_stats, flags, plan.task_rows, plan.tile, _workers())
             if flags & SUMS:
                 sums = np.empty((k, d))
                 weights = np.empty(k)

@@ -161,7 +161,9 @@ def _tile_results(rows, r, b0, best, idx, flags, w, labels, labels_old, min_sq, 
     want_sums = (flags & SUMS) != 0
     want_inertia = (flags & INERTIA) != 0
     if want_sums or want_inertia:
-        inertia = 0.0
+        # the inertia per feature (lanes independent: the loop over features vectorizes,
+        # where one running sum per row would wait on each add), summed over features last
+        acc = np.zeros(d if want_inertia else 1)
         for i in range(r):
             lab = labels[b0 + i]
             wi = np.float64(w[b0 + i]) if has_w else 1.0
@@ -170,12 +172,14 @@ def _tile_results(rows, r, b0, best, idx, flags, w, labels, labels_old, min_sq, 
                 for f in range(d):
                     sums[lab, f] += wi * np.float64(rows[i, f])
             if want_inertia:
-                dist = 0.0
                 for f in range(d):
                     diff = np.float64(rows[i, f]) - c64[lab, f]
-                    dist += diff * diff
-                inertia += wi * dist
-        stats[0] += inertia
+                    acc[f] += wi * (diff * diff)
+        if want_inertia:
+            inertia = 0.0
+            for f in range(d):
+                inertia += acc[f]
+            stats[0] += inertia
     if flags & CHANGED:
         changed = 0
         for i in range(r):
@@ -193,11 +197,9 @@ def _start(sums, weights, stats, flags):
 
 @njit(**_OPTS)
 def _task_narrow(X, mean, w, g, cn, c64, labels, labels_old, min_sq, sums, weights, stats,
-                 flags, s0, e0, tile):
-    """Rows [s0, e0) of one task into its own accumulators, d <= 4."""
-    xt = np.zeros((g.shape[0], tile), X.dtype)   # (zero rows past d)
-    best = np.empty(tile, X.dtype)
-    idx = np.empty(tile, np.int32)
+                 flags, s0, e0, tile, xt, best, idx):
+    """Rows [s0, e0) of one task into its own accumulators, d <= 4; xt (zero rows past d),
+    best, idx: the worker's scratch."""
     rows = xt.T[:, :X.shape[1]]
     _start(sums, weights, stats, flags)
     for b0 in range(s0, e0, tile):
@@ -210,49 +212,69 @@ def _task_narrow(X, mean, w, g, cn, c64, labels, labels_old, min_sq, sums, weigh
 
 
 @njit(**_OPTS)
-def _task_wide(X, mean, w, g, cn, c64, labels, labels_old, min_sq, sums, weights, stats,
-               flags, s0, e0, tile):
-    """Rows [s0, e0) of one task into its own accumulators, any d (one GEMM per tile)."""
-    k = cn.shape[0]
-    A = np.empty((tile, X.shape[1]), X.dtype)
-    dbuf = np.empty(k * tile if flags & ASSIGN else 1, X.dtype)
-    best = np.empty(tile, X.dtype)
-    idx = np.empty(tile, np.int32)
+def _task_wide(X, Xc, mean, w, g, cn, c64, labels, labels_old, min_sq, sums, weights, stats,
+               flags, s0, e0, tile, A, dbuf, best, idx):
+    """Rows [s0, e0) of one task into its own accumulators, any d (one GEMM per tile); A,
+    dbuf, best, idx: the worker's scratch. Xc: X itself when it is C-contiguous and not
+    centered on the fly (a tile is then a view of it: no copy), else empty."""
+    direct = Xc.shape[0] > 0
     _start(sums, weights, stats, flags)
     for b0 in range(s0, e0, tile):
         r = min(tile, e0 - b0)
-        _load_wide(X, mean, b0, r, A)
+        if direct:
+            rows = Xc[b0:b0 + r]
+        else:
+            _load_wide(X, mean, b0, r, A)
+            rows = A[:r]
         if flags & ASSIGN:
-            _nearest_wide(A, r, g, cn, dbuf, best, idx)
-        _tile_results(A, r, b0, best, idx, flags, w, labels, labels_old, min_sq, sums,
+            _nearest_wide(rows, r, g, cn, dbuf, best, idx)
+        _tile_results(rows, r, b0, best, idx, flags, w, labels, labels_old, min_sq, sums,
                       weights, c64, stats)
 
 
 @njit(parallel=True, **_OPTS)
-def pass_narrow(X, mean, w, g, cn, c64, labels, labels_old, min_sq, part_sums, part_w,
-                part_stats, flags, task_rows, tile):
+def pass_narrow(X, Xc, mean, w, g, cn, c64, labels, labels_old, min_sq, part_sums, part_w,
+                part_stats, flags, task_rows, tile, workers):
     """One pass over X of at most 4 features (see the module's note); g: (4, k) = -2 C^T,
     zero rows past d. flags: ASSIGN (labels from the centers, else `labels` is read),
     MIN_SQ (min_sq = ||x - c||^2 by the expansion, clamped at 0), SUMS (part_sums[t],
     part_w[t]: float64 sums of w x and w per cluster), INERTIA (part_stats[t, 0]: sum of
     w ||x - c64_label||^2), CHANGED (part_stats[t, 1]: labels != labels_old). mean, w,
-    labels_old, min_sq: empty when not used (w empty: unit weights)."""
-    n = X.shape[0]
-    for t in prange(part_stats.shape[0]):
-        _task_narrow(X, mean, w, g, cn, c64, labels, labels_old, min_sq, part_sums[t],
-                     part_w[t], part_stats[t], flags, t * task_rows,
-                     min(n, (t + 1) * task_rows), tile)
+    labels_old, min_sq: empty when not used (w empty: unit weights); Xc: X C-contiguous
+    and not centered on the fly, or empty (`_task_wide` reads its tiles in place; the narrow
+    kernel transposes them anyway). workers: the threads
+    (numba's count, passed in: a cached function cannot read it)."""
+    n, n_tasks = X.shape[0], part_stats.shape[0]
+    workers = max(1, min(workers, n_tasks))
+    for p in prange(workers):   # (a worker's scratch once, not a task's: see pass_wide)
+        xt = np.zeros((g.shape[0], tile), X.dtype)
+        best = np.empty(tile, X.dtype)
+        idx = np.empty(tile, np.int32)
+        for t in range(p, n_tasks, workers):
+            _task_narrow(X, mean, w, g, cn, c64, labels, labels_old, min_sq, part_sums[t],
+                         part_w[t], part_stats[t], flags, t * task_rows,
+                         min(n, (t + 1) * task_rows), tile, xt, best, idx)
 
 
 @njit(parallel=True, **_OPTS)
-def pass_wide(X, mean, w, g, cn, c64, labels, labels_old, min_sq, part_sums, part_w,
-              part_stats, flags, task_rows, tile):
-    """`pass_narrow` for any number of features, g: (k, d) = -2 C."""
-    n = X.shape[0]
-    for t in prange(part_stats.shape[0]):
-        _task_wide(X, mean, w, g, cn, c64, labels, labels_old, min_sq, part_sums[t],
-                   part_w[t], part_stats[t], flags, t * task_rows,
-                   min(n, (t + 1) * task_rows), tile)
+def pass_wide(X, Xc, mean, w, g, cn, c64, labels, labels_old, min_sq, part_sums, part_w,
+              part_stats, flags, task_rows, tile, workers):
+    """`pass_narrow` for any number of features, g: (k, d) = -2 C. Each worker allocates its
+    scratch once and runs tasks p, p + workers, ...: a tile's buffers of hundreds of KB
+    allocated per task were fresh pages every time (at n=100k, d=128, k=8 two thirds of the
+    pass). Which worker runs a task changes no bit: each task has its own partials."""
+    n, n_tasks = X.shape[0], part_stats.shape[0]
+    k = cn.shape[0]
+    workers = max(1, min(workers, n_tasks))
+    for p in prange(workers):
+        A = np.empty((tile, X.shape[1]), X.dtype)
+        dbuf = np.empty(k * tile if flags & ASSIGN else 1, X.dtype)
+        best = np.empty(tile, X.dtype)
+        idx = np.empty(tile, np.int32)
+        for t in range(p, n_tasks, workers):
+            _task_wide(X, Xc, mean, w, g, cn, c64, labels, labels_old, min_sq, part_sums[t],
+                       part_w[t], part_stats[t], flags, t * task_rows,
+                       min(n, (t + 1) * task_rows), tile, A, dbuf, best, idx)
 
 
 @njit(parallel=True, **_OPTS)
@@ -266,3 +288,21 @@ def merge_partials(part_sums, part_w, sums, weights):
             for f in range(d):
                 sums[j, f] += part_sums[t, j, f]
             weights[j] += part_w[t, j]
+
+
+@njit(parallel=True, **_OPTS)
+def deviation_sums(X, s0, e0, mean64, groups, sq, shift):
+    """sq[j], shift[j] = sums over rows [s0, e0) of (x_j - mean_j)^2 and x_j - mean_j in
+    float64, each column added row after row from 0: `chunks.deviation_sums`' bits (NumPy's
+    reduction over the rows of two columns or more) in one pass, no float64 copy of the
+    chunk. groups: (g, 2) column ranges, one per parallel task (a column's sum never splits)."""
+    for t in prange(groups.shape[0]):
+        j0, j1 = groups[t, 0], groups[t, 1]
+        for j in range(j0, j1):
+            sq[j] = 0.0
+            shift[j] = 0.0
+        for i in range(s0, e0):
+            for j in range(j0, j1):
+                c = np.float64(X[i, j]) - mean64[j]
+                sq[j] += c * c
+                shift[j] += c

@@ -35,7 +35,7 @@ def parallel_columns(X) -> bool:
             and not is_memmap(X))
 
 
-def _column_groups(d, threads):
+def column_groups(d, threads):
     """[(j0, j1)]: d columns in at most `threads` groups of near-equal size."""
     t = max(1, min(threads, d))
     return [(g * d // t, (g + 1) * d // t) for g in range(t)]
@@ -53,7 +53,7 @@ def column_sums(X, spawn, threads):
     if d <= 2 * threads:
         tasks = [(j, j + 1) for j in range(d)]
     else:
-        tasks = _column_groups(d, max(1, min(threads, d // MIN_GROUP_COLUMNS)))
+        tasks = column_groups(d, max(1, min(threads, d // MIN_GROUP_COLUMNS)))
     sums = np.empty(d, dtype=np.float64)
     buf_rows = min(n, BLOCK_ROWS) + 1
 
@@ -81,7 +81,7 @@ def deviation_sums_by_columns(X, sl, mean64, spawn, threads):
     groups of two or more (NumPy sums one column pairwise, as a contiguous reduction; two or
     more row after row, as the whole chunk's): `chunks.tolerance`'s chunk_sums."""
     d = X.shape[1]
-    groups = _column_groups(d, max(1, min(threads, d // 2)))
+    groups = column_groups(d, max(1, min(threads, d // 2)))
 
     def job(t):
         j0, j1 = groups[t]
