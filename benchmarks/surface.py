@@ -13,9 +13,10 @@ beside it), so this tool only chooses the points and writes what they measured.
   numba, scikit-learn lloyd and elkan, faiss-cpu; every row held to the point's threads
   (threadpoolctl, and our backends' `n_threads`). CUDA is hidden from a CPU sweep, so `auto`
   chooses among the CPU engines even on a GPU machine.
-- GPU rows: each installed cupy backend in every value of its `precision` option, cupy-fused's
-  kernel path named (`kmeans_xp_backends.cupy.paths`), and flash-kmeans fp32/fp16 and
-  torch-gemm where installed.
+- GPU rows: each installed cupy backend exact, cupy-fused also in each reduced precision its
+  tensor-core kernels run (tf32, fp16, bf16: `paths.PRECISIONS`; cupy-chunked's reduced
+  precisions emulate the semantics, not the speed), cupy-fused's kernel path named
+  (`kmeans_xp_backends.cupy.paths`), and flash-kmeans fp32/fp16 and torch-gemm where installed.
 - Modes: `fixed` (ms per iteration of FIXED_ITERS iterations, tol=0) and `converge` (the
   whole fit in seconds, max_iter=CONVERGE_MAX_ITER, tol=CONVERGE_TOL; faiss has no tol and
   runs them all).
@@ -120,15 +121,17 @@ def cpu_rows(bench):
 
 
 def gpu_rows(bench):
-    """Each installed cupy backend in every precision it has, then the GPU peers."""
-    from kmeans_xp.contract.registry import SPARSE_PATH, get_backend, list_backends
+    """Each installed cupy backend exact, cupy-fused in its kernels' reduced precisions too,
+    then the GPU peers."""
+    from kmeans_xp.contract.registry import SPARSE_PATH, list_backends
     specs = []
     for name, info in list_backends().items():
         if not (info.gpu and info.available) or name in set(SPARSE_PATH.values()):
             continue
-        option = get_backend(name).options.get("precision")
-        values = [v for v in option.allowed if isinstance(v, str)] if option else []
-        specs += [f"{name}[precision={v}]" for v in values] or [name]
+        specs.append(name)
+        if name == "cupy-fused":
+            from kmeans_xp_backends.cupy import paths
+            specs += [f"{name}[precision={p}]" for p in paths.PRECISIONS if p != "exact"]
     return specs + [bench.FLASH_FP32_ROW, bench.FLASH_FP16_ROW, bench.TORCH_ROW]
 
 
@@ -144,7 +147,8 @@ def kernel_path(spec, d, k):
         from kmeans_xp_backends.cupy import fused_plan, paths
         from kmeans_xp.tools.bench.entries import split_options
         options = split_options(spec)[1]
-        row = paths.choose(d, k, "float32", options.get("precision", "fp32"),
+        precision = options.get("precision", "exact")
+        row = paths.choose(d, k, "float32", paths.PRECISIONS.get(precision, precision),
                            fused_plan.device_facts(0))
         return row.path
     except Exception as exc:  # no device or an older table: the cell says so
