@@ -288,3 +288,16 @@ def test_cupy_backends_steps_on_the_emulated_device(fake_cupy, name):
         part_ref.partial_fit(X[start:start + 500])
     part.n_iter_ = part_ref.n_iter_ = None
     _assert_same(part, part_ref, np.float32)
+
+
+def test_an_input_whose_device_raises_is_cached_without_one():
+    """cupyx.scipy.sparse matrices raise NotImplementedError from `device`: the backend
+    cache's key does without it instead of failing the fit."""
+    from kmeans_xp.estimators.minibatch import _device_name
+
+    class NoDevice:
+        @property
+        def device(self):
+            raise NotImplementedError
+
+    assert _device_name(NoDevice()) == "" and _device_name(np.zeros(2)) == "cpu"

@@ -118,6 +118,11 @@ class BalancedStep:
         self._prev = labels
         out = labels_like(labels, X, xp)
         sums, weights = self.backend.reduce(X, out, sample_weight, self.k, xp=xp)
+        # (reduce may hand its statistics back on the host, cupy-fused does: the driver's
+        # update computes where the centers are)
+        cxp = array_namespace(centers)
+        sums = cxp.asarray(sums, dtype=cxp.float64, device=device(centers))
+        weights = cxp.asarray(weights, dtype=cxp.float64, device=device(centers))
         if self.balance.penalty is not None:
             sizes = to_numpy(weights).astype(np.float64)
             self._mean_sq = inertia / max(float(sizes.sum()), 1e-300)

@@ -202,7 +202,7 @@ default=None
         """(the backend named or chosen for X, why, the backend computing its batches),
         kept between partial_fit calls on the same kind of input."""
         key = (self.backend, repr(self.backend_options), str(self.max_memory),
-               namespace_name(X), str(getattr(X, "device", "")), self.precision)
+               namespace_name(X), _device_name(X), self.precision)
         cached = self.__dict__.get("_backend_cache")
         if cached is not None and cached[0] == key:
             return cached[1]
@@ -474,3 +474,12 @@ default=None
         self._finish(place)   # the step's buffers go: the model holds only its state
         self.timings_ = {"partial_fit": clock.total()}
         return self
+
+
+def _device_name(X) -> str:
+    """X's device as a cache key; "" where it has none or will not say (cupyx.scipy.sparse
+    matrices raise NotImplementedError from `device`)."""
+    try:
+        return str(getattr(X, "device", ""))
+    except Exception:  # noqa: BLE001 - any failure: no device to tell apart
+        return ""
