@@ -1,4 +1,5 @@
 """Memory as a feature: max_memory parsing, estimates before the fit, and a measured peak."""
+import threading
 import tracemalloc
 
 import numpy as np
@@ -138,10 +139,20 @@ def test_small_max_memory_fit_gives_the_same_answer():
 
 
 # -- measured peak under the estimate ------------------------------------------------------
+def _quiet_process():
+    """Wait for the numba backend's background compiles that earlier tests started
+    (`NumbaPlacement.warm_up`): tracemalloc counts every thread's allocations, and a cold
+    compile allocates megabytes."""
+    for t in threading.enumerate():
+        if t.name.startswith("kmeans_xp-numba-compile"):
+            t.join()
+
+
 def _peak_lloyd_iters(backend, X, w, C, iters=3):
     """Peak bytes traced while `iters` Lloyd iterations run; X, w, C exist before tracing."""
     xp = array_namespace(X)
     backend.lloyd_iter(X, w, C, None, xp=xp)  # warm-up: thread pool and BLAS buffers exist
+    _quiet_process()
     tracemalloc.start()
     try:
         labels = None
@@ -192,6 +203,7 @@ def test_whole_fit_peak_under_estimate(n, d, k, dtype, max_memory, weighted, ini
     km = KMeans(k, init=init, max_iter=3, max_memory=max_memory, backend="numpy",
                 random_state=0)
     km.fit(X[:1000], sample_weight=None if w is None else w[:1000])  # pool, BLAS, imports
+    _quiet_process()
     tracemalloc.start()
     try:
         km.fit(X, sample_weight=w)

@@ -476,7 +476,7 @@ default=None
         return self
 
 
-def _device_name(X) -> str:
+def _device_name(X: Any) -> str:
     """X's device as a cache key; "" where it has none or will not say (cupyx.scipy.sparse
     matrices raise NotImplementedError from `device`)."""
     try:
