@@ -128,3 +128,19 @@ def test_farthest_of_a_memmap_seen_centered(tmp_path):
     for a, b in zip(be.farthest(X, None, C, labels, 5),
                     KMeansBackend.farthest(be, X, None, C, labels, 5, xp=xp)):
         assert a.dtype == b.dtype and np.array_equal(a, b)
+
+
+@pytest.mark.parametrize("n,d,dtype", [(1, 3, np.float32), (2, 2, np.float64),
+                                       (st.BLOCK_ROWS + 1, 5, np.float32),
+                                       (2 * st.BLOCK_ROWS + 7, 33, np.float32),
+                                       (3001, 2, np.float64)])
+def test_blocked_deviation_sums_are_the_whole_chunks_bits(n, d, dtype):
+    """The tol's deviation sums through one block buffer with the sums carried (no float64
+    copies of the chunk) give `chunks.deviation_sums`' bits, an offset in X included."""
+    from kmeans_xp.contract.chunks import deviation_sums
+    from kmeans_xp_backends.numpy.stats import _deviation_sums_blocked
+    rng = np.random.default_rng(n + d)
+    X = (rng.normal(size=(n, d)) * rng.uniform(0.1, 100, d) + 1e3).astype(dtype)
+    mean64 = X.astype(np.float64).mean(axis=0)
+    want, got = deviation_sums(X, mean64, np), _deviation_sums_blocked(X, mean64)
+    assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])

@@ -85,10 +85,34 @@ def deviation_sums_by_columns(X, sl, mean64, spawn, threads):
 
     def job(t):
         j0, j1 = groups[t]
-        return deviation_sums(X[sl, j0:j1], mean64[j0:j1], np)
+        return _deviation_sums_blocked(X[sl, j0:j1], mean64[j0:j1])
 
     parts = spawn(job, len(groups))
     return (np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]))
+
+
+def _deviation_sums_blocked(rows, mean64):
+    """`chunks.deviation_sums(rows, mean64)`'s bits (two columns or more: NumPy adds the
+    rows in order from row 0) through one float64 buffer of BLOCK_ROWS rows, the running
+    sums carried in its first row as `column_sums` does, instead of three float64
+    temporaries of the whole chunk (a 100k x 128 chunk: 0.2 s of page faults)."""
+    n, w = rows.shape
+    if n == 0 or w < 2:
+        return deviation_sums(rows, mean64, np)
+    c0 = rows[0].astype(np.float64) - mean64
+    sq, shift = c0 * c0, c0
+    buf = np.empty((min(n, BLOCK_ROWS) + 1, w), dtype=np.float64)
+    for s in range(1, n, BLOCK_ROWS):
+        e = min(s + BLOCK_ROWS, n)
+        b = buf[:e - s + 1]
+        np.copyto(b[1:], rows[s:e], casting="unsafe")
+        b[1:] -= mean64
+        b[0] = shift
+        shift = np.add.reduce(b, axis=0)
+        b[1:] *= b[1:]
+        b[0] = sq
+        sq = np.add.reduce(b, axis=0)
+    return sq, shift
 
 
 def centered(X, mean, spawn, threads, out=None):
