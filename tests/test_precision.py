@@ -301,3 +301,30 @@ def test_batch_outside_float16s_range_is_refused_at_fp16():
     with pytest.raises(ValueError, match="Problem 1 .*float16's range"):
         KMeans(6, precision="fp16", n_init=1).fit(batch)
     KMeans(6, precision="bf16", n_init=1, max_iter=3).fit(batch)   # (bf16 keeps the range)
+
+
+@pytest.mark.parametrize("partial", [False, True])
+def test_minibatch_fp16_of_data_outside_float16s_range(partial):
+    """MiniBatchKMeans resolves its precision before its guard too: fit and partial_fit at
+    fp16 on X past 65504 stay within the bound (before: the fit overflowed, 15x the
+    inertia)."""
+    from kmeans_xp import MiniBatchKMeans
+    X, init = half_case()
+    X, init = X * np.float32(1e6), init * np.float32(1e6)
+    kw = dict(init=init, backend="numpy", random_state=0, batch_size=256)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ref = MiniBatchKMeans(6, **kw).fit(X)
+        got = MiniBatchKMeans(6, precision="fp16", **kw)
+        if partial:
+            for _ in range(3):
+                got.partial_fit(X)
+            ref = MiniBatchKMeans(6, **kw)
+            for _ in range(3):
+                ref.partial_fit(X)
+            got.inertia_ = got.score(X) * -1   # (partial_fit keeps no inertia_)
+            ref.inertia_ = ref.score(X) * -1
+            got.labels_, ref.labels_ = got.predict(X), ref.predict(X)
+        else:
+            got.fit(X)
+    check_fit_within_bound(got, ref, "fp16", X.shape[1], f"MiniBatchKMeans fp16 {partial}")

@@ -206,7 +206,6 @@ default=None
         cached = self.__dict__.get("_backend_cache")
         if cached is not None and cached[0] == key:
             return cached[1]
-        self._precision_fit = resolve_precision(self.precision, X.dtype)
         backend, why = select_backend(self.backend, X, n_clusters=self.n_clusters,
                                       backend_options=self.backend_options,
                                       max_memory=self.max_memory,
@@ -265,9 +264,17 @@ default=None
         with verbose_logging(self.verbose):
             return self._fit(X, sample_weight)
 
+    def _resolve_precision(self, X_user: Any) -> None:
+        """The fit's precision from the dtype X came in (half X computes at its format),
+        before the guard that reads it (fp16's range) and the backends."""
+        self._check_params()
+        self._precision_fit = resolve_precision(self.precision,
+                                                getattr(X_user, "dtype", "float64"))
+
     def _fit(self, X: Any, sample_weight: Any) -> MiniBatchKMeans:
         clock = Clock()
         X_user = X
+        self._resolve_precision(X_user)
         X, sw, init_array, guard = self._check_inputs(X, sample_weight, measure=True)
         n = X.shape[0]
         k = self.n_clusters
@@ -412,8 +419,8 @@ default=None
     def _partial_fit(self, X: Any, sample_weight: Any) -> MiniBatchKMeans:
         clock = Clock()
         fitted = hasattr(self, "cluster_centers_")
-        self._check_params()
         X_user = X
+        self._resolve_precision(X_user)
         X, absmax = self._checked_X(X)
         n, d = X.shape
         if fitted and d != self.n_features_in_:
