@@ -9,15 +9,14 @@ import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
+from kmeans_xp.contract.chunks import usable_cores
+
 
 def thread_count(requested=None) -> int:
     """`requested`, else the cores this process may run on."""
     if requested is not None:
         return max(1, int(requested))
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:
-        return os.cpu_count() or 1
+    return usable_cores()
 
 
 _CONTROLLER = None

@@ -42,6 +42,8 @@ import sys
 import time
 from pathlib import Path
 
+from kmeans_xp.contract.chunks import usable_cores
+
 ROOT = Path(__file__).resolve().parents[1]
 
 FIXED_ITERS, GPU_FIXED_ITERS = 5, 10
@@ -80,13 +82,6 @@ SUBSETS = {
 }
 
 
-def cores():
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1
-
-
 def points(settings):
     """[(d, k, n or None, why)] of the grid: n by the budget rule, None where beyond it."""
     out = []
@@ -107,8 +102,8 @@ def thread_counts(names):
     """"1", "4", "all" -> [1, 4, cores]; counts beyond the cores left out (said why)."""
     out, dropped = [], []
     for name in names:
-        t = cores() if name == "all" else int(name)
-        (dropped if t > cores() else out).append(t)
+        t = usable_cores() if name == "all" else int(name)
+        (dropped if t > usable_cores() else out).append(t)
     return sorted(set(out)), dropped
 
 
@@ -317,7 +312,7 @@ def section(device, pts, beyond, dropped, png, args, wall_s):
         lines += ["Not run (beyond the budget; raise --budget): "
                   + "; ".join(f"d={d} k={k}: {why}" for d, k, why in beyond) + ".", ""]
     if dropped:
-        lines += [f"Thread counts beyond this machine's {cores()} cores left out: "
+        lines += [f"Thread counts beyond this machine's {usable_cores()} cores left out: "
                   f"{', '.join(map(str, dropped))}.", ""]
     return lines
 
@@ -372,7 +367,7 @@ def main(argv=None):
     from results_file import bench_module, machine, machine_kind, record
     bench = bench_module()
     info = machine()
-    kind = args.kind or (f"cpu-{cores()}core" if args.device == "cpu" else machine_kind(info))
+    kind = args.kind or (f"cpu-{usable_cores()}core" if args.device == "cpu" else machine_kind(info))
     specs = args.rows.split(",") if args.rows else (
         cpu_rows(bench) if args.device == "cpu" else gpu_rows(bench))
     threads, dropped = thread_counts(settings["threads"]) if args.device == "cpu" \

@@ -25,7 +25,8 @@ def row_chunks(n, rows):
         yield slice(start, min(start + rows, n))
 
 
-def _threads():
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity; all of them where there is none)."""
     try:
         return max(1, len(os.sched_getaffinity(0)))
     except AttributeError:
@@ -37,7 +38,7 @@ def _shared_pool():
     global _pool
     with _pool_lock:
         if _pool is None:
-            _pool = ThreadPoolExecutor(_threads(), thread_name_prefix="kmeans_xp-rows")
+            _pool = ThreadPoolExecutor(usable_cores(), thread_name_prefix="kmeans_xp-rows")
         return _pool
 
 
@@ -56,7 +57,7 @@ def map_rows(fn, n, rows, xp):
     (its ufuncs release the GIL on large arrays), each thread holding at most rows / threads
     rows, so the memory bound of `rows` still holds; other namespaces run them in turn (a GPU
     queues them; dask builds one graph)."""
-    threads = _threads() if is_numpy_namespace(xp) else 1
+    threads = usable_cores() if is_numpy_namespace(xp) else 1
     if threads == 1 or n < 2 * MIN_THREAD_ROWS:
         return [fn(sl) for sl in row_chunks(n, rows)]
     step = max(MIN_THREAD_ROWS, min(rows // threads, -(-n // (4 * threads))))
@@ -66,7 +67,7 @@ def map_rows(fn, n, rows, xp):
 def imap_rows(fn, n, rows, xp):
     """`map_rows`'s results one at a time, in row order, so that the caller folds each as
     it comes (a chunk's result is held only until the caller takes it)."""
-    threads = _threads() if is_numpy_namespace(xp) else 1
+    threads = usable_cores() if is_numpy_namespace(xp) else 1
     if threads == 1 or n < 2 * MIN_THREAD_ROWS:
         yield from (fn(sl) for sl in row_chunks(n, rows))
         return

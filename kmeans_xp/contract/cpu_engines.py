@@ -12,7 +12,6 @@ work of one iteration (n * k * d) or of the whole fit (times the iterations it m
 """
 from __future__ import annotations
 
-import os
 from typing import Callable, NamedTuple
 
 #: numba's narrow kernel takes d up to this (kmeans_xp_backends.numba.backend.NARROW_D)
@@ -72,13 +71,6 @@ CPU_ENGINES = (
     Row(("numba", "numpy"), lambda q: True,
         "numba's fused pass: X read once an iteration"),
 )
-
-
-def usable_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1
 
 
 def choose(n: int, d: int, k: int, *, iterations: int = 1, threads: int = 1,

@@ -459,6 +459,7 @@ def _cpu_engines(candidates: list[str], X: Any, ns: str, n_clusters: int, iterat
     """The CPU engines among the candidates in `cpu_engines.CPU_ENGINES`' order for X's
     shape, and the row's reason ("" where X has no 2-D shape)."""
     from kmeans_xp.contract import cpu_engines
+    from kmeans_xp.contract.chunks import usable_cores
 
     if not {"numba", "numpy"} & set(candidates):
         return candidates, ""
@@ -471,7 +472,7 @@ def _cpu_engines(candidates: list[str], X: Any, ns: str, n_clusters: int, iterat
         n, d = shape
     loaded = numba_loaded()
     return cpu_engines.arrange(candidates, n, d, n_clusters, iterations=iterations,
-                               threads=threads or cpu_engines.usable_cores(),
+                               threads=threads or usable_cores(),
                                numba_loaded=loaded)
 
 

@@ -22,23 +22,16 @@ from __future__ import annotations
 import contextlib
 import importlib
 import importlib.util
-import os
 import time
 
 import numpy as np
 
+from kmeans_xp.contract.chunks import usable_cores
 from kmeans_xp.tools.bench.protocol import Entry, Fitted, Unavailable
 
 SKLEARN_ROW = "scikit-learn"
 SKLEARN_ELKAN_ROW = "scikit-learn-elkan"
 FAISS_ROW = "faiss-cpu"
-
-
-def _threads():
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1
 
 
 class SklearnEntry(Entry):
@@ -76,7 +69,7 @@ class SklearnEntry(Entry):
         item = np.dtype(self.w.dtype).itemsize
         chunk = 256  # sklearn's lloyd works on blocks of 256 samples per thread
         return int(n * d * item + n * item + 2 * n * 4
-                   + _threads() * chunk * (k + d) * item + 4 * k * (d + 1) * item)
+                   + usable_cores() * chunk * (k + d) * item + 4 * k * (d + 1) * item)
 
 
 class SklearnElkanEntry(SklearnEntry):
@@ -144,7 +137,7 @@ class FaissEntry(Entry):
     def estimate(self):
         n, d, k = self.w.n, self.w.d, self.w.k
         block = 4096 * min(k, 1024) * 4  # IndexFlatL2's blocks of queries x centroids
-        return int(n * (8 + 4) * 2 + _threads() * block + 4 * k * d * 4)
+        return int(n * (8 + 4) * 2 + usable_cores() * block + 4 * k * d * 4)
 
     def data_bytes(self, w):
         return w.n * w.d * 4
