@@ -357,7 +357,7 @@ class NumpyBackend(KMeansBackend):
         assign = mode in ("assign", "iter", "final")
         ops = blocks.Operands(centers, X.dtype) if assign else None
         c = ops.c if assign else np.asarray(centers, dtype=X.dtype) if mode in (
-            "final", "inertia") else None
+            "final", "inertia", "stats") else None
         labels = min_sq = None
         if assign:
             labels = np.empty(n, dtype=compact_labels_dtype(k) if mode == "iter" else
@@ -406,8 +406,13 @@ class NumpyBackend(KMeansBackend):
 
     def lloyd_iter(self, X, sample_weight, centers, labels_old, *, xp=None):
         old = None if labels_old is None else np.asarray(labels_old)
-        if self.compute_precision != "exact":
-            return emulated.lloyd_iter(self, X, sample_weight, centers, old)
+        if self.compute_precision != "exact":   # emulated labels, then one exact pass
+            labels = emulated.assign(X, centers, self.compute_precision)[0]
+            _, _, acc, _ = self._run(X, sample_weight, centers, labels_in=labels,
+                                     mode="stats")
+            changed = len(labels) if old is None else np.count_nonzero(labels != old)
+            return IterStats(labels, acc.cluster_sums(), acc.weights, np.float64(acc.direct),
+                             np.float64(changed))
         labels, _, acc, ops = self._run(X, sample_weight, centers, labels_old=old)
         changed = float(len(labels)) if old is None else float(acc.changed)
         inertia = max(acc.inertia(ops), 0.0)  # a sum of squares, whatever the rounding

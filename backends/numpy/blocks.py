@@ -334,7 +334,8 @@ class Pass:
     """One pass over X as each thread, or worker process, runs its share (`run_share`): the
     mode ("assign": int32 labels and distances; "reduce": sums of labels_in's clusters;
     "iter": labels, sums, inertia, changed labels; "final": labels and their inertia by
-    differences; "inertia": labels_in's, by differences), X (seen centered with `mean`: a
+    differences; "inertia": labels_in's, by differences; "stats": labels_in's sums and
+    inertia by differences, one pass), X (seen centered with `mean`: a
     memmap's rows), the weights, the backend's plan, the centers (`Operands` where the pass
     assigns, `c` in X's dtype where it takes differences) and the arrays of all n rows.
     Share t of `threads` is a fixed, contiguous run of the n_tasks blocks."""
@@ -357,8 +358,8 @@ def run_share(p, t, bufs):
     stored: a worker process reads the old ones where it writes the new."""
     plan, n = p.plan, p.X.shape[0]
     assign = p.mode in ("assign", "iter", "final")
-    reduce = p.mode in ("reduce", "iter")
-    direct = p.mode in ("final", "inertia")   # inertia by differences
+    reduce = p.mode in ("reduce", "iter", "stats")
+    direct = p.mode in ("final", "inertia", "stats")   # inertia by differences
     sums = sorted_sums if plan.sorted_sums else bincount_sums
     acc = Acc(plan.k, plan.d, plan.sorted_sums)
     for i in range(t * p.n_tasks // p.threads, (t + 1) * p.n_tasks // p.threads):

@@ -1,14 +1,14 @@
 """The numpy backend at a reduced compute precision ("tf32", "fp16", "bf16"), emulated: each
 chunk of X and the centers are rounded to the format's mantissa (`contract.precision.round_to`)
 before the distance product, which accumulates in float32, as a tensor core does. Sums and
-inertia stay exact (float64 sums of X as given), as on the GPU. This is the reference the
+inertia stay exact (float64 sums of X as given: the backend's own pass over the emulated
+labels, `NumpyBackend.lloyd_iter`), as on the GPU. This is the reference the
 CI tests of reduced precision run on; it is not the fast path (a GPU is).
 """
 from __future__ import annotations
 
 import numpy as np
 
-from kmeans_xp.contract.backend import IterStats
 from kmeans_xp.contract.precision import round_to
 
 #: rows per chunk of the emulated product: a (rows, k) float32 block beside its rounded rows
@@ -33,17 +33,6 @@ def assign(X, centers, precision):
         x_sq = np.einsum("ij,ij->i", A, A)
         min_sq[s:s + len(A)] = np.maximum(D[np.arange(len(A)), lab] + x_sq, 0)
     return labels, min_sq
-
-
-def lloyd_iter(backend, X, sample_weight, centers, labels_old):
-    """`backend`'s lloyd_iter at its reduced precision: emulated labels, exact sums and
-    inertia (the backend's own exact passes)."""
-    labels = backend.assign(X, centers).labels
-    sums = backend.reduce(X, labels, sample_weight, centers.shape[0])
-    inertia = backend.inertia(X, sample_weight, centers, labels)
-    changed = len(labels) if labels_old is None else np.count_nonzero(labels != labels_old)
-    return IterStats(labels, sums.weighted_sums, sums.weight_in_clusters,
-                     np.float64(inertia), np.float64(changed))
 
 
 def labels_inertia(backend, X, sample_weight, centers):
