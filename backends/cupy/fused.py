@@ -131,10 +131,12 @@ class CupyFusedBackend(CupyBackendBase):
             return f"it computes in float32 or float64, not {dtype}"
         if self.precision != "fp32" and dtype != "float32":
             return f"precision={self.compute_precision!r} needs float32 input"
-        if self.precision in paths.HALF_FORMATS:
+        if self.precision in paths.HALF_FORMATS:   # (a path of the table, or none)
             d = X.shape[1] if getattr(X, "ndim", 2) > 1 else 1
             dev = fp.device_facts(self._cp.cuda.Device().id)
-            if not paths.wgmma_fits(d, dev, False, paths.HALF_FORMATS[self.precision]):
+            try:
+                paths.choose(d, n_clusters, "float32", self.precision, dev)
+            except ValueError:
                 return (f"precision={self.precision!r} runs on its wgmma kernel, which needs "
                         f"compute capability 9.0 and d <= {paths.WGMMA_MAX_D_HALF} (this GPU "
                         f"{dev.cc // 10}.{dev.cc % 10}, d={d}); cupy-chunked computes it on any "
