@@ -155,3 +155,20 @@ def test_bad_balance_is_refused_before_any_work(bad, words):
 def test_a_cap_too_small_for_n_says_what_would_hold():
     with pytest.raises(ValueError, match="at least 13 rows"):
         KMeans(8, balance={"max_size": 5}, backend="numpy").fit(np.random.rand(100, 2))
+
+
+def test_statistics_reach_the_centers_namespace_from_either_side():
+    """reduce may hand its sums back in another namespace than the centers' (cupy-fused: on
+    the device while its centers are on the host, or the other way): the balanced step
+    moves them explicitly, never through an implicit conversion, which CuPy (and
+    array_api_strict, standing in for it here) refuses."""
+    import array_api_strict as xps
+
+    from kmeans_xp.algorithms.balance import _at_centers
+    sums = np.arange(6, dtype=np.float32).reshape(3, 2)
+    host = _at_centers(xps.asarray(sums), np.zeros((3, 2)))
+    assert isinstance(host, np.ndarray) and host.dtype == np.float64
+    np.testing.assert_array_equal(host, sums)
+    dev = _at_centers(sums, xps.zeros((3, 2)))
+    assert dev.dtype == xps.float64
+    np.testing.assert_array_equal(np.from_dlpack(dev), sums)

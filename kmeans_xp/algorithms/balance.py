@@ -120,9 +120,7 @@ class BalancedStep:
         sums, weights = self.backend.reduce(X, out, sample_weight, self.k, xp=xp)
         # (reduce may hand its statistics back on the host, cupy-fused does: the driver's
         # update computes where the centers are)
-        cxp = array_namespace(centers)
-        sums = cxp.asarray(sums, dtype=cxp.float64, device=device(centers))
-        weights = cxp.asarray(weights, dtype=cxp.float64, device=device(centers))
+        sums, weights = _at_centers(sums, centers), _at_centers(weights, centers)
         if self.balance.penalty is not None:
             sizes = to_numpy(weights).astype(np.float64)
             self._mean_sq = inertia / max(float(sizes.sum()), 1e-300)
@@ -134,6 +132,16 @@ class BalancedStep:
     def final(self, X, sample_weight, centers, *, xp):
         labels = labels_like(self.assignment(X, sample_weight, centers, xp=xp)[0], X, xp)
         return labels, self.backend.inertia(X, sample_weight, centers, labels, xp=xp)
+
+
+def _at_centers(stat, centers):
+    """A statistic in float64 where the centers are: reduce may hand it back on the host
+    while the centers are on the device (cupy-fused) or on the device while they are on the
+    host (cupy-fused keeps host centers too); a device array never converts implicitly."""
+    if isinstance(centers, np.ndarray):
+        return to_numpy(stat).astype(np.float64, copy=False)
+    cxp = array_namespace(centers)
+    return cxp.asarray(stat, dtype=cxp.float64, device=device(centers))
 
 
 def balanced_step(backend, X, n_clusters, balance):
