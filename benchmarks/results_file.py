@@ -120,7 +120,10 @@ def results_markdown(kind, command, sections, machine, wall_s, path=None):
     fresh = {}
     for section in sections:
         name = section_name(section[0])
-        fresh[name] = section[:2] + [stamp, ""] + section[2:]
+        body = section[:2] + [stamp, ""] + section[2:]
+        while body and not body[-1].strip():
+            body.pop()
+        fresh[name] = body + [""]   # (one blank line after each, as read_sections keeps)
     kept = {name: lines for name, lines in read_sections(path).items() if name not in fresh}
     lines = [f"# Benchmark results: {kind}",
              "",

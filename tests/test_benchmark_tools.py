@@ -102,7 +102,8 @@ def test_dask_multi_gpu_runs_its_protocol_on_cpu_workers(tmp_path):
 def test_minibatch_step_timer_runs(tmp_path):
     """benchmarks/minibatch_step.py (the per-step comparison with scikit-learn that the GPU
     target is measured with) at a small size on the numpy backend, its figures written as
-    the results file's `minibatch` section."""
+    the results file's `minibatch` section, a blank line between it and the section after."""
+    (tmp_path / "test-kind.md").write_text("# Benchmark results\n\n## sparse: kept\n\nrow\n")
     out = run_tool("benchmarks/minibatch_step.py", "--n", "20000", "--k", "20", "--batch",
                    "1024", "--backend", "numpy", "--repeats", "1", "--results", tmp_path,
                    "--kind", "test-kind")
@@ -110,6 +111,7 @@ def test_minibatch_step_timer_runs(tmp_path):
     page = (tmp_path / "test-kind.md").read_text()
     assert "## minibatch: n=20,000 d=3 k=20 batch 1024" in page
     assert "| kmeans_xp numpy |" in page and "| scikit-learn (host) |" in page
+    assert "per step.\n\n## sparse: kept\n\nrow\n" in page
 
 
 def test_bounds_fit_compares_bounds_with_lloyd_and_sklearn(tmp_path):
