@@ -313,3 +313,26 @@ def test_copy_x_false_init_view_of_x():
     km = KMeans(4, init=A[:4], copy_x=False, max_iter=1).fit(A)
     np.testing.assert_allclose(km.cluster_centers_, ref.cluster_centers_)
     np.testing.assert_array_equal(km.labels_, ref.labels_)
+
+
+@pytest.mark.parametrize("n", [1, 7, 4095, 3 * 4096 + 7, 100_003])
+@pytest.mark.parametrize("d", [1, 3, 5000])
+def test_device_extremes_see_every_value(n, d):
+    """The device path of the finiteness check (X seen as (n / g, g * d) so that a GPU
+    reduction has enough outputs, the rows left over on their own) reads every value: its
+    extremes are X's, and a NaN anywhere (in the view or the rows left over) shows."""
+    from kmeans_xp.contract.chunks import _spread_extremes
+    rng = np.random.default_rng(n + d)
+    X = rng.standard_normal((n, d)).astype(np.float32)
+
+    def extremes(Y):
+        parts = _spread_extremes(Y, np)
+        ext = np.concatenate([np.reshape(p, (2, -1)) for p in parts], axis=1)
+        return ext[0].max(), -ext[1].max()
+
+    assert extremes(X) == (X.max(), X.min())
+    assert extremes(X[:, ::-1]) == (X.max(), X.min())  # strided: reduced as it is
+    for row in {0, n // 2, n - 1}:
+        Y = X.copy()
+        Y[row, d - 1] = np.nan
+        assert np.isnan(extremes(Y)).all()

@@ -94,8 +94,10 @@ def _host_moments(X, shift):
     """Column sums and squares of `moments_partials`, added on the host in a fixed order (no
     CuPy reduction: their first compile took 1.2 s of a 3 s first fit)."""
     d = X.shape[1]
-    host = cupy().asnumpy(moments_partials(X, shift))
-    return host.reshape(2, -1, d).sum(axis=1)
+    host = cupy().asnumpy(moments_partials(X, shift)).reshape(2, -1, d)
+    # each column's partials made contiguous first: summed along a middle axis of length
+    # stride / d, NumPy runs an inner loop of d per row (0.55 ms at d=3 against 0.1)
+    return np.ascontiguousarray(host.transpose(0, 2, 1)).sum(axis=2)
 
 
 def column_mean_var(X, need_var):

@@ -113,13 +113,17 @@ def parallel_copy(dst, src, pool):
 
 
 #: host X of at least this size goes to the device through pinned buffers (`upload`);
-#: smaller, one pageable copy costs less than setting the buffers up
-UPLOAD_STAGED_BYTES = 64 << 20
-#: bytes per pinned staging buffer of `upload` and `download`, and how many buffers: the
-#: upload rate stops growing at this size, and a third buffer adds nothing (figure:
+#: smaller, one pageable copy costs less than filling the buffers
+UPLOAD_STAGED_BYTES = 4 << 20
+#: bytes per pinned staging buffer of `upload` and `download` at most, and how many buffers:
+#: the upload rate stops growing at this size, and a third buffer adds nothing (figure:
 #: benchmarks/profile_fit.py, kept in benchmarks/results/<kind>.md)
 UPLOAD_CHUNK_BYTES = 64 << 20
 UPLOAD_BUFFERS = 2
+#: an array smaller than UPLOAD_PIECES full chunks goes in this many pieces, so that the
+#: copy engine empties one buffer while the host threads fill the other (a pageable copy of
+#: W1's 24 MB X took 4 ms; the pinned buffers come back from CuPy's pinned pool each fit)
+UPLOAD_PIECES = 4
 
 
 @functools.lru_cache(maxsize=1)
@@ -136,7 +140,8 @@ def _pinned_buffers(cp, a):
     if a.nbytes < UPLOAD_STAGED_BYTES:
         return None
     n = a.shape[0]
-    rows = max(1, UPLOAD_CHUNK_BYTES // max(1, a.nbytes // n))
+    chunk = min(UPLOAD_CHUNK_BYTES, -(-a.nbytes // UPLOAD_PIECES))
+    rows = max(1, chunk // max(1, a.nbytes // n))
     try:
         return rows, [Pinned(cp, (min(rows, n),) + a.shape[1:], a.dtype)
                       for _ in range(UPLOAD_BUFFERS)]
