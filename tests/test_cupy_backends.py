@@ -271,12 +271,15 @@ def test_staged_upload_copies_host_x_exactly(dtype):
     row arrives, including the last chunk's short tail, bit for bit."""
     import cupy as cp
     from kmeans_xp_backends.cupy import staging
-    n = (staging.UPLOAD_STAGED_BYTES // (3 * np.dtype(dtype).itemsize)) * 3 + 12345
-    X = np.random.default_rng(0).normal(size=(n, 3)).astype(dtype)
-    assert X.nbytes > 2 * staging.UPLOAD_CHUNK_BYTES
-    Xd = staging.upload(cp, X)
-    assert Xd.dtype == X.dtype and Xd.shape == X.shape
-    np.testing.assert_array_equal(Xd.get(), X)
+    row = 3 * np.dtype(dtype).itemsize
+    # full chunks with a short tail; and under UPLOAD_PIECES chunks: in pieces
+    for n in (2 * staging.UPLOAD_CHUNK_BYTES // row + 12345,
+              staging.UPLOAD_STAGED_BYTES // row + 777):
+        X = np.random.default_rng(n).normal(size=(n, 3)).astype(dtype)
+        assert X.nbytes > staging.UPLOAD_STAGED_BYTES
+        Xd = staging.upload(cp, X)
+        assert Xd.dtype == X.dtype and Xd.shape == X.shape
+        np.testing.assert_array_equal(Xd.get(), X)
 
 
 @pytest.mark.parametrize("dtype", [np.int32, np.float64])

@@ -54,6 +54,7 @@ def _cupy():
 def small_chunks(monkeypatch):
     """Staged from 1 KiB on, in chunks of 700 bytes."""
     monkeypatch.setattr(staging, "UPLOAD_STAGED_BYTES", 1 << 10)
+    monkeypatch.setattr(staging, "DOWNLOAD_STAGED_BYTES", 1 << 10)
     monkeypatch.setattr(staging, "UPLOAD_CHUNK_BYTES", 700)
     monkeypatch.setattr(staging, "STAGING_MIN_ROWS", 8)  # several copy threads per chunk
 
@@ -79,7 +80,7 @@ def test_download_widens_compact_labels_as_it_copies(small_chunks, monkeypatch, 
     got = staging.download(cp, labels, np.int32)
     assert type(got) is np.ndarray and got.dtype == np.int32
     np.testing.assert_array_equal(got, np.asarray(labels).astype(np.int32))
-    assert pinned, "labels of 3001 values (over UPLOAD_STAGED_BYTES) are staged"
+    assert pinned, "labels of 3001 values (over DOWNLOAD_STAGED_BYTES) are staged"
     small = staging.download(cp, labels[:10], np.int32)  # below the staging size: one copy
     assert small.dtype == np.int32 and np.array_equal(small, np.asarray(labels[:10]))
 

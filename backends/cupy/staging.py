@@ -115,6 +115,9 @@ def parallel_copy(dst, src, pool):
 #: host X of at least this size goes to the device through pinned buffers (`upload`);
 #: smaller, one pageable copy costs less than filling the buffers
 UPLOAD_STAGED_BYTES = 4 << 20
+#: the same for results coming back (`download`): W1's 8 MB of labels took 3.3 ms staged in
+#: four pieces against 1.5 ms in one pageable copy on the H100 host, so only large ones
+DOWNLOAD_STAGED_BYTES = 64 << 20
 #: bytes per pinned staging buffer of `upload` and `download` at most, and how many buffers:
 #: the upload rate stops growing at this size, and a third buffer adds nothing (figure:
 #: benchmarks/profile_fit.py, kept in benchmarks/results/<kind>.md)
@@ -133,11 +136,11 @@ def copy_pool():
     return ThreadPoolExecutor(STAGING_THREADS, thread_name_prefix="kmeans_xp-stage")
 
 
-def _pinned_buffers(cp, a):
+def _pinned_buffers(cp, a, staged_from):
     """(rows per chunk, UPLOAD_BUFFERS pinned buffers of that many rows) to stage `a`
     through, or None where `a` is small (one pageable copy costs less) or no page-locked
     memory is to be had."""
-    if a.nbytes < UPLOAD_STAGED_BYTES:
+    if a.nbytes < staged_from:
         return None
     n = a.shape[0]
     chunk = min(UPLOAD_CHUNK_BYTES, -(-a.nbytes // UPLOAD_PIECES))
@@ -153,7 +156,7 @@ def upload(cp, X):
     """Host X (C-contiguous) as a new device array. A pageable copy runs at a fraction of
     the bus (9 GB/s on the H200 host, 55 GB/s pinned): large X goes through two pinned
     buffers instead, host threads filling one while the copy engine empties the other."""
-    staged = _pinned_buffers(cp, X)
+    staged = _pinned_buffers(cp, X, UPLOAD_STAGED_BYTES)
     if staged is None:
         return cp.asarray(X)
     (rows, bufs), n = staged, X.shape[0]
@@ -176,7 +179,8 @@ def download(cp, arr, dtype=None):
     buffers as `upload` (a fit's labels from a NumPy X: 80 MB at W3); the copy threads that
     empty the buffers also convert, and touch the new pages in parallel."""
     dtype = arr.dtype if dtype is None else np.dtype(dtype)
-    staged = _pinned_buffers(cp, arr) if arr.flags.c_contiguous else None
+    staged = (_pinned_buffers(cp, arr, DOWNLOAD_STAGED_BYTES) if arr.flags.c_contiguous
+              else None)
     if staged is None:
         return cp.asnumpy(arr).astype(dtype, copy=False)
     (rows, bufs), n = staged, arr.shape[0]
