@@ -272,7 +272,7 @@ def test_staged_upload_copies_host_x_exactly(dtype):
     import cupy as cp
     from kmeans_xp_backends.cupy import staging
     row = 3 * np.dtype(dtype).itemsize
-    # full chunks with a short tail; and under UPLOAD_PIECES chunks: in pieces
+    # full chunks with a short tail; and one short chunk
     for n in (2 * staging.UPLOAD_CHUNK_BYTES // row + 12345,
               staging.UPLOAD_STAGED_BYTES // row + 777):
         X = np.random.default_rng(n).normal(size=(n, 3)).astype(dtype)

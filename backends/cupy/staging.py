@@ -112,21 +112,18 @@ def parallel_copy(dst, src, pool):
                     range(parts)))
 
 
-#: host X of at least this size goes to the device through pinned buffers (`upload`);
-#: smaller, one pageable copy costs less than filling the buffers
+#: host X of at least this size goes to the device through pinned buffers (`upload`):
+#: W1's 24 MB X took 2.0 ms staged in one piece against 2.8 ms pageable on the H100 host
+#: (in two pieces 2.4, four 2.9: below a full chunk, pipelining costs more than it hides)
 UPLOAD_STAGED_BYTES = 4 << 20
-#: the same for results coming back (`download`): W1's 8 MB of labels took 3.3 ms staged in
-#: four pieces against 1.5 ms in one pageable copy on the H100 host, so only large ones
+#: the same for results coming back (`download`): W1's 8 MB of labels took 1.9 ms staged
+#: against 0.7 ms in one pageable copy there, so only large ones
 DOWNLOAD_STAGED_BYTES = 64 << 20
-#: bytes per pinned staging buffer of `upload` and `download` at most, and how many buffers:
-#: the upload rate stops growing at this size, and a third buffer adds nothing (figure:
+#: bytes per pinned staging buffer of `upload` and `download`, and how many buffers: the
+#: upload rate stops growing at this size, and a third buffer adds nothing (figure:
 #: benchmarks/profile_fit.py, kept in benchmarks/results/<kind>.md)
 UPLOAD_CHUNK_BYTES = 64 << 20
 UPLOAD_BUFFERS = 2
-#: an array smaller than UPLOAD_PIECES full chunks goes in this many pieces, so that the
-#: copy engine empties one buffer while the host threads fill the other (a pageable copy of
-#: W1's 24 MB X took 4 ms; the pinned buffers come back from CuPy's pinned pool each fit)
-UPLOAD_PIECES = 4
 
 
 @functools.lru_cache(maxsize=1)
@@ -137,17 +134,16 @@ def copy_pool():
 
 
 def _pinned_buffers(cp, a, staged_from):
-    """(rows per chunk, UPLOAD_BUFFERS pinned buffers of that many rows) to stage `a`
-    through, or None where `a` is small (one pageable copy costs less) or no page-locked
-    memory is to be had."""
+    """(rows per chunk, up to UPLOAD_BUFFERS pinned buffers of that many rows: one per
+    chunk, no more) to stage `a` through, or None where `a` is small (one pageable copy
+    costs less) or no page-locked memory is to be had."""
     if a.nbytes < staged_from:
         return None
     n = a.shape[0]
-    chunk = min(UPLOAD_CHUNK_BYTES, -(-a.nbytes // UPLOAD_PIECES))
-    rows = max(1, chunk // max(1, a.nbytes // n))
+    rows = max(1, UPLOAD_CHUNK_BYTES // max(1, a.nbytes // n))
     try:
         return rows, [Pinned(cp, (min(rows, n),) + a.shape[1:], a.dtype)
-                      for _ in range(UPLOAD_BUFFERS)]
+                      for _ in range(min(UPLOAD_BUFFERS, -(-n // rows)))]
     except cp.cuda.runtime.CUDARuntimeError:
         return None
 
