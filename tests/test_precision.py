@@ -86,6 +86,40 @@ def test_half_x_fits_on_the_cpu_with_float32_centers(dtype):
         assert got.inertia_ == pytest.approx(ref.inertia_, rel=1e-5)
 
 
+@pytest.mark.parametrize("backend", ["numpy", "array-api"])
+def test_half_x_costs_one_float32_copy_and_is_left_as_given(backend, monkeypatch):
+    """Validation's float32 copy of half X is the fit's own: centered in place, not copied
+    again (the fit's traced peak is a float32 X smaller than when the copy is centered on
+    a second copy), the same fit as of X.astype(float32), and the user's X not written."""
+    import tracemalloc
+
+    from kmeans_xp.estimators import kmeans as estimator
+    rng = np.random.default_rng(3)
+    X = (rng.standard_normal((100_003, 8)) * 2 + 5).astype(np.float16)
+    given = X.copy()
+    init = X[:7].astype(np.float32)
+
+    def peak():
+        tracemalloc.start()
+        try:
+            return _fit(X, init, backend=backend), tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+
+    ref = _fit(X.astype(np.float32), init, backend=backend)   # (and first-use allocations)
+    got, peak_owned = peak()
+    with monkeypatch.context() as m:
+        m.setattr(estimator, "converted_copy", lambda X_user, X: False)
+        _, peak_copied = peak()
+    np.testing.assert_array_equal(X, given)
+    assert np.array_equal(got.labels_, ref.labels_)
+    np.testing.assert_array_equal(got.cluster_centers_, ref.cluster_centers_)
+    if backend == "numpy":
+        return   # (its centered copy is shared memory, which tracemalloc does not see)
+    x32 = X.size * 4
+    assert peak_owned < peak_copied - 3 * x32 // 4, (peak_owned, peak_copied, x32)
+
+
 def test_half_x_at_its_own_format():
     X, init = half_case()
     X16 = X.astype(np.float16)
@@ -212,6 +246,48 @@ def test_cupy_chunked_reduced_precision_on_the_gpu(precision):
     got = _fit(Xd, init, backend="cupy-chunked", precision=precision)
     check_fit_within_bound(got, ref, precision, X.shape[1], f"{got.backend_} {precision}")
     check_assignment_bound(get_backend("cupy-chunked")(), cp.asarray, precision, precision)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["cupy-chunked", "cupy-fused"])
+def test_cupy_float16_x_costs_one_float32_copy(backend):
+    """On the device too, validation's float32 copy of a float16 X is centered in place:
+    the pool's peak beyond X16 is within a float32 fit's peak beyond X32 plus half of X32
+    (two float32 copies made it a whole X32 more), and X16 is not written."""
+    import cupy as cp
+
+    class PoolPeak(cp.cuda.memory_hook.MemoryHook):
+        name = "kmeans_xp_test_half_peak"   # (the fit's stages install their own hook)
+
+        def __init__(self):
+            self.peak = 0
+
+        def malloc_postprocess(self, **kwargs):
+            self.peak = max(self.peak, cp.get_default_memory_pool().used_bytes())
+
+    rng = np.random.default_rng(3)
+    X = (rng.standard_normal((1_000_003, 16)) * 2 + 5).astype(np.float16)
+    init = X[:50].astype(np.float32)
+    pool = cp.get_default_memory_pool()
+
+    def peak(data):
+        d = cp.asarray(data)
+        before = d.copy()
+        _fit(d[:5000], init, backend=backend)   # kernels compiled
+        pool.free_all_blocks()
+        base = pool.used_bytes()
+        hook = PoolPeak()
+        with hook:
+            km = _fit(d, init, backend=backend)
+            cp.cuda.get_current_stream().synchronize()
+        assert bool((d == before).all())
+        return km, max(hook.peak, pool.used_bytes()) - base
+
+    X32 = X.astype(np.float32)
+    ref, peak32 = peak(X32)
+    got, peak16 = peak(X)
+    assert np.array_equal(cp.asnumpy(got.labels_), cp.asnumpy(ref.labels_))
+    assert peak16 < peak32 + X32.nbytes // 2, (peak16, peak32, X32.nbytes)
 
 
 @pytest.mark.gpu

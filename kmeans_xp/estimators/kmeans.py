@@ -23,7 +23,7 @@ from kmeans_xp.algorithms.init import seeding_dtype
 from kmeans_xp.algorithms.lloyd import kmeans_single_lloyd
 from kmeans_xp.contract.memory import explains_memory_errors, format_bytes
 from kmeans_xp.contract.precision import resolve as resolve_precision
-from kmeans_xp.contract.namespaces import array_namespace, device, to_numpy
+from kmeans_xp.contract.namespaces import array_namespace, device, dtype_name, to_numpy
 from kmeans_xp.estimators.predicting import Predicting
 from kmeans_xp.algorithms.progress import Clock, logger, verbose_logging
 from kmeans_xp.contract.registry import select_backend
@@ -281,7 +281,8 @@ default=None
         sw = None if sw_host is None else place.persist(xp.asarray(sw_host, device=device(Xb)))
         place.synchronize()
         clock.lap("transfer")
-        Xc, X_mean, tol, scale = self._fit_data(backend, Xb, xp, guard)
+        Xc, X_mean, tol, scale = self._fit_data(backend, Xb, xp, guard,
+                                                owned=converted_copy(X_user, X))
         X_mean = place.persist(X_mean)
         place.synchronize()
         clock.lap("stats")
@@ -301,10 +302,11 @@ default=None
         return self
 
     def _fit_data(self, backend: KMeansBackend, Xb: Array, xp: Namespace,
-                  guard: Any) -> tuple[Array, Array, Any, float]:
+                  guard: Any, owned: bool = False) -> tuple[Array, Array, Any, float]:
         """(the data the driver computes on, X's mean, the absolute tol, the power of two X
-        is scaled by): X centered (on a copy, unless copy_x=False), rescaled by the fit's
-        guard when its squared distances would leave its dtype."""
+        is scaled by): X centered (on a copy, unless copy_x=False, or in place where X is
+        the fit's own: `owned`, validation's converted copy), rescaled by the fit's guard
+        when its squared distances would leave its dtype."""
         place = backend.placement
         # lazy input (dask) has its max |X| measured by to_backend, with its NaN/inf check
         scale = guard.scale if guard.scale is not None else guard.measure(place.absmax)
@@ -318,7 +320,8 @@ default=None
             # X is never written (a memmap neither): the fit computes on X as given
             return place.center(Xb, None, xp=xp), xp.zeros_like(X_mean), tol, scale
         if scale == 1:
-            return place.center(Xb, place.persist(X_mean), xp=xp), X_mean, tol, scale
+            return (place.center(Xb, place.persist(X_mean), xp=xp, in_place=owned), X_mean,
+                    tol, scale)
         Xc = place.center_scaled(Xb, place.persist(X_mean), scale, xp=xp)
         tol = tolerance(Xc, xp.zeros_like(X_mean), self.tol, xp, backend.driver_rows(Xc))
         return Xc, X_mean, tol, scale
@@ -395,3 +398,10 @@ default=None
                 f"{k} {format_bytes(v)}" for k, v in self.memory_report_.items()))
 
 
+def converted_copy(X_user: Any, X: Any) -> bool:
+    """Whether validation handed the fit a new array of its own: X's dtype changed (float16
+    or bfloat16 in float32, integers in float64), and a changed dtype is always a copy. The
+    fit centers it in place, so a float16 X costs its float32 copy once, not twice."""
+    given = getattr(X_user, "dtype", None)
+    dense = getattr(X, "ndim", 0) == 2 and hasattr(X, "__dlpack__")
+    return given is not None and dense and dtype_name(given) != dtype_name(X.dtype)

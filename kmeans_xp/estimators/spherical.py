@@ -155,10 +155,11 @@ default=None
         return given
 
     def _fit_data(self, backend: KMeansBackend, Xb: Array, xp: Namespace,
-                  guard: Any) -> tuple[Array, Array, Any, float]:
+                  guard: Any, owned: bool = False) -> tuple[Array, Array, Any, float]:
         """(unit rows, a zero mean, the absolute tol, 1): no centering (the sphere is about
         the origin) and no rescaling of X (unit rows are inside every dtype's range; the
-        guard still scales the weights)."""
+        guard still scales the weights). `owned` is not used: the placement decides where
+        the unit rows are made."""
         place = backend.placement
         guard.scale = 1.0
         if self.copy_x:
