@@ -71,3 +71,14 @@ def test_blocks_are_equal_and_the_same_for_any_thread_count(n, d, k):
         assert n - (tasks - 1) * p.block >= p.block - tasks  # the last block is not short
         if -(-n // t) > p.block:
             assert p.block == plans[1].block
+
+
+@pytest.mark.parametrize("r,g", [(1, 3), (127, 16), (129, 16), (1000, 7), (300, 128)])
+def test_transpose_cast_is_the_cast_transpose(r, g):
+    """The sums' feature-major columns, copied a piece of rows at a time (fast), are the cast
+    transpose of the gathered rows, every value, for r not a multiple of the piece."""
+    from kmeans_xp_backends.numpy.blocks import transpose_cast
+    rows = np.random.default_rng(r).standard_normal((r, g + 2)).astype(np.float32)[:, 1:-1]
+    out = np.full((g, r), np.nan)
+    transpose_cast(out, rows)
+    np.testing.assert_array_equal(out, rows.T.astype(np.float64))

@@ -248,6 +248,18 @@ def block_weights(sample_weight, s0, e0, bufs):
     return w64
 
 
+#: rows a transposed cast copies at a time: in one piece, NumPy's strided cast walks the
+#: whole destination for every source row (25,000 x 128 float32: 34 ms against 3.2 ms in
+#: pieces of 128 rows, whose rows stay in cache)
+TRANSPOSE_ROWS = 128
+
+
+def transpose_cast(out, src):
+    """out[...] = src.T (cast to out's dtype), a piece of rows at a time: the same values."""
+    for i in range(0, src.shape[0], TRANSPOSE_ROWS):
+        np.copyto(out[:, i:i + TRANSPOSE_ROWS], src[i:i + TRANSPOSE_ROWS].T)
+
+
 def sorted_sums(Xb, src, lab, w64, acc, bufs, sq_norms):
     """acc += the block's per-cluster float64 sums of w * x and of w, rows grouped by label.
     The rows are gathered in label order (stable: row order within a cluster), then cast to
@@ -293,7 +305,7 @@ def sorted_sums(Xb, src, lab, w64, acc, bufs, sq_norms):
         flat = bufs["cols"][:r * (j1 - j0) + 1]
         flat[-1] = 0.0
         cols = flat[:-1].reshape(j1 - j0, r)
-        np.copyto(cols, rows[:, j0:j1].T)                   # cast and transpose
+        transpose_cast(cols, rows[:, j0:j1])
         if sq_norms:
             if w64 is None:
                 v = cols.reshape(-1)
