@@ -85,8 +85,9 @@ def imap_rows(fn, n, rows, xp):
 
 def spawn(job, count):
     """[job(0), ..., job(count - 1)] on `map_rows`'s pool (NumPy work of the CPU backends
-    outside their own passes); jobs beyond its threads wait for one, so a job must not wait
-    on another."""
+    outside their own passes); jobs beyond its threads wait for one. The pool starts them
+    first in, first out, so a job may wait on jobs of a lower index (started before it:
+    running or done), never on a later one."""
     if count <= 1:
         return [job(0)]
     return list(_shared_pool().map(job, range(count)))
