@@ -235,8 +235,8 @@ def test_spherical_on_sparse_rows():
 def test_threaded_chunks_give_the_dense_fit(monkeypatch):
     """Chunks on all cores (the work threshold lowered: this fit is small), their sums added
     in row order, give the dense numpy backend's fit from the same init."""
-    from kmeans_xp_backends.numpy import sparse as sparse_backend
-    monkeypatch.setattr(sparse_backend, "MIN_THREADED_WORK", 0)
+    from kmeans_xp_backends.numpy import sparse_threads
+    monkeypatch.setattr(sparse_threads, "MIN_THREADED_WORK", 0)
     n, d = 40_003, 150
     rng = np.random.default_rng(5)
     X = sp.random(n, d, density=0.05, format="csr", random_state=5, dtype=np.float64)

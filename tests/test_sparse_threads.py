@@ -9,7 +9,7 @@ import pytest
 
 sp = pytest.importorskip("scipy.sparse")
 
-from kmeans_xp_backends.numpy import sparse as sparse_backend  # noqa: E402
+from kmeans_xp_backends.numpy import sparse_threads  # noqa: E402
 
 from kmeans_xp import KMeans  # noqa: E402
 
@@ -23,8 +23,8 @@ def _data(n, d=150, seed=5):
 
 
 def _fit(X, w, threads, monkeypatch):
-    monkeypatch.setattr(sparse_backend, "usable_cores", lambda: threads)
-    monkeypatch.setattr(sparse_backend, "MIN_THREADED_WORK", 0)
+    monkeypatch.setattr(sparse_threads, "usable_cores", lambda: threads)
+    monkeypatch.setattr(sparse_threads, "MIN_THREADED_WORK", 0)
     return KMeans(6, init=X[:6].toarray(), n_init=1, max_iter=20, tol=0,
                   backend="scipy-sparse").fit(X, sample_weight=w)
 
@@ -36,7 +36,7 @@ def test_threaded_fit_is_the_one_thread_fit(monkeypatch):
     X, w = _data(20_003)
     one = _fit(X, w, 1, monkeypatch)
     three = _fit(X, w, 3, monkeypatch)
-    step, threads = sparse_backend._steps(X.shape[0], X.shape[0], 1 << 40, np)
+    step, threads = sparse_threads.steps(X.shape[0], X.shape[0], 1 << 40, np)
     assert threads == 3 and X.shape[0] % step and -(-X.shape[0] // step) == 12
     again = _fit(X, w, 3, monkeypatch)
     np.testing.assert_array_equal(three.labels_, one.labels_)
@@ -54,15 +54,15 @@ def test_threaded_fit_is_the_one_thread_fit(monkeypatch):
 def test_threads_stay_within_the_budget(monkeypatch, threads, n, rows):
     """Each thread holds at most its share of the budget's rows; chunks come in whole
     rounds of the threads where the rows allow it."""
-    monkeypatch.setattr(sparse_backend, "usable_cores", lambda: threads)
-    step, used = sparse_backend._steps(n, rows, 1 << 40, np)
+    monkeypatch.setattr(sparse_threads, "usable_cores", lambda: threads)
+    step, used = sparse_threads.steps(n, rows, 1 << 40, np)
     assert step >= 1
     if used == 1:
         assert step <= rows
         return
     assert used == threads and step * threads <= rows
     chunks = -(-n // step)
-    if step > sparse_backend.MIN_CHUNK_ROWS:
+    if step > sparse_threads.MIN_CHUNK_ROWS:
         assert chunks % threads == 0 and chunks >= 4 * threads
 
 
@@ -83,7 +83,7 @@ def test_sums_are_added_in_row_order_whatever_the_threads():
     expected = np.zeros((k, d))
     for part in parts:
         expected += part.toarray()   # (+ 0.0 changes no bits: the row order's sums)
-    acc = sparse_backend._Sums(np, k, d, stripes=3)
+    acc = sparse_threads.OrderedSums(np, k, d, stripes=3)
     rng = np.random.default_rng(1)
     delays = rng.uniform(0, 0.01, len(parts))
 
@@ -107,7 +107,7 @@ def test_a_failing_chunk_stops_the_later_ones():
     the chunks before it add their sums."""
     k, d = 5, 20
     parts, slices = _parts(4, k, d)
-    acc = sparse_backend._Sums(np, k, d, stripes=2)
+    acc = sparse_threads.OrderedSums(np, k, d, stripes=2)
     errors = {}
 
     def run(i):

@@ -4,13 +4,15 @@ Chosen by "auto" for scipy.sparse input, and taken by a fit that names the numpy
 backend with sparse X (`registry.SPARSE_PATH`). X reaches the primitives as a
 `contract.sparse.SparseRows` (the CSR, and the vector it is seen shifted by: zeros in a
 fit, as scikit-learn computes on sparse X as given). Chunks of CSR rows, sized so that
-their (rows, k) distances stay within `max_memory`, on all cores on the host (`_steps`):
+their (rows, k) distances stay within `max_memory`, on all cores on the host
+(`sparse_threads.steps`):
 
 - labels: the argmin of ||c||^2 - 2 x.c (a sparse-dense product in X's dtype, the rest in
   float64), and the distance to the label's center with ||x||^2 (once per fit) added;
 - sums per cluster, float64: on the host a sparse product of a one-hot matrix with the rows,
-  added into the (k, d) sums by each chunk's thread in row order (`_Sums`); on a GPU one
-  bincount over the stored values (cluster * d + column);
+  added into the (k, d) sums by each chunk's thread in row order
+  (`sparse_threads.OrderedSums`); on a GPU one bincount over the stored values
+  (cluster * d + column);
 - inertia and the farthest points: from the stored values (scikit-learn's `_inertia_sparse`);
 - k-means++: the same draws as the xp steps (`algorithms.init.Seeding`), on sparse rows.
 
@@ -18,8 +20,6 @@ The code reads its dense library off X (`sparse.dense_module`), so the CuPy back
 path (`kmeans_xp_backends.cupy.sparse`) is this class on cupyx.scipy.sparse.
 """
 from __future__ import annotations
-
-import threading
 
 import numpy as np
 
@@ -38,6 +38,7 @@ from kmeans_xp.contract.chunks import (
     usable_cores,
 )
 from kmeans_xp.contract.memory import MemoryEstimate, chunk_rows
+from kmeans_xp_backends.numpy.sparse_threads import OrderedSums, in_order, steps
 from kmeans_xp.contract.sparse import (
     SCIPY_SPARSE,
     SparseRows,
@@ -72,30 +73,6 @@ def column_variances(csr):
     sq = xp.bincount(csr.indices, weights=data * data, minlength=d)
     mean = s / n
     return xp.maximum(sq / n - mean * mean, 0)
-
-
-#: fewest rows in a chunk of a threaded pass: a sparse row costs k products per stored value
-#: (1024 TF-IDF rows at k=100: milliseconds, far more than handing a chunk to a thread)
-MIN_CHUNK_ROWS = 1024
-#: fewest products (stored values x clusters) of a pass that runs on threads: below, handing
-#: out chunks costs more than it gives (n=3000 at k=10: 9 ms an iteration on 2 threads, 7.5
-#: on one)
-MIN_THREADED_WORK = 1 << 24
-
-
-def _steps(n, rows, work, lib):
-    """(rows per chunk, threads) of a pass of `work` products whose budget allows `rows` rows
-    at once. On the host the chunks run on all cores, each thread holding at most rows /
-    threads rows (the threads together stay within the budget), in a multiple of `threads`
-    chunks of equal rows, four per thread or more: the last round of chunks keeps every core
-    busy (37 chunks on 16 cores left 11 idle for a third of the pass) and a thread slowed
-    down holds it up less. On a GPU in turn (it queues them)."""
-    threads = usable_cores() if lib is np else 1
-    share = rows // threads
-    if threads == 1 or work < MIN_THREADED_WORK or n < 2 * MIN_CHUNK_ROWS or share == 0:
-        return rows, 1
-    rounds = max(4, -(-n // (threads * share)))
-    return min(share, max(MIN_CHUNK_ROWS, -(-n // (threads * rounds)))), threads
 
 
 def _nearest(chunk, norms, pts, lib):
@@ -137,85 +114,6 @@ def _host_points(P, mean, dtype, shifted):
 
     spawn(job, jobs)
     return pT, p_sq
-
-
-class _Sums:
-    """The (k, d) float64 sums per cluster of a pass, which each chunk of rows adds its own
-    into from its thread. The clusters are split in stripes; a chunk adds into a stripe once
-    the chunk before it (in row order) has, so every sum is added in row order whatever the
-    threads' timing (a fit is the same from run to run), while chunks add into different
-    stripes at once (one thread adding every chunk's sums was slower than the chunks
-    themselves on 16 cores). A chunk waits only for earlier chunks, which the pool took
-    before it (first in, first out): running or done, never waiting for it.
-
-    A chunk's sparse sums (each (cluster, column) once) go in by a gather, an add and a
-    fancy assignment (take and the assignment release the GIL; `+=` on a fancy index took
-    three times as long); a GPU's dense ones (its chunks run in turn) by `+=`."""
-
-    def __init__(self, lib, k, d, stripes=None):
-        if stripes is None:   # (one a core: the threads seldom meet)
-            stripes = usable_cores() if lib is np else 1
-        self.d = d
-        self.sums = lib.zeros((k, d), dtype=lib.float64)
-        edges = np.linspace(0, k, max(1, min(stripes, k)) + 1).astype(np.int64).tolist()
-        self.stripes = list(zip(edges[:-1], edges[1:]))
-        self.next_start = [0] * len(self.stripes)   # the first row of the chunk due next
-        self.failed_at = None   # the first row of the earliest chunk that raised
-        self.cond = threading.Condition()
-
-    def fold(self, sl, compute):
-        """compute() -> (the sums of rows `sl`, the rest): the sums added, the rest returned.
-        A chunk that raises lets the later ones stop waiting for it."""
-        try:
-            part, rest = compute()
-            self.add(sl, part)
-            return rest
-        except BaseException:
-            with self.cond:
-                self.failed_at = (sl.start if self.failed_at is None
-                                  else min(self.failed_at, sl.start))
-                self.cond.notify_all()
-            raise
-
-    def add(self, sl, part):
-        if not hasattr(part, "indptr"):
-            self.sums += part
-            return
-        ip, flat = part.indptr, self.sums.reshape(-1)
-        at = np.repeat(np.arange(part.shape[0], dtype=np.int64) * self.d, np.diff(ip))
-        at += part.indices
-        todo = list(range(len(self.stripes)))
-        while todo:
-            ready = self._due(sl, todo)
-            for s in ready:   # (stripe s is this chunk's until next_start moves on)
-                lo, hi = int(ip[self.stripes[s][0]]), int(ip[self.stripes[s][1]])
-                if hi > lo:
-                    pos = at[lo:hi]
-                    values = np.take(flat, pos)
-                    values += part.data[lo:hi]
-                    flat[pos] = values
-                with self.cond:
-                    self.next_start[s] = sl.stop
-                    self.cond.notify_all()
-            todo = [s for s in todo if s not in ready]
-
-    def _due(self, sl, todo):
-        """The stripes of `todo` that rows `sl` are due to add into (waits for one)."""
-        with self.cond:
-            while True:
-                if self.failed_at is not None and self.failed_at < sl.start:
-                    raise RuntimeError("an earlier chunk of rows failed")
-                ready = [s for s in todo if self.next_start[s] == sl.start]
-                if ready:
-                    return ready
-                self.cond.wait()
-
-
-def _in_order(parts, total):
-    """total (float64 zeros) += the chunks' small results, in row order."""
-    for part in parts:
-        total += part
-    return total
 
 
 class SparsePlacement(Placement):
@@ -285,12 +183,12 @@ class ScipySparseBackend(KMeansBackend):
     # -- helpers ----------------------------------------------------------------------------
     def _map(self, X, k, fn):
         """[fn(slice, CSR rows, their squared norms) for each chunk of X's rows], in row
-        order, the chunks within the budget (`_steps`): on the host on all cores (scipy's
+        order, the chunks within the budget (`sparse_threads.steps`): on the host on all cores (scipy's
         sparse products, NumPy's large ufuncs, take and fancy assignment release the GIL),
         on a GPU in turn."""
         n = X.shape[0]
         rows = min(n, _rows(self.memory.bytes(), n, max(k, 1)))
-        step, threads = _steps(n, rows, X.csr.nnz * max(k, 1), X.xp)
+        step, threads = steps(n, rows, X.csr.nnz * max(k, 1), X.xp)
         norms = X.sq_norms
         slices = list(row_chunks(n, step))
 
@@ -305,7 +203,7 @@ class ScipySparseBackend(KMeansBackend):
     def _sums(chunk, labels, w, k, lib):
         """(sums of w * x per cluster of the chunk's rows, (k,) float64 sums of w): on the
         host a sparse (k, d) CSR, the product of a one-hot matrix with the rows (scipy's
-        product merges a cluster's columns and releases the GIL; `_Sums` adds it in), on a
+        product merges a cluster's columns and releases the GIL; `OrderedSums` adds it in), on a
         GPU a dense (k, d) bincount over the stored values (atomics); float64 either way."""
         lab = labels.astype(lib.int64)
         w64 = None if w is None else w.astype(lib.float64)
@@ -352,14 +250,14 @@ class ScipySparseBackend(KMeansBackend):
     def reduce(self, X, labels, sample_weight, n_clusters, *, xp=None):
         X = self.placement.center(X, None, xp=xp)
         lib = X.xp
-        acc = _Sums(lib, n_clusters, X.shape[1])
+        acc = OrderedSums(lib, n_clusters, X.shape[1])
 
         def chunk_sums(sl, chunk, _):
             w = None if sample_weight is None else sample_weight[sl]
             return acc.fold(sl, lambda: self._sums(chunk, labels[sl], w, n_clusters, lib))
 
         parts = self._map(X, n_clusters, chunk_sums)
-        sums, weights = acc.sums, _in_order(parts, lib.zeros(n_clusters, dtype=lib.float64))
+        sums, weights = acc.sums, in_order(parts, lib.zeros(n_clusters, dtype=lib.float64))
         if X.shifted:   # sums of w * (x - mean)
             sums -= weights[:, None] * X.mean.astype(lib.float64)[None, :]
         return ReduceResult(sums, weights)
@@ -370,7 +268,7 @@ class ScipySparseBackend(KMeansBackend):
         k = centers.shape[0]
         labels = lib.empty(X.shape[0], dtype=lib.int32)
         pts = self._points(centers, X)
-        acc = _Sums(lib, k, X.shape[1])
+        acc = OrderedSums(lib, k, X.shape[1])
 
         def chunk_iter(sl, chunk, norms):
             lab, mins = _nearest(chunk, norms, pts, lib)
@@ -383,9 +281,9 @@ class ScipySparseBackend(KMeansBackend):
         parts = self._map(X, k, lambda sl, chunk, norms: acc.fold(
             sl, lambda: chunk_iter(sl, chunk, norms)))
         sums = acc.sums
-        weights = _in_order([p[0] for p in parts], lib.zeros(k, dtype=lib.float64))
+        weights = in_order([p[0] for p in parts], lib.zeros(k, dtype=lib.float64))
         # (0-d, on the device: the driver reads it)
-        inertia = _in_order([p[1] for p in parts], lib.zeros((), dtype=lib.float64))
+        inertia = in_order([p[1] for p in parts], lib.zeros((), dtype=lib.float64))
         if X.shifted:
             sums -= weights[:, None] * X.mean.astype(lib.float64)[None, :]
         changed = (lib.asarray(float(X.shape[0])) if labels_old is None else
