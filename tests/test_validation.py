@@ -336,3 +336,14 @@ def test_device_extremes_see_every_value(n, d):
         Y = X.copy()
         Y[row, d - 1] = np.nan
         assert np.isnan(extremes(Y)).all()
+
+
+def test_dtype_names_tell_bfloat16_from_float16():
+    """One name per dtype, of any library's dtype object or string: bfloat16 is not float16
+    (its name contains it)."""
+    from kmeans_xp.contract.namespaces import dtype_name
+    assert dtype_name(np.dtype(np.float16)) == "float16"
+    assert dtype_name("torch.bfloat16") == "bfloat16"
+    assert dtype_name(np.dtype(np.float32)) == "float32"
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    assert dtype_name(np.dtype(ml_dtypes.bfloat16)) == "bfloat16"

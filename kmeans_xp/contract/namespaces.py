@@ -142,7 +142,7 @@ def xp_float_dtype(xp, dtype_name: str):
 def dtype_name(dtype) -> str:
     """'float32' / 'float64' for a dtype of any namespace."""
     s = str(dtype)
-    for name in ("float64", "float32", "float16", "bfloat16"):
+    for name in ("float64", "float32", "bfloat16", "float16"):   # ("float16" is in "bfloat16")
         if name in s:
             return name
     return s
