@@ -186,6 +186,36 @@ def test_numpy_backend_peak_under_estimate(n, d, k, dtype, max_memory):
     assert peak <= est.total, f"measured {format_bytes(peak)} > estimate {est}"
 
 
+def test_numpy_backend_holds_one_buffer_set_per_thread_on_a_larger_pool():
+    """The process's pass threads grow to the most threads any fit asked for (8 here); a
+    2-thread backend's passes then land on any 2 of them. What it holds stays within its
+    estimate for 2 threads, pass after pass (its buffers follow its jobs, not the OS
+    threads: kept per thread, they piled up to one set per pool thread)."""
+    rng = np.random.default_rng(1)
+    # a pass of 8 jobs (max_memory small enough for 8 blocks): the pool has 8 threads
+    NumpyBackend(max_memory="2MB", n_threads=8).lloyd_iter(*_blobs(rng, 70_001, 3, 8), None)
+    X, w, C = _blobs(rng, 60_013, 3, 64)
+    est = NumpyBackend.estimate_memory(60_013, 3, 64, itemsize=4, max_memory="8MB",
+                                       n_threads=2)
+    b = NumpyBackend(max_memory="8MB", n_threads=2)
+    _quiet_process()
+    tracemalloc.start()
+    try:
+        for _ in range(24):
+            it = b.lloyd_iter(X, w, C, None)
+            del it
+        held = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    assert held <= est.parts["chunk_buffers"] + est.parts["shared"], (
+        f"{format_bytes(held)} held after 24 passes; estimate {est}")
+
+
+def _blobs(rng, n, d, k):
+    X = rng.normal(size=(n, d)).astype(np.float32)
+    return X, np.ones(n, dtype=np.float32), X[rng.choice(n, k, replace=False)].copy()
+
+
 @pytest.mark.parametrize("n,d,k,dtype,max_memory,weighted,init", [
     (2_000_000, 3, 500, np.float64, "320MB", False, "array"),
     (100_003, 3, 50, np.float32, "8MB", True, "k-means++"),

@@ -65,12 +65,8 @@ def test_final_pass_keeps_no_distances():
     n = 400_009
     X = asymmetric_data(n, 3, 8, seed=4, dtype=np.float32)
     C = X[:8].copy()
-    # One thread: the pass runs on the calling thread, whose buffers the first call makes.
-    # With more, the jobs go to the process's shared pass threads (PASS_THREADS, grown to the
-    # most threads any earlier fit asked for), and the measured call may land on a thread
-    # that has no buffers yet and makes them then: up to max_memory per thread (2 MB here),
-    # bounded by the budget and not by n, but enough to fail this bound at random.
-    b = NumpyBackend(max_memory="2MB", n_threads=1)
+    # on any threads of the process's pass pool: the jobs take the sets the first call made
+    b = NumpyBackend(max_memory="2MB", n_threads=2)
     b.labels_inertia(X, None, C)  # buffers: made once
     tracemalloc.start()
     try:

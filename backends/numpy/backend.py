@@ -13,8 +13,9 @@ Work is split in two levels, both sized from `max_memory`:
 Each NumPy call takes the GIL for its setup, so many short calls from many threads queue on
 it: the kernels make few, long calls whose loops release it (`numpy_blocks` says which do).
 BLAS is held to one thread inside the pool (threadpoolctl, a dependency; without it BLAS
-threads would run inside each pool thread). All buffers are allocated once per thread and
-reused across iterations, so an iteration allocates only its labels and a few k-sized arrays.
+threads would run inside each pool thread). All buffers are allocated once per job of a pass
+(`_BufferSets`: as many sets as jobs run at once) and reused across iterations, so an
+iteration allocates only its labels and a few k-sized arrays.
 
 Labels: an iteration's in the smallest type that holds k (`compact_labels_dtype`: 1 byte a
 row up to 256 clusters), so the driver's two generations take 2 n bytes, not 16 n; `assign`
@@ -256,6 +257,37 @@ class NumpyPlacement(Placement):
         return super().center(X, mean, xp=xp, in_place=in_place)
 
 
+class _BufferSets:
+    """A backend's sets of pass buffers (`blocks.allocate`): a pass's job takes one for its
+    share and gives it back when the share is done, so a fit holds as many sets as jobs run
+    at once (its plan's threads, what `estimate_memory` counts), whichever of the process's
+    pass threads run them. (Kept per OS thread, sets piled up: the pass threads are grown to
+    the most any fit asked for, and a later pass's jobs landing on other threads of them
+    made sets anew.)"""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._free = []   # (plan key, buffers)
+
+    def take(self, key, make):
+        """A free set made for `key`, else `make()`; free sets of another plan are dropped
+        first (before the new one is allocated)."""
+        with self._lock:
+            while self._free:
+                k, bufs = self._free.pop()
+                if k == key:
+                    return bufs
+        return make()
+
+    def give(self, key, bufs):
+        with self._lock:
+            self._free.append((key, bufs))
+
+    def clear(self):
+        with self._lock:
+            self._free = []
+
+
 class NumpyBackend(KMeansBackend):
     name = "numpy"
     namespaces = frozenset({"numpy"})
@@ -276,7 +308,7 @@ class NumpyBackend(KMeansBackend):
                              f"{numpy_pool.sys.platform}); use 'auto' or False")
         self.threads = thread_count(self.n_threads)
         self._run_workers = numpy_pool.RunWorkers()
-        self._local = threading.local()
+        self._sets = _BufferSets()
         if self.threads > 1:
             blas_controller()  # once, before any fit is measured
 
@@ -314,20 +346,6 @@ class NumpyBackend(KMeansBackend):
             return [job(0)]
         return PASS_THREADS.run(job, threads, stop)
 
-    def _buffers(self, plan, dtype):
-        """This thread's buffers for `plan`, allocated once and reused across iterations."""
-        key = (plan.sub, plan.block, plan.k, plan.d, np.dtype(dtype).str, plan.sorted_sums,
-               plan.group, plan.diff_rows)
-        cached = getattr(self._local, "bufs", None)
-        if cached is None or cached[0] != key:
-            self._local.bufs = None  # drop the old ones before allocating
-            bufs = blocks.allocate(plan.block, plan.sub, plan.k, plan.d, dtype,
-                                   sorted_sums=plan.sorted_sums, group=plan.group,
-                                   diff_rows=plan.diff_rows)
-            cached = (key, bufs)
-            self._local.bufs = cached
-        return cached[1]
-
     # -- the contract -----------------------------------------------------------------------
     def _run(self, X, sample_weight, centers, *, labels_in=None, labels_old=None,
              mode="iter"):
@@ -348,7 +366,7 @@ class NumpyBackend(KMeansBackend):
         try:
             if run.pass_on_workers(X, mean, w, mode, plan, threads, n_tasks,
                                    _wants_workers(self.processes, plan.d, plan.n_ns)):
-                self._local = threading.local()   # (the threads' buffers: workers have theirs)
+                self._sets.clear()   # (the threads' buffers: workers have theirs)
                 return run.run(X, centers, mode, labels_in, labels_old, plan)
         except numpy_pool.WorkerEnded as exc:
             self.processes = False
@@ -369,8 +387,17 @@ class NumpyBackend(KMeansBackend):
                         labels_old=labels_old, threads=threads, n_tasks=n_tasks,
                         sub=plan.sub, stop=stop)
 
+        key = (plan.sub, plan.block, plan.k, plan.d, X.dtype.str, plan.sorted_sums,
+               plan.group, plan.diff_rows)
+
         def job(t):
-            return blocks.run_share(p, t, self._buffers(plan, X.dtype))
+            bufs = self._sets.take(key, lambda: blocks.allocate(
+                plan.block, plan.sub, plan.k, plan.d, X.dtype, sorted_sums=plan.sorted_sums,
+                group=plan.group, diff_rows=plan.diff_rows))
+            try:   # (the share's results, its accumulators, are not in its buffers)
+                return blocks.run_share(p, t, bufs)
+            finally:
+                self._sets.give(key, bufs)
 
         # (BLAS held to one thread, shared by every fit of the process)
         with BLAS_ONE_THREAD if assign and threads > 1 else contextlib.nullcontext():
@@ -452,7 +479,7 @@ class NumpyBackend(KMeansBackend):
 
     def finish(self):
         """End of a fit (`NumpyPlacement.finish`): give the worker processes back and drop
-        every thread's buffers (a later call on this backend makes them again). The pass
+        every job's buffers (a later call on this backend makes them again). The pass
         threads are the process's (`PASS_THREADS`): the backend holds none."""
         self._run_workers.detach()
-        self._local = threading.local()  # the old one, and all threads' buffers, go with it
+        self._sets.clear()
