@@ -41,12 +41,16 @@ class BlasOneThread:
     ends. threadpoolctl's limits are process-wide, and since 3.8 only the thread that set a
     limit may change it again (others silently do nothing): so one thread of ours sets and
     restores it, counting the passes in between. Two fits in two threads, each entering and
-    leaving its own limit, left BLAS at one thread for good."""
+    leaving its own limit, left BLAS at one thread for good.
+
+    Where the caller's thread holds a limit of its own (``with threadpool_limits(2): fit``),
+    ours would do nothing, and BLAS's threads would run inside each pass thread (a fit 3x
+    slower on 2 cores): the limit then comes from the caller's thread, which restores it."""
 
     def __init__(self):
         self._lock = threading.Lock()
         self._users = 0
-        self._limit = None
+        self._limit = None    # (threadpoolctl's limit, the thread it was set on or None: ours)
         self._thread = None
         self._stale = False
 
@@ -69,26 +73,45 @@ class BlasOneThread:
                     _CONTROLLER, self._stale = None, False
                 controller = blas_controller()
                 if controller:
-                    def limit():
-                        lim = controller.limit(limits=1, user_api="blas")
-                        lim.__enter__()   # owns the limit until __exit__ (threadpoolctl 3.8)
-                        return lim
-                    self._limit = self._on_own_thread(limit)
+                    self._limit = self._set_limit(controller)
             self._users += 1
         return self
+
+    def _set_limit(self, controller):
+        """One BLAS thread, set on our thread, else (another thread holds the limit) on the
+        caller's; the limit and the thread it was set on (None: ours)."""
+        def limit():
+            lim = controller.limit(limits=1, user_api="blas")
+            lim.__enter__()   # owns the limit until __exit__ (threadpoolctl 3.8)
+            return lim
+
+        lim = self._on_own_thread(limit)
+        if _held_to_one(controller):
+            return lim, None
+        self._on_own_thread(lambda: lim.__exit__(None, None, None))
+        return limit(), threading.current_thread()
 
     def __exit__(self, *exc):
         with self._lock:
             self._users -= 1
             if self._users == 0 and self._limit is not None:
-                lim, self._limit = self._limit, None
-                self._on_own_thread(lambda: lim.__exit__(None, None, None))
+                (lim, owner), self._limit = self._limit, None
+                if owner is None:
+                    self._on_own_thread(lambda: lim.__exit__(None, None, None))
+                else:   # (from another thread it would do nothing: the caller's own
+                    lim.__exit__(None, None, None)   # limit restores BLAS when it ends)
 
 
     def _after_fork(self):
         """In a forked child: no pass runs, and the thread that owned the limit is gone
         (threadpoolctl's limit, inherited, stays as it was)."""
         self._lock, self._users, self._limit, self._thread = threading.Lock(), 0, None, None
+
+
+def _held_to_one(controller):
+    """Whether every BLAS library threadpoolctl sees runs one thread now."""
+    return all(lib.num_threads in (1, None)
+               for lib in controller.select(user_api="blas").lib_controllers)
 
 
 #: the one instance all CPU backends share

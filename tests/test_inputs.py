@@ -81,6 +81,34 @@ def test_two_fits_in_two_threads_restore_blas_threads():
     assert after == before
 
 
+def test_blas_is_held_to_one_thread_inside_a_users_threadpool_limits(monkeypatch):
+    """Under the user's ``threadpool_limits(2)`` the passes' threads still call BLAS held to
+    one thread (threadpoolctl lets only the thread that set a limit change it: ours did
+    nothing, and BLAS's threads ran inside each pass thread, a fit 3x slower on 2 cores);
+    the user's limit is back after the fit."""
+    threadpoolctl = pytest.importorskip("threadpoolctl")
+    from kmeans_xp_backends.numpy import blocks
+
+    def blas_threads():
+        return [i["num_threads"] for i in threadpoolctl.threadpool_info()
+                if i["user_api"] == "blas"]
+
+    seen, run_share = [], blocks.run_share
+
+    def recording(p, t, bufs):
+        seen.append(blas_threads())
+        return run_share(p, t, bufs)
+
+    monkeypatch.setattr(blocks, "run_share", recording)
+    X = asymmetric_data(100_003, 8, 20, seed=3)
+    with threadpoolctl.threadpool_limits(limits=2, user_api="blas"):
+        limited = blas_threads()
+        KMeans(20, init=X[:20].copy(), max_iter=2, backend="numpy",
+               backend_options={"n_threads": 2, "processes": False}).fit(X)
+        assert blas_threads() == limited
+    assert seen and all(set(s) <= {1} for s in seen), seen
+
+
 @pytest.mark.parametrize("scale,dtype", [(1e19, np.float32), (1e-22, np.float32),
                                          (1e154, np.float64), (1e-160, np.float64)])
 def test_extreme_scales_give_the_unit_scale_partition(scale, dtype):
