@@ -14,8 +14,8 @@ Each NumPy call takes the GIL for its setup, so many short calls from many threa
 it: the kernels make few, long calls whose loops release it (`numpy_blocks` says which do).
 BLAS is held to one thread inside the pool (threadpoolctl, a dependency; without it BLAS
 threads would run inside each pool thread). All buffers are allocated once per job of a pass
-(`_BufferSets`: as many sets as jobs run at once) and reused across iterations, so an
-iteration allocates only its labels and a few k-sized arrays.
+(`numpy_blocks.BufferSets`: as many sets as jobs run at once) and reused across iterations,
+so an iteration allocates only its labels and a few k-sized arrays.
 
 Labels: an iteration's in the smallest type that holds k (`compact_labels_dtype`: 1 byte a
 row up to 256 clusters), so the driver's two generations take 2 n bytes, not 16 n; `assign`
@@ -257,37 +257,6 @@ class NumpyPlacement(Placement):
         return super().center(X, mean, xp=xp, in_place=in_place)
 
 
-class _BufferSets:
-    """A backend's sets of pass buffers (`blocks.allocate`): a pass's job takes one for its
-    share and gives it back when the share is done, so a fit holds as many sets as jobs run
-    at once (its plan's threads, what `estimate_memory` counts), whichever of the process's
-    pass threads run them. (Kept per OS thread, sets piled up: the pass threads are grown to
-    the most any fit asked for, and a later pass's jobs landing on other threads of them
-    made sets anew.)"""
-
-    def __init__(self):
-        self._lock = threading.Lock()
-        self._free = []   # (plan key, buffers)
-
-    def take(self, key, make):
-        """A free set made for `key`, else `make()`; free sets of another plan are dropped
-        first (before the new one is allocated)."""
-        with self._lock:
-            while self._free:
-                k, bufs = self._free.pop()
-                if k == key:
-                    return bufs
-        return make()
-
-    def give(self, key, bufs):
-        with self._lock:
-            self._free.append((key, bufs))
-
-    def clear(self):
-        with self._lock:
-            self._free = []
-
-
 class NumpyBackend(KMeansBackend):
     name = "numpy"
     namespaces = frozenset({"numpy"})
@@ -308,7 +277,7 @@ class NumpyBackend(KMeansBackend):
                              f"{numpy_pool.sys.platform}); use 'auto' or False")
         self.threads = thread_count(self.n_threads)
         self._run_workers = numpy_pool.RunWorkers()
-        self._sets = _BufferSets()
+        self._sets = blocks.BufferSets()
         if self.threads > 1:
             blas_controller()  # once, before any fit is measured
 

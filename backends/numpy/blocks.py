@@ -24,6 +24,8 @@ between iterations: an argmin into uint8 goes through an intp temporary of its o
 """
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 
 from kmeans_xp.contract.rows import center_rows
@@ -120,9 +122,9 @@ def key_dtype(k):
 
 
 def allocate(block, sub, k, d, dtype, *, sorted_sums, group=None, diff_rows=None):
-    """One thread's buffers (allocated once per fit and reused by every pass). The augmented
-    GEMM's buffer [x, 1] also holds X's rows where they are copied before use (centered from
-    a memmap, or X not C-contiguous). diff_rows: rows of the final pass's x - c_label pieces
+    """One job's buffers (allocated once per fit and reused by every pass: `BufferSets`).
+    The augmented GEMM's buffer [x, 1] also holds X's rows where they are copied before use
+    (centered from a memmap, or X not C-contiguous). diff_rows: rows of the final pass's x - c_label pieces
     (default: sub)."""
     b = {"D": np.empty((sub, k), dtype=dtype),
          "diff_rows": diff_rows or sub,   # x - c_label's buffers: at the first `sq_dist_block`
@@ -146,6 +148,37 @@ def allocate(block, sub, k, d, dtype, *, sorted_sums, group=None, diff_rows=None
     else:
         b["xw64"] = np.empty(block, dtype=np.float64)
     return b
+
+
+class BufferSets:
+    """A backend's sets of pass buffers (`allocate`): a pass's job takes one for its
+    share and gives it back when the share is done, so a fit holds as many sets as jobs run
+    at once (its plan's threads, what `estimate_memory` counts), whichever of the process's
+    pass threads run them. (Kept per OS thread, sets piled up: the pass threads are grown to
+    the most any fit asked for, and a later pass's jobs landing on other threads of them
+    made sets anew.)"""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._free = []   # (plan key, buffers)
+
+    def take(self, key, make):
+        """A free set made for `key`, else `make()`; free sets of another plan are dropped
+        first (before the new one is allocated)."""
+        with self._lock:
+            while self._free:
+                k, bufs = self._free.pop()
+                if k == key:
+                    return bufs
+        return make()
+
+    def give(self, key, bufs):
+        with self._lock:
+            self._free.append((key, bufs))
+
+    def clear(self):
+        with self._lock:
+            self._free = []
 
 
 def block_row_bytes(d, itemsize, *, sorted_sums, group=None):
