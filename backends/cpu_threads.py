@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import os
+import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -20,19 +21,23 @@ def thread_count(requested=None) -> int:
 
 
 _CONTROLLER = None
+_MODULES_SEEN = -1   # len(sys.modules) when _CONTROLLER was made
 
 
 def blas_controller():
-    """threadpoolctl's controller, else False (a library it cannot introspect). Made once per
-    process (it imports and inspects the loaded BLAS libraries), and again after
-    `BlasOneThread.include_new_libraries`."""
-    global _CONTROLLER
-    if _CONTROLLER is None:
+    """threadpoolctl's controller, else False (a library it cannot introspect). Making one
+    inspects the loaded libraries (6 ms), too slow for every pass: it is made again only when
+    a module was imported since, as a BLAS library comes with an import (SciPy's, which
+    numba calls; FAISS's). A controller that missed a library would leave it at its
+    threads, inside each of our pass threads."""
+    global _CONTROLLER, _MODULES_SEEN
+    if _CONTROLLER is None or len(sys.modules) != _MODULES_SEEN:
         try:
             from threadpoolctl import ThreadpoolController
             _CONTROLLER = ThreadpoolController()
         except Exception:  # not installed, or a library it cannot introspect
             _CONTROLLER = False
+        _MODULES_SEEN = len(sys.modules)
     return _CONTROLLER
 
 
@@ -52,25 +57,15 @@ class BlasOneThread:
         self._users = 0
         self._limit = None    # (threadpoolctl's limit, the thread it was set on or None: ours)
         self._thread = None
-        self._stale = False
 
     def _on_own_thread(self, fn):
         if self._thread is None:
             self._thread = ThreadPoolExecutor(1, thread_name_prefix="kmeans_xp-blas")
         return self._thread.submit(fn).result()
 
-    def include_new_libraries(self):
-        """A BLAS library was loaded after the controller was made (SciPy's, which numba
-        calls): the next limit looks at the loaded libraries again."""
-        with self._lock:
-            self._stale = True
-
     def __enter__(self):
-        global _CONTROLLER
         with self._lock:
             if self._users == 0:
-                if self._stale:
-                    _CONTROLLER, self._stale = None, False
                 controller = blas_controller()
                 if controller:
                     self._limit = self._set_limit(controller)

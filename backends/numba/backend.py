@@ -81,11 +81,11 @@ def _workers():
 
 
 def _load_blas():
-    """SciPy's BLAS (what numba's np.dot calls) loaded, and seen by the BLAS thread limit."""
+    """SciPy's BLAS (what numba's np.dot calls) loaded (the BLAS thread limit sees it: it
+    looks again after an import)."""
     global _wide_ready
     if not _wide_ready:
         import scipy.linalg.cython_blas  # noqa: F401 - loads the library numba calls
-        BLAS_ONE_THREAD.include_new_libraries()
         _wide_ready = True
 
 
