@@ -158,7 +158,7 @@ def measure_point(bench, specs, d, k, n, threads, mode, args):
     iters = (GPU_FIXED_ITERS if args.device == "gpu" else FIXED_ITERS) if fixed \
         else CONVERGE_MAX_ITER
     w = bench.Workload(n=n, d=d, k=k, iters=iters, tol=0.0 if fixed else CONVERGE_TOL,
-                       threads=threads, repeats=args.repeats if fixed else 1,
+                       threads=threads, repeats=args.repeats,   # (one fit: one noise draw)
                        agreement=args.device == "cpu",   # (a host fit per GPU point)
                        seed=args.seed, warmup_iters=1 if args.subset == "tiny" else 2)
     result = bench.compare(specs, w)
@@ -286,7 +286,7 @@ def section(device, pts, beyond, dropped, png, args, wall_s):
              "Each point is one `kmeans_xp.tools.bench.compare`: the same data (the seed's "
              "float32 workload) and ONE shared init for every row, a warm-up fit, the median "
              f"of {args.repeats} timed fits (`fixed`: {FIXED_ITERS if device == 'cpu' else GPU_FIXED_ITERS} "
-             f"iterations, tol=0) or one (`converge`: max_iter={CONVERGE_MAX_ITER}, "
+             f"iterations, tol=0; `converge`: max_iter={CONVERGE_MAX_ITER}, "
              f"tol={CONVERGE_TOL}; faiss has no tol). n per point: n * k * d at "
              f"{args.budget:.2g} within [{args.n_min:,}, {args.n_max:,}], at least "
              f"{MIN_PER_CLUSTER} rows a cluster (`benchmarks/surface.py`). Rows held to the "
