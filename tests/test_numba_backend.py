@@ -95,6 +95,22 @@ def test_partition_equals_the_numpy_backends(dtype, d):
     assert not fit_differences(X, got, ref, sample_weight=w)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("d,k", [(32, 1), (33, 2), (130, 8), (130, 16), (1030, 5)])
+def test_few_centers_small_gemm_tiles_equal_the_numpy_backends(dtype, d, k):
+    """Few centers and many features: tiles of 16-512 rows (OpenBLAS's small-matrix GEMM),
+    n a multiple of none of them, the numpy backend's partition."""
+    from kmeans_xp_backends.numba.backend import SMALL_GEMM_OUT, _Plan
+    n = 6_007
+    assert _Plan(n, d, k, np.dtype(dtype).itemsize, "auto", 2).tile * k <= SMALL_GEMM_OUT
+    X = asymmetric_data(n, d, max(k, 2), dtype=dtype, seed=d + k)
+    init = X[np.random.default_rng(k).choice(n, k, replace=False)]
+    w = np.random.default_rng(2).uniform(0.5, 2.0, n).astype(dtype)
+    ref = KMeans(k, init=init, max_iter=20, backend="numpy").fit(X, sample_weight=w)
+    got = KMeans(k, init=init, max_iter=20, backend="numba").fit(X, sample_weight=w)
+    assert not fit_differences(X, got, ref, sample_weight=w)
+
+
 def test_exact_ties_go_to_the_lowest_index_as_on_the_numpy_backend():
     """Integer points and centers: distances are exact, so ties are real ties."""
     rng = np.random.default_rng(3)
