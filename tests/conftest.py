@@ -78,6 +78,9 @@ SLOW = (
     "tests/test_minibatch.py::test_fit_gives_sklearns_steps[callable-float64-weighted]",
     "tests/test_minibatch.py::test_memmap_is_read_batch_by_batch",
     "tests/test_bench_spread.py::test_jit_compilation_lands_in_the_warm_up_not_the_timed_fits",
+    "tests/test_precision.py::test_half_x_costs_one_float32_copy_and_is_left_as_given"
+    "[array-api]",
+    "tests/test_benchmark_tools.py::test_surface_sweep_writes_its_section_table_and_heat_map",
     "tests/test_resources.py::test_fitted_models_hold_no_threads_nor_scratch_buffers"
     "[numba-MiniBatchKMeans]",
     "tests/test_resources.py::test_fitted_models_hold_no_threads_nor_scratch_buffers"
