@@ -104,9 +104,12 @@ class BlasOneThread:
 
 
 def _held_to_one(controller):
-    """Whether every BLAS library threadpoolctl sees runs one thread now."""
+    """Whether every BLAS library with a process-wide pool runs one thread now. An OpenBLAS
+    on OpenMP (FAISS's) keeps a limit per thread: one set on our thread shows only there,
+    and none of the passes' threads calls it (they call NumPy's and SciPy's)."""
     return all(lib.num_threads in (1, None)
-               for lib in controller.select(user_api="blas").lib_controllers)
+               for lib in controller.select(user_api="blas").lib_controllers
+               if getattr(lib, "threading_layer", None) != "openmp")
 
 
 #: the one instance all CPU backends share
