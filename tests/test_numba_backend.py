@@ -111,6 +111,27 @@ def test_few_centers_small_gemm_tiles_equal_the_numpy_backends(dtype, d, k):
     assert not fit_differences(X, got, ref, sample_weight=w)
 
 
+@pytest.mark.parametrize("weighted", [False, True])
+def test_iteration_inertia_from_the_sums_is_each_xs_own(weighted):
+    """An iteration's inertia comes from its sums and sum w ||x||^2, kept per X and weights
+    until the fit ends: a second X (or other weights) on the same backend gets its own, equal
+    to the inertia by differences of the same labels; and a fit's history is the numpy
+    backend's (to 1e-6: weighted, a near-tie row or two may go the other way)."""
+    rng = np.random.default_rng(5)
+    X1 = asymmetric_data(20_011, 40, 6, dtype=np.float32, seed=1)
+    X2 = X1 * np.float32(3) + np.float32(1)   # same shape, another sum of squares
+    C = X1[:6].copy()
+    w = rng.uniform(0.5, 2, len(X1)).astype(np.float32) if weighted else None
+    be = _backend()(n_threads=2)
+    for X, sw in ((X1, w), (X2, w), (X1, None), (X1, w)):
+        it = be.lloyd_iter(X, sw, C, None)
+        exact = be.inertia(X, sw, C, it.labels)
+        assert float(it.inertia) == pytest.approx(float(exact), rel=1e-9)
+    ref = KMeans(6, init=C, max_iter=8, tol=0, backend="numpy").fit(X1, sample_weight=w)
+    got = KMeans(6, init=C, max_iter=8, tol=0, backend="numba").fit(X1, sample_weight=w)
+    np.testing.assert_allclose(got.history_["inertia"], ref.history_["inertia"], rtol=1e-6)
+
+
 def test_exact_ties_go_to_the_lowest_index_as_on_the_numpy_backend():
     """Integer points and centers: distances are exact, so ties are real ties."""
     rng = np.random.default_rng(3)

@@ -1,6 +1,7 @@
 """The numba backend: the numpy backend's answers from compiled kernels, one pass over X per
 call (`numba_kernels`): nearest center, float64 per-cluster sums, inertia and changed labels
-fused, on numba's threads, X read once per iteration.
+fused, on numba's threads, X read once per iteration (whose inertia comes from the sums and
+the fit's sum w ||x||^2, as the numpy backend's; the final pass's by differences).
 
 An optional extra (``pip install 'kmeans_xp[numba]'``: numba, and SciPy for numba's BLAS);
 ``backend="auto"`` takes it for NumPy input when numba is installed. Its kernels compile the
@@ -201,18 +202,23 @@ class NumbaPlacement(NumpyPlacement):
                          name="kmeans_xp-numba-compile").start()
 
     def feature_stats(self, X, tol, *, xp):
-        """The driver's mean and tol, NumPy's bits (`NumpyPlacement.feature_stats`), the
-        tol's deviation sums in one compiled pass per chunk (`numba_kernels.deviation_sums`)
-        instead of three float64 temporaries of the chunk (at n=100k, d=128: 0.2 s of a
-        1 s fit)."""
-        if not numpy_stats.parallel_columns(X) or tol == 0:
+        """The driver's mean and tol, NumPy's bits (`NumpyPlacement.feature_stats`): the
+        column sums and the tol's deviation sums each in one compiled pass
+        (`numba_kernels.column_sums`, `numba_kernels.deviation_sums`; at n=100k, d=128,
+        2 threads, 14 and 30 ms through NumPy's blocks and the first kernel, 3-4 ms each
+        now)."""
+        if not numpy_stats.parallel_columns(X):
             return super().feature_stats(X, tol, xp=xp)
         threads = self.backend.threads
-        mean = mean_of_sums(numpy_stats.column_sums(X, spawn, threads), X.shape[0],
-                            X.dtype, xp)
         d = X.shape[1]
         groups = np.array(numpy_stats.column_groups(d, max(1, min(threads, d // 2))),
                           dtype=np.int64)
+        sums = np.empty(d)
+        with _launch(threads, False):
+            _kernels().column_sums(X, groups, sums)
+        mean = mean_of_sums(sums, X.shape[0], X.dtype, xp)
+        if tol == 0:
+            return mean, 0.0
 
         def chunk_sums(sl, mean64):
             sq, shift = np.empty(d), np.empty(d)
@@ -247,6 +253,7 @@ class NumbaBackend(KMeansBackend):
         self.threads = thread_count(self.n_threads)
         self._partials = _Partials()
         self._plans = {}
+        self._sq_norms = (None, 0.0)   # (X, mean, weights) and their sum w ||x||^2
 
     def _plan(self, n, d, k, itemsize):
         """The pass's `_Plan`, made once per shape until `finish`: it reads the free host
@@ -277,6 +284,7 @@ class NumbaBackend(KMeansBackend):
         them (the next fit sees the free memory of its time)."""
         self._partials = _Partials()
         self._plans = {}
+        self._sq_norms = (None, 0.0)
 
     # -- memory -----------------------------------------------------------------------------
     @classmethod
@@ -353,13 +361,37 @@ class NumbaBackend(KMeansBackend):
         return ReduceResult(sums, weights)
 
     def lloyd_iter(self, X, sample_weight, centers, labels_old, *, xp=None):
-        flags = ASSIGN | SUMS | INERTIA | (0 if labels_old is None else CHANGED)
-        labels, _, sums, weights, inertia, changed = self._pass(
+        """One pass: labels, float64 sums and changed labels; the inertia from the sums and
+        the fit's sum w ||x||^2 (`_sq_norm_total`), as the numpy backend's iteration takes
+        it: a second float64 loop over each row (x - c) cost about what the sums do (n=100k,
+        d=128, k=8, 2 threads: 1.1 of a 5.9 ms pass)."""
+        flags = ASSIGN | SUMS | (0 if labels_old is None else CHANGED)
+        labels, _, sums, weights, _, changed = self._pass(
             X, sample_weight, centers, flags, labels_old=labels_old,
             store=compact_labels_dtype(centers.shape[0]))
         if labels_old is None:
             changed = float(labels.shape[0])
-        return IterStats(labels, sums, weights, np.float64(inertia), np.float64(changed))
+        c64 = np.asarray(centers, dtype=np.float64)
+        inertia = (self._sq_norm_total(X, sample_weight)
+                   - 2.0 * float(np.einsum("ij,ij->", c64, sums))
+                   + float(np.dot(weights, np.einsum("ij,ij->i", c64, c64))))
+        return IterStats(labels, sums, weights, np.float64(max(inertia, 0.0)),
+                         np.float64(changed))
+
+    def _sq_norm_total(self, X, sample_weight):
+        """sum w ||x||^2 in float64 (rows centered as the passes see them), once per X and
+        weights until `finish`: one pass against a zero center."""
+        data = (X.data, X.mean) if isinstance(X, HostRows) else (X, None)
+        key = self._sq_norms[0]
+        if key is None or not (key[0] is data[0] and key[1] is data[1]
+                               and key[2] is sample_weight):
+            n, d = data[0].shape
+            zero = np.zeros((1, d), dtype=np.asarray(data[0][:0]).dtype)
+            total = self._pass(X, sample_weight, zero, INERTIA,
+                               labels=np.zeros(n, dtype=np.uint8))[4]
+            # (the arrays themselves, held: an id could be reused by the next X)
+            self._sq_norms = ((data[0], data[1], sample_weight), total)
+        return self._sq_norms[1]
 
     def inertia(self, X, sample_weight, centers, labels, *, xp=None):
         return np.float64(self._pass(X, sample_weight, centers, INERTIA, labels=labels)[4])
