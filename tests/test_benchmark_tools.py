@@ -77,8 +77,10 @@ def test_time_kernels_times_every_primitive(tmp_path):
 
 
 def test_profile_fit_reports_the_stages_and_first_use(tmp_path):
+    # (the driver's function is about fifth by cumulative time: a top 5 lost it to the
+    # fit's other stages on a busy machine)
     out = run_tool("benchmarks/profile_fit.py", "--n", "5000", "--k", "8", "--iters", "3",
-                   "--repeats", "2", "--cprofile", "5", "--json", tmp_path / "p.json")
+                   "--repeats", "2", "--cprofile", "30", "--json", tmp_path / "p.json")
     figures = json.loads((tmp_path / "p.json").read_text())
     assert {"init", "lloyd", "per_iteration"} <= set(figures["stages_s"])
     assert figures["n_iter"] == 3 and "kmeans_single_lloyd" in out
