@@ -132,6 +132,19 @@ def test_iteration_inertia_from_the_sums_is_each_xs_own(weighted):
     np.testing.assert_allclose(got.history_["inertia"], ref.history_["inertia"], rtol=1e-6)
 
 
+def test_many_centers_big_tiles_equal_the_numpy_backends():
+    """Centers of a megabyte or more (packed by BLAS for every tile): tiles of at least
+    BIG_CENTERS_MIN_TILE rows, n a multiple of none, the numpy backend's partition."""
+    from kmeans_xp_backends.numba.backend import BIG_CENTERS_MIN_TILE, _Plan
+    n, d, k = 3_001, 128, 2_100
+    assert _Plan(n, d, k, 4, "auto", 2).tile >= BIG_CENTERS_MIN_TILE
+    X = asymmetric_data(n, d, 40, dtype=np.float32, seed=9)
+    init = X[np.random.default_rng(9).choice(n, k, replace=False)]
+    ref = KMeans(k, init=init, max_iter=3, backend="numpy").fit(X)
+    got = KMeans(k, init=init, max_iter=3, backend="numba").fit(X)
+    assert not fit_differences(X, got, ref)
+
+
 def test_exact_ties_go_to_the_lowest_index_as_on_the_numpy_backend():
     """Integer points and centers: distances are exact, so ties are real ties."""
     rng = np.random.default_rng(3)

@@ -59,6 +59,11 @@ MIN_TILE, MAX_TILE = 16, 1024
 #: those kernels' bounds (k=64) tiles of 128 rows cost 0-10% more than tiles of 1024
 SMALL_GEMM_MAX_K, SMALL_GEMM_MIN_D = 16, 32
 SMALL_GEMM_OUT, SMALL_GEMM_WORK = 1024, 1 << 20
+#: centers of at least BIG_CENTERS_BYTES are packed by BLAS anew for every tile: tiles of at
+#: least BIG_CENTERS_MIN_TILE rows then, whatever WIDE_TILE_BYTES says (d=128, k=4096: 64-row
+#: tiles 301-311 ms an iteration at n=50k, 256 rows 257-268, on 1 and 2 Xeon cores; at
+#: d <= 32, k=1024, centers of 128 KB, larger tiles were 8-35% slower)
+BIG_CENTERS_BYTES, BIG_CENTERS_MIN_TILE = 1 << 20, 256
 #: tasks: at most MAX_TASKS, of at least MIN_TASK_ROWS rows, their float64 accumulators
 #: within ACCUMULATOR_BYTES (and a quarter of max_memory)
 MAX_TASKS = 64
@@ -116,6 +121,8 @@ class _Plan:
             ideal = min(MAX_TILE, max(MIN_TILE, WIDE_TILE_BYTES // (k * itemsize)))
             if k <= SMALL_GEMM_MAX_K and d >= SMALL_GEMM_MIN_D:
                 ideal = min(ideal, _small_gemm_rows(k, d))
+            if k * d * itemsize >= BIG_CENTERS_BYTES:
+                ideal = max(ideal, BIG_CENTERS_MIN_TILE)
         else:          # the transposed rows, minima and labels
             row = (NARROW_D + 1) * itemsize + 4
             ideal = NARROW_TILE
