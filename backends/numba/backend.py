@@ -36,7 +36,7 @@ from kmeans_xp.contract.backend import (
     compact_labels_dtype,
 )
 from kmeans_xp.contract.bounds import PRUNE_SLACK, assign_bounded_numpy
-from kmeans_xp.contract.chunks import mean_of_sums, spawn, tolerance
+from kmeans_xp.contract.chunks import inertia_of_sums, mean_of_sums, spawn, tolerance
 from kmeans_xp.contract.memory import MemoryEstimate, chunk_rows, host_available_memory, resolve_budget
 from kmeans_xp.contract.rows import HostRows, is_memmap
 from kmeans_xp.contract.constraints import Interval
@@ -210,9 +210,9 @@ class NumbaPlacement(NumpyPlacement):
 
     def feature_stats(self, X, tol, *, xp):
         """The driver's mean and tol, NumPy's bits (`NumpyPlacement.feature_stats`): the
-        column sums and the tol's deviation sums each in one compiled pass
-        (`numba_kernels.column_sums`, `numba_kernels.deviation_sums`; at n=100k, d=128,
-        2 threads, 14 and 30 ms through NumPy's blocks and the first kernel, 3-4 ms each
+        column sums (the deviation sums at a zero mean) and the tol's deviation sums each in
+        one compiled pass (`numba_kernels.deviation_sums`; at n=100k, d=128, 2 threads, 14
+        and 30 ms through NumPy's blocks and the kernel before it vectorized, 3-4 ms each
         now)."""
         if not numpy_stats.parallel_columns(X):
             return super().feature_stats(X, tol, xp=xp)
@@ -220,12 +220,10 @@ class NumbaPlacement(NumpyPlacement):
         d = X.shape[1]
         groups = np.array(numpy_stats.column_groups(d, max(1, min(threads, d // 2))),
                           dtype=np.int64)
-        sums = np.empty(d)
-        with _launch(threads, False):
-            _kernels().column_sums(X, groups, sums)
+        sums, sq = np.empty(d), np.empty(d)
+        with _launch(threads, False):   # (x - 0 is x: the column sums, the same adds)
+            _kernels().deviation_sums(X, 0, X.shape[0], np.zeros(d), groups, sq, sums)
         mean = mean_of_sums(sums, X.shape[0], X.dtype, xp)
-        if tol == 0:
-            return mean, 0.0
 
         def chunk_sums(sl, mean64):
             sq, shift = np.empty(d), np.empty(d)
@@ -258,9 +256,7 @@ class NumbaBackend(KMeansBackend):
     def __init__(self, max_memory="auto", **options):
         super().__init__(max_memory, **options)
         self.threads = thread_count(self.n_threads)
-        self._partials = _Partials()
-        self._plans = {}
-        self._sq_norms = (None, 0.0)   # (X, mean, weights) and their sum w ||x||^2
+        self.finish()   # (the per-fit state, empty)
 
     def _plan(self, n, d, k, itemsize):
         """The pass's `_Plan`, made once per shape until `finish`: it reads the free host
@@ -291,7 +287,7 @@ class NumbaBackend(KMeansBackend):
         them (the next fit sees the free memory of its time)."""
         self._partials = _Partials()
         self._plans = {}
-        self._sq_norms = (None, 0.0)
+        self._sq_norms = (None, 0.0)   # ((X, mean, weights), their sum w ||x||^2)
 
     # -- memory -----------------------------------------------------------------------------
     @classmethod
@@ -378,12 +374,9 @@ class NumbaBackend(KMeansBackend):
             store=compact_labels_dtype(centers.shape[0]))
         if labels_old is None:
             changed = float(labels.shape[0])
-        c64 = np.asarray(centers, dtype=np.float64)
-        inertia = (self._sq_norm_total(X, sample_weight)
-                   - 2.0 * float(np.einsum("ij,ij->", c64, sums))
-                   + float(np.dot(weights, np.einsum("ij,ij->i", c64, c64))))
-        return IterStats(labels, sums, weights, np.float64(max(inertia, 0.0)),
-                         np.float64(changed))
+        inertia = inertia_of_sums(self._sq_norm_total(X, sample_weight), centers, sums,
+                                  weights)
+        return IterStats(labels, sums, weights, np.float64(inertia), np.float64(changed))
 
     def _sq_norm_total(self, X, sample_weight):
         """sum w ||x||^2 in float64 (rows centered as the passes see them), once per X and
@@ -392,9 +385,8 @@ class NumbaBackend(KMeansBackend):
         key = self._sq_norms[0]
         if key is None or not (key[0] is data[0] and key[1] is data[1]
                                and key[2] is sample_weight):
-            n, d = data[0].shape
-            zero = np.zeros((1, d), dtype=np.asarray(data[0][:0]).dtype)
-            total = self._pass(X, sample_weight, zero, INERTIA,
+            n, d = data[0].shape   # (the pass casts the center to X's dtype)
+            total = self._pass(X, sample_weight, np.zeros((1, d)), INERTIA,
                                labels=np.zeros(n, dtype=np.uint8))[4]
             # (the arrays themselves, held: an id could be reused by the next X)
             self._sq_norms = ((data[0], data[1], sample_weight), total)

@@ -291,23 +291,6 @@ def merge_partials(part_sums, part_w, sums, weights):
 
 
 @njit(parallel=True, **_OPTS)
-def column_sums(X, groups, out):
-    """out[j] = the sum of column j in float64, rows added in order from row 0: NumPy's
-    bits for np.sum(X, axis=0, dtype=np.float64) of a C-ordered X of two columns or more
-    (`numpy_stats.column_sums`). groups: (g, 2) column ranges of two columns or more, one
-    per parallel task; each sums into an array of its own, so the loop over its columns
-    vectorizes (see `deviation_sums`)."""
-    for t in prange(groups.shape[0]):
-        j0, j1 = groups[t, 0], groups[t, 1]
-        acc = np.zeros(j1 - j0)
-        for i in range(X.shape[0]):
-            xr = X[i, j0:j1]
-            for j in range(j1 - j0):
-                acc[j] += np.float64(xr[j])
-        out[j0:j1] = acc
-
-
-@njit(parallel=True, **_OPTS)
 def deviation_sums(X, s0, e0, mean64, groups, sq, shift):
     """sq[j], shift[j] = sums over rows [s0, e0) of (x_j - mean_j)^2 and x_j - mean_j in
     float64, each column added row after row from 0: `chunks.deviation_sums`' bits (NumPy's

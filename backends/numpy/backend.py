@@ -411,7 +411,7 @@ class NumpyBackend(KMeansBackend):
                              np.float64(changed))
         labels, _, acc, ops = self._run(X, sample_weight, centers, labels_old=old)
         changed = float(len(labels)) if old is None else float(acc.changed)
-        inertia = max(acc.inertia(ops), 0.0)  # a sum of squares, whatever the rounding
+        inertia = acc.inertia(ops)
         return IterStats(labels, acc.cluster_sums(), acc.weights, np.float64(inertia),
                          np.float64(changed))
 

@@ -28,6 +28,7 @@ import threading
 
 import numpy as np
 
+from kmeans_xp.contract.chunks import inertia_of_sums
 from kmeans_xp.contract.rows import center_rows
 
 from kmeans_xp_backends.cpu_threads import check_stop
@@ -100,11 +101,8 @@ class Acc:
         return np.ascontiguousarray(self.sums.T) if self.feature_major else self.sums
 
     def inertia(self, ops):
-        """sum of w ||x - c_label||^2 from the sums (see the module's note)."""
-        c64 = ops.c64
-        cross = float(np.einsum("ij,ij->", c64, self.cluster_sums()))
-        return self.sq_norms - 2.0 * cross + float(np.dot(self.weights,
-                                                          np.einsum("ij,ij->i", c64, c64)))
+        """sum of w ||x - c_label||^2 from the sums (see the module's note), at least 0."""
+        return inertia_of_sums(self.sq_norms, ops.c64, self.cluster_sums(), self.weights)
 
 
 def merged(accs):

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from kmeans_xp.contract.chunks import inertia_of_sums
 from kmeans_xp.contract.memory import accepted_options
 from kmeans_xp.contract.results import IterStats
 from kmeans_xp.contract.rows import is_memmap
@@ -373,17 +374,12 @@ def assign_bounded_numpy(X, centers, bounds, *, distances=None, row_filter=None,
 
 
 def inertia_from_sums(bounds, centers, sums, weights, sample_weight):
-    """sum_i w_i ||x_i - c_label(i)||^2 = sum w ||x||^2 - 2 sum_j c_j.S_j + sum_j W_j ||c_j||^2
-    in float64, from the per-cluster sums S and weights W (as the numpy backend's iteration
-    does): the bounds leave most rows' distances uncomputed."""
+    """`chunks.inertia_of_sums`, sum w ||x||^2 from the bounds' row norms (kept for the
+    fit): the bounds leave most rows' distances uncomputed."""
     if bounds.sq_norm_total is None:
         w = None if sample_weight is None else np.asarray(sample_weight, dtype=np.float64)
         bounds.sq_norm_total = float(bounds.x2.sum() if w is None else bounds.x2 @ w)
-    c = np.asarray(centers, dtype=np.float64)
-    S, W = np.asarray(sums, dtype=np.float64), np.asarray(weights, dtype=np.float64)
-    total = bounds.sq_norm_total - 2.0 * float(np.einsum("ij,ij->", c, S)) + float(
-        W @ np.einsum("ij,ij->i", c, c))
-    return max(total, 0.0)
+    return inertia_of_sums(bounds.sq_norm_total, centers, sums, weights)
 
 
 class BoundedStep:

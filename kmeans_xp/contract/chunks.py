@@ -163,6 +163,18 @@ def feature_mean(X, xp):
     return mean_of_sums(column_sums(X, xp), X.shape[0], X.dtype, xp)
 
 
+def inertia_of_sums(sq_norm_total, centers, sums, weights) -> float:
+    """sum_i w_i ||x_i - c_label(i)||^2 = sum w ||x||^2 - 2 sum_j c_j.S_j + sum_j W_j ||c_j||^2
+    in float64, from the per-cluster sums S and weights W (NumPy arrays) and the rows'
+    sum w ||x||^2: an iteration's inertia without a second loop over X. At least 0 (a sum
+    of squares, whatever the rounding)."""
+    c = np.asarray(centers, dtype=np.float64)
+    S, W = np.asarray(sums, dtype=np.float64), np.asarray(weights, dtype=np.float64)
+    total = sq_norm_total - 2.0 * float(np.einsum("ij,ij->", c, S)) + float(
+        W @ np.einsum("ij,ij->i", c, c))
+    return max(total, 0.0)
+
+
 def mean_of_sums(sums, n, dtype, xp):
     """The mean of `feature_mean` from X's float64 column sums."""
     return xp.astype(sums / operand(n, sums, xp), dtype)
