@@ -172,8 +172,13 @@ def read_sections(path):
 
 def code_commit():
     """The commit (and `+changes` for a dirty tree) of the checkout kmeans_xp is imported
-    from, or None (an installed copy)."""
+    from, or None (an installed copy); KMEANS_XP_COMMIT names it for a copy of the tree
+    without its git folder (the device machine's)."""
+    import os
     import subprocess
+
+    if os.environ.get("KMEANS_XP_COMMIT"):
+        return os.environ["KMEANS_XP_COMMIT"]
 
     import kmeans_xp
     for folder in Path(kmeans_xp.__file__).resolve().parents:
