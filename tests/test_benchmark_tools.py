@@ -186,6 +186,8 @@ def test_surface_sweep_writes_its_section_table_and_heat_map(tmp_path):
         rows = {r["name"]: r for r in p["rows"]}
         assert all(r["status"] == "ok" and r["time_s"] > 0 for r in rows.values()), rows
         assert rows["kmeans_xp-auto"]["engine"] in ("numpy", "numba")
+        # each row's share of its whole fit outside the iterations (the GPU table's column)
+        assert all(0 <= r["outside"] < 1 for r in rows.values()), rows
         assert rows["scikit-learn-elkan"]["agreement"] > 0.99
         if p["mode"] == "converge":   # the same tol rule: the same iterations as sklearn
             assert rows["numpy"]["n_iter"] == rows["scikit-learn"]["n_iter"] < 100
