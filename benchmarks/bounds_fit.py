@@ -18,8 +18,8 @@ On data as ambiguous as the default (two wide Gaussians cut into k clusters) two
 runs can part at a near tie: scikit-learn's elkan and lloyd do too.
 
 `--grid` times lloyd and each method at d x k points (`--grid-d`, `--grid-k`) and prints
-each method's time over lloyd's: the figures `bound_path`'s constants (BOUNDS_MIN_KD,
-ELKAN_MAX_K, ELKAN_MIN_D, AUTO_MIN_*) are to be set from, on the machine's cores.
+each method's time over lloyd's: the figures `bound_path`'s table (BOUNDS_MIN_KD,
+ELKAN_MAX_K, ELKAN_MIN_D, FUSED_PASS_ENGINES) is set from, on the machine's cores.
 """
 from __future__ import annotations
 
@@ -168,7 +168,17 @@ def grid_rows(args):
                     rows.append(dict(row=f"{name} d={d} k={k} {method or 'lloyd'}",
                                      seconds=med, n_iter=res.n_iter,
                                      over_lloyd=med / lloyd))
+                    print(line(rows[-1]), flush=True)   # (a long grid shows as it goes)
     return rows
+
+
+def line(r):
+    """A row as the table prints it."""
+    extra = (f"  {r['over_lloyd']:.2f}x lloyd" if "over_lloyd" in r else
+             f"  labels==lloyd {r['same_labels']}  n_iter==lloyd {r['same_n_iter']}")
+    if "recomputed" in r:
+        extra += f"  rows computed {r['recomputed']:.0%}"
+    return f"{r['row']:<58} {r['seconds']:9.3f} s  n_iter {r['n_iter']:4d}{extra}"
 
 
 def main(argv=None):
@@ -199,11 +209,7 @@ def main(argv=None):
         f", max_iter={args.max_iter}, tol={args.tol}, threads={args.threads or 'all'}"
     print(f"# {what}")
     for r in rows:
-        extra = (f"  {r['over_lloyd']:.2f}x lloyd" if "over_lloyd" in r else
-                 f"  labels==lloyd {r['same_labels']}  n_iter==lloyd {r['same_n_iter']}")
-        if "recomputed" in r:
-            extra += f"  rows computed {r['recomputed']:.0%}"
-        print(f"{r['row']:<58} {r['seconds']:9.3f} s  n_iter {r['n_iter']:4d}{extra}")
+        print(line(r))
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"workload": what, "rows": rows}, f, indent=1, default=float)

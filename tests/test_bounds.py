@@ -134,8 +134,14 @@ def test_bounds_prune_rows(name):
 
 
 @pytest.mark.parametrize("name", ["numpy", "numba"])
+@pytest.mark.parametrize("measured", [True, False])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_elkan_equals_lloyd(name, dtype):
+def test_elkan_equals_lloyd(name, measured, dtype, monkeypatch):
+    """elkan's fit is lloyd's: through Lloyd's kernels on the engines measured faster without
+    bounds (`FUSED_PASS_ENGINES`), and through the bounds where the table takes them (the
+    engines taken off that table, as a CPU plugin without such a measurement is)."""
+    if not measured:
+        monkeypatch.setattr(B, "FUSED_PASS_ENGINES", {})
     if name == "numba":
         pytest.importorskip("numba")
     X = asymmetric_data(3001, 10, 20, dtype=dtype, seed=11)
@@ -147,8 +153,8 @@ def test_elkan_equals_lloyd(name, dtype):
         lloyd = KMeans(**kw).fit(Xd, sample_weight=w)
         elkan = KMeans(algorithm="elkan", **kw).fit(Xd, sample_weight=w)
         assert elkan._bounds_path[0] == B.bound_path(
-            "elkan", device="cpu", n=len(Xd), d=d, k=k, room=1 << 28, max_iter=200)[0]
-        assert elkan._bounds_path[0] is not None
+            "elkan", device="cpu", n=len(Xd), d=d, k=k, room=1 << 28, engine=name)[0]
+        assert (elkan._bounds_path[0] is None) == measured
         np.testing.assert_array_equal(elkan.labels_, lloyd.labels_)
         assert elkan.n_iter_ == lloyd.n_iter_
         np.testing.assert_allclose(elkan.cluster_centers_, lloyd.cluster_centers_,
@@ -189,20 +195,23 @@ def test_kmeans_elkan_results(distribution, tol):
 
 
 @pytest.mark.parametrize("name", ["numpy", "numba"])
+@pytest.mark.parametrize("measured", [True, False])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_elkan_matches_sklearn_elkan(name, dtype):
+def test_elkan_matches_sklearn_elkan(name, measured, dtype, monkeypatch):
     """From the same initial centers, scikit-learn's elkan and ours: the same partition and
     iterations, centers and inertia to rounding."""
     sk = pytest.importorskip("sklearn.cluster")
     if name == "numba":
         pytest.importorskip("numba")
+    if not measured:
+        monkeypatch.setattr(B, "FUSED_PASS_ENGINES", {})
     X = asymmetric_data(4001, 8, 12, dtype=dtype, seed=21)
     w = np.random.default_rng(5).uniform(0.5, 2.0, len(X)).astype(dtype)
     init = X[np.random.default_rng(6).choice(len(X), 24, replace=False)]
     kw = dict(n_clusters=24, init=init, n_init=1, max_iter=300, tol=1e-4)
     ref = sk.KMeans(algorithm="elkan", **kw).fit(X, sample_weight=w)
     got = KMeans(algorithm="elkan", backend=name, **kw).fit(X, sample_weight=w)
-    assert got._bounds_path[0] is not None
+    assert (got._bounds_path[0] is None) == measured
     np.testing.assert_array_equal(got.labels_, ref.labels_)
     assert got.n_iter_ == ref.n_iter_
     rtol = 1e-4 if dtype == np.float32 else 1e-9
@@ -213,10 +222,10 @@ def test_elkan_matches_sklearn_elkan(name, dtype):
 
 def test_bound_path_table():
     """The rule (docs/bounds.md): Lloyd's kernels off the CPU, for k = 1, for tiny k * d,
-    and for lloyd unless auto; then Yinyang for large k, Hamerly for few features or no room
-    for Elkan's n * k bounds, else Elkan."""
+    on the engines measured faster without bounds, and for lloyd; then Yinyang for large k,
+    Hamerly for few features or no room for Elkan's n * k bounds, else Elkan."""
     def path(algorithm="elkan", **kw):
-        args = dict(device="cpu", n=10_000, d=32, k=32, room=1 << 30, max_iter=300)
+        args = dict(device="cpu", n=10_000, d=32, k=32, room=1 << 30)
         args.update(kw)
         return B.bound_path(algorithm, **args)[0]
 
@@ -234,12 +243,10 @@ def test_bound_path_table():
     assert path(n=10**8) is None                         # nor for Hamerly's bound
     assert path(room=0) is None
     assert path("lloyd") is None
-    assert path("lloyd", auto=True, k=64, n=100_000) == "elkan"
-    assert path("lloyd", auto=True, k=256, d=128, n=100_000) == "yinyang"
-    assert path("lloyd", auto=True, k=256, d=128) is None       # n below AUTO_MIN_N
-    assert path("lloyd", auto=True, k=64, max_iter=50, n=100_000) is None
-    assert path("lloyd", auto=True, k=64, d=16, n=100_000) is None
-    assert path("lloyd", auto=True, k=32, n=100_000) is None
+    assert path(engine="numba") is None and path(engine="numpy") is None
+    assert path(engine="a-cpu-plugin") == "elkan"
+    assert "numba" in B.bound_path("elkan", device="cpu", n=10, d=32, k=32, room=0,
+                                   engine="numba")[1]
 
 
 def test_lloyd_named_backend_never_uses_bounds():
@@ -253,17 +260,20 @@ def test_bounds_state_rejects_unknown_method():
         B.Bounds("exponion", 10, 2, 3, np.float64)
 
 
-def test_bounded_fit_does_not_write_x():
+def test_bounded_fit_does_not_write_x(monkeypatch):
+    monkeypatch.setattr(B, "FUSED_PASS_ENGINES", {})   # (the bounds, not Lloyd's kernels)
     X = asymmetric_data(3001, 10, 20, seed=3)
     before = X.copy()
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        KMeans(20, algorithm="elkan", copy_x=False, n_init=1, random_state=0,
-               backend="numpy").fit(X)
+        km = KMeans(20, algorithm="elkan", copy_x=False, n_init=1, random_state=0,
+                    backend="numpy").fit(X)
+    assert km._bounds_path[0] == "elkan"
     np.testing.assert_array_equal(X, before)
 
 
-def test_spherical_elkan_equals_lloyd():
+def test_spherical_elkan_equals_lloyd(monkeypatch):
+    monkeypatch.setattr(B, "FUSED_PASS_ENGINES", {})
     from kmeans_xp import SphericalKMeans
     X = asymmetric_data(3001, 12, 15, seed=8, offset=5.0)
     init = X[np.random.default_rng(0).choice(len(X), 30, replace=False)]

@@ -65,31 +65,28 @@ ELKAN_MIN_D = 8
 #: below this k * d an iteration's distances cost about what the bookkeeping does: Lloyd's
 #: kernels (a conservative choice: `benchmarks/bounds_fit.py` measures it)
 BOUNDS_MIN_KD = 32
-#: `auto` (algorithm="lloyd", backend="auto") takes bounds only for fits allowed this many
-#: iterations or more: bounds pay once the centers settle, after the first few iterations
-AUTO_MIN_ITER = 100
-#: ... with at least this many clusters and features (conservative until measured on the
-#: device's cores with benchmarks/bounds_fit.py)
-AUTO_MIN_K, AUTO_MIN_D = 64, 32
-#: ... and at least this many rows: on fewer, the bounds' fixed cost an iteration (Yinyang's
-#: groups, the k x k center distances, the row test's passes) outweighs what they save: at
-#: n <= 15k, k = 256, d = 32 and 128 auto's yinyang fit took 1.6-2x plain numba's
-#: (figure: surface-cpu, converge, benchmarks/results/cpu-2core.md)
-AUTO_MIN_N = 50_000
+#: engines whose plain pass beats every bounded run measured on them, and by how much the
+#: bounds lost: whole fits to convergence from one init, 2 cores, `benchmarks/bounds_fit.py`
+#: (--grid over d 32-768, k 8-256, n 20k-100k, seed and blobs data; docs/bounds.md). Their
+#: fused or BLAS pass reads a row once; a bounded iteration still walks n * k bounds and
+#: gathers the failing rows for a GEMM of their own, more than the pass it saves even where
+#: 13% of the rows fail. Lloyd's kernels there; `algorithm="elkan"` gives the same answer
+FUSED_PASS_ENGINES = {"numba": "1.8-18x", "numpy": "1.2-4.4x"}
 
 METHODS = ("hamerly", "elkan", "yinyang")
 
 
-def bound_path(algorithm, *, device, n, d, k, room, max_iter, auto=False, spherical=False,
-               asynchronous=False):
+def bound_path(algorithm, *, device, n, d, k, room, asynchronous=False, engine=None):
     """(method or None, why): the assignment a fit takes. The table of the CPU engine:
 
     - not the CPU, or an asynchronous placement: Lloyd's kernels (a GPU computes a
       distance tile faster than it branches on bounds, and its iterations are queued ahead)
     - k == 1, or k * d < BOUNDS_MIN_KD: Lloyd's kernels (nothing to prune, or distances as
       cheap as the bookkeeping)
-    - algorithm="lloyd": Lloyd's kernels, unless `auto` (backend="auto") and the fit may run
-      AUTO_MIN_ITER iterations with k >= AUTO_MIN_K, d >= AUTO_MIN_D and n >= AUTO_MIN_N
+    - `engine` (the backend's name) in FUSED_PASS_ENGINES: Lloyd's kernels (measured faster
+      than every bounded run there)
+    - algorithm="lloyd": Lloyd's kernels (`auto` chooses among the engines above, where
+      bounds lost at every point measured)
     - then, within `room` (bytes of max_memory the backend's own chunks leave, `room`; a
       function giving them, called only here):
       yinyang for k > ELKAN_MAX_K, hamerly for d < ELKAN_MIN_D or where Elkan's n * k
@@ -99,10 +96,11 @@ def bound_path(algorithm, *, device, n, d, k, room, max_iter, auto=False, spheri
         return None, "Lloyd's kernels: bounds run on the CPU backends only"
     if k < 2 or k * d < BOUNDS_MIN_KD:
         return None, f"Lloyd's kernels: k * d = {k * d} < {BOUNDS_MIN_KD}"
+    if engine in FUSED_PASS_ENGINES:
+        return None, (f"Lloyd's kernels: on {engine} bounded runs took "
+                      f"{FUSED_PASS_ENGINES[engine]} its plain pass's time (docs/bounds.md)")
     if algorithm != "elkan":
-        if not (auto and max_iter >= AUTO_MIN_ITER and k >= AUTO_MIN_K and d >= AUTO_MIN_D
-                and n >= AUTO_MIN_N and not spherical):
-            return None, "Lloyd's kernels (algorithm='lloyd')"
+        return None, "Lloyd's kernels (algorithm='lloyd')"
     if callable(room):  # (the backend's estimate, asked only here)
         room = room()
     if k > ELKAN_MAX_K:

@@ -93,10 +93,10 @@ default=None
     algorithm : {"lloyd", "elkan"}, default="lloyd"
         Both give Lloyd's answer (the same labels, centers and ``n_iter_``). "elkan" prunes
         distance computations with exact triangle-inequality bounds (Hamerly, Elkan or
-        Yinyang, by k and d) on the CPU backends, and runs Lloyd's kernels where bounds do
-        not pay (a GPU, k * d tiny); with one cluster it warns and runs "lloyd", as
-        scikit-learn does. With backend="auto", "lloyd" may use the bounds too for long fits
-        on the CPU. docs/bounds.md says which method when.
+        Yinyang, by k and d) where they pay, and runs Lloyd's kernels elsewhere: a GPU, k * d
+        tiny, and the numpy and numba backends, whose plain pass was faster than every
+        bounded run measured on them; with one cluster it warns and runs "lloyd", as
+        scikit-learn does. docs/bounds.md says which method when, and the measurements.
     backend : str, default="auto"
         "auto" (chosen from the input's namespace and size; see ``backend_reason_``),
         "numpy", "array-api", "cupy-kernels", "cupy-chunked", "cupy-fused", "dask" or a
@@ -209,9 +209,7 @@ default=None
         self._bounds_path = bound_path(
             algorithm, device=backend.device, n=n, d=d, k=k,
             room=lambda: bound_room(backend, n, d, k, getattr(Xc.dtype, "itemsize", 8)),
-            max_iter=self.max_iter,
-            auto=self.backend == "auto", spherical=self._spherical,
-            asynchronous=backend.placement.asynchronous)
+            asynchronous=backend.placement.asynchronous, engine=backend.name)
         if self.verbose:
             logger.info(f"assignment: {self._bounds_path[1]}")
         return self._bounds_path[0]
