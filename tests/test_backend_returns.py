@@ -88,6 +88,45 @@ def test_check_backend_reports_a_failed_check(fault):
     assert cls.name in text and f"{named} returned" in text and what in text, text
 
 
+LLOYD_FAULTS = {
+    "labels-out-of-range": (lambda it: it._replace(labels=it.labels + 1), "labels are in"),
+    "nan-sums": (lambda it: it._replace(weighted_sums=it.weighted_sums * np.nan), "NaN"),
+}
+
+
+@pytest.mark.parametrize("fault", list(LLOYD_FAULTS))
+def test_a_queued_fit_checks_its_first_iteration_with_its_first_read(fault, monkeypatch):
+    """On a placement that queues work (a GPU's), the first iteration's data checks are
+    copied behind it and read with its statistics: a fault in what `lloyd_iter` returns
+    still stops the fit with the contract's error, before relocation reads the labels."""
+    from kmeans_xp.contract.backend import Placement
+
+    class Queued(Placement):
+        asynchronous = True
+
+    how, what = LLOYD_FAULTS[fault]
+
+    def lloyd_iter(self, *args, **kwargs):
+        return how(KMeansBackend.lloyd_iter(self, *args, **kwargs))
+
+    cls = type("QueuedBroken", (Plain,), {"name": "test-queued", "placement_class": Queued,
+                                          "lloyd_iter": lloyd_iter})
+    named = "lloyd_iter"
+    waits = []
+    real = Placement.fetch
+
+    def fetch(self, values):
+        done = real(self, values)
+        return lambda: (waits.append(values.shape), done())[1]
+
+    monkeypatch.setattr(Placement, "fetch", fetch)
+    X = _X()
+    with registered(cls), pytest.raises(BackendContractError, match=what) as info:
+        KMeans(3, init=X[:3], n_init=1, backend=cls.name).fit(X)
+    assert f"{named} returned" in str(info.value)
+    assert len(waits) == 2   # the first statistics, then the checks copied behind them
+
+
 def test_nan_sums_in_a_later_iteration_are_caught():
     """Only the first iteration is checked in full; later NaN sums show in the center shift
     the driver reads anyway."""

@@ -254,9 +254,11 @@ class SingleRun:
         self.gated = (place.asynchronous and backend.ahead_gate
                       and device(centers) == device(X) and step is None)
         self.t_read = time.perf_counter()
-        self.it = returned.check_iteration(
-            backend, self.iterate(X, sample_weight, centers, None, xp=xp), X.shape[0],
-            self.k, X.shape[1])
+        self.it = self.iterate(X, sample_weight, centers, None, xp=xp)
+        # (its data checks are copied behind it and read with its statistics, in advance: a
+        # read of their own waited for the device, a millisecond of a GPU fit)
+        self.first_check = returned.iteration_check(backend, self.it, X.shape[0], self.k,
+                                                    X.shape[1], fetch=place.fetch)
 
     def histories(self):
         return (self.history,)
@@ -281,6 +283,9 @@ class SingleRun:
             self.ahead = self.iterate(X, sw, c_new, it.labels, xp=xp)
         values = pending()
         self.iteration_s, self.t_read = time.perf_counter() - self.t_read, time.perf_counter()
+        if self.first_check is not None:   # (before relocation reads the labels)
+            self.first_check, verify = None, self.first_check
+            verify()
         self.relocated = values[FILLED] < k
         if self.relocated:
             # (the iteration issued ahead was left out, or is dropped here: relocation changes

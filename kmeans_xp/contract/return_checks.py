@@ -101,29 +101,48 @@ def check_iteration(backend, it, n, k, d, *, values=True):
     """One `lloyd_iter`'s IterStats (the driver's and the mini-batch steps'). With values,
     the labels' range and the sums' finiteness are read in one transfer per device (each
     read waits for the device: three of them were a GPU iteration's worth)."""
-    check_labels(backend, "lloyd_iter", it.labels, n, k, values=False)
-    check_sums(backend, "lloyd_iter", it.weighted_sums, it.weight_in_clusters, k, d,
-               values=False)
-    if not values:
-        return it
-    parts = [("weighted_sums", it.weighted_sums), ("weight_in_clusters",
-                                                   it.weight_in_clusters)]
-    labels = it.labels if n and not _is_lazy(it.labels) else None
-    read = _read_summaries(labels, [a for _, a in parts])
-    if labels is not None:
-        lo, hi = read[0], read[1]
-        if lo < 0 or hi >= k:
-            _fail(backend, "lloyd_iter", "labels", f"from {int(lo)} to {int(hi)}; labels are "
-                                                  f"in [0, {k})")
-    for (part, _), total in zip(parts, read[2:]):
-        if not math.isfinite(total):
-            _fail(backend, "lloyd_iter", part, "with NaN or infinity")
+    if values:
+        iteration_check(backend, it, n, k, d)()
+    else:
+        _check_shapes(backend, it, n, k, d)
     return it
 
 
-def _read_summaries(labels, arrays):
-    """[min(labels), max(labels) (NaN without labels), sum of each array], float64 on the
-    host, in one transfer for the arrays that share the first one's namespace and device."""
+def iteration_check(backend, it, n, k, d, *, fetch=None):
+    """`check_iteration` in two steps, for a driver that reads the device only with its
+    statistics: the shapes are checked now and the summaries (labels' range, sums' totals)
+    queued on the device and copied by `fetch` (a placement's: a function that waits for
+    the copy, `Placement.fetch`; default: read now); the function returned waits for them
+    and raises on a fault. Waiting here for the device at a GPU fit's first iteration cost
+    a millisecond a fit (the pipeline drained, then filled again)."""
+    _check_shapes(backend, it, n, k, d)
+    labels = it.labels if n and not _is_lazy(it.labels) else None
+    reads = _summaries(labels, [it.weighted_sums, it.weight_in_clusters], fetch)
+
+    def verify():
+        read = _gather(reads, labels is None)
+        if labels is not None:
+            lo, hi = read[0], read[1]
+            if lo < 0 or hi >= k:
+                _fail(backend, "lloyd_iter", "labels", f"from {int(lo)} to {int(hi)}; labels "
+                                                      f"are in [0, {k})")
+        for part, total in zip(("weighted_sums", "weight_in_clusters"), read[2:]):
+            if not math.isfinite(total):
+                _fail(backend, "lloyd_iter", part, "with NaN or infinity")
+
+    return verify
+
+
+def _check_shapes(backend, it, n, k, d):
+    check_labels(backend, "lloyd_iter", it.labels, n, k, values=False)
+    check_sums(backend, "lloyd_iter", it.weighted_sums, it.weight_in_clusters, k, d,
+               values=False)
+
+
+def _summaries(labels, arrays, fetch=None):
+    """[(positions, a function giving their float64 values)]: min(labels), max(labels) and
+    the sum of each array, reduced where they live, one copy per namespace and device
+    (`fetch`, default: now)."""
     from kmeans_xp.contract.namespaces import device
     items = ([] if labels is None else [("min", labels), ("max", labels)]) + [
         ("sum", a) for a in arrays]
@@ -131,14 +150,24 @@ def _read_summaries(labels, arrays):
     for i, (how, a) in enumerate(items):
         xp = array_namespace(a)
         groups.setdefault((id(xp), str(device(a))), (xp, []))[1].append((i, how, a))
-    out = [math.nan] * len(items)
+    out = []
     for xp, members in groups.values():
         # (reduced in their own dtype, the 0-d result made float64: no copy of n labels)
-        vals = [xp.astype(getattr(xp, how)(xp.astype(a, xp.float64) if how == "sum" else a),
-                          xp.float64) for _, how, a in members]
-        for (i, _, _), v in zip(members, to_numpy(xp.stack(vals)).tolist()):
+        vals = xp.stack([xp.astype(getattr(xp, how)(xp.astype(a, xp.float64) if how == "sum"
+                                                    else a), xp.float64)
+                         for _, how, a in members])
+        read = fetch(vals) if fetch is not None else (lambda v=to_numpy(vals): v)
+        out.append(([i for i, _, _ in members], read))
+    return out
+
+
+def _gather(reads, no_labels):
+    """The values of `_summaries`, in item order ([NaN, NaN] first without labels)."""
+    out = [math.nan] * sum(len(pos) for pos, _ in reads)
+    for pos, read in reads:
+        for i, v in zip(pos, np.asarray(read()).tolist()):
             out[i] = v
-    return ([math.nan, math.nan] if labels is None else []) + out
+    return ([math.nan, math.nan] if no_labels else []) + out
 
 
 def check_statistic(backend, member, part, value):
