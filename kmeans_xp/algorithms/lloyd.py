@@ -256,7 +256,7 @@ class SingleRun:
         self.t_read = time.perf_counter()
         self.it = self.iterate(X, sample_weight, centers, None, xp=xp)
         # (its data checks are copied behind it and read with its statistics, in advance: a
-        # read of their own waited for the device, a millisecond of a GPU fit)
+        # read of their own would wait for the device before the next pass is issued)
         self.first_check = returned.iteration_check(backend, self.it, X.shape[0], self.k,
                                                     X.shape[1], fetch=place.fetch)
 

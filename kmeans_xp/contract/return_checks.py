@@ -113,8 +113,8 @@ def iteration_check(backend, it, n, k, d, *, fetch=None):
     statistics: the shapes are checked now and the summaries (labels' range, sums' totals)
     queued on the device and copied by `fetch` (a placement's: a function that waits for
     the copy, `Placement.fetch`; default: read now); the function returned waits for them
-    and raises on a fault. Waiting here for the device at a GPU fit's first iteration cost
-    a millisecond a fit (the pipeline drained, then filled again)."""
+    and raises on a fault. A read here would wait for the device at a GPU fit's first
+    iteration: the pipeline drained before the second pass was issued."""
     _check_shapes(backend, it, n, k, d)
     labels = it.labels if n and not _is_lazy(it.labels) else None
     reads = _summaries(labels, [it.weighted_sums, it.weight_in_clusters], fetch)
