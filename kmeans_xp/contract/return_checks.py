@@ -73,10 +73,7 @@ def check_labels(backend, member, labels, n, k, *, values=True):
         _fail(backend, member, "labels", f"of dtype {labels.dtype}; labels are integers "
                                           f"(int32) in [0, {k})")
     if values and n and not _is_lazy(labels):
-        xp = array_namespace(labels)
-        lo, hi = (int(v) for v in to_numpy(xp.stack([xp.min(labels), xp.max(labels)])))
-        if lo < 0 or hi >= k:
-            _fail(backend, member, "labels", f"from {lo} to {hi}; labels are in [0, {k})")
+        _verify(backend, member, _gather(_summaries(labels, []), False), k)
     return labels
 
 
@@ -90,11 +87,8 @@ def check_sums(backend, member, sums, weights, k, d, *, values=True):
             _fail(backend, member, part, f"of shape {tuple(a.shape)}; expected {shape}")
         if _dtype_kind(a) != "f":
             _fail(backend, member, part, f"of dtype {a.dtype}; expected float64")
-    if values:
-        for part, a in (("weighted_sums", sums), ("weight_in_clusters", weights)):
-            xp = array_namespace(a)   # (a placement may keep the two apart)
-            if not math.isfinite(float(to_numpy(xp.sum(xp.astype(a, xp.float64))))):
-                _fail(backend, member, part, "with NaN or infinity")
+    if values:   # (a placement may keep the two apart: one read per device)
+        _verify(backend, member, _gather(_summaries(None, [sums, weights]), True), k)
 
 
 def check_iteration(backend, it, n, k, d, *, values=True):
@@ -118,19 +112,7 @@ def iteration_check(backend, it, n, k, d, *, fetch=None):
     _check_shapes(backend, it, n, k, d)
     labels = it.labels if n and not _is_lazy(it.labels) else None
     reads = _summaries(labels, [it.weighted_sums, it.weight_in_clusters], fetch)
-
-    def verify():
-        read = _gather(reads, labels is None)
-        if labels is not None:
-            lo, hi = read[0], read[1]
-            if lo < 0 or hi >= k:
-                _fail(backend, "lloyd_iter", "labels", f"from {int(lo)} to {int(hi)}; labels "
-                                                      f"are in [0, {k})")
-        for part, total in zip(("weighted_sums", "weight_in_clusters"), read[2:]):
-            if not math.isfinite(total):
-                _fail(backend, "lloyd_iter", part, "with NaN or infinity")
-
-    return verify
+    return lambda: _verify(backend, "lloyd_iter", _gather(reads, labels is None), k)
 
 
 def _check_shapes(backend, it, n, k, d):
@@ -159,6 +141,18 @@ def _summaries(labels, arrays, fetch=None):
         read = fetch(vals) if fetch is not None else (lambda v=to_numpy(vals): v)
         out.append(([i for i, _, _ in members], read))
     return out
+
+
+def _verify(backend, member, read, k):
+    """Raise on a fault in `_gather`'s values: labels outside [0, k) (NaN: none read), a
+    sum (weighted_sums, then weight_in_clusters) not finite."""
+    lo, hi = read[0], read[1]
+    if not math.isnan(lo) and (lo < 0 or hi >= k):
+        _fail(backend, member, "labels",
+              f"from {int(lo)} to {int(hi)}; labels are in [0, {k})")
+    for part, total in zip(("weighted_sums", "weight_in_clusters"), read[2:]):
+        if not math.isfinite(total):
+            _fail(backend, member, part, "with NaN or infinity")
 
 
 def _gather(reads, no_labels):
