@@ -140,9 +140,9 @@ def main(argv=None):
     if args.results is not None:
         head = [f"## max_memory: the measured peak of a fit beyond X, d={args.d} float32", "",
                 f"max_memory a third above the least the fit is planned in; init {args.init}, "
-                f"{args.iters} iteration{'s' * (args.iters != 1)} on X in place; GPU: the CuPy pool's peak, CPU: "
-                "NumPy's allocations (tracemalloc) or the resident memory's growth, whichever "
-                "is more.", ""]
+                f"{args.iters} iteration{'s' * (args.iters != 1)} on X in place; GPU: the "
+                "CuPy pool's peak, CPU: NumPy's allocations (tracemalloc) or the resident "
+                "memory's growth, whichever is more.", ""]
         record_if_asked(args, [head + table], script="benchmarks/memory_peak.py", argv=argv,
                         wall_s=time.perf_counter() - t0)
     return 0 if all(r["ok"] for r in rows) else 1

@@ -239,15 +239,14 @@ def cell(row, mode):
     return text + (" busy?" if row["busy"] else "")
 
 
-def mode_table(mode, pts):
+def mode_table(mode, pts, device):
     rows = [r for p in pts for r in p["rows"]]
     names = sorted(dict.fromkeys(r["name"] for r in rows), key=lambda n: (
         not n.endswith("-auto"), next(r.get("library") for r in rows if r["name"] == n)
         != "kmeans_xp"))
     unit = "ms per iteration" if mode == "fixed" else "whole fit, s (iterations)"
     # (GPU fixed fits: the bound on the time a fit spends outside its iterations)
-    outside = mode == "fixed" and any(ours_outside(p) is not None for p in pts) and all(
-        p["threads"] is None or p["threads"] == 0 for p in pts)
+    outside = device == "gpu" and mode == "fixed"
     lines = [f"### {mode}: {unit}", "",
              "| d | k | n | threads | " + " | ".join(names) + " | ours / best peer "
              "| auto / best own |" + (" outside Lloyd |" if outside else ""),
@@ -341,7 +340,7 @@ def section(device, pts, beyond, dropped, png, args, wall_s):
     for mode in ("fixed", "converge"):
         mpts = [p for p in pts if p["mode"] == mode]
         if mpts:
-            lines += mode_table(mode, mpts)
+            lines += mode_table(mode, mpts, device)
     if beyond:
         lines += ["Not run (beyond the budget; raise --budget): "
                   + "; ".join(f"d={d} k={k}: {why}" for d, k, why in beyond) + ".", ""]
