@@ -8,9 +8,8 @@ import concurrent.futures
 import os
 import sys
 import threading
-from concurrent.futures import ThreadPoolExecutor
-
 from kmeans_xp.contract.chunks import usable_cores
+from kmeans_xp.contract.threads import ThreadPool, ctrl_c_deferred
 
 
 def thread_count(requested=None) -> int:
@@ -60,7 +59,7 @@ class BlasOneThread:
 
     def _on_own_thread(self, fn):
         if self._thread is None:
-            self._thread = ThreadPoolExecutor(1, thread_name_prefix="kmeans_xp-blas")
+            self._thread = ThreadPool(1, "kmeans_xp-blas")
         return self._thread.submit(fn).result()
 
     def __enter__(self):
@@ -137,13 +136,15 @@ class PassThreads:
         with self._lock:
             if self._pool is None or self._size < count:
                 old = self._pool
-                self._pool = ThreadPoolExecutor(count, thread_name_prefix="kmeans_xp-pass")
+                self._pool = ThreadPool(count, "kmeans_xp-pass")
                 self._size = count
                 if old is not None:   # (its threads leave once their jobs end)
                     old.shutdown(wait=False)
             pool = self._pool
-        futures = [pool.submit(job, t) for t in range(count)]
+        futures = []
         try:
+            with ctrl_c_deferred():   # (a Ctrl-C among the submits: every job is waited for)
+                futures.extend(pool.submit(job, t) for t in range(count))
             return [f.result() for f in futures]
         except BaseException:
             stop.set()

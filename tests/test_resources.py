@@ -195,3 +195,52 @@ def test_ctrl_c_before_the_worker_pool_is_ready_leaves_no_traceback(delay):
     assert status in INTERRUPTED
     assert err.strip() == "kmeans-xp: interrupted", err
     assert took < 2.5, took
+
+
+#: Ctrl-C at the worst moment of a pool's growth: right after it started a thread, before
+#: the interpreter's exit knows of it (ThreadPoolExecutor registers it just after)
+CTRL_C_AS_A_THREAD_STARTS = """
+import os, signal, threading
+import numpy as np
+real_start = threading.Thread.start
+def start(self):
+    real_start(self)
+    if self.name.startswith("kmeans_xp-"):
+        os.kill(os.getpid(), signal.SIGINT)
+        for _ in range(1000):   # (bytecodes: the handler runs here, at the latest)
+            pass
+threading.Thread.start = start
+try:
+{use}
+except KeyboardInterrupt:
+    print("interrupted", flush=True)
+"""
+
+POOL_USES = {
+    "pass threads": "    from kmeans_xp_backends.cpu_threads import PASS_THREADS\n"
+                    "    PASS_THREADS.run(lambda t: t, 2, threading.Event())",
+    "row chunks": "    from kmeans_xp.contract.chunks import spawn\n"
+                  "    spawn(lambda t: t, 2)",
+    "BLAS thread": "    from kmeans_xp_backends.cpu_threads import BLAS_ONE_THREAD\n"
+                   "    with BLAS_ONE_THREAD:\n        pass",
+}
+
+
+@pytest.mark.skipif(not hasattr(os, "kill"), reason="POSIX signals")
+@pytest.mark.parametrize("use", list(POOL_USES))
+def test_ctrl_c_as_a_pool_starts_a_thread_lets_the_process_end(use):
+    """A Ctrl-C that lands as one of our thread pools starts a thread is a
+    KeyboardInterrupt for the caller, and the process ends (before: the thread, started but
+    not yet registered for the interpreter's exit, waited for work forever and the exit
+    joined it: `kmeans-xp run` hung after a Ctrl-C, seen once in CI)."""
+    p = _python(CTRL_C_AS_A_THREAD_STARTS.format(use=POOL_USES[use]))
+    try:
+        out, err = p.communicate(timeout=30)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert p.returncode == 0, err.decode()
+    if use == "BLAS thread" and out.decode() == "":
+        pytest.skip("no BLAS library threadpoolctl sees here: no limit is set, no thread")
+    assert out.decode() == "interrupted\n"

@@ -13,12 +13,13 @@ import json
 import os
 import re
 import threading
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from pathlib import Path
 
 import numpy as np
 
 from kmeans_xp.contract.memory import KMeansMemoryError, format_bytes
+from kmeans_xp.contract.threads import ThreadPool
 
 #: the CUDA sources (one helper header, cuda/common.cuh, included by every .cu file)
 CUDA_DIR = Path(__file__).with_name("cuda")
@@ -241,7 +242,7 @@ class _ArchModule:
 
 @functools.lru_cache(maxsize=1)
 def _compile_pool():
-    return ThreadPoolExecutor(COMPILE_THREADS, thread_name_prefix="kmeans_xp-nvrtc")
+    return ThreadPool(COMPILE_THREADS, "kmeans_xp-nvrtc")
 
 
 def _module(file, name, background=False):

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import functools
 import os
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
 from kmeans_xp.contract.memory import host_available_memory
 from kmeans_xp.contract.rows import HostRows, is_memmap
+from kmeans_xp.contract.threads import ThreadPool
 
 from .common import cupy
 
@@ -130,7 +130,7 @@ UPLOAD_BUFFERS = 2
 def copy_pool():
     """The host threads that fill and empty pinned buffers (`parallel_copy`): one pool for
     the process, shared by uploads, downloads and host streaming."""
-    return ThreadPoolExecutor(STAGING_THREADS, thread_name_prefix="kmeans_xp-stage")
+    return ThreadPool(STAGING_THREADS, "kmeans_xp-stage")
 
 
 def _pinned_buffers(cp, a, staged_from):

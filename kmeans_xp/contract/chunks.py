@@ -7,12 +7,12 @@ from __future__ import annotations
 import math
 import os
 import threading
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 from array_api_compat import is_numpy_namespace
 
 from kmeans_xp.contract.namespaces import device, operand, to_numpy
+from kmeans_xp.contract.threads import ThreadPool
 
 #: fewest rows a thread of `map_rows` gets (below that, threads cost more than they give)
 MIN_THREAD_ROWS = 8192
@@ -46,7 +46,7 @@ def _shared_pool():
     global _pool
     with _pool_lock:
         if _pool is None:
-            _pool = ThreadPoolExecutor(usable_cores(), thread_name_prefix="kmeans_xp-rows")
+            _pool = ThreadPool(usable_cores(), "kmeans_xp-rows")
         return _pool
 
 
