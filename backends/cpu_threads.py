@@ -8,6 +8,7 @@ import concurrent.futures
 import os
 import sys
 import threading
+
 from kmeans_xp.contract.chunks import usable_cores
 from kmeans_xp.contract.threads import ThreadPool, ctrl_c_deferred
 
