@@ -111,7 +111,16 @@ def main(argv=None):
     ap.add_argument("--iters", type=int, default=10, help="iterations of the driver's fits")
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--json", help="also write the rows to this file")
+    ap.add_argument("--numba-widths", default=None,
+                    help="the numba backend's register kernels to use, of 4,8, or 'none': "
+                         "GEMM tiles at every d (default: all)")
     args = ap.parse_args(argv)
+    if args.numba_widths is not None:
+        import kmeans_xp_backends.numba.backend as numba_backend
+        widths = tuple(int(w) for w in args.numba_widths.split(",") if w not in ("", "none"))
+        if not set(widths) <= set(numba_backend.REGISTER_WIDTHS):
+            ap.error(f"--numba-widths: of {numba_backend.REGISTER_WIDTHS} or none")
+        numba_backend.REGISTER_WIDTHS = widths
     n, d, k = WORKLOADS[args.workload or "W1"]
     n, d, k = args.n or n, args.d or d, args.k or k
     names = args.backends.split(",") if args.backends else default_backends()

@@ -41,9 +41,9 @@ def test_one_thread_passes_contract():
 
 
 def test_gemm_path_passes_contract_at_every_d(monkeypatch):
-    """The wide path (a BLAS GEMM per tile) taken for any d, the narrow one's cases too."""
+    """The wide path (a BLAS GEMM per tile) taken for any d, the register kernels' too."""
     import kmeans_xp_backends.numba.backend as nb
-    monkeypatch.setattr(nb, "NARROW_D", 0)
+    monkeypatch.setattr(nb, "REGISTER_WIDTHS", ())
 
     class Gemm(nb.NumbaBackend):
         name = "numba-gemm"
@@ -84,8 +84,10 @@ def test_the_split_is_the_same_for_any_thread_count():
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-@pytest.mark.parametrize("d", [1, 2, 3, 4, 5, 17])
+@pytest.mark.parametrize("d", [1, 2, 3, 4, 5, 8, 9, 17])
 def test_partition_equals_the_numpy_backends(dtype, d):
+    """Every register kernel's widths (d up to 4, up to 8: zero-padded) and GEMM tiles past
+    them: the numpy backend's partition from the same init."""
     X = asymmetric_data(30_011, d, 40, dtype=dtype, seed=d)
     init = X[np.random.default_rng(d).choice(len(X), 40, replace=False)]
     w = np.random.default_rng(1).uniform(0.5, 2.0, len(X)).astype(dtype)
@@ -145,11 +147,14 @@ def test_many_centers_big_tiles_equal_the_numpy_backends():
     assert not fit_differences(X, got, ref)
 
 
-def test_exact_ties_go_to_the_lowest_index_as_on_the_numpy_backend():
-    """Integer points and centers: distances are exact, so ties are real ties."""
+@pytest.mark.parametrize("d", [3, 7, 12])
+def test_exact_ties_go_to_the_lowest_index_as_on_the_numpy_backend(d):
+    """Integer points and centers: distances are exact, so ties are real ties (each
+    register kernel's width and GEMM tiles; 19 centers: four at a time, and a rest)."""
     rng = np.random.default_rng(3)
-    X = rng.integers(-4, 5, size=(4001, 3)).astype(np.float32)
-    C = np.repeat(rng.integers(-4, 5, size=(9, 3)), 2, axis=0).astype(np.float32)
+    X = rng.integers(-4, 5, size=(4001, d)).astype(np.float32)
+    C = np.repeat(rng.integers(-4, 5, size=(9, d)), 2, axis=0).astype(np.float32)
+    C = np.concatenate([C, C[-1:]])   # (19: the rest after four at a time is a tie too)
     from kmeans_xp_backends.numpy.backend import NumpyBackend
     ref = NumpyBackend().assign(X, C)
     got = _backend()().assign(X, C)

@@ -11,8 +11,9 @@ them.
 Work split (`_Plan`): X is cut into at most MAX_TASKS contiguous tasks, each with its own
 float64 accumulators, added in task order after the pass; the split depends on n, k, d and
 max_memory, never on the thread count, so a fit's sums (and so its centers) are the same bit
-for bit on 2 cores as on 16. Within a task, tiles of rows: NARROW_TILE rows for d <= 4
-(distances in registers), else as many rows as keep a tile's (k, rows) distances within
+for bit on 2 cores as on 16. Within a task, tiles of rows: NARROW_TILE rows for d <= 8
+(distances in registers, X padded to 4 or 8 features), else as many rows as keep a tile's
+(k, rows) distances within
 WIDE_TILE_BYTES (one BLAS GEMM per tile; BLAS held to one thread while numba's threads run).
 Distances are the numpy backend's ``||c||^2 - 2 x.c`` bit for bit on the narrow path and
 where BLAS sums in feature order, so both backends break near-ties alike.
@@ -47,6 +48,13 @@ from kmeans_xp_backends.numpy.backend import NumpyPlacement
 
 #: features the narrow kernel holds in registers (X padded with zero features up to it)
 NARROW_D = 4
+#: the register kernels' widths (numba_kernels._make_nearest_register): X padded with zero
+#: features up to the first that holds d; past the last, GEMM tiles. Width 8 against GEMM
+#: tiles, one Xeon thread, float32, an iteration: 0.58-0.71x at k 64-4096 for d 5 and 8,
+#: about even at k=8; width 16 (d 12 and 16) lost at k=8 and k >= 1024, and won by under
+#: 20% elsewhere, so it is not kept (`python benchmarks/time_kernels.py --backends numba
+#: --numba-widths none`, against the default)
+REGISTER_WIDTHS = (NARROW_D, 8)
 #: rows per narrow tile: its transposed rows, minima and labels stay in L1
 NARROW_TILE = 256
 #: a wide tile's (k, rows) GEMM result at most this large (L2), MIN..MAX_TILE rows
@@ -105,15 +113,17 @@ def _load_blas():
 class _Plan:
     """Tasks, tiles and threads of a pass, and the bytes they need."""
 
-    __slots__ = ("wide", "tile", "threads", "n_tasks", "task_rows", "shared", "scratch",
-                 "accumulators")
+    __slots__ = ("wide", "width", "tile", "threads", "n_tasks", "task_rows", "shared",
+                 "scratch", "accumulators")
 
     def __init__(self, n, d, k, itemsize, max_memory, threads):
-        self.wide = d > NARROW_D
+        # (the register kernel's padded features; None: GEMM tiles)
+        self.width = next((wd for wd in REGISTER_WIDTHS if d <= wd), None)
+        self.wide = self.width is None
         budget = resolve_budget(max_memory, host_available_memory(), cap=1 << 30)
         # centers as the kernels take them (the GEMM operand, ||c||^2, float64 copy), the
         # merged sums and weights, and what a call creates
-        self.shared = (k * (max(d, NARROW_D) + 1) * itemsize + 2 * k * (d + 1) * 8
+        self.shared = (k * (max(d, self.width or 0) + 1) * itemsize + 2 * k * (d + 1) * 8
                        + OVERHEAD)
         acc = k * (d + 1) * 8 + 16
         if self.wide:  # a tile's rows, GEMM result, minima and labels
@@ -124,7 +134,7 @@ class _Plan:
             if k * d * itemsize >= BIG_CENTERS_BYTES:
                 ideal = max(ideal, BIG_CENTERS_MIN_TILE)
         else:          # the transposed rows, minima and labels
-            row = (NARROW_D + 1) * itemsize + 4
+            row = (self.width + 1) * itemsize + 4
             ideal = NARROW_TILE
         # the least it can run in: one thread, one task, one row per tile
         rows = chunk_rows(budget, row, self.shared + acc, n_samples=n, floor=1,
@@ -275,9 +285,10 @@ class NumbaBackend(KMeansBackend):
         if not dtype.endswith(("float32", "float64")):
             return f"it computes on float32 and float64, not {dtype}"
         shape = getattr(X, "shape", None)
-        wide = shape is not None and len(shape) == 2 and shape[1] > NARROW_D
+        most = max(REGISTER_WIDTHS, default=0)
+        wide = shape is not None and len(shape) == 2 and shape[1] > most
         if wide and importlib.util.find_spec("scipy") is None:
-            return (f"with more than {NARROW_D} features it calls SciPy's BLAS (numba's "
+            return (f"with more than {most} features it calls SciPy's BLAS (numba's "
                     f"np.dot), and SciPy is not installed")
         return None
 
@@ -324,7 +335,7 @@ class NumbaBackend(KMeansBackend):
         if plan.wide:
             g = np.multiply(C, -2)
         else:
-            g = np.zeros((NARROW_D, k), dtype=dtype)
+            g = np.zeros((plan.width, k), dtype=dtype)
             np.multiply(C.T, -2, out=g[:d])
         c64 = C.astype(np.float64)
         if flags & ASSIGN:

@@ -1,5 +1,5 @@
 """The numba backend's compiled pass over X's rows: nearest center, float64 per-cluster sums,
-inertia and changed labels, fused, parallel over fixed row tasks (`pass_narrow` for d <= 4,
+inertia and changed labels, fused, parallel over fixed row tasks (`pass_narrow` for d <= 8,
 `pass_wide` for any d).
 
 Work split: X is cut into `n_tasks` contiguous tasks of `task_rows` rows (chosen from n, k, d
@@ -11,9 +11,10 @@ ran which task, and however many threads there are.
 Within a task, tiles of `tile` rows, each centered as it is read (`mean`: a memory-mapped X
 seen centered, bit for bit `X - mean`):
 
-- narrow (d <= 4): the tile is transposed into a zero-padded (4, tile) buffer;
-  for each group of four centers every row's four distances are computed in registers and
-  compared in center order; the loop over the tile's rows vectorizes (SIMD over rows);
+- narrow (d <= 8): the tile is transposed into a zero-padded (width, tile) buffer, width 4
+  or 8 (`_make_nearest_register`); for each group of four centers every row's four
+  distances are computed in registers and compared in center order; the loop over the
+  tile's rows vectorizes (SIMD over rows);
 - wide: one BLAS GEMM per tile, ``(-2 C) @ tile^T`` -> (k, rows), then the running minimum
   over centers, again vectorized over rows (numba's np.dot calls SciPy's BLAS; the caller
   holds BLAS to one thread while the threads run).
@@ -59,52 +60,66 @@ def _load_wide(X, mean, s0, r, A):
             A[i, f] = v - mean[f] if centered else v
 
 
-@njit(inline="always", **_FMA)
-def _closer(u0, u1, u2, u3, a0, a1, a2, a3, ac, zero, b, bi, j):
-    """(distance, index) of center j against the best so far (b, bi): -2 x.c + ||c||^2 with
-    each product added to the running sum by one FMA, from +0, as BLAS does (``u0 * a0 +
-    u1 * a1`` could fuse either product); ties keep the lower index, as argmin."""
-    v = u0 * a0 + zero
-    v = u1 * a1 + v
-    v = u2 * a2 + v
-    v = u3 * a3 + v
-    v = v + ac
+def _make_nearest_register(width):
+    """The register kernel for `width` features (a constant of the compiled function: LLVM
+    unrolls the loop over features): best/idx of the tile's r rows (xt: (width, tile), zero
+    rows past d) against the centers (g: (width, k) = -2 C^T zero-padded, cn: ||c||^2), four
+    centers at a time, each row's four running sums in registers (one load of a feature
+    feeds four FMAs), the loop over the tile's rows vectorized (SIMD over rows). Each sum
+    starts at +0 and adds one product per feature by an FMA, ``||c||^2`` last, as BLAS does;
+    ties keep the lower index, as argmin."""
+    @njit(**_FMA)
+    def nearest(xt, r, g, cn, best, idx):
+        k = cn.shape[0]
+        zero = cn[0] - cn[0]   # +0 in X's dtype (a float literal would make the sums float64)
+        for i in range(r):
+            best[i] = np.inf
+            idx[i] = 0
+        j = 0
+        while j + 4 <= k:
+            c0, c1, c2, c3 = cn[j], cn[j + 1], cn[j + 2], cn[j + 3]
+            j0, j1, j2, j3 = np.int32(j), np.int32(j + 1), np.int32(j + 2), np.int32(j + 3)
+            for i in range(r):
+                x = xt[0, i]
+                v0 = x * g[0, j] + zero
+                v1 = x * g[0, j + 1] + zero
+                v2 = x * g[0, j + 2] + zero
+                v3 = x * g[0, j + 3] + zero
+                for f in range(1, width):
+                    x = xt[f, i]
+                    v0 = x * g[f, j] + v0
+                    v1 = x * g[f, j + 1] + v1
+                    v2 = x * g[f, j + 2] + v2
+                    v3 = x * g[f, j + 3] + v3
+                b, bi = best[i], idx[i]
+                b, bi = _keep_lower(v0 + c0, j0, b, bi)
+                b, bi = _keep_lower(v1 + c1, j1, b, bi)
+                b, bi = _keep_lower(v2 + c2, j2, b, bi)
+                b, bi = _keep_lower(v3 + c3, j3, b, bi)
+                best[i] = b
+                idx[i] = bi
+            j += 4
+        while j < k:
+            c, jj = cn[j], np.int32(j)
+            for i in range(r):
+                v = xt[0, i] * g[0, j] + zero
+                for f in range(1, width):
+                    v = xt[f, i] * g[f, j] + v
+                best[i], idx[i] = _keep_lower(v + c, jj, best[i], idx[i])
+            j += 1
+    return nearest
+
+
+@njit(inline="always", **_OPTS)
+def _keep_lower(v, j, b, bi):
+    """(v, j) where v is below the best so far (b, bi), else (b, bi): strict, so a tie keeps
+    the lower index, as argmin."""
     return (v, j) if v < b else (b, bi)
 
 
-@njit(**_FMA)
-def _nearest_narrow(xt, r, g, cn, best, idx):
-    """best/idx of the tile's r rows (xt: (4, tile), zero rows past d) against the centers
-    (g: (4, k) = -2 C^T zero-padded, cn: ||c||^2), four centers at a time in registers."""
-    k = cn.shape[0]
-    x0, x1, x2, x3 = xt[0], xt[1], xt[2], xt[3]
-    zero = cn[0] - cn[0]   # +0 in X's dtype (a float literal would make the sums float64)
-    for i in range(r):
-        best[i] = np.inf
-        idx[i] = 0
-    j = 0
-    while j + 4 <= k:
-        a0, a1, a2, a3, ac = g[0, j], g[1, j], g[2, j], g[3, j], cn[j]
-        b0, b1, b2, b3, bc = g[0, j + 1], g[1, j + 1], g[2, j + 1], g[3, j + 1], cn[j + 1]
-        c0, c1, c2, c3, cc = g[0, j + 2], g[1, j + 2], g[2, j + 2], g[3, j + 2], cn[j + 2]
-        e0, e1, e2, e3, ec = g[0, j + 3], g[1, j + 3], g[2, j + 3], g[3, j + 3], cn[j + 3]
-        ja, jb, jc, je = np.int32(j), np.int32(j + 1), np.int32(j + 2), np.int32(j + 3)
-        for i in range(r):
-            u0, u1, u2, u3 = x0[i], x1[i], x2[i], x3[i]
-            b, bi = _closer(u0, u1, u2, u3, a0, a1, a2, a3, ac, zero, best[i], idx[i], ja)
-            b, bi = _closer(u0, u1, u2, u3, b0, b1, b2, b3, bc, zero, b, bi, jb)
-            b, bi = _closer(u0, u1, u2, u3, c0, c1, c2, c3, cc, zero, b, bi, jc)
-            b, bi = _closer(u0, u1, u2, u3, e0, e1, e2, e3, ec, zero, b, bi, je)
-            best[i] = b
-            idx[i] = bi
-        j += 4
-    while j < k:
-        a0, a1, a2, a3, ac = g[0, j], g[1, j], g[2, j], g[3, j], cn[j]
-        ja = np.int32(j)
-        for i in range(r):
-            best[i], idx[i] = _closer(x0[i], x1[i], x2[i], x3[i], a0, a1, a2, a3, ac, zero,
-                                      best[i], idx[i], ja)
-        j += 1
+#: the register kernels, d up to 4 and up to 8 (REGISTER_WIDTHS in numba_backend)
+_nearest_4 = _make_nearest_register(4)
+_nearest_8 = _make_nearest_register(8)
 
 
 @njit(**_FMA)
@@ -198,7 +213,7 @@ def _start(sums, weights, stats, flags):
 @njit(**_OPTS)
 def _task_narrow(X, mean, w, g, cn, c64, labels, labels_old, min_sq, sums, weights, stats,
                  flags, s0, e0, tile, xt, best, idx):
-    """Rows [s0, e0) of one task into its own accumulators, d <= 4; xt (zero rows past d),
+    """Rows [s0, e0) of one task into its own accumulators, d <= 8; xt (zero rows past d),
     best, idx: the worker's scratch."""
     rows = xt.T[:, :X.shape[1]]
     _start(sums, weights, stats, flags)
@@ -206,7 +221,10 @@ def _task_narrow(X, mean, w, g, cn, c64, labels, labels_old, min_sq, sums, weigh
         r = min(tile, e0 - b0)
         _load_narrow(X, mean, b0, r, xt)
         if flags & ASSIGN:
-            _nearest_narrow(xt, r, g, cn, best, idx)
+            if xt.shape[0] == 4:
+                _nearest_4(xt, r, g, cn, best, idx)
+            else:
+                _nearest_8(xt, r, g, cn, best, idx)
         _tile_results(rows, r, b0, best, idx, flags, w, labels, labels_old, min_sq, sums,
                       weights, c64, stats)
 
@@ -235,8 +253,8 @@ def _task_wide(X, Xc, mean, w, g, cn, c64, labels, labels_old, min_sq, sums, wei
 @njit(parallel=True, **_OPTS)
 def pass_narrow(X, Xc, mean, w, g, cn, c64, labels, labels_old, min_sq, part_sums, part_w,
                 part_stats, flags, task_rows, tile, workers):
-    """One pass over X of at most 4 features (see the module's note); g: (4, k) = -2 C^T,
-    zero rows past d. flags: ASSIGN (labels from the centers, else `labels` is read),
+    """One pass over X of at most 8 features (see the module's note); g: (width, k) =
+    -2 C^T, zero rows past d, width 4 or 8. flags: ASSIGN (labels from the centers, else `labels` is read),
     MIN_SQ (min_sq = ||x - c||^2 by the expansion, clamped at 0), SUMS (part_sums[t],
     part_w[t]: float64 sums of w x and w per cluster), INERTIA (part_stats[t, 0]: sum of
     w ||x - c64_label||^2), CHANGED (part_stats[t, 1]: labels != labels_old). mean, w,
