@@ -299,6 +299,7 @@ class NumbaBackend(KMeansBackend):
         self._partials = _Partials()
         self._plans = {}
         self._sq_norms = (None, 0.0)   # ((X, mean, weights), their sum w ||x||^2)
+        BLAS_ONE_THREAD.settle()   # (the user's BLAS threads back when the fit returns)
 
     # -- memory -----------------------------------------------------------------------------
     @classmethod

@@ -452,3 +452,4 @@ class NumpyBackend(KMeansBackend):
         threads are the process's (`PASS_THREADS`): the backend holds none."""
         self._run_workers.detach()
         self._sets.clear()
+        BLAS_ONE_THREAD.settle()   # (the user's BLAS threads back when the fit returns)
