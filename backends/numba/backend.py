@@ -326,8 +326,8 @@ class NumbaBackend(KMeansBackend):
         k = centers.shape[0]
         plan = self._plan(n, d, k, dtype.itemsize)
         empty = np.empty(0, dtype)
-        # (a wide tile is read in place where X is C-contiguous and not centered on the fly)
-        in_place = plan.wide and mean is None and data.flags.c_contiguous
+        # (a tile's rows are read in place where X is C-contiguous and not centered on the fly)
+        in_place = mean is None and data.flags.c_contiguous
         Xc = data if in_place else np.empty((0, d), dtype)
         mean = empty if mean is None else np.ascontiguousarray(mean, dtype=dtype)
         w = empty if sample_weight is None else np.ascontiguousarray(sample_weight, dtype=dtype)

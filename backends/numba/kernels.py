@@ -211,22 +211,31 @@ def _start(sums, weights, stats, flags):
 
 
 @njit(**_OPTS)
-def _task_narrow(X, mean, w, g, cn, c64, labels, labels_old, min_sq, sums, weights, stats,
-                 flags, s0, e0, tile, xt, best, idx):
+def _task_narrow(X, Xc, mean, w, g, cn, c64, labels, labels_old, min_sq, sums, weights,
+                 stats, flags, s0, e0, tile, xt, best, idx):
     """Rows [s0, e0) of one task into its own accumulators, d <= 8; xt (zero rows past d),
-    best, idx: the worker's scratch."""
-    rows = xt.T[:, :X.shape[1]]
+    best, idx: the worker's scratch. The sums, inertia and minima read the tile's rows from
+    Xc where X is C-contiguous and not centered on the fly (a row's features contiguous: the
+    loops over them vectorize; the transposed tile's are a tile apart), else from xt."""
+    direct = Xc.shape[0] > 0
+    transposed = xt.T[:, :X.shape[1]]
     _start(sums, weights, stats, flags)
     for b0 in range(s0, e0, tile):
         r = min(tile, e0 - b0)
-        _load_narrow(X, mean, b0, r, xt)
+        if flags & ASSIGN or not direct:
+            _load_narrow(X, mean, b0, r, xt)
         if flags & ASSIGN:
             if xt.shape[0] == 4:
                 _nearest_4(xt, r, g, cn, best, idx)
             else:
                 _nearest_8(xt, r, g, cn, best, idx)
-        _tile_results(rows, r, b0, best, idx, flags, w, labels, labels_old, min_sq, sums,
-                      weights, c64, stats)
+        # (two calls, not one on either array: each compiles for its own layout)
+        if direct:
+            _tile_results(Xc[b0:b0 + r], r, b0, best, idx, flags, w, labels, labels_old,
+                          min_sq, sums, weights, c64, stats)
+        else:
+            _tile_results(transposed, r, b0, best, idx, flags, w, labels, labels_old, min_sq,
+                          sums, weights, c64, stats)
 
 
 @njit(**_OPTS)
@@ -259,8 +268,8 @@ def pass_narrow(X, Xc, mean, w, g, cn, c64, labels, labels_old, min_sq, part_sum
     part_w[t]: float64 sums of w x and w per cluster), INERTIA (part_stats[t, 0]: sum of
     w ||x - c64_label||^2), CHANGED (part_stats[t, 1]: labels != labels_old). mean, w,
     labels_old, min_sq: empty when not used (w empty: unit weights); Xc: X C-contiguous
-    and not centered on the fly, or empty (`_task_wide` reads its tiles in place; the narrow
-    kernel transposes them anyway). workers: the threads
+    and not centered on the fly, or empty (the tasks read their tiles' rows in place for
+    what follows the nearest centers, and `_task_wide` for its GEMM). workers: the threads
     (numba's count, passed in: a cached function cannot read it)."""
     n, n_tasks = X.shape[0], part_stats.shape[0]
     workers = max(1, min(workers, n_tasks))
@@ -269,7 +278,7 @@ def pass_narrow(X, Xc, mean, w, g, cn, c64, labels, labels_old, min_sq, part_sum
         best = np.empty(tile, X.dtype)
         idx = np.empty(tile, np.int32)
         for t in range(p, n_tasks, workers):
-            _task_narrow(X, mean, w, g, cn, c64, labels, labels_old, min_sq, part_sums[t],
+            _task_narrow(X, Xc, mean, w, g, cn, c64, labels, labels_old, min_sq, part_sums[t],
                          part_w[t], part_stats[t], flags, t * task_rows,
                          min(n, (t + 1) * task_rows), tile, xt, best, idx)
 
