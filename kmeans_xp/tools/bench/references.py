@@ -132,7 +132,10 @@ class FaissEntry(Entry):
         km.train(Xb, init_centroids=init)
         _, labels = km.index.search(Xb, 1)  # the index holds the final centroids
         elapsed = time.perf_counter() - t0
-        return Fitted(labels[:, 0], km.centroids, None, iters, elapsed, {})
+        # (faiss stops once the objective no longer changes: the iterations it ran are its
+        # objective's entries, not niter)
+        ran = len(getattr(km, "obj", ())) or iters
+        return Fitted(labels[:, 0], km.centroids, None, ran, elapsed, {})
 
     def estimate(self):
         n, d, k = self.w.n, self.w.d, self.w.k
