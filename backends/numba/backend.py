@@ -133,8 +133,8 @@ class _Plan:
                 ideal = min(ideal, _small_gemm_rows(k, d))
             if k * d * itemsize >= BIG_CENTERS_BYTES:
                 ideal = max(ideal, BIG_CENTERS_MIN_TILE)
-        else:          # the transposed rows, minima and labels
-            row = (self.width + 1) * itemsize + 4
+        else:          # the transposed rows, the rows (a copy, where not read in place),
+            row = (self.width + d + 1) * itemsize + 4   # minima and labels
             ideal = NARROW_TILE
         # the least it can run in: one thread, one task, one row per tile
         rows = chunk_rows(budget, row, self.shared + acc, n_samples=n, floor=1,

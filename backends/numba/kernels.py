@@ -212,30 +212,29 @@ def _start(sums, weights, stats, flags):
 
 @njit(**_OPTS)
 def _task_narrow(X, Xc, mean, w, g, cn, c64, labels, labels_old, min_sq, sums, weights,
-                 stats, flags, s0, e0, tile, xt, best, idx):
+                 stats, flags, s0, e0, tile, xt, A, best, idx):
     """Rows [s0, e0) of one task into its own accumulators, d <= 8; xt (zero rows past d),
-    best, idx: the worker's scratch. The sums, inertia and minima read the tile's rows from
-    Xc where X is C-contiguous and not centered on the fly (a row's features contiguous: the
-    loops over them vectorize; the transposed tile's are a tile apart), else from xt."""
+    A, best, idx: the worker's scratch. The register kernel reads the tile transposed (xt:
+    SIMD over rows); the sums, inertia and minima read it row by row (a row's features
+    contiguous: those loops vectorize), in place from Xc where X is C-contiguous and not
+    centered on the fly, else from a copy in A (so they compile for one layout)."""
     direct = Xc.shape[0] > 0
-    transposed = xt.T[:, :X.shape[1]]
     _start(sums, weights, stats, flags)
     for b0 in range(s0, e0, tile):
         r = min(tile, e0 - b0)
-        if flags & ASSIGN or not direct:
-            _load_narrow(X, mean, b0, r, xt)
         if flags & ASSIGN:
+            _load_narrow(X, mean, b0, r, xt)
             if xt.shape[0] == 4:
                 _nearest_4(xt, r, g, cn, best, idx)
             else:
                 _nearest_8(xt, r, g, cn, best, idx)
-        # (two calls, not one on either array: each compiles for its own layout)
         if direct:
-            _tile_results(Xc[b0:b0 + r], r, b0, best, idx, flags, w, labels, labels_old,
-                          min_sq, sums, weights, c64, stats)
+            rows = Xc[b0:b0 + r]
         else:
-            _tile_results(transposed, r, b0, best, idx, flags, w, labels, labels_old, min_sq,
-                          sums, weights, c64, stats)
+            _load_wide(X, mean, b0, r, A)
+            rows = A[:r]
+        _tile_results(rows, r, b0, best, idx, flags, w, labels, labels_old, min_sq, sums,
+                      weights, c64, stats)
 
 
 @njit(**_OPTS)
@@ -275,12 +274,13 @@ def pass_narrow(X, Xc, mean, w, g, cn, c64, labels, labels_old, min_sq, part_sum
     workers = max(1, min(workers, n_tasks))
     for p in prange(workers):   # (a worker's scratch once, not a task's: see pass_wide)
         xt = np.zeros((g.shape[0], tile), X.dtype)
+        A = np.empty((tile if Xc.shape[0] == 0 else 0, X.shape[1]), X.dtype)
         best = np.empty(tile, X.dtype)
         idx = np.empty(tile, np.int32)
         for t in range(p, n_tasks, workers):
             _task_narrow(X, Xc, mean, w, g, cn, c64, labels, labels_old, min_sq, part_sums[t],
                          part_w[t], part_stats[t], flags, t * task_rows,
-                         min(n, (t + 1) * task_rows), tile, xt, best, idx)
+                         min(n, (t + 1) * task_rows), tile, xt, A, best, idx)
 
 
 @njit(parallel=True, **_OPTS)
