@@ -56,7 +56,8 @@ class BlasOneThread:
     Our limit lingers LINGER_S after the last pass that needed it: the next pass of the same
     fit takes it over with no trip to our thread (setting and restoring it there cost 0.23
     ms a pass, a tenth of an iteration at n=15k, d=32, k=256 on 2 threads); a fit's end
-    restores it at once (`settle`), so the user's BLAS threads are back when `fit` returns."""
+    restores it at once (`settle`, from `NumpyPlacement.finish`, the numpy and numba
+    backends'), so the user's BLAS threads are back when `fit` returns."""
 
     #: seconds our limit outlives the last pass that needed it (a driver's step between two
     #: passes takes far less)

@@ -13,8 +13,8 @@ float64 accumulators, added in task order after the pass; the split depends on n
 max_memory, never on the thread count, so a fit's sums (and so its centers) are the same bit
 for bit on 2 cores as on 16. Within a task, tiles of rows: NARROW_TILE rows for d <= 8
 (distances in registers, X padded to 4 or 8 features), else as many rows as keep a tile's
-(k, rows) distances within
-WIDE_TILE_BYTES (one BLAS GEMM per tile; BLAS held to one thread while numba's threads run).
+(k, rows) distances within WIDE_TILE_BYTES (one BLAS GEMM per tile; BLAS held to one thread
+while numba's threads run).
 Distances are the numpy backend's ``||c||^2 - 2 x.c`` bit for bit on the narrow path and
 where BLAS sums in feature order, so both backends break near-ties alike.
 """
@@ -299,7 +299,6 @@ class NumbaBackend(KMeansBackend):
         self._partials = _Partials()
         self._plans = {}
         self._sq_norms = (None, 0.0)   # ((X, mean, weights), their sum w ||x||^2)
-        BLAS_ONE_THREAD.settle()   # (the user's BLAS threads back when the fit returns)
 
     # -- memory -----------------------------------------------------------------------------
     @classmethod

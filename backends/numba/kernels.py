@@ -262,14 +262,14 @@ def _task_wide(X, Xc, mean, w, g, cn, c64, labels, labels_old, min_sq, sums, wei
 def pass_narrow(X, Xc, mean, w, g, cn, c64, labels, labels_old, min_sq, part_sums, part_w,
                 part_stats, flags, task_rows, tile, workers):
     """One pass over X of at most 8 features (see the module's note); g: (width, k) =
-    -2 C^T, zero rows past d, width 4 or 8. flags: ASSIGN (labels from the centers, else `labels` is read),
-    MIN_SQ (min_sq = ||x - c||^2 by the expansion, clamped at 0), SUMS (part_sums[t],
-    part_w[t]: float64 sums of w x and w per cluster), INERTIA (part_stats[t, 0]: sum of
-    w ||x - c64_label||^2), CHANGED (part_stats[t, 1]: labels != labels_old). mean, w,
-    labels_old, min_sq: empty when not used (w empty: unit weights); Xc: X C-contiguous
-    and not centered on the fly, or empty (the tasks read their tiles' rows in place for
-    what follows the nearest centers, and `_task_wide` for its GEMM). workers: the threads
-    (numba's count, passed in: a cached function cannot read it)."""
+    -2 C^T, zero rows past d, width 4 or 8. flags: ASSIGN (labels from the centers, else
+    `labels` is read), MIN_SQ (min_sq = ||x - c||^2 by the expansion, clamped at 0), SUMS
+    (part_sums[t], part_w[t]: float64 sums of w x and w per cluster), INERTIA (part_stats[t, 0]:
+    sum of w ||x - c64_label||^2), CHANGED (part_stats[t, 1]: labels != labels_old). mean, w,
+    labels_old, min_sq: empty when not used (w empty: unit weights); Xc: X C-contiguous and not
+    centered on the fly, or empty (the tasks read their tiles' rows in place for what follows
+    the nearest centers, and `_task_wide` for its GEMM). workers: the threads (numba's count,
+    passed in: a cached function cannot read it)."""
     n, n_tasks = X.shape[0], part_stats.shape[0]
     workers = max(1, min(workers, n_tasks))
     for p in prange(workers):   # (a worker's scratch once, not a task's: see pass_wide)

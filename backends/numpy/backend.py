@@ -207,10 +207,13 @@ class NumpyPlacement(Placement):
 
     def finish(self, kept=None):
         """The fit is over: the backend's per-fit buffers and its run on the worker
-        processes go (a fitted model holds no scratch memory)."""
+        processes go (a fitted model holds no scratch memory), and the BLAS thread limit its
+        passes left lingering is restored (the user's BLAS threads are back when the fit
+        returns)."""
         release = getattr(self.backend, "finish", None)
         if release is not None:
             release()
+        BLAS_ONE_THREAD.settle()
         return kept
 
     def warm_up(self, X, n_clusters, seeding):
@@ -452,4 +455,3 @@ class NumpyBackend(KMeansBackend):
         threads are the process's (`PASS_THREADS`): the backend holds none."""
         self._run_workers.detach()
         self._sets.clear()
-        BLAS_ONE_THREAD.settle()   # (the user's BLAS threads back when the fit returns)

@@ -8,11 +8,12 @@ register kernels save the most against the numpy backend's GEMM of K = d, at d <
 NARROW_MAX_D, a whole fit repays numba's first use soonest; at d 5 to 8 a driver iteration
 saved 0.04-0.5 ns a unit of work (n 10k-200k, k 8-4096, 2 threads: `python
 benchmarks/time_kernels.py --backends numpy,numba`), too little for that row: those fits
-take the rows for any d. Warm, numba is the faster one or about even wherever the surface sweep measured
-(`python benchmarks/surface.py`, section surface-cpu of benchmarks/results/<kind>.md); what
-it costs is its first use in a process (importing numba and SciPy, loading its cached
-kernels: 1-2 s), which a fit repays only when it does enough work. So a row asks for the
-work of one iteration (n * k * d) or of the whole fit (times the iterations it may run).
+take the rows for any d. Warm, numba is the faster one or about even wherever the surface
+sweep measured (`python benchmarks/surface.py`, section surface-cpu of
+benchmarks/results/<kind>.md); what it costs is its first use in a process (importing numba
+and SciPy, loading its cached kernels: 1-2 s), which a fit repays only when it does enough
+work. So a row asks for the work of one iteration (n * k * d) or of the whole fit (times the
+iterations it may run).
 """
 from __future__ import annotations
 
