@@ -11,23 +11,29 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 
+_deferring = False   # (the main thread is inside `ctrl_c_deferred`)
+
+
 @contextlib.contextmanager
 def ctrl_c_deferred():
     """Run the block with SIGINT's Python handler held back: a Ctrl-C during it is handed to
     that handler (KeyboardInterrupt, by default) when the block ends. Only the main thread
     runs Python signal handlers; elsewhere, or where SIGINT has no Python handler (ignored,
     the C default), the block runs as it is."""
+    global _deferring
     handler = None
-    if threading.current_thread() is threading.main_thread():
+    if threading.current_thread() is threading.main_thread() and not _deferring:
         handler = signal.getsignal(signal.SIGINT)
-    if not callable(handler):
+    if not callable(handler):   # (also inside a deferred block: the outer one delivers it)
         yield
         return
     caught = []
     signal.signal(signal.SIGINT, lambda signum, frame: caught.append(frame))
+    _deferring = True
     try:
         yield
     finally:
+        _deferring = False
         signal.signal(signal.SIGINT, handler)
         if caught:
             handler(signal.SIGINT, caught[0])
