@@ -1,5 +1,6 @@
 """kmeans_xp.tools.bench: the protocol (one init, fixed iterations, computed agreement, speed-ups) and
 failures as rows. Tiny sizes: CPU only, well under a second each."""
+import contextlib
 import importlib
 import importlib.util
 import json
@@ -369,6 +370,36 @@ def test_seed_row_runs_end_to_end_on_numpy():
     centers, labels, n_iter = seed.fit_xp(X.astype(np.float64), C.astype(np.float64), w.iters)
     assert row.n_iter == n_iter and np.array_equal(row.labels, labels)
     assert row.inertia == pytest.approx(protocol.host_inertia(X, centers, labels))
+
+
+
+@pytest.mark.parametrize("warmup_iters", [1, 0])
+def test_timed_runs_are_not_instrumented_and_the_peak_is_still_measured(warmup_iters):
+    """A peak's instrumentation (CuPy's memory hook runs Python at every allocation) stays
+    out of the timed fits; the row's peak comes from an untimed run: the warm-up, or one
+    after the timed runs."""
+    from kmeans_xp.tools.bench import entries, protocol
+
+    class Peaked(entries.BackendEntry):
+        def __init__(self, *args):
+            super().__init__(*args)
+            self.scopes = []
+
+        def memory_scope(self, peak=True):
+            self.scopes.append(peak)
+            out = {"peak": 123_456_789} if peak else {}
+            return contextlib.nullcontext(out)
+
+    w = bench.Workload(**{**TINY, "warmup_iters": warmup_iters})
+    X = bench.make_data(w)
+    C = bench.shared_init(X, w)
+    entry = Peaked("numpy", w)
+    row = protocol.measure(entry, X, C, w)
+    assert row.ok, row.message
+    assert entry.scopes.count(True) == 1 and entry.scopes.count(False) == w.repeats
+    assert entry.scopes[0 if warmup_iters else -1] is True
+    assert row.peak_memory_bytes == 123_456_789 and row.memory_source == entry.memory_measured
+    assert row.memory_report["fit"] == 123_456_789
 
 
 # --------------------------------------------------------------------------------------------

@@ -90,15 +90,15 @@ class BackendEntry(Entry):
             return self.backend.placement.to_backend(X)
         return _converter(sorted(self.cls.namespaces)[0])(X)
 
-    def memory_scope(self):
+    def memory_scope(self, peak=True):
         # the library's own counters where the backend reports none (array-api on a GPU)
         if self.namespace in ("cupy", "torch"):
             self.memory_measured = (f"measured: peak of the {self.namespace} allocator over "
                                     f"copy and fit (includes X)")
         if self.namespace == "cupy":
-            return CupyPeak()
+            return CupyPeak(peak)
         if self.namespace == "torch" and self.device == "gpu":
-            return TorchPeak(importlib.import_module("torch"))
+            return TorchPeak(importlib.import_module("torch"), peak)
         return NoPeak()
 
     def sync(self):

@@ -49,8 +49,8 @@ class FlashEntry(Entry):
     def sync(self):
         self.torch.cuda.synchronize()
 
-    def memory_scope(self):
-        return TorchPeak(self.torch)
+    def memory_scope(self, peak=True):
+        return TorchPeak(self.torch, peak)
 
     def to_input(self, X):
         return self.torch.from_numpy(X).to("cuda").to(self.tdtype)[None]

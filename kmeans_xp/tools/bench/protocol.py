@@ -123,8 +123,10 @@ class Entry:
         """X as the entry holds it (the seed converts to float64)."""
         return w.n * w.d * np.dtype(w.dtype).itemsize
 
-    def memory_scope(self):
-        """Context around one whole run (copy + fit) yielding a dict that gets "peak" bytes."""
+    def memory_scope(self, peak=True):
+        """Context around one whole run (copy + fit) yielding a dict that gets "peak" bytes
+        where `peak`; limits the row runs under (a pool cap) hold either way. The timed runs
+        pass peak=False: a peak's instrumentation is not in their times."""
         return NoPeak()
 
     def threads_scope(self, threads):
@@ -135,8 +137,8 @@ class Entry:
         from threadpoolctl import threadpool_limits
         return threadpool_limits(limits=int(threads))
 
-    def run(self, X, C, iters) -> Measurement:
-        with self.memory_scope() as measured:
+    def run(self, X, C, iters, peak=True) -> Measurement:
+        with self.memory_scope(peak) as measured:
             self.sync()
             t0 = time.perf_counter()
             Xb = self.to_input(X)
@@ -188,8 +190,8 @@ def measure(entry, X, C, w, progress=None) -> Row:
     try:
         _prepare(row, entry, w)
         with entry.threads_scope(w.threads):
-            warm, runs = _timed_runs(entry, X, C, w, progress)
-        _summarise(row, runs, entry, w)
+            warm, runs, measured = _timed_runs(entry, X, C, w, progress)
+        _summarise(row, runs, measured, entry, w)
         if warm is not None:
             row.warmup_s = warm[0]
             row.one_time_s = one_time_cost(*warm, {"end_to_end_s": row.end_to_end_s,
@@ -208,18 +210,24 @@ def measure(entry, X, C, w, progress=None) -> Row:
 
 
 def _timed_runs(entry, X, C, w, progress):
-    """The warm-up fit ((seconds, iterations) or None) and the timed runs of a row."""
+    """The warm-up fit ((seconds, iterations) or None), the timed runs of a row, and the run
+    whose memory peak was measured: the warm-up, or without one a run after the timed ones.
+    (CuPy's peak is seen by a memory hook, Python at every allocation: the timed runs
+    measure the fit, not the hook.)"""
     _tick(progress, f"{entry.name}: warm-up")
-    warm = None
+    warm = measured = None
     if w.warmup_iters > 0:
         t0 = time.perf_counter()
-        warm_iters = entry.run(X, C, min(w.warmup_iters, w.iters)).n_iter
-        warm = (time.perf_counter() - t0, warm_iters)
+        measured = entry.run(X, C, min(w.warmup_iters, w.iters))
+        warm = (time.perf_counter() - t0, measured.n_iter)
     runs, repeats = [], w.repeats_for(entry.device)
     for r in range(repeats):
         _tick(progress, f"{entry.name}: run {r + 1}/{repeats}")
-        runs.append(entry.run(X, C, w.iters))
-    return warm, runs
+        runs.append(entry.run(X, C, w.iters, peak=False))
+    if measured is None:
+        _tick(progress, f"{entry.name}: memory peak")
+        measured = entry.run(X, C, w.iters)
+    return warm, runs, measured
 
 
 def _prepare(row, entry, w):
@@ -234,7 +242,7 @@ def _prepare(row, entry, w):
         row.dtype = entry.dtype
 
 
-def _summarise(row, runs, entry, w):
+def _summarise(row, runs, measured, entry, w):
     last = runs[-1]
     per_iter = [m.lloyd_s / max(m.n_iter, 1) for m in runs]
     row.n_iter = last.n_iter
@@ -249,8 +257,8 @@ def _summarise(row, runs, entry, w):
     row.end_to_end_s = _median([m.end_to_end_s for m in runs])
     row.transfer_s = _median([m.transfer_s for m in runs])
     row.inertia = float(last.inertia)
-    row.memory_report = last.memory_report
-    peaks = [m.peak_bytes for m in runs if m.peak_bytes]
+    row.memory_report = measured.memory_report
+    peaks = [m.peak_bytes for m in runs + [measured] if m.peak_bytes]
     if peaks:
         row.peak_memory_bytes, row.memory_source = max(peaks), entry.memory_measured
     elif row.memory_estimate_bytes is not None:
@@ -303,9 +311,15 @@ def release_device_memory():
 
 class CupyPeak:
     """Peak used bytes of CuPy's default pool inside the block, seen by a memory hook on every
-    allocation (so short-lived temporaries count); yields a dict that gets "peak"."""
+    allocation (so short-lived temporaries count); yields a dict that gets "peak". Not
+    `active`: nothing is hooked, the dict stays empty."""
+
+    def __init__(self, active=True):
+        self.active, self.hook = active, None
 
     def __enter__(self):
+        if not self.active:
+            return {}
         import cupy as cp
         pool, out = cp.get_default_memory_pool(), {}
         out["peak"] = pool.used_bytes()
@@ -321,22 +335,26 @@ class CupyPeak:
         return out
 
     def __exit__(self, *exc):
-        self.hook.__exit__(*exc)
+        if self.hook is not None:
+            self.hook.__exit__(*exc)
         return False
 
 
 class TorchPeak:
-    """torch.cuda.max_memory_allocated over the block; yields a dict that gets "peak"."""
+    """torch.cuda.max_memory_allocated over the block; yields a dict that gets "peak" (none
+    when not `active`)."""
 
-    def __init__(self, torch):
-        self.torch, self.out = torch, {}
+    def __init__(self, torch, active=True):
+        self.torch, self.active, self.out = torch, active, {}
 
     def __enter__(self):
-        self.torch.cuda.reset_peak_memory_stats()
+        if self.active:
+            self.torch.cuda.reset_peak_memory_stats()
         return self.out
 
     def __exit__(self, *exc):
-        self.out["peak"] = int(self.torch.cuda.max_memory_allocated())
+        if self.active:
+            self.out["peak"] = int(self.torch.cuda.max_memory_allocated())
         return False
 
 

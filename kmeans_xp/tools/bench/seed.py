@@ -160,9 +160,9 @@ class SeedEntry(Entry):
         if self.device == "gpu":
             self.xp.cuda.get_current_stream().synchronize()
 
-    def memory_scope(self):
+    def memory_scope(self, peak=True):
         if self.device == "gpu":  # the cap acts as a smaller card; the peak is measured
-            return chain(cupy_pool_limit(self.cap), CupyPeak())
+            return chain(cupy_pool_limit(self.cap), CupyPeak(peak))
         return NoPeak()
 
     def to_input(self, X):

@@ -153,8 +153,8 @@ class TorchEntry(Entry):
     def sync(self):
         synchronize(self.dev)
 
-    def memory_scope(self):
-        return TorchPeak(torch()) if self.dev == "cuda" else NoPeak()
+    def memory_scope(self, peak=True):
+        return TorchPeak(torch(), peak) if self.dev == "cuda" else NoPeak()
 
     def to_input(self, X):
         return torch().from_numpy(X).to(self.dev)
