@@ -120,7 +120,8 @@ def cpu_rows(bench):
 def gpu_rows(bench):
     """Each installed cupy backend exact, cupy-fused in its kernels' reduced precisions too,
     then the GPU peers."""
-    from kmeans_xp.contract.registry import SPARSE_PATH, list_backends
+    from kmeans_xp.contract.registry import list_backends
+    from kmeans_xp.contract.selection import SPARSE_PATH
     specs = []
     for name, info in list_backends().items():
         if not (info.gpu and info.available) or name in set(SPARSE_PATH.values()):

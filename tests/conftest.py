@@ -197,7 +197,7 @@ def client():
 @pytest.fixture(autouse=True)
 def _auto_as_in_a_fresh_process(monkeypatch):
     """`auto` takes numba wherever numba's kernels are loaded in the process
-    (`registry.numba_loaded`); tests share worker processes, so they see the choice of a
+    (`selection.numba_loaded`); tests share worker processes, so they see the choice of a
     fresh process whatever ran before them (test_registry tests the loaded case)."""
-    from kmeans_xp.contract import registry
-    monkeypatch.setattr(registry, "numba_loaded", lambda: False)
+    from kmeans_xp.contract import selection
+    monkeypatch.setattr(selection, "numba_loaded", lambda: False)

@@ -252,7 +252,7 @@ def test_the_default_set_leaves_generic_rows_out_and_says_how_to_add_them():
     assert not set(bench.GENERIC) & set(chosen.specs)
     skipped = {s["name"]: s for s in chosen.skipped}
     assert "--backends default,array-api" in skipped["array-api"]["how"]
-    from kmeans_xp.contract.registry import SPARSE_PATH
+    from kmeans_xp.contract.selection import SPARSE_PATH
     for name in set(SPARSE_PATH.values()):   # sparse-only rows: the workloads are dense
         assert name not in chosen.specs and "sparse" in skipped[name]["reason"]
     for name, info in list_backends().items():

@@ -14,7 +14,7 @@ from kmeans_xp_backends.dask.backend import DaskBackend  # noqa: E402
 from kmeans_xp_backends.dask.namespace import DaskNamespace  # noqa: E402
 
 from kmeans_xp import KMeans  # noqa: E402
-from kmeans_xp.contract.registry import select_backend  # noqa: E402
+from kmeans_xp.contract.selection import select_backend  # noqa: E402
 from kmeans_xp.testing import asymmetric_data, check_backend  # noqa: E402
 
 

@@ -13,7 +13,7 @@ from kmeans_xp_backends.numpy.backend import NumpyBackend
 
 import kmeans_xp
 from kmeans_xp import KMeans, KMeansBackend
-from kmeans_xp.contract import registry
+from kmeans_xp.contract import registry, selection
 from kmeans_xp.testing import asymmetric_data
 from tests._helpers import AUTO_CPU
 
@@ -303,7 +303,7 @@ def test_auto_for_big_host_input_without_gpu_says_so():
     if kmeans_xp.list_backends()["cupy-fused"].available:
         pytest.skip("a GPU backend is available here")
     big = np.broadcast_to(np.zeros(1, np.float32), (10**6, 3))  # shape only, no memory
-    backend, why = registry.select_backend("auto", big, n_clusters=100)
+    backend, why = selection.select_backend("auto", big, n_clusters=100)
     assert backend.name == ("numba" if importlib.util.find_spec("numba") else "numpy")
     assert "n*k*d" in why and "cupy-fused" in why and "numpy" in why
 
@@ -432,9 +432,9 @@ def test_auto_passes_over_a_backend_the_fit_would_not_fit_in(monkeypatch):
         check_memory = no_room
 
     kmeans_xp.register_backend(Cramped)
-    monkeypatch.setattr(registry, "AUTO_GPU_FOR_HOST", ("cramped",))
-    monkeypatch.setattr(registry, "AUTO_GPU_MIN_WORK", 1)
-    monkeypatch.setattr(registry, "AUTO_CPU", ("numpy",))  # (numba would have room too)
+    monkeypatch.setattr(selection, "AUTO_GPU_FOR_HOST", ("cramped",))
+    monkeypatch.setattr(selection, "AUTO_GPU_MIN_WORK", 1)
+    monkeypatch.setattr(selection, "AUTO_CPU", ("numpy",))  # (numba would have room too)
     X = asymmetric_data(2001, 3, 5, seed=1)
     km = KMeans(5, random_state=0).fit(X)
     assert km.backend_ == "numpy"
@@ -493,21 +493,20 @@ def test_auto_tries_cupy_kernels_before_chunked_for_narrow_x(fake_cupy, monkeypa
                         lambda self, X, **kw: "refused for this test")
     X = asymmetric_data(4001, d, 5, seed=2)
     for Xin in (fake_cupy.asarray(X), X):
-        monkeypatch.setattr(registry, "AUTO_GPU_MIN_WORK", 1)
-        inst, why = registry.select_backend("auto", Xin, n_clusters=5)
+        monkeypatch.setattr(selection, "AUTO_GPU_MIN_WORK", 1)
+        inst, why = selection.select_backend("auto", Xin, n_clusters=5)
         assert inst.name == expected, why
 
 
 def test_auto_takes_numba_once_its_kernels_are_loaded(monkeypatch):
     """In a process where numba's kernels are loaded its first use is paid: `auto` takes it
     for a fit the table would give numpy in a fresh process."""
-    from kmeans_xp.contract import registry
     if "numba" not in kmeans_xp.available_backends():
         pytest.skip("numba is not installed")
     X = np.zeros((50_000, 64), np.float32)
-    assert registry.select_backend("auto", X, n_clusters=8, iterations=5)[0].name == "numpy"
-    monkeypatch.setattr(registry, "numba_loaded", lambda: True)
-    be, why = registry.select_backend("auto", X, n_clusters=8, iterations=5)
+    assert selection.select_backend("auto", X, n_clusters=8, iterations=5)[0].name == "numpy"
+    monkeypatch.setattr(selection, "numba_loaded", lambda: True)
+    be, why = selection.select_backend("auto", X, n_clusters=8, iterations=5)
     assert be.name == "numba" and "kernels are loaded" in why
 
 
@@ -516,7 +515,7 @@ def test_auto_orders_the_cpu_engines_by_the_table(monkeypatch):
     process; the numpy backend alone for little work; numba first otherwise, and wherever
     numba's kernels are loaded already (its first use paid)."""
     from kmeans_xp.contract import cpu_engines
-    from kmeans_xp.contract.registry import select_backend
+    from kmeans_xp.contract.selection import select_backend
     assert cpu_engines.choose(50_000, 64, 8, iterations=5,
                               numba_loaded=True).order == ("numba", "numpy")
     assert cpu_engines.choose(50_000, 3, 8, iterations=300).order == ("numba", "numpy")

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from kmeans_xp import KMeans
-from kmeans_xp.contract.registry import select_backend
+from kmeans_xp.contract.selection import select_backend
 from kmeans_xp.testing import asymmetric_data
 from tests._helpers import AUTO_CPU, spy_to_backend
 

@@ -5,7 +5,7 @@ The CPU sparse path's code (`kmeans_xp_backends.numpy.sparse`) reads its dense l
 X, so this backend is that class with a placement that keeps X on the GPU: chunks of CSR
 rows, (rows, k) distances from the rows' squared norms and a cuSPARSE product, sums per
 cluster as one bincount over the stored values. Chosen by "auto" for cupyx.scipy.sparse
-input and for scipy.sparse input with nnz * k >= `registry.AUTO_GPU_SPARSE_MIN_WORK` where
+input and for scipy.sparse input with nnz * k >= `selection.AUTO_GPU_SPARSE_MIN_WORK` where
 a GPU works, and taken by a fit that names a CuPy backend with sparse X.
 """
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The CPU backends' sparse path: scipy.sparse X (CSR; CSC converted once) without densifying.
 
 Chosen by "auto" for scipy.sparse input, and taken by a fit that names the numpy or numba
-backend with sparse X (`registry.SPARSE_PATH`). X reaches the primitives as a
+backend with sparse X (`selection.SPARSE_PATH`). X reaches the primitives as a
 `contract.sparse.SparseRows` (the CSR, and the vector it is seen shifted by: zeros in a
 fit, as scikit-learn computes on sparse X as given). Chunks of CSR rows, sized so that
 their (rows, k) distances stay within `max_memory`, on all cores on the host

@@ -28,7 +28,7 @@ from kmeans_xp.contract.namespaces import (
     namespace_name,
     to_numpy,
 )
-from kmeans_xp.contract.registry import select_backend
+from kmeans_xp.contract.selection import select_backend
 from kmeans_xp.contract.results import user_labels
 from kmeans_xp.contract.return_checks import assigned_labels
 from kmeans_xp.contract.scaling import NumericGuard, host_dtype_of

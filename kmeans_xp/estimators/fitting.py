@@ -13,7 +13,7 @@ from kmeans_xp.contract.chunks import check_finite
 from kmeans_xp.contract.namespaces import (DLPACK_FOREIGN, array_namespace, device,
                                            namespace_name, operand)
 from kmeans_xp.estimators.predicting import require_known_shape
-from kmeans_xp.contract.registry import select_backend
+from kmeans_xp.contract.selection import select_backend
 from kmeans_xp.contract.scaling import NumericGuard, host_dtype_of
 from kmeans_xp.estimators.validation import check_array, check_init_array, check_sample_weight, validate_params
 

@@ -106,7 +106,7 @@ def kmeans_plusplus(X: Any, n_clusters: int, *, sample_weight: Any = None,
                          f"equal to the length of n_samples {n}.")
     sw = None if sample_weight is None else check_sample_weight(sample_weight, n, np.float64)
     rs = check_random_state(random_state)
-    from kmeans_xp.contract.registry import select_backend
+    from kmeans_xp.contract.selection import select_backend
     backend = select_backend("auto", X, n_clusters=n_clusters, sample_weight=sw)[0]
     place = backend.placement
     Xb = place.to_backend(X)

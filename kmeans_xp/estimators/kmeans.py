@@ -26,7 +26,7 @@ from kmeans_xp.contract.precision import resolve as resolve_precision
 from kmeans_xp.contract.namespaces import array_namespace, device, dtype_name, to_numpy
 from kmeans_xp.estimators.predicting import Predicting
 from kmeans_xp.algorithms.progress import Clock, logger, verbose_logging
-from kmeans_xp.contract.registry import select_backend
+from kmeans_xp.contract.selection import select_backend
 from kmeans_xp.estimators.routing import MetadataRouting
 from kmeans_xp.contract.results import user_labels
 from kmeans_xp.contract.scaling import scaled_mean

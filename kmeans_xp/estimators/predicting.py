@@ -11,7 +11,8 @@ from kmeans_xp.contract.chunks import row_chunks
 from kmeans_xp.estimators.batched import is_batch, predict_batch, score_batch, transform_batch
 from kmeans_xp.contract.memory import explains_memory_errors
 from kmeans_xp.contract.namespaces import device, namespace_name, to_numpy
-from kmeans_xp.contract.registry import get_backend, get_backend_info, select_backend
+from kmeans_xp.contract.registry import get_backend, get_backend_info
+from kmeans_xp.contract.selection import select_backend
 from kmeans_xp.contract.results import user_labels
 from kmeans_xp.contract.return_checks import assigned_labels
 from kmeans_xp.contract.scaling import host_dtype_of, ldexp_or_inf

@@ -100,7 +100,8 @@ def resolve_backends(spec) -> list:
 
 
 def _default():
-    from kmeans_xp.contract.registry import SPARSE_PATH, list_backends
+    from kmeans_xp.contract.registry import list_backends
+    from kmeans_xp.contract.selection import SPARSE_PATH
     names, skipped = [], []
     sparse_only = set(SPARSE_PATH.values())
     for name, info in list_backends().items():
