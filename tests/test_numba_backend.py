@@ -184,6 +184,32 @@ def test_strided_and_fortran_input():
         np.testing.assert_array_equal(km.labels_, ref.labels_)
 
 
+
+@pytest.mark.parametrize("k, store", [(7, np.uint8), (300, np.uint16)])
+@pytest.mark.parametrize("d", [3, 24])
+def test_every_pass_of_a_fit_takes_one_labels_dtype(monkeypatch, k, d, store):
+    """numba compiles a pass once per argument types: a fit's passes (the iterations, the
+    sum of squared norms, the final labels), predict's and score's all give the kernels
+    labels of k's compact dtype, so a fit's first use compiles each pass once; the labels
+    users get are int32."""
+    import kmeans_xp_backends.numba.kernels as nk
+    seen = []
+    for name in ("pass_narrow", "pass_wide"):
+        kernel = getattr(nk, name)
+
+        def spy(*args, kernel=kernel):
+            seen.append((args[7].dtype, args[8].dtype))   # labels, labels_old
+            return kernel(*args)
+        monkeypatch.setattr(nk, name, spy)
+    X = asymmetric_data(3001, d, k, seed=3)
+    km = KMeans(k, init=X[:k].copy(), max_iter=4, backend="numba").fit(X)
+    predicted = km.predict(X[:500])
+    km.score(X[:500])
+    assert len(seen) >= 6
+    assert set(seen) == {(np.dtype(store), np.dtype(store))}
+    assert km.labels_.dtype == np.int32 and predicted.dtype == np.int32
+    np.testing.assert_array_equal(predicted, km.labels_[:500])
+
 def test_the_flags_are_the_kernels():
     import kmeans_xp_backends.numba.backend as nb
     import kmeans_xp_backends.numba.kernels as nk

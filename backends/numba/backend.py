@@ -247,10 +247,9 @@ class NumbaPlacement(NumpyPlacement):
 
     def _compile(self, sample, centers, n_clusters):
         b = self.backend
-        try:  # the iterations' compact labels for n_clusters, then the final pass's int32
+        try:  # (the labels' dtype is n_clusters', which the sample's few centers may not hold)
             b._pass(sample, None, centers, ASSIGN | SUMS | INERTIA,
                     store=compact_labels_dtype(n_clusters))
-            b.labels_inertia(sample, None, centers)
         except Exception:  # noqa: BLE001 - only a head start: the fit compiles what it runs
             pass
 
@@ -312,11 +311,13 @@ class NumbaBackend(KMeansBackend):
 
     # -- one pass ---------------------------------------------------------------------------
     def _pass(self, X, sample_weight, centers, flags, *, labels=None, labels_old=None,
-              store=LABELS_DTYPE):
+              store=None):
         """(labels, min_sq, sums, weights, inertia, changed) of one pass over X (see
-        `numba_kernels.pass_narrow`); what `flags` does not ask for is None. New labels are
-        of dtype `store`; labels and labels_old given are read as they are (the kernels
-        compile once per labels dtype: the iterations' compact one and int32)."""
+        `numba_kernels.pass_narrow`); what `flags` does not ask for is None. Labels, new and
+        given, are of dtype `store` (default: the smallest type that holds k,
+        `compact_labels_dtype`), those given cast to it where they are not: the kernels
+        compile once per labels dtype, so a fit's passes, its final one included, compile
+        once (4-5 s at d=3), not once for the iterations and again for the int32 labels."""
         K = _kernels()
         data, mean = (X.data, X.mean) if isinstance(X, HostRows) else (X, None)
         data = np.asarray(data)   # (a memmap as a plain view of its pages: read as touched)
@@ -338,12 +339,13 @@ class NumbaBackend(KMeansBackend):
             g = np.zeros((plan.width, k), dtype=dtype)
             np.multiply(C.T, -2, out=g[:d])
         c64 = C.astype(np.float64)
+        store = compact_labels_dtype(k) if store is None else store
         if flags & ASSIGN:
             labels = np.empty(n, dtype=store)
         else:
-            labels = np.ascontiguousarray(labels)
-        old = (np.empty(0, dtype=labels.dtype) if not flags & CHANGED
-               else np.ascontiguousarray(labels_old, dtype=labels.dtype))
+            labels = np.ascontiguousarray(labels, dtype=store)
+        old = (np.empty(0, dtype=store) if not flags & CHANGED
+               else np.ascontiguousarray(labels_old, dtype=store))
         min_sq = np.empty(n, dtype=dtype) if flags & MIN_SQ else empty
         part_sums, part_w, part_stats = self._partials.get(plan.n_tasks, k, d)
         kernel = K.pass_wide if plan.wide else K.pass_narrow
@@ -366,7 +368,7 @@ class NumbaBackend(KMeansBackend):
     # -- the contract -----------------------------------------------------------------------
     def assign(self, X, centers, *, xp=None):
         labels, min_sq, *_ = self._pass(X, None, centers, ASSIGN | MIN_SQ)
-        return AssignResult(labels, min_sq)
+        return AssignResult(labels.astype(LABELS_DTYPE), min_sq)
 
     def reduce(self, X, labels, sample_weight, n_clusters, *, xp=None):
         no_centers = np.zeros((n_clusters, X.shape[1]), dtype=X.dtype)
@@ -381,24 +383,24 @@ class NumbaBackend(KMeansBackend):
         d=128, k=8, 2 threads: 1.1 of a 5.9 ms pass)."""
         flags = ASSIGN | SUMS | (0 if labels_old is None else CHANGED)
         labels, _, sums, weights, _, changed = self._pass(
-            X, sample_weight, centers, flags, labels_old=labels_old,
-            store=compact_labels_dtype(centers.shape[0]))
+            X, sample_weight, centers, flags, labels_old=labels_old)
         if labels_old is None:
             changed = float(labels.shape[0])
-        inertia = inertia_of_sums(self._sq_norm_total(X, sample_weight), centers, sums,
-                                  weights)
+        inertia = inertia_of_sums(self._sq_norm_total(X, sample_weight, labels.dtype),
+                                  centers, sums, weights)
         return IterStats(labels, sums, weights, np.float64(inertia), np.float64(changed))
 
-    def _sq_norm_total(self, X, sample_weight):
+    def _sq_norm_total(self, X, sample_weight, store):
         """sum w ||x||^2 in float64 (rows centered as the passes see them), once per X and
-        weights until `finish`: one pass against a zero center."""
+        weights until `finish`: one pass against a zero center, with labels of dtype `store`
+        (the iterations': no compile of its own)."""
         data = (X.data, X.mean) if isinstance(X, HostRows) else (X, None)
         key = self._sq_norms[0]
         if key is None or not (key[0] is data[0] and key[1] is data[1]
                                and key[2] is sample_weight):
             n, d = data[0].shape   # (the pass casts the center to X's dtype)
             total = self._pass(X, sample_weight, np.zeros((1, d)), INERTIA,
-                               labels=np.zeros(n, dtype=np.uint8))[4]
+                               labels=np.zeros(n, dtype=store), store=store)[4]
             # (the arrays themselves, held: an id could be reused by the next X)
             self._sq_norms = ((data[0], data[1], sample_weight), total)
         return self._sq_norms[1]
@@ -408,7 +410,7 @@ class NumbaBackend(KMeansBackend):
 
     def labels_inertia(self, X, sample_weight, centers, *, xp=None):
         labels, _, _, _, inertia, _ = self._pass(X, sample_weight, centers, ASSIGN | INERTIA)
-        return labels, np.float64(inertia)
+        return labels.astype(LABELS_DTYPE), np.float64(inertia)
 
     def assign_bounded(self, X, centers, bounds, *, xp=None):
         """The contract's bounds with the row test and the recomputed rows' bounds compiled
