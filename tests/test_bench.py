@@ -385,6 +385,9 @@ def test_timed_runs_are_not_instrumented_and_the_peak_is_still_measured(warmup_i
             super().__init__(*args)
             self.scopes = []
 
+        def measures_peak(self):
+            return True
+
         def memory_scope(self, peak=True):
             self.scopes.append(peak)
             out = {"peak": 123_456_789} if peak else {}
@@ -400,6 +403,19 @@ def test_timed_runs_are_not_instrumented_and_the_peak_is_still_measured(warmup_i
     assert entry.scopes[0 if warmup_iters else -1] is True
     assert row.peak_memory_bytes == 123_456_789 and row.memory_source == entry.memory_measured
     assert row.memory_report["fit"] == 123_456_789
+
+
+def test_without_a_warm_up_an_entry_that_measures_no_peak_runs_no_extra_fit(monkeypatch):
+    from kmeans_xp.tools.bench import entries, protocol
+    w = bench.Workload(**{**TINY, "warmup_iters": 0})
+    X = bench.make_data(w)
+    C = bench.shared_init(X, w)
+    entry = entries.BackendEntry("numpy", w)
+    calls = []
+    monkeypatch.setattr(entry, "fit", lambda *a, f=entry.fit: calls.append(1) or f(*a))
+    row = protocol.measure(entry, X, C, w)
+    assert row.ok, row.message
+    assert not entry.measures_peak() and len(calls) == w.repeats
 
 
 # --------------------------------------------------------------------------------------------

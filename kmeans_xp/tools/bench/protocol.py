@@ -129,6 +129,10 @@ class Entry:
         pass peak=False: a peak's instrumentation is not in their times."""
         return NoPeak()
 
+    def measures_peak(self):
+        """Whether `memory_scope` measures a peak here (a scope that is not `NoPeak`)."""
+        return not isinstance(self.memory_scope(), NoPeak)
+
     def threads_scope(self, threads):
         """Context around a row's fits holding it to `threads` (None: as it is): BLAS and
         OpenMP through threadpoolctl; entries with a thread option of their own override."""
@@ -211,9 +215,10 @@ def measure(entry, X, C, w, progress=None) -> Row:
 
 def _timed_runs(entry, X, C, w, progress):
     """The warm-up fit ((seconds, iterations) or None), the timed runs of a row, and the run
-    whose memory peak was measured: the warm-up, or without one a run after the timed ones.
-    (CuPy's peak is seen by a memory hook, Python at every allocation: the timed runs
-    measure the fit, not the hook.)"""
+    whose memory peak was measured: the warm-up, or without one a run after the timed ones
+    (none where the entry measures no peak: the last timed run stands for it). (CuPy's peak
+    is seen by a memory hook, Python at every allocation: the timed runs measure the fit,
+    not the hook.)"""
     _tick(progress, f"{entry.name}: warm-up")
     warm = measured = None
     if w.warmup_iters > 0:
@@ -224,10 +229,10 @@ def _timed_runs(entry, X, C, w, progress):
     for r in range(repeats):
         _tick(progress, f"{entry.name}: run {r + 1}/{repeats}")
         runs.append(entry.run(X, C, w.iters, peak=False))
-    if measured is None:
+    if measured is None and entry.measures_peak():
         _tick(progress, f"{entry.name}: memory peak")
         measured = entry.run(X, C, w.iters)
-    return warm, runs, measured
+    return warm, runs, measured or runs[-1]
 
 
 def _prepare(row, entry, w):
