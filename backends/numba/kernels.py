@@ -214,25 +214,26 @@ def _start(sums, weights, stats, flags):
 def _task_narrow(X, Xc, mean, w, g, cn, c64, labels, labels_old, min_sq, sums, weights,
                  stats, flags, s0, e0, tile, xt, A, best, idx):
     """Rows [s0, e0) of one task into its own accumulators, d <= 8; xt (zero rows past d),
-    A, best, idx: the worker's scratch. The register kernel reads the tile transposed (xt:
-    SIMD over rows); the sums, inertia and minima read it row by row (a row's features
-    contiguous: those loops vectorize), in place from Xc where X is C-contiguous and not
-    centered on the fly, else from a copy in A (so they compile for one layout)."""
+    A, best, idx: the worker's scratch. The tile's rows are read in place from Xc where X
+    is C-contiguous and not centered on the fly, else copied (and centered) into A, once;
+    the register kernel reads them transposed into xt (SIMD over rows), the sums, inertia
+    and minima row by row (a row's features contiguous: those loops vectorize)."""
     direct = Xc.shape[0] > 0
+    no_mean = mean[:0]
     _start(sums, weights, stats, flags)
     for b0 in range(s0, e0, tile):
         r = min(tile, e0 - b0)
-        if flags & ASSIGN:
-            _load_narrow(X, mean, b0, r, xt)
-            if xt.shape[0] == 4:
-                _nearest_4(xt, r, g, cn, best, idx)
-            else:
-                _nearest_8(xt, r, g, cn, best, idx)
         if direct:
             rows = Xc[b0:b0 + r]
         else:
             _load_wide(X, mean, b0, r, A)
             rows = A[:r]
+        if flags & ASSIGN:   # (transposed from the tile's rows: X is read and centered once)
+            _load_narrow(rows, no_mean, 0, r, xt)
+            if xt.shape[0] == 4:
+                _nearest_4(xt, r, g, cn, best, idx)
+            else:
+                _nearest_8(xt, r, g, cn, best, idx)
         _tile_results(rows, r, b0, best, idx, flags, w, labels, labels_old, min_sq, sums,
                       weights, c64, stats)
 
