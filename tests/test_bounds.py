@@ -113,6 +113,63 @@ def test_bounds_pause_while_they_keep_few_rows_and_restart(monkeypatch):
     assert got.n_iter == ref.n_iter
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_near_ties_take_the_plain_assignments_labels(dtype):
+    """A recomputed row at a near tie takes the label `ties` gives (the backend's plain
+    pass), whatever order the recompute's own rounding puts its centers in: here a
+    recompute that errs within the error model towards the higher index, on points midway
+    between centers. Without `ties` the argmin of the recompute decides (and differs)."""
+    X, C = _tie_data(dtype)   # (integers: the ties are exact)
+    k = len(C)
+
+    def skewed(rows, centers):   # within a tenth of the error bound, towards the higher index
+        D = B.plain_distances(rows, centers)
+        x2 = np.einsum("ij,ij->i", rows.astype(np.float64), rows.astype(np.float64))
+        c2 = float(np.einsum("ij,ij->i", centers, centers).max())
+        gamma = B.Bounds("hamerly", 1, X.shape[1], k, dtype).gamma
+        return (D - (0.1 * gamma * (x2 + 2 * c2))[:, None] * np.arange(k) / k).astype(dtype)
+
+    def plain(idx, centers):
+        return np.argmin(B.plain_distances(X[idx], centers), axis=1)
+
+    for method in B.METHODS:
+        with_ties = B.Bounds(method, *X.shape, k, dtype)
+        without = B.Bounds(method, *X.shape, k, dtype)
+        centers = C
+        for it in range(4):
+            ref = np.argmin(B.plain_distances(X, centers), axis=1)
+            got = B.assign_bounded_numpy(X, centers, with_ties, distances=skewed,
+                                         ties=lambda idx, c=centers: plain(idx, c))
+            np.testing.assert_array_equal(got, ref, err_msg=f"{method} iteration {it}")
+            if it == 0:   # the grid's exact ties: the skewed recompute alone breaks them up
+                other = B.assign_bounded_numpy(X, centers, without, distances=skewed)
+                assert np.any(other != ref), method
+            centers = (centers + np.asarray([[0.5, 0.0]], dtype)).astype(dtype)
+
+
+@pytest.mark.parametrize("name", ["numpy", "numba"])
+def test_bounded_run_breaks_near_ties_as_the_plain_pass(name):
+    """On the seed's data at d=32, k=8 a run meets rows whose two nearest centers are
+    within rounding; the plain pass and a recompute of the gathered rows (other GEMM
+    shapes) ordered one of them differently at iteration 9 (numba, before `ties`), and the
+    runs then parted. Every method gives the plain run: labels, centers, n_iter."""
+    from kmeans_xp.tools.bench.workload import Workload, make_data, shared_init
+    w = Workload(n=100_000, d=32, k=8, data="seed", init="k-means++", seed=0)
+    X = make_data(w)
+    init = shared_init(X, w)
+    backend = _backend(name)
+    Xc = X - X.mean(axis=0)
+    C = (init - X.mean(axis=0)).astype(X.dtype)
+    run = lambda bounds: kmeans_single_lloyd(backend, Xc, None, C, xp=np,  # noqa: E731
+                                             max_iter=15, tol=0.0, bounds=bounds)
+    ref = run(None)
+    for method in B.METHODS:
+        got = run(method)
+        np.testing.assert_array_equal(np.asarray(got.labels), np.asarray(ref.labels), method)
+        np.testing.assert_array_equal(got.centers, ref.centers, method)
+        assert got.n_iter == ref.n_iter
+
+
 @pytest.mark.parametrize("name", ["numpy", "numba"])
 def test_bounds_prune_rows(name):
     """The point of the bounds: once the centers settle, most rows are kept untouched."""

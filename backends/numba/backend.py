@@ -36,7 +36,6 @@ from kmeans_xp.contract.backend import (
     ReduceResult,
     compact_labels_dtype,
 )
-from kmeans_xp.contract.bounds import PRUNE_SLACK, assign_bounded_numpy
 from kmeans_xp.contract.chunks import inertia_of_sums, mean_of_sums, spawn, tolerance
 from kmeans_xp.contract.memory import MemoryEstimate, chunk_rows, host_available_memory, resolve_budget
 from kmeans_xp.contract.rows import HostRows, is_memmap
@@ -414,30 +413,9 @@ class NumbaBackend(KMeansBackend):
 
     def assign_bounded(self, X, centers, bounds, *, xp=None):
         """The contract's bounds with the row test and the recomputed rows' bounds compiled
-        (`numba_bounds.filter_rows`, `numba_bounds.set_rows`: one pass each on numba's
-        threads); the recomputed rows' distances by the expansion in one GEMM a chunk."""
-        return assign_bounded_numpy(X, centers, bounds, row_filter=self._filter_rows,
-                                    row_setter=self._set_rows)
-
-    def _set_rows(self, bounds, idx, D, x2, delta):
-        from kmeans_xp_backends.numba import bounds_kernels as numba_bounds
-        groups = bounds.groups if bounds.groups is not None else np.zeros(1, np.intp)
-        with _launch(self.threads, False):
-            numba_bounds.set_rows(D, np.asarray(idx, dtype=np.intp), x2, delta,
-                                  numba_bounds.METHOD[bounds.method], groups, bounds.labels,
-                                  bounds.upper, bounds.lower)
-
-    def _filter_rows(self, bounds, X, centers, sh):
-        from kmeans_xp_backends.numba import bounds_kernels as numba_bounds
-        method = numba_bounds.METHOD[bounds.method]
-        group = sh.group if sh.group is not None else np.zeros(1)
-        fail = np.empty(bounds.n, dtype=np.uint8)
-        with _launch(self.threads, False):
-            numba_bounds.filter_rows(X, bounds.centers, bounds.labels, bounds.upper,
-                                     bounds.lower, method, sh.s, sh.s1, sh.j1, sh.s2, group,
-                                     sh.half, bounds.x2, bounds.gamma, sh.c2max, PRUNE_SLACK,
-                                     fail)
-        return np.flatnonzero(fail)
+        (`numba.bounded`)."""
+        from kmeans_xp_backends.numba import bounded
+        return bounded.assign_bounded(self, X, centers, bounds, launch=_launch)
 
     def farthest(self, X, sample_weight, centers, labels, m, *, xp=None):
         """The default's points on all cores (`numpy_stats.farthest`, the numpy backend's)."""

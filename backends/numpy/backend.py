@@ -40,7 +40,6 @@ from kmeans_xp.contract.backend import (
     ReduceResult,
     compact_labels_dtype,
 )
-from kmeans_xp.contract.bounds import assign_bounded_numpy
 from kmeans_xp.contract.chunks import mean_of_sums, spawn, tolerance
 from kmeans_xp.contract.memory import MemoryEstimate, chunk_rows, host_available_memory, resolve_budget
 from kmeans_xp.contract.namespaces import DLPACK_FOREIGN, dlpack_source, foreign_device_type
@@ -48,6 +47,7 @@ from kmeans_xp.contract.rows import HostRows, is_memmap
 from kmeans_xp.contract.constraints import Interval
 
 from kmeans_xp_backends.numpy import blocks as blocks
+from kmeans_xp_backends.numpy import bounded as bounded
 from kmeans_xp_backends.numpy import emulated as emulated
 from kmeans_xp_backends.numpy import pool as numpy_pool, shm as numpy_shm
 from kmeans_xp_backends.numpy import stats as stats
@@ -433,16 +433,8 @@ class NumpyBackend(KMeansBackend):
 
     def assign_bounded(self, X, centers, bounds, *, xp=None):
         """The contract's vectorised bounds, rows recomputed by this backend's augmented
-        GEMM (`blocks.Operands`), so that they break near-ties as `assign` does."""
-        ops = blocks.Operands(centers, np.asarray(X).dtype)
-
-        def distances(rows, _centers):
-            A = np.empty((rows.shape[0], rows.shape[1] + 1), dtype=rows.dtype)
-            A[:, :-1] = rows
-            A[:, -1] = 1
-            return A @ ops.gemm
-
-        return assign_bounded_numpy(X, centers, bounds, distances=distances)
+        GEMM, near ties as `assign` breaks them (`numpy.bounded`)."""
+        return bounded.assign_bounded(self, X, centers, bounds)
 
     def farthest(self, X, sample_weight, centers, labels, m, *, xp=None):
         """The default's points (`numpy_stats.farthest`), on the backend's threads."""

@@ -23,8 +23,10 @@ each within gamma (2|x||c| + |c|^2) of the exact value (`testing.label_bounds.ne
 Bounds are kept on exact distances (float64, from the computed ones widened by that error),
 and a row is kept only where its nearest other center is farther than its own by more than
 twice that error (`margin`), and by PRUNE_SLACK for the bounds' own float64 rounding: where
-a plain assignment could pick another center by rounding, the row is recomputed. So the
-labels are the plain assignment's, not merely a labelling as good.
+a plain assignment could pick another center by rounding, the row is recomputed, and where
+its recomputed nearest two are within that error (`near_ties`) it takes the backend's plain
+pass's label for it (`assign_bounded_numpy`'s `ties`: BLAS rounds by the shapes it gets).
+So the labels are the plain assignment's, not merely a labelling as good.
 
 Rows are the unit of work: a row that fails its test is recomputed against all k centers in
 a GEMM (vectorised NumPy here, `assign_bounded_numpy`; a backend may pass its own distance
@@ -267,13 +269,14 @@ class Bounds:
         """(n,) the error of a computed squared distance of each row (see the module)."""
         return self.gamma * (self.x2 + 2.0 * c2max)
 
-    def set_rows(self, idx, D, x2, delta):
+    def set_rows(self, idx, D, x2, delta, labels=None):
         """Labels and bounds of rows `idx` from D, their (rows, k) computed ||c||^2 - 2 x.c
-        (written to): the argmin (the lowest index on a tie, as a plain assignment) and
-        bounds widened by each row's error `delta`. Hamerly and Yinyang take their minima
-        on D in X's dtype (the shift by x2 - delta keeps the order), so only (rows, 1) or
-        (rows, t) values go to float64 and sqrt; Elkan all (rows, k)."""
-        lab = np.argmin(D, axis=1)
+        (written to): the argmin (the lowest index on a tie, as a plain assignment), or
+        `labels` where given, and bounds widened by each row's error `delta`. Hamerly and
+        Yinyang take their minima on D in X's dtype (the shift by x2 - delta keeps the
+        order), so only (rows, 1) or (rows, t) values go to float64 and sqrt; Elkan all
+        (rows, k)."""
+        lab = np.argmin(D, axis=1) if labels is None else np.asarray(labels, dtype=np.intp)
         r = np.arange(len(idx))
         self.labels[idx] = lab
         own = D[r, lab].astype(np.float64)
@@ -335,14 +338,26 @@ def plain_distances(rows, centers):
     return D
 
 
+def near_ties(D, delta):
+    """Rows of D ((rows, k) computed ||c||^2 - 2 x.c, each within `delta` of the exact
+    value) whose nearest center another computation could order otherwise: a second value
+    within 4 delta of the minimum (two computations, each within delta, can disagree only
+    where the exact gap is within 2 delta, the computed one then within 4 delta)."""
+    best = D.min(axis=1).astype(np.float64)
+    close = np.count_nonzero(np.less_equal(D, (best + 4.0 * delta)[:, None]), axis=1)
+    return np.flatnonzero(close > 1)
+
+
 def assign_bounded_numpy(X, centers, bounds, *, distances=None, row_filter=None,
-                         row_setter=None):
+                         row_setter=None, ties=None):
     """`assign_bounded` on NumPy X: labels (int32, a new array) against `centers`, with
-    `bounds` updated to them. `distances(rows, centers)` -> (rows, k) ||c||^2 - 2 x.c as the
-    backend's plain assignment computes it (default `plain_distances`); `row_filter(bounds,
-    X, centers, shift)` -> rows to recompute (default `filter_rows_numpy`);
-    `row_setter(bounds, idx, D, x2, delta)` sets their labels and bounds from D (default
-    `Bounds.set_rows`)."""
+    `bounds` updated to them. `distances(rows, centers)` -> (rows, k) ||c||^2 - 2 x.c
+    (default `plain_distances`); `row_filter(bounds, X, centers, shift)` -> rows to
+    recompute (default `filter_rows_numpy`); `row_setter(bounds, idx, D, x2, delta)` sets
+    their labels and bounds from D (default `Bounds.set_rows`). `ties(idx)` -> the labels
+    the backend's plain assignment gives rows `idx`, which recomputed rows at a near tie
+    (`near_ties`) take: BLAS rounds by the shapes it gets, and the recomputed rows are
+    gathered into other shapes (docs/bounds.md). None: the argmin of `distances`."""
     X = np.asarray(X)
     b = bounds
     if b.labels is None:
@@ -363,10 +378,15 @@ def assign_bounded_numpy(X, centers, bounds, *, distances=None, row_filter=None,
         D = dist(rows, centers)
         x2 = b.x2[idx]
         delta = b.gamma * (x2 + 2.0 * c2max)
+        near = near_ties(D, delta) if ties is not None and b.k > 1 else ()
+        if len(near):   # (before the setter, which may write to D)
+            tie = (idx[near], D[near].copy(), x2[near], delta[near])
         if row_setter is None:
             b.set_rows(idx, D, x2, delta)
         else:
             row_setter(b, idx, D, x2, delta)
+        if len(near):
+            b.set_rows(*tie, labels=ties(tie[0]))
     b.recomputed, b.full = count, todo is None
     return b.labels.copy()
 

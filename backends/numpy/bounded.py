@@ -1,0 +1,49 @@
+"""The numpy backend's bounded assignment (`KMeansBackend.assign_bounded`: the driver's
+triangle-inequality bounds, `kmeans_xp.contract.bounds`): the contract's vectorised steps,
+the recomputed rows' distances by the backend's augmented GEMM (`blocks.Operands`), and the
+recomputed rows at a near tie labelled by that GEMM on their own sub-chunk of the pass
+(`sub_chunk_labels`)."""
+from __future__ import annotations
+
+import numpy as np
+
+from kmeans_xp.contract.bounds import assign_bounded_numpy
+
+from kmeans_xp_backends.numpy import blocks
+
+
+def assign_bounded(backend, X, centers, bounds):
+    """Labels (int32) of X against `centers`, `bounds` moved to them."""
+    ops = blocks.Operands(centers, np.asarray(X).dtype)
+
+    def distances(rows, _centers):
+        A = np.empty((rows.shape[0], rows.shape[1] + 1), dtype=rows.dtype)
+        A[:, :-1] = rows
+        A[:, -1] = 1
+        return A @ ops.gemm
+
+    return assign_bounded_numpy(X, centers, bounds, distances=distances,
+                                ties=lambda idx: sub_chunk_labels(backend, X, ops, idx))
+
+
+def sub_chunk_labels(backend, X, ops, idx):
+    """The labels the backend's `assign` gives rows `idx` of X: each row's own sub-chunk of
+    the pass (the plan's blocks and sub-chunks, `blocks.assign_block`) through the same GEMM
+    again, so that BLAS takes the same shapes."""
+    X = np.asarray(X)
+    n, d = X.shape
+    plan = backend._plan(n, d, ops.gemm.shape[1], X.dtype.itemsize, backend.max_memory,
+                         backend.threads)
+    out = np.empty(len(idx), dtype=np.intp)
+    subs = {}
+    for j, i in enumerate(np.asarray(idx)):
+        b0 = i // plan.block * plan.block
+        s0 = b0 + (i - b0) // plan.sub * plan.sub
+        if s0 not in subs:
+            e0 = min(s0 + plan.sub, b0 + plan.block, n)
+            A = np.empty((e0 - s0, d + 1), dtype=X.dtype)
+            A[:, :d] = X[s0:e0]
+            A[:, d] = 1
+            subs[s0] = np.argmin(A @ ops.gemm, axis=1)
+        out[j] = subs[s0][i - s0]
+    return out
