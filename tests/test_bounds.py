@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from kmeans_xp import KMeans
+from kmeans_xp.algorithms.bounded import bounded_step
 from kmeans_xp.algorithms.lloyd import kmeans_single_lloyd
 from kmeans_xp.contract import bounds as B
 from kmeans_xp.contract.registry import get_backend
@@ -349,8 +350,8 @@ def test_memmap_input_keeps_lloyds_kernels(tmp_path):
     np.save(path, X)
     mm = np.load(path, mmap_mode="r")
     backend = _backend("numpy")
-    assert B.bounded_step(backend, mm, 10, "elkan") is None
-    assert B.bounded_step(backend, X, 10, "elkan") is not None
+    assert bounded_step(backend, mm, 10, "elkan") is None
+    assert bounded_step(backend, X, 10, "elkan") is not None
     got = KMeans(10, algorithm="elkan", copy_x=False, backend="numpy", n_init=1,
                  random_state=0).fit(mm)
     ref = KMeans(10, backend="numpy", n_init=1, random_state=0).fit(X)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kmeans_xp.contract.bounds import PRUNE_SLACK, assign_bounded_numpy
+from kmeans_xp.contract.bounds import PRUNE_SLACK, assign_bounded_numpy, labels_by_block
 
 from kmeans_xp_backends.numba import bounds_kernels as numba_bounds
 from kmeans_xp_backends.numba.kernels import ASSIGN
@@ -47,13 +47,11 @@ def tile_labels(backend, X, centers, idx):
     X = np.asarray(X)
     n, d = X.shape
     plan = backend._plan(n, d, centers.shape[0], X.dtype.itemsize)
-    out = np.empty(len(idx), dtype=np.intp)
-    tiles = {}
-    for j, i in enumerate(np.asarray(idx)):
+
+    def tile(i):
         s_task = i // plan.task_rows * plan.task_rows
         b0 = s_task + (i - s_task) // plan.tile * plan.tile
-        if b0 not in tiles:
-            r = min(plan.tile, min(n, s_task + plan.task_rows) - b0)
-            tiles[b0] = backend._pass(X[b0:b0 + r], None, centers, ASSIGN)[0]
-        out[j] = tiles[b0][i - b0]
-    return out
+        return b0, min(b0 + plan.tile, s_task + plan.task_rows, n)
+
+    return labels_by_block(idx, tile, lambda s0, e0: backend._pass(
+        X[s0:e0], None, centers, ASSIGN)[0])

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kmeans_xp.contract.bounds import assign_bounded_numpy
+from kmeans_xp.contract.bounds import assign_bounded_numpy, labels_by_block
 
 from kmeans_xp_backends.numpy import blocks
 
@@ -34,16 +34,16 @@ def sub_chunk_labels(backend, X, ops, idx):
     n, d = X.shape
     plan = backend._plan(n, d, ops.gemm.shape[1], X.dtype.itemsize, backend.max_memory,
                          backend.threads)
-    out = np.empty(len(idx), dtype=np.intp)
-    subs = {}
-    for j, i in enumerate(np.asarray(idx)):
+
+    def sub_chunk(i):
         b0 = i // plan.block * plan.block
         s0 = b0 + (i - b0) // plan.sub * plan.sub
-        if s0 not in subs:
-            e0 = min(s0 + plan.sub, b0 + plan.block, n)
-            A = np.empty((e0 - s0, d + 1), dtype=X.dtype)
-            A[:, :d] = X[s0:e0]
-            A[:, d] = 1
-            subs[s0] = np.argmin(A @ ops.gemm, axis=1)
-        out[j] = subs[s0][i - s0]
-    return out
+        return s0, min(s0 + plan.sub, b0 + plan.block, n)
+
+    def labels_of(s0, e0):
+        A = np.empty((e0 - s0, d + 1), dtype=X.dtype)
+        A[:, :d] = X[s0:e0]
+        A[:, d] = 1
+        return np.argmin(A @ ops.gemm, axis=1)
+
+    return labels_by_block(idx, sub_chunk, labels_of)

@@ -26,7 +26,7 @@ import time
 import numpy as np
 
 from kmeans_xp.contract import return_checks as returned
-from kmeans_xp.contract.bounds import bounded_step
+from kmeans_xp.algorithms.bounded import bounded_step
 from kmeans_xp.contract.results import LloydResult
 from kmeans_xp.contract.namespaces import array_namespace, device, to_numpy
 from kmeans_xp.algorithms.balance import balanced_step

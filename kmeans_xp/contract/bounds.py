@@ -1,13 +1,14 @@
 """Exact triangle-inequality bounds for the driver's assignment: Hamerly, Elkan and Yinyang.
 
-A fit with bounds is the same Lloyd run (`algorithms.lloyd`, `bounds=`): the driver holds a
-`Bounds` object and asks the backend for `assign_bounded(X, centers, bounds)` instead of a
-plain assignment. The object remembers, for every row, its label, an upper bound on its
-distance to its own center and lower bounds on its distances to the others, all valid for
-the centers it last saw. When the centers move by s_c, the bounds move by s_c (triangle
-inequality); a row whose lower bounds still exceed its upper bound keeps its label without
-a distance being computed. The rest are recomputed against all k centers by the backend's
-own distance formula, so they get the label a plain `assign` gives.
+A fit with bounds is the same Lloyd run (`algorithms.lloyd`, `bounds=`; its iteration:
+`algorithms.bounded`): the driver holds a `Bounds` object and asks the backend for
+`assign_bounded(X, centers, bounds)` instead of a plain assignment. The object remembers,
+for every row, its label, an upper bound on its distance to its own center and lower bounds
+on its distances to the others, all valid for the centers it last saw. When the centers move
+by s_c, the bounds move by s_c (triangle inequality); a row whose lower bounds still exceed
+its upper bound keeps its label without a distance being computed. The rest are recomputed
+against all k centers by the backend's own distance formula, so they get the label a plain
+`assign` gives.
 
 Methods (the lower bounds a row keeps; `bound_path` chooses):
 
@@ -37,10 +38,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kmeans_xp.contract.chunks import inertia_of_sums
 from kmeans_xp.contract.memory import accepted_options
-from kmeans_xp.contract.results import IterStats
-from kmeans_xp.contract.rows import is_memmap
 
 #: a kept row's bounds must clear the test by this factor: float64 bounds lose ~1e-16 per
 #: update, so this covers far more iterations than any fit runs
@@ -348,6 +346,20 @@ def near_ties(D, delta):
     return np.flatnonzero(close > 1)
 
 
+def labels_by_block(idx, block, labels_of):
+    """Labels of rows `idx` (a `ties` hook's answer) from their own blocks of a pass:
+    `block(i)` -> (start, stop) of row i's block, `labels_of(start, stop)` -> its labels;
+    each block labelled once."""
+    out = np.empty(len(idx), dtype=np.intp)
+    done = {}
+    for j, i in enumerate(np.asarray(idx)):
+        s0, e0 = block(int(i))
+        if s0 not in done:
+            done[s0] = labels_of(s0, e0)
+        out[j] = done[s0][i - s0]
+    return out
+
+
 def assign_bounded_numpy(X, centers, bounds, *, distances=None, row_filter=None,
                          row_setter=None, ties=None):
     """`assign_bounded` on NumPy X: labels (int32, a new array) against `centers`, with
@@ -389,67 +401,3 @@ def assign_bounded_numpy(X, centers, bounds, *, distances=None, row_filter=None,
             b.set_rows(*tie, labels=ties(tie[0]))
     b.recomputed, b.full = count, todo is None
     return b.labels.copy()
-
-
-def inertia_from_sums(bounds, centers, sums, weights, sample_weight):
-    """`chunks.inertia_of_sums`, sum w ||x||^2 from the bounds' row norms (kept for the
-    fit): the bounds leave most rows' distances uncomputed."""
-    if bounds.sq_norm_total is None:
-        w = None if sample_weight is None else np.asarray(sample_weight, dtype=np.float64)
-        bounds.sq_norm_total = float(bounds.x2.sum() if w is None else bounds.x2 @ w)
-    return inertia_of_sums(bounds.sq_norm_total, centers, sums, weights)
-
-
-class BoundedStep:
-    """The driver's iteration with bounds, called as `KMeansBackend.lloyd_iter` is:
-    `backend.assign_bounded`, then `backend.reduce`, the inertia from the sums and the
-    changed labels. `final` is the run's last assignment (labels and their inertia by
-    differences, as `labels_inertia`).
-
-    Where the bounds keep too few rows (more than PAUSE_SHARE recomputed: the centers still
-    move a lot), the next iterations are the backend's plain `lloyd_iter` (the same labels),
-    PAUSE_ITERATIONS of them, doubling at each such pause up to MAX_PAUSE; then the bounds
-    start again from a full assignment. Decided by counts, never by the clock, so a fit
-    takes the same path on every run."""
-
-    def __init__(self, backend, bounds):
-        self.backend, self.bounds = backend, bounds
-        self.pause = 0        # the length of the last pause
-        self.plain_left = 0   # plain iterations left in this one
-
-    def __call__(self, X, sample_weight, centers, labels_old, *, xp):
-        b = self.bounds
-        if self.plain_left:
-            self.plain_left -= 1
-            if not self.plain_left:
-                b.restart()
-            return self.backend.lloyd_iter(X, sample_weight, centers, labels_old, xp=xp)
-        labels = self.backend.assign_bounded(X, centers, b, xp=xp)
-        if not b.full and b.recomputed > PAUSE_SHARE * b.n:
-            self.pause = min(MAX_PAUSE, 2 * self.pause or PAUSE_ITERATIONS)
-            self.plain_left = self.pause
-        sums, weights = self.backend.reduce(X, labels, sample_weight, b.k, xp=xp)
-        inertia = inertia_from_sums(b, centers, sums, weights, sample_weight)
-        changed = (labels.shape[0] if labels_old is None
-                   else int(np.count_nonzero(labels != np.asarray(labels_old))))
-        return IterStats(labels, sums, weights, np.float64(inertia), np.float64(changed))
-
-    def final(self, X, sample_weight, centers, *, xp):
-        if self.plain_left or not self.bounds.started:  # (bounds paused: a plain pass)
-            return self.backend.labels_inertia(X, sample_weight, centers, xp=xp)
-        labels = self.backend.assign_bounded(X, centers, self.bounds, xp=xp)
-        return labels, self.backend.inertia(X, sample_weight, centers, labels, xp=xp)
-
-
-def bounded_step(backend, X, n_clusters, method):
-    """The driver's `BoundedStep` for a fit of X with bounds `method`, or None where the
-    run keeps Lloyd's kernels: no method, X not a NumPy array in memory (a memmap, whose
-    recomputed rows would be read from the file at random; a device array), or a placement
-    that queues iterations ahead."""
-    if method is None or not isinstance(X, np.ndarray) or X.ndim != 2 or is_memmap(X):
-        return None
-    if backend.placement.asynchronous or n_clusters < 2:
-        return None
-    n, d = X.shape
-    space = room(backend, n, d, n_clusters, X.dtype.itemsize)
-    return BoundedStep(backend, Bounds(method, n, d, n_clusters, X.dtype, room=space))
