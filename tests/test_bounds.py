@@ -149,11 +149,14 @@ def test_near_ties_take_the_plain_assignments_labels(dtype):
 
 
 @pytest.mark.parametrize("name", ["numpy", "numba"])
-def test_bounded_run_breaks_near_ties_as_the_plain_pass(name):
+@pytest.mark.parametrize("whole_share", [0.0, 2.0])
+def test_bounded_run_breaks_near_ties_as_the_plain_pass(name, whole_share, monkeypatch):
     """On the seed's data at d=32, k=8 a run meets rows whose two nearest centers are
     within rounding; the plain pass and a recompute of the gathered rows (other GEMM
     shapes) ordered one of them differently at iteration 9 (numba, before `ties`), and the
-    runs then parted. Every method gives the plain run: labels, centers, n_iter."""
+    runs then parted. Every method gives the plain run: labels, centers, n_iter, the
+    near-tie rows labelled by one whole pass (share 0) or by their own blocks (2)."""
+    monkeypatch.setattr(B, "WHOLE_PASS_SHARE", whole_share)
     from kmeans_xp.tools.bench.workload import Workload, make_data, shared_init
     w = Workload(n=100_000, d=32, k=8, data="seed", init="k-means++", seed=0)
     X = make_data(w)

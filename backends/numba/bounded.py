@@ -48,10 +48,10 @@ def tile_labels(backend, X, centers, idx):
     n, d = X.shape
     plan = backend._plan(n, d, centers.shape[0], X.dtype.itemsize)
 
-    def tile(i):
-        s_task = i // plan.task_rows * plan.task_rows
-        b0 = s_task + (i - s_task) // plan.tile * plan.tile
-        return b0, min(b0 + plan.tile, s_task + plan.task_rows, n)
-
-    return labels_by_block(idx, tile, lambda s0, e0: backend._pass(
-        X[s0:e0], None, centers, ASSIGN)[0])
+    idx = np.asarray(idx, dtype=np.intp)
+    task = idx // plan.task_rows * plan.task_rows
+    starts = task + (idx - task) // plan.tile * plan.tile
+    stops = np.minimum(np.minimum(starts + plan.tile, task + plan.task_rows), n)
+    return labels_by_block(
+        idx, starts, stops, lambda s0, e0: backend._pass(X[s0:e0], None, centers, ASSIGN)[0],
+        lambda: backend._pass(X, None, centers, ASSIGN)[0], n)

@@ -34,11 +34,10 @@ def sub_chunk_labels(backend, X, ops, idx):
     n, d = X.shape
     plan = backend._plan(n, d, ops.gemm.shape[1], X.dtype.itemsize, backend.max_memory,
                          backend.threads)
-
-    def sub_chunk(i):
-        b0 = i // plan.block * plan.block
-        s0 = b0 + (i - b0) // plan.sub * plan.sub
-        return s0, min(s0 + plan.sub, b0 + plan.block, n)
+    idx = np.asarray(idx, dtype=np.intp)
+    block = idx // plan.block * plan.block
+    starts = block + (idx - block) // plan.sub * plan.sub
+    stops = np.minimum(np.minimum(starts + plan.sub, block + plan.block), n)
 
     def labels_of(s0, e0):
         A = np.empty((e0 - s0, d + 1), dtype=X.dtype)
@@ -46,4 +45,5 @@ def sub_chunk_labels(backend, X, ops, idx):
         A[:, d] = 1
         return np.argmin(A @ ops.gemm, axis=1)
 
-    return labels_by_block(idx, sub_chunk, labels_of)
+    return labels_by_block(idx, starts, stops, labels_of,
+                           lambda: backend.assign(X, ops.c).labels, n)

@@ -57,6 +57,9 @@ ROW_TEMPORARIES = 6
 #: to MAX_PAUSE), then starts them again
 PAUSE_SHARE = 0.5
 PAUSE_ITERATIONS, MAX_PAUSE = 2, 16
+#: near-tie rows whose blocks (`labels_by_block`) hold this share of X or more take their
+#: labels from one whole pass instead
+WHOLE_PASS_SHARE = 0.25
 #: Elkan keeps k bounds a row up to this k; beyond it Yinyang's groups, O(k / 10) a row
 ELKAN_MAX_K = 64
 #: below this many features Hamerly's single bound: a distance costs about what Elkan's
@@ -336,27 +339,35 @@ def plain_distances(rows, centers):
     return D
 
 
-def near_ties(D, delta):
-    """Rows of D ((rows, k) computed ||c||^2 - 2 x.c, each within `delta` of the exact
-    value) whose nearest center another computation could order otherwise: a second value
-    within 4 delta of the minimum (two computations, each within delta, can disagree only
-    where the exact gap is within 2 delta, the computed one then within 4 delta)."""
-    best = D.min(axis=1).astype(np.float64)
-    close = np.count_nonzero(np.less_equal(D, (best + 4.0 * delta)[:, None]), axis=1)
-    return np.flatnonzero(close > 1)
+def near_ties(bounds, idx, delta):
+    """Of rows `idx`, just set from their computed distances (each within `delta` of the
+    exact value), those whose nearest center another computation could order otherwise:
+    their second-nearest within 4 delta of the nearest (two computations, each within
+    delta, can disagree only where the exact gap is within 2 delta, the computed one then
+    within 4 delta). Read from the rows' new bounds, which hold the two widened by delta:
+    lower^2 - upper^2 = D_2 - D_1 - 2 delta."""
+    up = bounds.upper[idx]
+    low = bounds.lower[idx].min(axis=1)
+    return np.flatnonzero(low <= np.sqrt(up * up + 2.0 * delta) * PRUNE_SLACK)
 
 
-def labels_by_block(idx, block, labels_of):
-    """Labels of rows `idx` (a `ties` hook's answer) from their own blocks of a pass:
-    `block(i)` -> (start, stop) of row i's block, `labels_of(start, stop)` -> its labels;
-    each block labelled once."""
+def labels_by_block(idx, starts, stops, labels_of, whole, n):
+    """Labels of rows `idx` of an n-row X (a `ties` hook's answer) from their own blocks of
+    a pass, rows [starts[j], stops[j]) for row idx[j]: `labels_of(start, stop)` -> a block's
+    labels, each block labelled once; `whole()` -> every row's labels from one whole pass,
+    taken instead where the blocks hold WHOLE_PASS_SHARE of the rows or more (a call of
+    the pass a block would then cost more)."""
+    idx = np.asarray(idx, dtype=np.intp)
+    first, at, inverse = np.unique(starts, return_index=True, return_inverse=True)
+    last = np.asarray(stops)[at]
+    if (last - first).sum() >= WHOLE_PASS_SHARE * n:
+        return np.asarray(whole())[idx].astype(np.intp)
     out = np.empty(len(idx), dtype=np.intp)
-    done = {}
-    for j, i in enumerate(np.asarray(idx)):
-        s0, e0 = block(int(i))
-        if s0 not in done:
-            done[s0] = labels_of(s0, e0)
-        out[j] = done[s0][i - s0]
+    order = np.argsort(inverse, kind="stable")
+    bounds = np.searchsorted(inverse[order], np.arange(len(first) + 1))
+    for u, (s0, e0) in enumerate(zip(first.tolist(), last.tolist())):
+        rows = order[bounds[u]:bounds[u + 1]]
+        out[rows] = np.asarray(labels_of(s0, e0))[idx[rows] - s0]
     return out
 
 
@@ -390,14 +401,13 @@ def assign_bounded_numpy(X, centers, bounds, *, distances=None, row_filter=None,
         D = dist(rows, centers)
         x2 = b.x2[idx]
         delta = b.gamma * (x2 + 2.0 * c2max)
-        near = near_ties(D, delta) if ties is not None and b.k > 1 else ()
-        if len(near):   # (before the setter, which may write to D)
-            tie = (idx[near], D[near].copy(), x2[near], delta[near])
         if row_setter is None:
             b.set_rows(idx, D, x2, delta)
         else:
             row_setter(b, idx, D, x2, delta)
-        if len(near):
-            b.set_rows(*tie, labels=ties(tie[0]))
+        near = near_ties(b, idx, delta) if ties is not None and b.k > 1 else ()
+        if len(near):   # (their bounds hold for any computation within delta)
+            sel = idx[near]
+            b.set_rows(sel, dist(X[sel], centers), x2[near], delta[near], labels=ties(sel))
     b.recomputed, b.full = count, todo is None
     return b.labels.copy()
