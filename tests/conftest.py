@@ -200,7 +200,9 @@ def client():
 @pytest.fixture(autouse=True)
 def _auto_as_in_a_fresh_process(monkeypatch):
     """`auto` takes numba wherever numba's kernels are loaded in the process
-    (`selection.numba_loaded`); tests share worker processes, so they see the choice of a
-    fresh process whatever ran before them (test_registry tests the loaded case)."""
+    (`selection.numba_loaded`) or the process's numpy fits have done enough work
+    (`selection.NUMPY_FIT_WORK`); tests share worker processes, so they see the choice of a
+    fresh process whatever ran before them (test_registry tests both cases)."""
     from kmeans_xp.contract import selection
     monkeypatch.setattr(selection, "numba_loaded", lambda: False)
+    monkeypatch.setattr(selection, "NUMPY_FIT_WORK", selection.FitWork())

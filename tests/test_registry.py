@@ -510,6 +510,28 @@ def test_auto_takes_numba_once_its_kernels_are_loaded(monkeypatch):
     assert be.name == "numba" and "kernels are loaded" in why
 
 
+def test_auto_takes_numba_once_the_processs_numpy_fits_would_have_repaid_it():
+    """Small fits, each too small to repay numba's first use, go to numpy until their work
+    together reaches the table's threshold (the fit's own work counted with it); then
+    numba. Only fits count (predict's passes do not), and only those auto gave numpy."""
+    from kmeans_xp.contract import cpu_engines
+    X = np.zeros((1_000_000, 2), np.float32)
+    fit_work = X.shape[0] * 8 * 2 * 5                     # 8e7 a fit, 5 iterations
+    assert fit_work < cpu_engines.NARROW_NUMBA_MIN_FIT_WORK <= 4 * fit_work
+    assert cpu_engines.choose(*X.shape, 8, iterations=5).order == ("numpy",)
+    assert cpu_engines.choose(*X.shape, 8, iterations=5,
+                              process_work=3 * fit_work).order == ("numba", "numpy")
+    for _ in range(5):   # a predict-like selection (no fit) adds nothing
+        assert selection.select_backend("auto", X, n_clusters=8, iterations=5)[0].name == \
+            "numpy"
+    assert selection.NUMPY_FIT_WORK.total == 0
+    got = [selection.select_backend("auto", X, n_clusters=8, iterations=5,
+                                    check_memory=True)[0].name for _ in range(4)]
+    numba = "numba" in kmeans_xp.available_backends()
+    assert got == ["numpy"] * 3 + ["numba" if numba else "numpy"]
+    assert selection.NUMPY_FIT_WORK.total == (3 + (not numba)) * fit_work
+
+
 def test_auto_orders_the_cpu_engines_by_the_table(monkeypatch):
     """numba's narrow kernel (d <= 4) where the whole fit's work repays its first use in a
     process; the numpy backend alone for little work; numba first otherwise, and wherever

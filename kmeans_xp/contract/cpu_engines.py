@@ -13,7 +13,9 @@ sweep measured (`python benchmarks/surface.py`, section surface-cpu of
 benchmarks/results/<kind>.md); what it costs is its first use in a process (importing numba
 and SciPy, loading its cached kernels: 1-2 s), which a fit repays only when it does enough
 work. So a row asks for the work of one iteration (n * k * d) or of the whole fit (times the
-iterations it may run).
+iterations it may run), counting the whole-fit work of the fits the process ran on numpy
+under auto before (`Query.fit_work`): a process of many small fits takes numba once they
+would have repaid it.
 """
 from __future__ import annotations
 
@@ -44,6 +46,14 @@ class Query(NamedTuple):
     iterations: int   # Lloyd iterations the fit may run (1: one pass, e.g. predict)
     threads: int      # the threads the fit may use
     numba_loaded: bool = False   # numba's kernels already loaded in this process
+    process_work: int = 0   # whole-fit work this process ran on numpy under auto before
+
+    @property
+    def fit_work(self) -> int:
+        """The whole fit's work, with the process's earlier numpy fits: numba's first use
+        is a process's, so fits that each repay too little of it repay it together (the
+        ski-rental rule: take numba once the work run without it would have paid it)."""
+        return self.work * self.iterations + self.process_work
 
     @property
     def work(self) -> int:
@@ -62,13 +72,15 @@ CPU_ENGINES = (
         "numba's kernels are loaded in this process: their first use is paid, and warm "
         "numba is the faster engine or within 15% (surface-cpu, its auto / best own column)"),
     Row(("numba", "numpy"),
-        lambda q: q.d <= NARROW_MAX_D and q.work * q.iterations >= NARROW_NUMBA_MIN_FIT_WORK,
+        lambda q: q.d <= NARROW_MAX_D and q.fit_work >= NARROW_NUMBA_MIN_FIT_WORK,
         f"d <= {NARROW_MAX_D}: numba's narrow kernel, 3-5x the numpy backend, repays its "
-        f"first use from n*k*d*iterations >= {NARROW_NUMBA_MIN_FIT_WORK:.0e}"),
+        f"first use from n*k*d*iterations >= {NARROW_NUMBA_MIN_FIT_WORK:.0e} (the process's "
+        f"earlier numpy fits counted)"),
     Row(("numba", "numpy"),
-        lambda q: q.k <= SMALL_K_MAX and q.work * q.iterations >= SMALL_K_NUMBA_MIN_FIT_WORK,
+        lambda q: q.k <= SMALL_K_MAX and q.fit_work >= SMALL_K_NUMBA_MIN_FIT_WORK,
         f"k <= {SMALL_K_MAX}: numba's pass, 3-7x the numpy backend's GEMM of few columns, "
-        f"repays its first use from n*k*d*iterations >= {SMALL_K_NUMBA_MIN_FIT_WORK:.0e}"),
+        f"repays its first use from n*k*d*iterations >= {SMALL_K_NUMBA_MIN_FIT_WORK:.0e} (the "
+        f"process's earlier numpy fits counted)"),
     Row(("numpy",),
         lambda q: q.work < AUTO_NUMBA_MIN_WORK,
         f"n*k*d < {AUTO_NUMBA_MIN_WORK:.0e}: numba's first use in a process would cost "
@@ -79,19 +91,20 @@ CPU_ENGINES = (
 
 
 def choose(n: int, d: int, k: int, *, iterations: int = 1, threads: int = 1,
-           numba_loaded: bool = False) -> Row:
+           numba_loaded: bool = False, process_work: int = 0) -> Row:
     """The row of CPU_ENGINES a problem takes."""
     q = Query(int(n), int(d), int(k), max(1, int(iterations)), max(1, int(threads)),
-              bool(numba_loaded))
+              bool(numba_loaded), int(process_work))
     return next(row for row in CPU_ENGINES if row.holds(q))
 
 
 def arrange(candidates: list[str], n: int, d: int, k: int, *, iterations: int = 1,
-            threads: int = 1, numba_loaded: bool = False) -> tuple[list[str], str]:
+            threads: int = 1, numba_loaded: bool = False,
+            process_work: int = 0) -> tuple[list[str], str]:
     """(candidates with the CPU engines in the table's order, the row's reason): engines the
     row leaves out are removed, the rest of the candidates (GPU backends first) stay."""
     row = choose(n, d, k, iterations=iterations, threads=threads,
-                 numba_loaded=numba_loaded)
+                 numba_loaded=numba_loaded, process_work=process_work)
     engines = [c for c in candidates if c in ("numba", "numpy")]
     if not engines:
         return list(candidates), ""

@@ -8,6 +8,7 @@ chosen and why. The backends themselves (built-in, plugins, registered at run ti
 from __future__ import annotations
 
 import sys
+import threading
 from typing import Any
 
 from kmeans_xp.contract.backend import KMeansBackend
@@ -130,6 +131,8 @@ def select_backend(backend: str, X: Any, *, n_clusters: int, sample_weight: Any 
                 reasons.append(f"{name}: {exc}")
                 short_of_memory = exc
                 continue
+            if name == "numpy" and check_memory and ns in ("numpy", "list"):
+                NUMPY_FIT_WORK.add(_fit_work(X, ns, n_clusters, iterations))
             return inst, f"auto: {why}; first of {candidates} installed that takes it"
         reasons.append(f"{name}: {reason}")
     if short_of_memory is not None:
@@ -139,6 +142,13 @@ def select_backend(backend: str, X: Any, *, n_clusters: int, sample_weight: Any 
                                 f"{'; '.join(reasons)}") from short_of_memory
     raise ValueError(f"no installed backend takes this {ns} input ({'; '.join(reasons)}). "
                      f"Installed: {available_backends()}.")
+
+
+def _fit_work(X: Any, ns: str, n_clusters: int, iterations: int) -> int:
+    """n * k * d * iterations of a fit of X (NumPy array or list of rows)."""
+    n, d = (len(X), len(X[0]) if len(X) and hasattr(X[0], "__len__") else 1) if ns == "list" \
+        else X.shape[:2]
+    return n * n_clusters * max(d, 1) * max(1, iterations)
 
 
 def _checked_for_fit(inst: KMeansBackend, X: Any, n_clusters: int, copy_x: bool,
@@ -161,6 +171,23 @@ def _checked_for_fit(inst: KMeansBackend, X: Any, n_clusters: int, copy_x: bool,
 
 #: the numba backend's compiled-kernel module: once imported, numba's first use is paid
 NUMBA_KERNELS = "kmeans_xp_backends.numba.kernels"
+
+
+class FitWork:
+    """The whole-fit work (n * k * d * iterations) of the fits `auto` gave the numpy backend
+    in this process (`cpu_engines.Query.process_work`)."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self.total = 0
+
+    def add(self, work: int) -> None:
+        with self._lock:
+            self.total += int(work)
+
+
+#: this process's: tests make it a fresh one each (tests/conftest.py)
+NUMPY_FIT_WORK = FitWork()
 
 
 def numba_loaded() -> bool:
@@ -188,7 +215,7 @@ def _cpu_engines(candidates: list[str], X: Any, ns: str, n_clusters: int, iterat
     loaded = numba_loaded()
     return cpu_engines.arrange(candidates, n, d, n_clusters, iterations=iterations,
                                threads=threads or usable_cores(),
-                               numba_loaded=loaded)
+                               numba_loaded=loaded, process_work=NUMPY_FIT_WORK.total)
 
 
 def _reject_reason(name: str, X: Any, n_clusters: int, sample_weight: Any,
