@@ -3,6 +3,7 @@ the quick tier is `pytest -m "not slow"` (the tests in SLOW are marked `slow`); 
 gigabytes (marker `large`) run only when asked for."""
 import functools
 import os
+import threading
 
 import pytest
 
@@ -195,6 +196,18 @@ def client():
     yield client
     client.close()
     cluster.close()
+
+
+@pytest.fixture(autouse=True)
+def _no_background_compile_outlives_its_test():
+    """A fit on the numba backend compiles its kernels on a thread of its own while X is
+    validated (`NumbaPlacement.warm_up`); one still running when its test ends would call
+    the kernels under the next test's spies and patches, and allocate under its memory
+    traces (a k=300 compile once met a k=7 test's spy): wait for it."""
+    yield
+    for thread in threading.enumerate():
+        if thread.name == "kmeans_xp-numba-compile":
+            thread.join()
 
 
 @pytest.fixture(autouse=True)

@@ -1,7 +1,6 @@
 """The numba backend: the contract, the numpy backend's partition, sums that do not depend on
 the thread count, a memory-mapped X, and "auto" choosing it only where numba is installed."""
 import importlib.util
-import threading
 
 import numpy as np
 import pytest
@@ -194,10 +193,6 @@ def test_every_pass_of_a_fit_takes_one_labels_dtype(monkeypatch, k, d, store):
     labels of k's compact dtype, so a fit's first use compiles each pass once; the labels
     users get are int32."""
     import kmeans_xp_backends.numba.kernels as nk
-    # an earlier fit's head-start compile (another k's dtype) may still be running: wait for it
-    for thread in threading.enumerate():
-        if thread.name == "kmeans_xp-numba-compile":
-            thread.join()
     seen = []
     for name in ("pass_narrow", "pass_wide"):
         kernel = getattr(nk, name)
