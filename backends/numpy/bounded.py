@@ -15,15 +15,17 @@ from kmeans_xp_backends.numpy import blocks
 def assign_bounded(backend, X, centers, bounds):
     """Labels (int32) of X against `centers`, `bounds` moved to them."""
     ops = blocks.Operands(centers, np.asarray(X).dtype)
-
-    def distances(rows, _centers):
-        A = np.empty((rows.shape[0], rows.shape[1] + 1), dtype=rows.dtype)
-        A[:, :-1] = rows
-        A[:, -1] = 1
-        return A @ ops.gemm
-
-    return assign_bounded_numpy(X, centers, bounds, distances=distances,
+    return assign_bounded_numpy(X, centers, bounds,
+                                distances=lambda rows, _centers: augmented(rows, ops),
                                 ties=lambda idx: sub_chunk_labels(backend, X, ops, idx))
+
+
+def augmented(rows, ops):
+    """(rows, k) ||c||^2 - 2 x.c as the pass computes them: [x, 1] @ `ops.gemm`."""
+    A = np.empty((rows.shape[0], rows.shape[1] + 1), dtype=rows.dtype)
+    A[:, :-1] = rows
+    A[:, -1] = 1
+    return A @ ops.gemm
 
 
 def sub_chunk_labels(backend, X, ops, idx):
@@ -39,11 +41,6 @@ def sub_chunk_labels(backend, X, ops, idx):
     starts = block + (idx - block) // plan.sub * plan.sub
     stops = np.minimum(np.minimum(starts + plan.sub, block + plan.block), n)
 
-    def labels_of(s0, e0):
-        A = np.empty((e0 - s0, d + 1), dtype=X.dtype)
-        A[:, :d] = X[s0:e0]
-        A[:, d] = 1
-        return np.argmin(A @ ops.gemm, axis=1)
-
-    return labels_by_block(idx, starts, stops, labels_of,
+    return labels_by_block(idx, starts, stops,
+                           lambda s0, e0: np.argmin(augmented(X[s0:e0], ops), axis=1),
                            lambda: backend.assign(X, ops.c).labels, n)

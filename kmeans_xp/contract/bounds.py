@@ -272,7 +272,7 @@ class Bounds:
 
     def set_rows(self, idx, D, x2, delta, labels=None):
         """Labels and bounds of rows `idx` from D, their (rows, k) computed ||c||^2 - 2 x.c
-        (written to): the argmin (the lowest index on a tie, as a plain assignment), or
+        (left as given): the argmin (the lowest index on a tie, as a plain assignment), or
         `labels` where given, and bounds widened by each row's error `delta`. Hamerly and
         Yinyang take their minima on D in X's dtype (the shift by x2 - delta keeps the
         order), so only (rows, 1) or (rows, t) values go to float64 and sqrt; Elkan all
@@ -280,7 +280,8 @@ class Bounds:
         lab = np.argmin(D, axis=1) if labels is None else np.asarray(labels, dtype=np.intp)
         r = np.arange(len(idx))
         self.labels[idx] = lab
-        own = D[r, lab].astype(np.float64)
+        computed = D[r, lab]
+        own = computed.astype(np.float64)
         self.upper[idx] = np.sqrt(np.maximum(own + x2 + delta, 0.0))
         D[r, lab] = np.inf  # a row's own center is in none of its lower bounds
         if self.method == "elkan":
@@ -294,6 +295,7 @@ class Bounds:
         np.maximum(low, 0.0, out=low)
         np.sqrt(low, out=low)  # (inf stays inf: no other center, or none in the group)
         self.lower[idx] = low
+        D[r, lab] = computed   # (D as given again: its near ties are read after)
         return lab
 
 
@@ -377,7 +379,7 @@ def assign_bounded_numpy(X, centers, bounds, *, distances=None, row_filter=None,
     `bounds` updated to them. `distances(rows, centers)` -> (rows, k) ||c||^2 - 2 x.c
     (default `plain_distances`); `row_filter(bounds, X, centers, shift)` -> rows to
     recompute (default `filter_rows_numpy`); `row_setter(bounds, idx, D, x2, delta)` sets
-    their labels and bounds from D (default `Bounds.set_rows`). `ties(idx)` -> the labels
+    their labels and bounds from D, leaving D as given (default `Bounds.set_rows`). `ties(idx)` -> the labels
     the backend's plain assignment gives rows `idx`, which recomputed rows at a near tie
     (`near_ties`) take: BLAS rounds by the shapes it gets, and the recomputed rows are
     gathered into other shapes (docs/bounds.md). None: the argmin of `distances`."""
@@ -406,8 +408,7 @@ def assign_bounded_numpy(X, centers, bounds, *, distances=None, row_filter=None,
         else:
             row_setter(b, idx, D, x2, delta)
         near = near_ties(b, idx, delta) if ties is not None and b.k > 1 else ()
-        if len(near):   # (their bounds hold for any computation within delta)
-            sel = idx[near]
-            b.set_rows(sel, dist(X[sel], centers), x2[near], delta[near], labels=ties(sel))
+        if len(near):   # (their bounds from D hold whichever of the near two they take)
+            b.set_rows(idx[near], D[near], x2[near], delta[near], labels=ties(idx[near]))
     b.recomputed, b.full = count, todo is None
     return b.labels.copy()

@@ -105,7 +105,7 @@ def select_backend(backend: str, X: Any, *, n_clusters: int, sample_weight: Any 
         candidates = ["cupy-sparse", "scipy-sparse"]
         why = f"scipy.sparse input with nnz*k = {X.nnz * n_clusters:.2g}"
     if ns in ("numpy", "list"):
-        n, d = (len(X), len(X[0]) if len(X) else 0) if ns == "list" else X.shape[:2]
+        n, d = _rows_features(X, ns) or (0, 0)
         if n * n_clusters * max(d, 1) >= AUTO_GPU_MIN_WORK:
             candidates = [*AUTO_GPU_FOR_HOST, *AUTO_CPU]
             why = f"NumPy input with n*k*d = {n * n_clusters * d:.2g} >= {AUTO_GPU_MIN_WORK:.0e}"
@@ -144,10 +144,18 @@ def select_backend(backend: str, X: Any, *, n_clusters: int, sample_weight: Any 
                      f"Installed: {available_backends()}.")
 
 
+def _rows_features(X: Any, ns: str) -> tuple[int, int] | None:
+    """(n, d) of X, a list of rows (d 1 for a list of numbers) or an array; None where X has
+    no 2-D shape."""
+    if ns == "list":
+        return len(X), len(X[0]) if len(X) and hasattr(X[0], "__len__") else 1
+    shape = tuple(getattr(X, "shape", ()))
+    return shape if len(shape) == 2 else None
+
+
 def _fit_work(X: Any, ns: str, n_clusters: int, iterations: int) -> int:
     """n * k * d * iterations of a fit of X (NumPy array or list of rows)."""
-    n, d = (len(X), len(X[0]) if len(X) and hasattr(X[0], "__len__") else 1) if ns == "list" \
-        else X.shape[:2]
+    n, d = _rows_features(X, ns) or (0, 0)
     return n * n_clusters * max(d, 1) * max(1, iterations)
 
 
@@ -205,13 +213,10 @@ def _cpu_engines(candidates: list[str], X: Any, ns: str, n_clusters: int, iterat
 
     if not {"numba", "numpy"} & set(candidates):
         return candidates, ""
-    if ns == "list":
-        n, d = len(X), len(X[0]) if len(X) and hasattr(X[0], "__len__") else 1
-    else:
-        shape = tuple(getattr(X, "shape", ()))
-        if len(shape) != 2:
-            return candidates, ""
-        n, d = shape
+    shape = _rows_features(X, ns)
+    if shape is None:
+        return candidates, ""
+    n, d = shape
     loaded = numba_loaded()
     return cpu_engines.arrange(candidates, n, d, n_clusters, iterations=iterations,
                                threads=threads or usable_cores(),
