@@ -411,7 +411,10 @@ __device__ __forceinline__ void store_block_totals(double inertia, unsigned chan
 
 // The epilogue of the GEMM-like assignment kernels (SIMT and TF32): per row of the block, the
 // lexicographic (dist, index) minimum over its NC candidate cells (disjoint column sets), then
-// the point's label, distance, inertia and changed count, and the block's totals.
+// the point's label, distance, inertia and changed count, and the block's totals. ||x||^2 is
+// summed in feature order (products rounded, no FMA), from X in 16-byte loads where rows allow,
+// eight at a time (one thread per row: scalar loads left each thread waiting on memory once
+// per 16 features); xn_own >= 0 is that sum for row threadIdx.x, made by the caller.
 template <typename T, int BM, int RS, int NC = 16>
 __device__ __forceinline__ void finish_rows(const T* rbest, const int* ridx, i64 row0, int n,
                                             int d, const T* __restrict__ X,
@@ -420,7 +423,7 @@ __device__ __forceinline__ void finish_rows(const T* rbest, const int* ridx, i64
                                             int* __restrict__ labels, T* __restrict__ min_sq,
                                             double* red, u64* redc,
                                             double* __restrict__ block_inertia,
-                                            u64* __restrict__ counter) {
+                                            u64* __restrict__ counter, T xn_own = (T)-1) {
     double inertia = 0.0;
     unsigned changed = 0;
     for (int r = threadIdx.x; r < BM; r += 256) {
@@ -434,8 +437,28 @@ __device__ __forceinline__ void finish_rows(const T* rbest, const int* ridx, i64
             if (v < b || (v == b && vi < bi)) { b = v; bi = vi; }
         }
         T xn = (T)0;
-        for (int j = 0; j < d; ++j) {
-            const T xv = X[gx * d + j];
+        const T* const xr = X + gx * d;
+        int j = (xn_own >= (T)0 && r == (int)threadIdx.x) ? d : 0;  // (the caller's sum)
+        if (j) xn = xn_own;
+        if constexpr (sizeof(T) == 4) {
+            if ((d & 3) == 0 && (reinterpret_cast<unsigned long long>(X) & 15) == 0) {
+                const float4* const xv4 = reinterpret_cast<const float4*>(xr);
+                for (; j + 32 <= d; j += 32) {
+                    float4 v[8];
+#pragma unroll
+                    for (int u = 0; u < 8; ++u) v[u] = __ldg(xv4 + j / 4 + u);
+#pragma unroll
+                    for (int u = 0; u < 8; ++u) {
+                        xn = add_rn(xn, mul_rn(v[u].x, v[u].x));
+                        xn = add_rn(xn, mul_rn(v[u].y, v[u].y));
+                        xn = add_rn(xn, mul_rn(v[u].z, v[u].z));
+                        xn = add_rn(xn, mul_rn(v[u].w, v[u].w));
+                    }
+                }
+            }
+        }
+        for (; j < d; ++j) {
+            const T xv = xr[j];
             xn = add_rn(xn, mul_rn(xv, xv));
         }
         store_point<T>(gx, bi, b, xn, weight_at(W, gx), labels_old, labels, min_sq, changed,

@@ -11,7 +11,10 @@
 // (one block of 8 warps per SM), and each warp waits for its own mma results: 43% of the tensor
 // pipe on the H200 at W5 (ncu). wgmma runs asynchronously for a whole warpgroup (128 threads)
 // from shared memory, so each warpgroup issues column block cb's products and, while they
-// run, does column block cb - 1's argmin from a second set of accumulators (ping-pong).
+// run, does column block cb - 1's argmin from a second set of accumulators (ping-pong). A
+// column block's products are one commit group, and no product is in flight across a branch
+// or the loop's back edge: where one was (a wait behind `if (cb > 0)`, a break in the K loop),
+// ptxas waited for each group in turn, and the argmin ran with the tensor cores idle.
 //
 // Block: 2 warpgroups; warpgroup w owns rows w*64*MT.. (MT m64 tiles), every column block of
 // BN centers. TF32: X's BM = 128 MT rows stay in shared memory for the whole pass (rounded
@@ -49,7 +52,7 @@
 #define KMEANS_WGMMA 0  // (any other target: the kernel traps; the host never launches it)
 #endif
 
-// -- PTX -------------------------------------------------------------------------------------
+// -- PTX (the CPU emulator of the tests defines the wgmma ones itself: KMEANS_WGMMA_EMULATED) -
 
 // shared-memory matrix descriptor of a 128B-swizzled K-major tile starting at saddr
 __device__ __forceinline__ u64 wg_desc(unsigned saddr) {
@@ -57,6 +60,7 @@ __device__ __forceinline__ u64 wg_desc(unsigned saddr) {
            ((u64)1 << 62);
 }
 
+#ifndef KMEANS_WGMMA_EMULATED
 __device__ __forceinline__ void wg_fence() {
 #if KMEANS_WGMMA
     asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
@@ -147,6 +151,7 @@ __device__ __forceinline__ void wgmma_64_rs(float (&d)[8][4], const unsigned (&a
     __trap();
 #endif
 }
+#endif  // KMEANS_WGMMA_EMULATED
 
 constexpr int WG_STAGES = 3;  // centers' stages: a column block loads two blocks ahead
 
@@ -213,6 +218,22 @@ assign_wgmma(const float* __restrict__ X, const float* __restrict__ W,
                                ok);
             }
     };
+    // TF32 with 16-byte rows: X's raw rows by cp.async, all in flight, a group of their own
+    constexpr bool XASYNC = !SPLIT && FMT == 0 && VEC && BM == 256;
+    if constexpr (XASYNC) {
+#pragma unroll
+        for (int a = 0; a < nat; ++a) {
+            const int k = a * EA + c8 * EC;
+#pragma unroll
+            for (int i = 0; i < BM / 32; ++i) {
+                const i64 gx = row0 + r0 + 32 * i;
+                const bool ok = gx < n && k < d;
+                cp_async16(smem_u32(xs + a * BM * 32 + i * 32 * 32 + sw),
+                           ok ? (const void*)(X + gx * d + k) : (const void*)X, ok);
+            }
+        }
+        cp_async_commit();
+    }
     // one commit group per column block slot, empty ones too (the wait counts groups)
     issue(0);
     cp_async_commit();
@@ -238,10 +259,31 @@ assign_wgmma(const float* __restrict__ X, const float* __restrict__ W,
                 xl[s][e] = __float_as_uint(tf32_rna(__fsub_rn(v, big)));
             }
     }
+    float xn_own = -1.0f;  // XASYNC: ||x||^2 of row tid, in feature order (finish_rows')
+    if constexpr (XASYNC) {
+        cp_async_wait<2>();  // X's group (the centers' two may still be in flight)
+        __syncthreads();
+        // row tid's chunks in feature order: its norm from the raw values, then TF32 in place
+        // (a quarter-warp's 8 rows hit 8 different 16-byte chunks: no bank conflict)
+        float s = 0.0f;
+#pragma unroll
+        for (int a = 0; a < nat; ++a)
+#pragma unroll
+            for (int c = 0; c < 8; ++c) {
+                float4* const p = reinterpret_cast<float4*>(xs + a * BM * 32 + tid * 32 +
+                                                            ((c ^ (tid & 7)) << 2));
+                float4 v = *p;
+                s = __fadd_rn(s, __fmul_rn(v.x, v.x)); s = __fadd_rn(s, __fmul_rn(v.y, v.y));
+                s = __fadd_rn(s, __fmul_rn(v.z, v.z)); s = __fadd_rn(s, __fmul_rn(v.w, v.w));
+                v.x = tf32_rna(v.x); v.y = tf32_rna(v.y); v.z = tf32_rna(v.z); v.w = tf32_rna(v.w);
+                *p = v;
+            }
+        xn_own = s;
+    }
     // TF32: the block's rows in shared memory once, TF32 (rna), zeros past n and d; a half
     // format: rounded to it (nearest even), a 16-byte chunk of 8 values from two float loads
 #pragma unroll
-    for (int a = 0; a < (SPLIT ? 0 : nat); ++a) {
+    for (int a = 0; a < (SPLIT || XASYNC ? 0 : nat); ++a) {
         const int k = a * EA + c8 * EC;
 #pragma unroll 4
         for (int i = 0; i < BM / 32; ++i) {
@@ -297,14 +339,19 @@ assign_wgmma(const float* __restrict__ X, const float* __restrict__ W,
     // stage or a row tile adds its byte offset / 16 to the address field (bits 0-13)
     const u64 da0 = wg_desc(smem_u32(xs) + wgi * 64 * MT * 128);
     const u64 db0 = wg_desc(smem_u32(bs));
-    const int nk = dk * EB / 32;  // 32-byte K steps
 
-    // column block cb: its products into `cur` (asynchronous); then, while they run, the
-    // argmin of column block cb - 1 from `prev` (the two sets swap every column block)
-    auto step = [&](float (&cur)[MT][NT][4], float (&prev)[MT][NT][4], int cb) {
+    // column block cb's products into `cur` (asynchronous; one commit group)
+    // column block cb's stage has landed for everyone, and every warpgroup is done with
+    // column block cb - 1 (it waited for its products before this barrier), so cb + 2's
+    // centers may load into cb - 1's stage
+    auto stage_ready = [&](int cb) {
         cp_async_wait<1>();     // this thread's part of column block cb has landed ...
         fence_async_shared();   // ... is visible to the tensor cores ...
         __syncthreads();        // ... and so is everyone's
+        if (cb + 2 < ncb) issue(cb + 2);
+        cp_async_commit();
+    };
+    auto products = [&](float (&cur)[MT][NT][4], int cb) {
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) wg_pin(cur[mt]);
         wg_fence();
@@ -314,9 +361,9 @@ assign_wgmma(const float* __restrict__ X, const float* __restrict__ W,
             const u64 da = da0 + (u64)(a * BM * 8), db = dbs + (u64)(a * BN * 8);
 #pragma unroll
             for (int j = 0; j < 4; ++j) {     // the k8 steps of the atom, 32 bytes apart
-                // (the last atom's past roundup(d, 8) left out; a branch ptxas needs, too:
-                // without it, it serialises every wgmma of the function)
-                if (a == nat - 1 && a * 4 + j >= nk) break;
+                // (every step of every atom, past roundup(d, 8) too: those products are
+                // of zeros, and a branch here splits the commit group, which makes ptxas
+                // wait for each part)
                 const u64 dbj = db + (u64)(j * 2);
                 if constexpr (SPLIT) {  // small.big, big.small, big.big (centers' parts nat
                     const int s = a * 4 + j;      // atoms apart), A from the registers
@@ -332,32 +379,37 @@ assign_wgmma(const float* __restrict__ X, const float* __restrict__ W,
             }
         }
         wg_commit();  // (cur is not touched again before a wait retires these products)
-        if (cb > 0) {
-            wg_wait<1>();        // column block cb - 1's products are done (this warpgroup)
+    };
+    // column block cb > 0: its centers' stage is ready and cb + 2's load is under way, its
+    // products run into `cur` (asynchronous) while this warpgroup does column block cb - 1's
+    // argmin from `prev`; then it waits for them. No product is in flight across a branch or
+    // the loop's back edge (ptxas serialises every wgmma of the function where a non-wgmma
+    // instruction might touch an accumulator in flight: a wait behind a branch, or the loop
+    // carrying a set in flight, did)
+    auto step = [&](float (&cur)[MT][NT][4], float (&prev)[MT][NT][4], int cb) {
+        stage_ready(cb);
+        products(cur, cb);
+        epilogue(prev, cb - 1);
+        wg_wait<0>();
 #pragma unroll
-            for (int mt = 0; mt < MT; ++mt) wg_pin(prev[mt]);
-            __syncthreads();     // both warpgroups are done with its stage: load cb + 2 there
-        }
-        if (cb + 2 < ncb) issue(cb + 2);
-        cp_async_commit();
-        if (cb > 0) epilogue(prev, cb - 1);
+        for (int mt = 0; mt < MT; ++mt) wg_pin(cur[mt]);
     };
 
-    int cb = 0;
-    for (; cb + 1 < ncb; cb += 2) {
-        step(acc[0], acc[1], cb);
-        step(acc[1], acc[0], cb + 1);
-    }
-    if (cb < ncb) step(acc[0], acc[1], cb);
+    stage_ready(0);
+    products(acc[0], 0);
     wg_wait<0>();
-    if (ncb & 1) {  // the last column block's set
 #pragma unroll
-        for (int mt = 0; mt < MT; ++mt) wg_pin(acc[0][mt]);
-        epilogue(acc[0], ncb - 1);
+    for (int mt = 0; mt < MT; ++mt) wg_pin(acc[0][mt]);
+    int cb = 1;
+    for (; cb + 1 < ncb; cb += 2) {
+        step(acc[1], acc[0], cb);
+        step(acc[0], acc[1], cb + 1);
+    }
+    if (cb < ncb) {
+        step(acc[1], acc[0], cb);
+        epilogue(acc[1], cb);
     } else {
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt) wg_pin(acc[1][mt]);
-        epilogue(acc[1], ncb - 1);
+        epilogue(acc[0], cb - 1);
     }
 
     // every warpgroup is past its last wgmma: the stages hold the cells for finish_rows
@@ -374,5 +426,5 @@ assign_wgmma(const float* __restrict__ X, const float* __restrict__ W,
         }
     __syncthreads();
     finish_rows<float, BM, RS, RS>(rbest, ridx, row0, n, d, X, W, labels_old, labels, min_sq,
-                                   red, redc, block_inertia, counter);
+                                   red, redc, block_inertia, counter, xn_own);
 }
