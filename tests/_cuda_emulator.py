@@ -18,7 +18,8 @@ So the kernels' logic (indexing, tiles, grid-stride loops, warp reductions, tie 
 reductions) and their arithmetic are checked bit for bit against NumPy without a GPU. Launch
 configuration, occupancy and speed are not. Needs g++ (C++20) and <ucontext.h>; callers skip
 without it. The v1 TF32 tensor-core file (fused_tf32.cu, inline PTX) is not emulated; the v2
-one (fused_mma.cu) is: its PTX sits behind KMEANS_MMA_EMULATED, defined here by the ISA.
+one (fused_mma.cu) and the wgmma one (fused_wgmma.cu) are: their PTX sits behind
+KMEANS_MMA_EMULATED and KMEANS_WGMMA_EMULATED, defined here by the ISA.
 """
 from __future__ import annotations
 
@@ -61,6 +62,7 @@ static unsigned char* emu_dynamic_smem = nullptr;
 struct alignas(16) float4 { float x, y, z, w; };
 struct alignas(8) float2 { float x, y; };
 struct alignas(16) double2 { double x, y; };
+struct alignas(16) uint4 { unsigned x, y, z, w; };
 
 template <class T> inline T min(T a, T b) { return b < a ? b : a; }
 template <class T> inline T max(T a, T b) { return a < b ? b : a; }
@@ -223,6 +225,72 @@ inline void cp_async4(unsigned dst, const void* src, bool valid) {
 inline void cp_async_commit() {}
 template <int N> inline void cp_async_wait() {}
 template <class T> inline T __ldcg(const T* p) { return *p; }
+
+// The wgmma of cuda/fused_wgmma.cu, by the PTX ISA: a warpgroup (128 threads; warp q its q-th)
+// makes D (64 x 64, FP32) += A (64 x K) B (64 x K)^T for one 32-byte K step (k8 of TF32, k16
+// of fp16 / bf16), the operands in shared memory through descriptors (start address >> 4 in
+// bits 0-13; K-major rows of 128 bytes, 8-row groups 1024 bytes apart; the 128-byte swizzle:
+// address bits 4-6 ^= bits 7-9), or A from registers (the mma.sync A fragment, TF32). Each
+// thread makes its own fragment (d[j][e] at row 16q + g + 8 (e / 2), column 8j + 2t + e % 2)
+// at once, in k order in FP32 (the hardware's order may differ); TF32 ignores the low 13
+// bits. fence, commit and wait are then no-ops (the kernel's barriers still order stage reuse).
+#define KMEANS_WGMMA_EMULATED 1
+inline void wg_fence() {}
+inline void wg_commit() {}
+template <int N> inline void wg_wait() {}
+inline void fence_async_shared() {}
+template <int NT> inline void wg_pin(float (&)[NT][4]) {}
+inline float emu_half_value(unsigned short h, int fmt) {
+    if (fmt == 2) return __uint_as_float((unsigned)h << 16);  // bf16: float's top half
+    const int e = (h >> 10) & 31, m = h & 1023;
+    const float v = e == 0 ? std::ldexp((float)m, -24)
+                    : e == 31 ? (m ? NAN : INFINITY) : std::ldexp((float)(m | 1024), e - 25);
+    return (h & 0x8000) ? -v : v;
+}
+inline float emu_operand(unsigned long long desc, int row, int kk, int fmt) {
+    unsigned a = ((unsigned)(desc & 0x3FFF) << 4) + row * 128 + kk * (fmt ? 2 : 4);
+    a ^= ((a >> 7) & 7) << 4;
+    if (fmt) {
+        unsigned short h;
+        std::memcpy(&h, emu_dynamic_smem + a, 2);
+        return emu_half_value(h, fmt);
+    }
+    unsigned w;
+    std::memcpy(&w, emu_dynamic_smem + a, 4);
+    return __uint_as_float(w & 0xffffe000u);
+}
+template <int FMT>
+inline void wgmma_64(float (&d)[8][4], unsigned long long da, unsigned long long db,
+                     int scale_d) {
+    const int q = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, g = lane / 4, t = lane % 4;
+    for (int j = 0; j < 8; ++j)
+        for (int e = 0; e < 4; ++e) {
+            const int row = 16 * q + g + 8 * (e / 2), col = 8 * j + 2 * t + e % 2;
+            float sum = scale_d ? d[j][e] : 0.0f;
+            for (int kk = 0; kk < (FMT ? 16 : 8); ++kk)
+                sum = std::fmaf(emu_operand(da, row, kk, FMT), emu_operand(db, col, kk, FMT),
+                                sum);
+            d[j][e] = sum;
+        }
+}
+inline void wgmma_64_rs(float (&d)[8][4], const unsigned (&a)[4], unsigned long long db,
+                        int scale_d) {
+    const unsigned char* s = emu_publish(a, sizeof a);
+    const int lane = threadIdx.x & 31, g = lane / 4, t = lane % 4;
+    for (int j = 0; j < 8; ++j)
+        for (int e = 0; e < 4; ++e) {
+            const int r = g + 8 * (e / 2), col = 8 * j + 2 * t + e % 2;
+            float sum = scale_d ? d[j][e] : 0.0f;
+            for (int k = 0; k < 8; ++k) {
+                unsigned w;
+                std::memcpy(&w, s + (size_t)((r % 8) * 4 + k % 4) * 32
+                                    + 4 * ((r >= 8) + 2 * (k >= 4)), 4);
+                sum = std::fmaf(__uint_as_float(w & 0xffffe000u), emu_operand(db, col, k, 0),
+                                sum);
+            }
+            d[j][e] = sum;
+        }
+}
 
 template <class F>
 void emu_launch(int grid, int block, size_t smem, F body) {
