@@ -55,7 +55,7 @@ HEADER = r"""
 #define __align__(n) __attribute__((aligned(n)))
 #define KMEANS_DYNAMIC_SMEM(type, name) type* name = reinterpret_cast<type*>(emu_dynamic_smem)
 
-struct emu_dim { unsigned x = 0; };
+struct emu_dim { unsigned x = 0, y = 0; };
 static emu_dim threadIdx, blockIdx, blockDim, gridDim;
 static unsigned char* emu_dynamic_smem = nullptr;
 
@@ -293,10 +293,11 @@ inline void wgmma_64_rs(float (&d)[8][4], const unsigned (&a)[4], unsigned long 
 }
 
 template <class F>
-void emu_launch(int grid, int block, size_t smem, F body) {
+void emu_launch(int grid, int grid_y, int block, size_t smem, F body) {
     std::function<void()> fn = body;
     emu_body = &fn;
     gridDim.x = grid;
+    gridDim.y = grid_y;
     blockDim.x = block;
     std::vector<unsigned char> dyn(smem + 64);
     emu_dynamic_smem = dyn.data() + (64 - reinterpret_cast<size_t>(dyn.data()) % 64) % 64;
@@ -309,8 +310,9 @@ void emu_launch(int grid, int block, size_t smem, F body) {
     emu_slots.assign(2 * (size_t)((block + 31) / 32 * 32), 0);
     emu_xcount.assign(block, 0);
     emu_wslots.assign(2 * (size_t)((block + 31) / 32 * 32) * 32, 0);
-    for (int b = 0; b < grid; ++b) {
-        blockIdx.x = b;
+    for (int b = 0; b < grid * grid_y; ++b) {
+        blockIdx.x = b % grid;
+        blockIdx.y = b / grid;
         emu_block_bar = emu_barrier{block, 0, 0};
         emu_warp_bar.assign((block + 31) / 32, emu_barrier{32, 0, 0});
         for (int t = 0; t < block; ++t) {
@@ -370,7 +372,8 @@ _SCALARS = {np.dtype(np.int32): (141, ctypes.c_int32), np.dtype(np.int64): (181,
 
 class EmulatedKernels:
     """Kernel instances compiled for the CPU on first use (one library each, cached on disk
-    by the hash of its code); `launch(file, name, grid, args, smem=0, block=256)`."""
+    by the hash of its code); `launch(file, name, grid, args, smem=0, block=256)`, grid an int or
+    (x, y)."""
 
     def __init__(self, build_dir=None):
         self.build_dir = build_dir or os.path.join(tempfile.gettempdir(), "kmeans_xp_emu")
@@ -393,8 +396,10 @@ class EmulatedKernels:
         code = (HEADER + common.source(file)
                 + f'\nextern "C" int emu_arity() {{ return emu_arity(&{name}); }}\n'
                 + f'extern "C" void emu_kinds(int* out) {{ emu_kinds(&{name}, out); }}\n'
-                + 'extern "C" void emu_run(int grid, int block, size_t smem, void** args) {\n'
-                + f'    emu_launch(grid, block, smem, [&] {{ emu_call(&{name}, args); }});\n}}\n')
+                + 'extern "C" void emu_run(int grid, int grid_y, int block, size_t smem, '
+                + 'void** args) {\n'
+                + f'    emu_launch(grid, grid_y, block, smem, [&] {{ emu_call(&{name}, args); }});'
+                + '\n}\n')
         digest = hashlib.sha1(code.encode()).hexdigest()[:16]
         lib = os.path.join(self.build_dir, f"kernel_{digest}.so")
         if not os.path.exists(lib):
@@ -416,6 +421,8 @@ class EmulatedKernels:
         return handle, list(kinds)[:arity]
 
     def launch(self, file, name, grid, args, smem=0, block=common.BLOCK):
+        """grid: blocks along x, or (x, y)."""
+        gx, gy = (grid, 1) if isinstance(grid, int) else (grid + (1,))[:2]
         handle, kinds = self._lib(file, name)
         if len(args) != len(kinds):
             raise TypeError(f"{name}: {len(args)} arguments for {len(kinds)} parameters")
@@ -423,7 +430,8 @@ class EmulatedKernels:
         for i, (a, kind) in enumerate(zip(args, kinds)):
             keep.append(self._argument(name, i, a, kind))
         ptrs = (ctypes.c_void_p * max(len(keep), 1))(*[ctypes.addressof(k) for k in keep])
-        handle.emu_run(ctypes.c_int(grid), ctypes.c_int(block), ctypes.c_size_t(smem), ptrs)
+        handle.emu_run(ctypes.c_int(gx), ctypes.c_int(gy), ctypes.c_int(block),
+                       ctypes.c_size_t(smem), ptrs)
 
     @staticmethod
     def _argument(name, i, a, kind):

@@ -204,8 +204,8 @@ class _EmulatedRawKernel:
         LOOKED_UP.append((file, name))
 
     def __call__(self, grid, block, args, shared_mem=0):
-        self.emu.launch(self.file, self.name, int(grid[0]), args, smem=int(shared_mem),
-                        block=int(block[0]))
+        self.emu.launch(self.file, self.name, tuple(int(g) for g in grid), args,
+                        smem=int(shared_mem), block=int(block[0]))
 
 
 _EMULATOR = None

@@ -295,8 +295,10 @@ def opt_in(fn, shared_mem):
 
 
 def launch(fn, grid, args, shared_mem=0, block=BLOCK):
+    """fn on `grid` blocks (an int, or (x, y): a batch's problems along y) of `block` threads."""
     opt_in(fn, shared_mem)
-    fn((int(max(grid, 1)),), (int(block),), args, shared_mem=int(shared_mem))
+    grid = tuple(int(max(g, 1)) for g in (grid if isinstance(grid, tuple) else (grid,)))
+    fn(grid, (int(block),), args, shared_mem=int(shared_mem))
 
 
 @functools.lru_cache(maxsize=None)

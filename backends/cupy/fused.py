@@ -36,7 +36,7 @@ from kmeans_xp.contract.backend import AssignResult, IterStats, Option, ReduceRe
 from kmeans_xp.contract.memory import KMeansMemoryError, MemoryEstimate, format_bytes, resolve_budget
 from kmeans_xp.contract.namespaces import dtype_name as float_dtype_name
 
-from . import common, paths
+from . import common, fused_batch, paths
 from . import fused_plan as fp
 from .base import BASE_OPTIONS, CupyBackendBase
 from .common import BLOCK, NULL, device_ptr, free_device_memory, launch, with_oom_retry
@@ -103,6 +103,7 @@ class CupyFusedBackend(CupyBackendBase):
     def __init__(self, max_memory="auto", **options):
         super().__init__(max_memory, **options)
         self._ws = None
+        self._batch_ws = None   # a batch's workspaces, by run (fused_batch)
 
     def use_precision(self, precision):
         """The fit's precision picks the kernel paths' (`paths.PRECISIONS`). The older
@@ -120,6 +121,7 @@ class CupyFusedBackend(CupyBackendBase):
     def release_buffers(self):
         super().release_buffers()
         self._ws = None
+        self._batch_ws = None
 
     # -- capability -----------------------------------------------------------------------------
     def reject_reason(self, X, *, n_clusters, sample_weight=None):
@@ -292,14 +294,15 @@ class CupyFusedBackend(CupyBackendBase):
                 extra = (NULL, NULL, np.float64(1.0))
                 smem = p.tc * p.S * ws.T.itemsize
             launch(ws.fn_fused if fuse else ws.fn_assign, p.assign_grid,
-                   (X, w, ws.ops, _i32(ws.n), _i32(ws.k), _i32(p.tc), *tail, *extra),
+                   (X, w, ws.ops, _i32(ws.rows), _i32(ws.k), _i32(p.tc), *tail, *extra),
                    shared_mem=smem)
         elif paths.VARIANTS[p.path].kind == "tile":   # (the argmin in the kernel)
             vec = fp.vector_rows(ws.dtype_name, ws.d) and device_ptr(X) % 16 == 0
             name = fp.assign_kernel_name(p, ws.dtype_name, ws.d, vec)
-            launch(fp.kernel(name), p.assign_grid,
-                   (X, w, ws.ops, ws.cnorm, _i32(ws.n), _i32(ws.d), _i32(p.kpad), *tail),
-                   shared_mem=p.assign_smem)
+            # (a batch: its problems along the grid's y, `fused_batch`)
+            launch(fp.kernel(name), (p.assign_grid, ws.problems),
+                   (X, w, ws.ops, ws.cnorm, _i32(ws.rows), _i32(ws.d), _i32(p.kpad), *tail,
+                    np.int64(ws.ops_b)), shared_mem=p.assign_smem)
         else:
             self._assign_tf32(ws, w, tail)
         if accumulate and not p.fuse:
@@ -373,12 +376,13 @@ class CupyFusedBackend(CupyBackendBase):
 
     def _finalize(self, ws, out, *, stats=False, changed_if_none=-1.0):
         """Fixed point -> float64 sums and weights into `out` (k*(d+1) values, then with
-        stats the inertia and the changed labels)."""
+        stats the inertia and the changed labels: of each problem of a batch, in turn)."""
         k, d = ws.k, ws.d
         launch(ws.fn_finalize, ws.finalize_grid,
                (ws.acc, _i32(k), _i32(d), self._scales(ws)[1], np.float64(1.0 / ws.two_l), out,
                 out[k * d:], ws.partials, _i32(ws.n_partials if stats else 0), ws.counter,
-                np.float64(changed_if_none), out[k * (d + 1):] if stats else NULL))
+                np.float64(changed_if_none), out[k * (d + 1):] if stats else NULL,
+                _i32(ws.problems)))
 
     # -- the contract's primitives ----------------------------------------------------------------
     def assign(self, X, centers, *, xp=None):
@@ -400,6 +404,11 @@ class CupyFusedBackend(CupyBackendBase):
             out = cp.empty(k * (d + 1), dtype=cp.float64)
             self._finalize(ws, out)
         return ReduceResult(out[: k * d].reshape(k, d), out[k * d:])
+
+    def batch_lloyd_iter(self, X, sample_weight, centers, labels_old, active, *, xp=None):
+        """A dense batch on the device in one launch per step (`fused_batch`); a ragged
+        batch, or a path without a batched kernel, each problem's `lloyd_iter`."""
+        return fused_batch.batch_lloyd_iter(self, X, sample_weight, centers, labels_old, active)
 
     def lloyd_iter(self, X, sample_weight, centers, labels_old, *, xp=None, skip=None):
         """pack_centers, one assignment pass (+ the sums when not fused into it), finalize:

@@ -206,7 +206,7 @@ def operand_sizes(layout, k, d, S, kpad) -> tuple:
 def plan(n, d, k, dtype_name, dev, *, precision="fp32", fuse="auto", P=None, G=None,
          budget=None, tf32_kernel="auto", gemm_kernel="auto") -> Plan:
     itemsize = 4 if dtype_name == "float32" else 8
-    sums_smem = k * (d + 1) * 16 + (d + 1) * 8
+    sums_smem = sums_shared_bytes(k, d)
     path = paths.choose(d, k, dtype_name, precision, dev, tf32_kernel=tf32_kernel,
                         gemm_kernel=gemm_kernel).path
     variant = VARIANTS[path]
@@ -230,20 +230,10 @@ def plan(n, d, k, dtype_name, dev, *, precision="fp32", fuse="auto", P=None, G=N
         assign_smem = tile + (sums_smem if fused else 0)
         per_sm = max(1, min(2048 // BLOCK, dev.smem_sm // (assign_smem + 1024)))
         assign_grid = max(1, min(cdiv(n, BLOCK * P), dev.sms * per_sm))
-    acc_rows = 0
     if fused:
-        acc_mode, acc_smem, acc_grid = "fused", 0, 0
-    elif sums_smem <= min(dev.smem_block - 2048, 160 * 1024):
-        per_sm = max(1, min(2048 // BLOCK, dev.smem_sm // (sums_smem + 1024)))
-        acc_mode, acc_smem = "shared", sums_smem
-        acc_grid = max(1, min(cdiv(n, BLOCK), dev.sms * per_sm))
-    elif d > SMALL_D_MAX:  # rows counting-sorted by cluster, summed in registers
-        acc_mode, acc_smem = "sorted", 0
-        acc_rows = sorted_rows(d, sorted_vector(dtype_name, d))
-        acc_grid = cdiv(n, acc_rows)
-    else:  # few features: n*(d+1)*2 atomics are few (0.06 ms at n=2M, d=3, k=100k on the
-        # H200, where the sort alone took 0.5: a cluster of ~20 rows ends at every step)
-        acc_mode, acc_smem, acc_grid = "global", 0, global_acc_grid(n, d, dev)
+        acc_mode, acc_smem, acc_grid, acc_rows = "fused", 0, 0, 0
+    else:
+        acc_mode, acc_smem, acc_grid, acc_rows = update_plan(n, d, k, dtype_name, dev)
     chunk_rows = n
     n_chunks = 1
     if variant.kind == "rows":   # a GEMM per row chunk: its distances take memory
@@ -266,6 +256,27 @@ def plan(n, d, k, dtype_name, dev, *, precision="fp32", fuse="auto", P=None, G=N
     return Plan(path, fused, P, G or CENTER_GROUP, tc, assign_smem, assign_grid, layout, S,
                 kpad, acc_mode, acc_smem, acc_grid, n_partials, chunk_rows, parts, resident,
                 acc_rows)
+
+
+def sums_shared_bytes(k, d) -> int:
+    """Shared memory of k clusters' fixed-point sums and weights, and the d + 1 scales."""
+    return k * (d + 1) * 16 + (d + 1) * 8
+
+
+def update_plan(n, d, k, dtype_name, dev) -> tuple:
+    """(acc_mode, acc_smem, acc_grid, acc_rows) of the sums' own kernel for n rows and k
+    clusters (a pass that does not fuse them); a batch's update runs it on all its rows and
+    clusters at once."""
+    sums_smem = sums_shared_bytes(k, d)
+    if sums_smem <= min(dev.smem_block - 2048, 160 * 1024):
+        per_sm = max(1, min(2048 // BLOCK, dev.smem_sm // (sums_smem + 1024)))
+        return "shared", sums_smem, max(1, min(cdiv(n, BLOCK), dev.sms * per_sm)), 0
+    if d > SMALL_D_MAX:  # rows counting-sorted by cluster, summed in registers
+        acc_rows = sorted_rows(d, sorted_vector(dtype_name, d))
+        return "sorted", 0, cdiv(n, acc_rows), acc_rows
+    # few features: n*(d+1)*2 atomics are few (0.06 ms at n=2M, d=3, k=100k on the H200,
+    # where the sort alone took 0.5: a cluster of ~20 rows ends at every step)
+    return "global", 0, global_acc_grid(n, d, dev), 0
 
 
 def sorted_vector(dtype_name, d) -> int:

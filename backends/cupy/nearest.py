@@ -80,7 +80,8 @@ def pack_centers(C, layout, ops, cnorm, *, S=0, kpad=0):
     fn = common.raw_kernel("centers.cu", f"pack_centers<{ctype(C.dtype)}>")
     common.launch(fn, -(-k // BLOCK),
                   (C, np.int32(k), np.int32(d), np.int32(layout), np.int32(S), np.int32(kpad),
-                   np.int32(mode), NULL if ops is None else ops, NULL if cnorm is None else cnorm))
+                   np.int32(mode), NULL if ops is None else ops, NULL if cnorm is None else cnorm,
+                   np.int64(0), np.int32(0)))
 
 
 def center_operands(centers, dtype):

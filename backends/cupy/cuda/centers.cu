@@ -64,7 +64,11 @@ __device__ T einsum_sq_norm(const T* __restrict__ c, int d, int mode) {
 template <typename T>
 __global__ void __launch_bounds__(BLOCK)
 pack_centers(const T* __restrict__ C, int k, int d, int layout, int S, int kpad, int norm_mode,
-             T* __restrict__ ops, T* __restrict__ cnorm) {
+             T* __restrict__ ops, T* __restrict__ cnorm, i64 ops_b, int cnorm_b) {
+    // (a batch: problem blockIdx.y's k centers, into its operands ops_b and cnorm_b apart)
+    C += (i64)blockIdx.y * k * d;
+    ops += (i64)blockIdx.y * ops_b;
+    if (cnorm != nullptr) cnorm += (i64)blockIdx.y * cnorm_b;
     for (int c = blockIdx.x * BLOCK + threadIdx.x; c < k; c += gridDim.x * BLOCK) {
         const T* row = C + (i64)c * d;
         const T cn = einsum_sq_norm<T>(row, d, norm_mode);

@@ -403,20 +403,38 @@ __device__ __forceinline__ void store_block_totals(double inertia, unsigned chan
                                                    u64* __restrict__ counter) {
     const double tot = block_sum(inertia, red);
     const u64 ch = block_count(changed, redc);
-    if (threadIdx.x == 0) {
-        block_inertia[blockIdx.x] = tot;
-        if (ch) atomicAdd(counter, ch);
+    if (threadIdx.x == 0) {   // (a batch: problem blockIdx.y's partials and counter)
+        block_inertia[(i64)blockIdx.y * gridDim.x + blockIdx.x] = tot;
+        if (ch) atomicAdd(counter + blockIdx.y, ch);
     }
 }
+
+// A batch of gridDim.y problems in one launch (cupy-fused's batch_lloyd_iter): problem p =
+// blockIdx.y owns rows p * n .. p * n + n - 1 of X, W, labels_old, labels and min_sq (a
+// kernel indexes them by global row, bounded by problem_end), its own centers' operands
+// (ops_b values of ops apart) and ||c||^2 (kpad apart), and its own per-block partials and
+// changed counter (store_block_totals). A single problem (gridDim.y = 1) is problem 0. Only
+// the operands' pointers move: the row pointers stay kernel parameters, not registers.
+template <typename T, typename O>
+__device__ __forceinline__ void to_problem(i64 ops_b, int kpad, const O* __restrict__& ops,
+                                           const T* __restrict__& cnorm) {
+    ops += (i64)blockIdx.y * ops_b;
+    cnorm += (i64)blockIdx.y * kpad;
+}
+
+// (problem blockIdx.y's first row, one past its last row)
+__device__ __forceinline__ i64 problem_row0(int n) { return (i64)blockIdx.y * n; }
+__device__ __forceinline__ i64 problem_end(int n) { return (i64)blockIdx.y * n + n; }
 
 // The epilogue of the GEMM-like assignment kernels (SIMT and TF32): per row of the block, the
 // lexicographic (dist, index) minimum over its NC candidate cells (disjoint column sets), then
 // the point's label, distance, inertia and changed count, and the block's totals. ||x||^2 is
 // summed in feature order (products rounded, no FMA), from X in 16-byte loads where rows allow,
 // eight at a time (one thread per row: scalar loads left each thread waiting on memory once
-// per 16 features); xn_own >= 0 is that sum for row threadIdx.x, made by the caller.
+// per 16 features); xn_own >= 0 is that sum for row threadIdx.x, made by the caller. Rows
+// are global (a batch's problems one after another): n is one past the problem's last.
 template <typename T, int BM, int RS, int NC = 16>
-__device__ __forceinline__ void finish_rows(const T* rbest, const int* ridx, i64 row0, int n,
+__device__ __forceinline__ void finish_rows(const T* rbest, const int* ridx, i64 row0, i64 n,
                                             int d, const T* __restrict__ X,
                                             const T* __restrict__ W,
                                             const int* __restrict__ labels_old,

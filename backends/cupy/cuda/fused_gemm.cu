@@ -18,11 +18,13 @@
 template <typename T, int TM, int TN, bool VEC>
 __global__ void __launch_bounds__(256, 2)  // two blocks per SM: at most 128 registers
 assign_gemm(const T* __restrict__ X, const T* __restrict__ W, const T* __restrict__ m2ct,
-            const T* __restrict__ cnorm, int n, int d, int kpad, const int* __restrict__ labels_old,
-            int* __restrict__ labels, T* __restrict__ min_sq,
+            const T* __restrict__ cnorm, int n_rows, int d, int kpad,
+            const int* __restrict__ labels_old, int* __restrict__ labels, T* __restrict__ min_sq,
             double* __restrict__ block_inertia, u64* __restrict__ counter,
-            const bool* __restrict__ skip) {
+            const bool* __restrict__ skip, i64 ops_b) {
     if (skip != nullptr && *skip) return;  // an iteration the driver drops
+    to_problem(ops_b, kpad, m2ct, cnorm);  // (a batch: problem blockIdx.y's centers,
+    const i64 n = problem_end(n_rows);       // its rows up to here; common.cuh)
     constexpr int BM = 16 * TM, BN = 16 * TN, BK = 8, HM = TM / 2, HN = TN / 2;
     constexpr int V = 16 / sizeof(T);              // values per 16-byte vector
     constexpr int APAD = V;                        // As rows stay 16-byte aligned
@@ -42,7 +44,7 @@ assign_gemm(const T* __restrict__ X, const T* __restrict__ W, const T* __restric
     __shared__ u64 redc[8];
 
     const int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
-    const i64 row0 = (i64)blockIdx.x * BM;
+    const i64 row0 = problem_row0(n_rows) + (i64)blockIdx.x * BM;
 
 #pragma unroll
     for (int i = 0; i < TM; ++i) {

@@ -130,11 +130,13 @@ __device__ __forceinline__ void mma_k8(float (&acc)[4][8][4], unsigned a_addr, i
 template <int SPLIT, bool RESIDENT, bool VEC>
 __global__ void __launch_bounds__(256, 1)  // one block per SM: up to 255 registers
 assign_mma(const float* __restrict__ X, const float* __restrict__ W,
-           const float* __restrict__ ops, const float* __restrict__ cnorm, int n, int d,
+           const float* __restrict__ ops, const float* __restrict__ cnorm, int n_rows, int d,
            int kpad, const int* __restrict__ labels_old, int* __restrict__ labels,
            float* __restrict__ min_sq, double* __restrict__ block_inertia,
-           u64* __restrict__ counter, const bool* __restrict__ skip) {
+           u64* __restrict__ counter, const bool* __restrict__ skip, i64 ops_b) {
     if (skip != nullptr && *skip) return;  // an iteration the driver drops
+    to_problem(ops_b, kpad, ops, cnorm);  // (a batch: problem blockIdx.y's centers,
+    const i64 n = problem_end(n_rows);       // its rows up to here; common.cuh)
     constexpr int BM = MMA_BM, BN = MMA_BN, ST = MMA_STAGES, BK = SPLIT ? 16 : 32;
     constexpr int SB = BK + 4;                 // stage row stride (words), 4 (mod 8)
     constexpr int NB = SPLIT ? 2 : 1;          // parts of the centers' operand
@@ -154,7 +156,7 @@ assign_mma(const float* __restrict__ X, const float* __restrict__ W,
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, t = lane & 3;
     const int wm = warp >> 1, wn = warp & 1;  // warp tile: rows wm*64.., columns wn*64..
-    const i64 row0 = (i64)blockIdx.x * BM;
+    const i64 row0 = problem_row0(n_rows) + (i64)blockIdx.x * BM;
     const unsigned s_b = smem_u32(smem), s_a = s_b + ST * B_WORDS * 4;
 
     // running best per (row, column group wn*4 + t): 8 cells a row, each owned by one thread

@@ -245,11 +245,15 @@ accumulate_sorted(const T* __restrict__ X, const T* __restrict__ W, const int* _
 // pass. Block 0 also writes the pass's statistics: stats[0] = the fixed-order sum of the
 // assignment's per-block inertia partials (when n_partials > 0), stats[1] = the labels
 // changed (*counter, then reset to 0; or changed_if_none when it is >= 0: no old labels).
+// A batch of `problems` (their clusters one after another in acc): block p writes problem
+// p's statistics into stats[2p], stats[2p + 1], from its n_partials partials and counter
+// (the grid has at least `problems` blocks).
 __global__ void __launch_bounds__(BLOCK)
 finalize_sums(u64* __restrict__ acc, int k, int d, const double* __restrict__ inv_scale,
               double inv_two_l, double* __restrict__ sums, double* __restrict__ weights,
               const double* __restrict__ block_inertia, int n_partials,
-              u64* __restrict__ counter, double changed_if_none, double* __restrict__ stats) {
+              u64* __restrict__ counter, double changed_if_none, double* __restrict__ stats,
+              int problems) {
     __shared__ double red[WARPS];
     const i64 total = (i64)k * (d + 1);
     for (i64 e = (i64)blockIdx.x * BLOCK + threadIdx.x; e < total; e += (i64)gridDim.x * BLOCK) {
@@ -262,12 +266,14 @@ finalize_sums(u64* __restrict__ acc, int k, int d, const double* __restrict__ in
         if (j < d) sums[c * d + j] = v;
         else weights[c] = v;
     }
-    if (blockIdx.x == 0 && n_partials > 0) {
-        const double tot = block_sum_partials(block_inertia, n_partials, red);
+    const int p = blockIdx.x;
+    if (p < problems && n_partials > 0) {
+        const double tot = block_sum_partials(block_inertia + (i64)p * n_partials, n_partials,
+                                              red);
         if (threadIdx.x == 0) {
-            stats[0] = tot;
-            stats[1] = changed_if_none >= 0.0 ? changed_if_none : (double)*counter;
-            *counter = 0ull;
+            stats[2 * p] = tot;
+            stats[2 * p + 1] = changed_if_none >= 0.0 ? changed_if_none : (double)counter[p];
+            counter[p] = 0ull;
         }
     }
 }

@@ -37,11 +37,13 @@ __device__ __forceinline__ void mma_tf32(float (&c)[4], const unsigned (&a)[4],
 template <bool VEC>
 __global__ void __launch_bounds__(256, 2)
 assign_tf32(const float* __restrict__ X, const float* __restrict__ W,
-            const float* __restrict__ m2ct, const float* __restrict__ cnorm, int n, int d,
+            const float* __restrict__ m2ct, const float* __restrict__ cnorm, int n_rows, int d,
             int kpad, const int* __restrict__ labels_old, int* __restrict__ labels,
             float* __restrict__ min_sq, double* __restrict__ block_inertia,
-            u64* __restrict__ counter, const bool* __restrict__ skip) {
+            u64* __restrict__ counter, const bool* __restrict__ skip, i64 ops_b) {
     if (skip != nullptr && *skip) return;  // an iteration the driver drops
+    to_problem(ops_b, kpad, m2ct, cnorm);  // (a batch: problem blockIdx.y's centers,
+    const i64 n = problem_end(n_rows);       // its rows up to here; common.cuh)
     constexpr int BM = 128, BN = 128, BK = 16;
     constexpr int SA = BK + 4;     // As row stride (words): g * 20 + t hits 32 banks
     constexpr int SB = BN + 8;     // Bs row stride (words): t * 136 + g hits 32 banks
@@ -59,7 +61,7 @@ assign_tf32(const float* __restrict__ X, const float* __restrict__ W,
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, t = lane & 3;
     const int wm = warp >> 2, wn = warp & 3;  // warp tile: rows wm*64.., columns wn*32..
-    const i64 row0 = (i64)blockIdx.x * BM;
+    const i64 row0 = problem_row0(n_rows) + (i64)blockIdx.x * BM;
 
     // running best per (row, column group wn*4 + t); each cell belongs to one thread
     tile_first_min_reset<4, RS>(wm * 64, g, wn * 4 + t, rbest, ridx);

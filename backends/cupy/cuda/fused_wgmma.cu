@@ -167,11 +167,13 @@ constexpr int WG_STAGES = 3;  // centers' stages: a column block loads two block
 template <int SPLIT, int MT, int BN, int NAT, bool VEC, int FMT = 0>
 __global__ void __launch_bounds__(256, 1)
 assign_wgmma(const float* __restrict__ X, const float* __restrict__ W,
-             const float* __restrict__ ops, const float* __restrict__ cnorm, int n, int d,
+             const float* __restrict__ ops, const float* __restrict__ cnorm, int n_rows, int d,
              int kpad, const int* __restrict__ labels_old, int* __restrict__ labels,
              float* __restrict__ min_sq, double* __restrict__ block_inertia,
-             u64* __restrict__ counter, const bool* __restrict__ skip) {
+             u64* __restrict__ counter, const bool* __restrict__ skip, i64 ops_b) {
     if (skip != nullptr && *skip) return;  // an iteration the driver drops
+    to_problem(ops_b, kpad, ops, cnorm);  // (a batch: problem blockIdx.y's centers,
+    const i64 n = problem_end(n_rows);       // its rows up to here; common.cuh)
     constexpr int BM = 128 * MT, NT = BN / 8, RS = 4, NB = SPLIT ? 2 : 1;
     static_assert(BN == 64 && (!SPLIT || MT == 1), "the tiles of fused_plan.wgmma_tile");
     static_assert(FMT == 0 || !SPLIT, "the split is of TF32 only");
@@ -192,7 +194,7 @@ assign_wgmma(const float* __restrict__ X, const float* __restrict__ W,
     // registers, one add per wgmma instead of a vector-to-uniform move per operand)
     const int wgi = __shfl_sync(FULL_MASK, tid >> 7, 0), q = warp & 3, g = lane >> 2, t = lane & 3;
     const int rbase = wgi * 64 * MT + 16 * q;  // this thread's first row (+ g, + 8, + 64 mt)
-    const i64 row0 = (i64)blockIdx.x * BM;
+    const i64 row0 = problem_row0(n_rows) + (i64)blockIdx.x * BM;
     const int ncb = kpad / BN;
 
     // Copies in 16-byte chunks: thread tid takes chunk c = tid % 8 of rows r0 = tid / 8,

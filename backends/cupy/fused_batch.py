@@ -1,0 +1,157 @@
+"""cupy-fused's batch of problems in one launch per step (`KMeansBackend.batch_lloyd_iter`).
+
+The active problems are taken as runs of consecutive indices (`batched.runs`: one run while
+all are active), each run of m problems a contiguous (m * n, d) view of the (B, n, d) array.
+A run's iteration is the single problem's launches, each once for the whole run:
+pack_centers and the assignment kernel with the problems along the grid's y (`to_problem`
+in cuda/common.cuh: problem p's rows, operands, partials and changed counter), then the
+sums of all m problems by one accumulation over the labels offset by p * k (problem p owns
+clusters p*k .. p*k + k - 1 of one table of m * k), and one finalize_sums that writes every
+problem's sums, weights, inertia and changed labels. The workspace (`Workspace` with
+`problems=m`) is kept while the same run comes back.
+
+Numerics: each problem's labels and inertia are those of its own `lloyd_iter` bit for bit
+(the same kernel, tiles and per-block partials, and the same fixed-order inertia tree); the
+sums are fixed point in both, scaled by the batch's max |x| per feature and n rows (a
+problem's own scale otherwise), so they agree to float64 rounding.
+
+What runs the per-problem loop instead (`contract.batching.loop_batch_lloyd_iter`): a ragged
+batch (problems of different n), a non-contiguous one, a problem whose path is not a tile
+kernel (small d, where the sums are fused into the pass; tf32's cuBLAS chunks), and a run
+whose batched buffers would not fit the memory budget.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from kmeans_xp.contract.batching import BatchStats, dense_array, loop_batch_lloyd_iter
+
+from . import fused_plan as fp
+from . import paths
+from .batched import runs
+from .common import device_ptr
+from .workspace import Workspace
+
+
+def loop_reason(backend, X, k):
+    """Why the batch runs the per-problem loop (None: it runs batched)."""
+    arr = dense_array(X)
+    if arr is None:
+        return "a ragged batch"
+    if not (isinstance(arr, backend._cp.ndarray) and arr.flags.c_contiguous):
+        return "X is not one contiguous device array"
+    plan = backend._plan_for(arr[0], k)
+    if paths.VARIANTS[plan.path].kind != "tile":
+        return f"its path {plan.path!r} has no batched kernel"
+    return None
+
+
+def batch_lloyd_iter(backend, X, sample_weight, centers, labels_old, active):
+    """`BatchStats` of the active problems; the loop where `loop_reason` says so."""
+    cp = backend._cp
+    k = centers.shape[1]
+    if loop_reason(backend, X, k) is not None:
+        return loop_batch_lloyd_iter(backend, X, sample_weight, centers, labels_old, active,
+                                     xp=cp)
+    arr = X.array
+    n, d = arr.shape[1], arr.shape[2]
+    a = centers.shape[0]
+    labels = cp.empty((a, n), dtype=cp.int32)
+    out = [None] * a
+    kept = {}
+    for j0, j1, b0 in runs(active):
+        m = j1 - j0
+        ws = _workspace(backend, arr, sample_weight, b0, m, k)
+        if ws is None:   # beyond the budget: this run's problems one at a time
+            part = loop_batch_lloyd_iter(
+                backend, X, sample_weight, centers[j0:j1],
+                None if labels_old is None else [_row(labels_old, j) for j in range(j0, j1)],
+                active[j0:j1], xp=cp)
+            labels[j0:j1] = part.labels if hasattr(part.labels, "ndim") else cp.stack(
+                list(part.labels))
+            for i in range(m):
+                out[j0 + i] = (part.weighted_sums[i], part.weight_in_clusters[i],
+                               part.inertia[i], part.n_changed[i])
+            continue
+        kept[(b0, m)] = ws
+        stats = _run_iteration(backend, ws, centers[j0:j1], labels[j0:j1], labels_old, j0, j1)
+        for i in range(m):
+            out[j0 + i] = tuple(s[i] for s in stats)
+    backend._batch_ws = kept  # (the runs of this call; a run that left frees its buffers)
+    sums, weights, inertia, changed = (cp.stack([o[f] for o in out]) for f in range(4))
+    return BatchStats(labels, sums, weights, inertia, changed)
+
+
+def _run_iteration(backend, ws, centers, labels, labels_old, j0, j1):
+    """One iteration of a run of m problems: (sums (m, k, d), weights (m, k), inertia (m,),
+    changed (m,)); labels (m, n) written in place."""
+    cp = backend._cp
+    m, k1, d = ws.problems, ws.k // ws.problems, ws.d
+    C = cp.ascontiguousarray(centers.astype(ws.T, copy=False))
+    backend._pack(ws, C)
+    old = None
+    if labels_old is not None:
+        old = cp.ascontiguousarray(cp.stack([_row(labels_old, j) for j in range(j0, j1)])
+                                   .astype(cp.int32, copy=False))
+    backend._assign_pass(ws, labels.reshape(-1), labels_old=old)
+    # problem p's labels name clusters p*k1 .. p*k1 + k1 - 1 of the run's one sums table
+    shifted = labels + (cp.arange(m, dtype=cp.int32) * np.int32(k1))[:, None]
+    backend._accumulate(ws, shifted.reshape(-1))
+    K = ws.k
+    out = cp.empty(K * (d + 1) + 2 * m, dtype=cp.float64)
+    backend._finalize(ws, out, stats=True,
+                      changed_if_none=float(ws.rows) if labels_old is None else -1.0)
+    stats = out[K * (d + 1):].reshape(m, 2)
+    return (out[:K * d].reshape(m, k1, d), out[K * d:K * (d + 1)].reshape(m, k1),
+            stats[:, 0], stats[:, 1])
+
+
+def _row(labels_old, j):
+    return labels_old[j] if isinstance(labels_old, (list, tuple)) else labels_old[j, ...]
+
+
+def _workspace(backend, arr, sample_weight, b0, m, k):
+    """The workspace of problems b0 .. b0 + m - 1 (cached while the run comes back), or None
+    when its buffers would exceed the memory budget."""
+    cp = backend._cp
+    n, d = arr.shape[1], arr.shape[2]
+    Xrun = arr[b0:b0 + m].reshape(m * n, d)
+    w = None
+    if sample_weight is not None:
+        w = backend.contiguous(sample_weight.array if hasattr(sample_weight, "array")
+                               else cp.stack(list(sample_weight)), arr.dtype)
+        w = w[b0:b0 + m].reshape(-1)
+    cache = getattr(backend, "_batch_ws", None) or {}
+    ws = cache.get((b0, m))
+    if ws is not None and device_ptr(ws.X) == device_ptr(Xrun) and ws.X.shape == Xrun.shape \
+            and ws.k == m * k and (w is None) == (ws.w is None):
+        if w is not None and device_ptr(w) != device_ptr(ws.w):
+            ws.rebind(Xrun, w, sample_weight)
+        return ws
+    plan = batch_plan(backend, arr[0], k, m)
+    if sum(plan.fixed_bytes.values()) > backend.memory.bytes():
+        return None
+    dev = fp.device_facts(cp.cuda.Device().id)
+    ws = Workspace(cp, plan, Xrun, w, k, dev, problems=m)
+    ws.w_in = sample_weight
+    return ws
+
+
+def batch_plan(backend, X1, k, m):
+    """A problem's plan (X1 one problem's (n, d) rows) for a run of m problems: its
+    assignment (grid, tiles, operands) per problem, the sums' kernel sized for all m * n
+    rows and m * k clusters, and the working memory of all of them."""
+    n, d = X1.shape
+    name = str(X1.dtype)
+    dev = fp.device_facts(backend._cp.cuda.Device().id)
+    one = backend._plan_for(X1, k)
+    acc_mode, acc_smem, acc_grid, acc_rows = fp.update_plan(m * n, d, m * k, name, dev)
+    plan = fp.one_wave(one._replace(acc_mode=acc_mode, acc_smem=acc_smem, acc_grid=acc_grid,
+                                    acc_rows=acc_rows), m * n, d, name, dev)
+    parts = {part: size * m for part, size in one.fixed_bytes.items()}
+    if acc_mode == "sorted":
+        parts["sort_buffers"] = 4 * m * n + 4 * (3 * m * k + 1)
+    else:
+        parts.pop("sort_buffers", None)
+    parts["shifted_labels"] = 4 * m * n
+    return plan._replace(fixed_bytes=parts)

@@ -1,0 +1,168 @@
+"""cupy-fused's batch in one launch per step (backends/cupy/fused_batch.py): each problem's
+labels, inertia and changed count must be its own `lloyd_iter`'s bit for bit (the same tile
+kernel, with the problems along the grid's y), its sums equal to float64 rounding; on the
+CPU through the NumPy stand-in for CuPy with the real kernels emulated, for every tile path
+(SIMT float64, 3xTF32 and TF32 on mma.sync, and on Hopper the wgmma kernel's TF32, 3xTF32
+and fp16), n and k off every tile size, weights with zeros, active subsets (runs of
+problems), and the loop where the batch has no batched kernel; on the device (marked gpu),
+the same and a whole fit against the numpy backend's single fits."""
+import warnings
+
+import numpy as np
+import pytest
+from kmeans_xp_backends.cupy import fused_batch, fused_plan
+
+from kmeans_xp import KMeans, get_backend
+from kmeans_xp.contract.batching import BatchArray, row
+from kmeans_xp.testing import asymmetric_data
+
+HOPPER = fused_plan.DeviceFacts(2, 227 * 1024, 228 * 1024, 90)
+
+# (precision, dtype, d, Hopper?, the path the problem takes)
+PATHS = [("exact", np.float64, 33, False, "gemm"), ("exact", np.float32, 33, False, "mma3"),
+         ("tf32", np.float32, 20, False, "mma"), ("tf32", np.float32, 36, True, "wgmma"),
+         ("exact", np.float32, 24, True, "wgmma3"), ("fp16", np.float32, 40, True, "wgmma-fp16")]
+
+
+def _backend(precision, hopper, monkeypatch, **options):
+    if hopper:
+        monkeypatch.setattr(fused_plan, "device_facts", lambda device_id: HOPPER)
+    be = get_backend("cupy-fused")(**options)
+    be.use_precision(precision)
+    return be
+
+
+def _batch(B, n, d, k, dtype, seed=0):
+    """(B, n, d) asymmetric centered problems, weights with zeros, (B, k, d) centers."""
+    X = np.stack([asymmetric_data(n, d, 5, dtype=dtype, seed=seed + b, offset=3.0 * b)
+                  for b in range(B)])
+    X -= X.mean(axis=1, keepdims=True)
+    rng = np.random.default_rng(seed)
+    w = rng.uniform(0.5, 2.0, (B, n)).astype(dtype)
+    w[rng.random((B, n)) < 0.1] = 0
+    C = np.stack([X[b, rng.choice(n, k, replace=False)] for b in range(B)])
+    C += rng.normal(size=C.shape).astype(dtype) * 0.05
+    C[1, :2] += 100   # clusters no point is near
+    return np.ascontiguousarray(X), w, np.ascontiguousarray(C.astype(dtype))
+
+
+def _spy(monkeypatch):
+    runs = []
+    real = fused_batch._run_iteration
+    monkeypatch.setattr(fused_batch, "_run_iteration",
+                        lambda be, ws, *a: runs.append(ws.problems) or real(be, ws, *a))
+    return runs
+
+
+def _against_lloyd_iter(be, X, w, C, active, labels_old=None):
+    """The batch's statistics against each active problem's lloyd_iter, from labels_old."""
+    got = be.batch_lloyd_iter(BatchArray(X), None if w is None else BatchArray(w), C,
+                              labels_old, active)
+    for j, b in enumerate(active):
+        one = be.lloyd_iter(X[b], None if w is None else w[b], C[j],
+                            None if labels_old is None else row(labels_old, j))
+        where = f"problem {b} of {active}"
+        assert np.array_equal(np.asarray(got.labels[j]), np.asarray(one.labels)), where
+        assert float(got.inertia[j]) == float(one.inertia), where
+        assert float(got.n_changed[j]) == float(one.n_changed), where
+        assert np.allclose(np.asarray(got.weight_in_clusters[j]),
+                           np.asarray(one.weight_in_clusters), rtol=1e-12, atol=0), where
+        scale = float(np.abs(np.asarray(one.weighted_sums)).max())
+        assert np.allclose(np.asarray(got.weighted_sums[j]), np.asarray(one.weighted_sums),
+                           rtol=1e-12, atol=1e-13 * scale), where
+    return got
+
+
+@pytest.mark.parametrize("precision,dtype,d,hopper,path", PATHS)
+def test_batch_equals_each_problems_lloyd_iter(fake_cupy, monkeypatch, precision, dtype, d,
+                                               hopper, path):
+    be = _backend(precision, hopper, monkeypatch)
+    runs = _spy(monkeypatch)
+    X, w, C = _batch(4, 300, d, 70, dtype, seed=d)
+    assert be._plan_for(X[0], 70).path == path
+    got = _against_lloyd_iter(be, X, w, C, (0, 1, 2, 3))
+    assert runs == [4]   # one run of all four: one launch per step
+    # the next iterations (the run's workspace again), from the last labels
+    for shrink in (0.9, 0.8):
+        got = _against_lloyd_iter(be, X, w, C * dtype(shrink), (0, 1, 2, 3),
+                                  labels_old=got.labels)
+    # an active subset (two runs), unweighted
+    keep = [0, 2, 3]
+    _against_lloyd_iter(be, X, None, C[keep], (0, 2, 3), labels_old=got.labels[keep])
+    assert runs == [4, 4, 4, 1, 2]
+
+
+def test_a_run_beyond_the_budget_takes_the_loop(fake_cupy, monkeypatch):
+    be = _backend("tf32", False, monkeypatch)
+    runs = _spy(monkeypatch)
+    X, w, C = _batch(3, 257, 20, 9, np.float32)
+    one = fused_batch.batch_plan(be, X[0], 9, 1)
+    monkeypatch.setattr(type(be.memory), "bytes",
+                        lambda self: int(sum(one.fixed_bytes.values()) * 1.5))
+    _against_lloyd_iter(be, X, w, C, (0, 1, 2))
+    assert runs == []
+
+
+def test_batches_without_a_batched_kernel_loop(fake_cupy, monkeypatch):
+    be = _backend("exact", False, monkeypatch)
+    X, _, C = _batch(2, 100, 5, 4, np.float32)
+    assert fused_batch.loop_reason(be, BatchArray(X), 4) == \
+        "its path 'small' has no batched kernel"
+    assert fused_batch.loop_reason(be, [X[0], X[1][:50]], 4) == "a ragged batch"
+    runs = _spy(monkeypatch)
+    _against_lloyd_iter(be, X, None, C, (0, 1))
+    assert runs == []
+
+
+def _fit_against_numpy(d, k, precision="exact", B=3, n=1031):
+    X, _, _ = _batch(B, n, d, k, np.float32, seed=7)
+    rng = np.random.default_rng(1)
+    inits = np.stack([X[b, rng.choice(n, k, replace=False)] for b in range(B)])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        got = KMeans(k, init=inits, max_iter=30, backend="cupy-fused",
+                     precision=precision).fit(X)
+        for b in range(B):
+            ref = KMeans(k, init=inits[b], max_iter=30, backend="numpy").fit(X[b])
+            labels = np.asarray(got.labels_[b].get() if hasattr(got.labels_[b], "get")
+                                else got.labels_[b])
+            if precision == "exact":
+                assert np.mean(labels != ref.labels_) <= 1e-3, f"problem {b}"
+                assert got.inertia_[b] == pytest.approx(ref.inertia_, rel=1e-5)
+            else:   # (the reduced precision's documented bound: docs/precision.md)
+                assert got.inertia_[b] <= ref.inertia_ * (1 + 1e-3), f"problem {b}"
+
+
+@pytest.mark.slow
+def test_emulated_batched_fit_matches_numpy(fake_cupy, monkeypatch):
+    runs = _spy(monkeypatch)
+    _fit_against_numpy(33, 12)
+    assert runs and set(runs) <= {1, 2, 3}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", ["exact", "tf32", "fp16"])
+def test_batched_fit_on_the_device_runs_batched(monkeypatch, precision):
+    import cupy
+    if precision == "fp16" and cupy.cuda.Device().compute_capability != "90":
+        pytest.skip("fp16 runs on the wgmma kernel (compute capability 9.0)")
+    runs = _spy(monkeypatch)
+    _fit_against_numpy(64, 50, precision, B=5, n=4099)
+    assert runs and max(runs) == 5
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision,dtype,d", [("exact", np.float32, 64),
+                                               ("exact", np.float64, 40),
+                                               ("tf32", np.float32, 128),
+                                               ("fp16", np.float32, 100)])
+def test_batch_equals_each_problems_lloyd_iter_on_the_device(monkeypatch, precision, dtype, d):
+    import cupy
+    if precision == "fp16" and cupy.cuda.Device().compute_capability != "90":
+        pytest.skip("fp16 runs on the wgmma kernel (compute capability 9.0)")
+    be = get_backend("cupy-fused")()
+    be.use_precision(precision)
+    X, w, C = (cupy.asarray(a) for a in _batch(6, 5003, d, 300, dtype, seed=3))
+    got = _against_lloyd_iter(be, X, w, C, tuple(range(6)))
+    keep = [1, 2, 4]
+    _against_lloyd_iter(be, X, None, C[keep], (1, 2, 4), labels_old=got.labels[keep])
