@@ -40,3 +40,32 @@ def spy_to_backend(monkeypatch, cls):
 
     monkeypatch.setattr(cls, "to_backend", to_backend)
     return seen
+
+
+def assert_numpys_up_to_near_ties(X, C, lab, msq):
+    """3xTF32's assignment (float32 X, C): the numpy backend's labels except near ties, and
+    its distances within 16 eps of the terms' scale where the labels agree."""
+    from kmeans_xp_backends.numpy.backend import NumpyBackend
+
+    from kmeans_xp.testing.label_bounds import near_tie
+    ref_lab, ref_min = NumpyBackend(n_threads=1).assign(X, C)
+    bad = np.flatnonzero(lab != ref_lab)
+    ties = near_tie(X[bad], C, lab[bad], ref_lab[bad], np.float32)
+    assert ties.all(), f"{np.count_nonzero(~ties)} of {bad.size} labels not near ties"
+    same = lab == ref_lab
+    scale = (X.astype(np.float64) ** 2).sum(1) + (C.astype(np.float64) ** 2).sum(1)[lab]
+    eps = np.finfo(np.float32).eps
+    assert np.all(np.abs(msq[same] - ref_min[same]) <= 16 * eps * scale[same])
+
+
+def tile_problem(n, d, k, seed=0):
+    """A centered float32 problem for the tensor-core kernels' tests and (k, d) centers near
+    its points, two of them equal where k > 4 (the lower index must win)."""
+    from kmeans_xp.testing import asymmetric_data
+    X = asymmetric_data(n, d, max(1, min(k, 20)), dtype=np.float32, seed=seed)
+    X -= X.mean(axis=0)
+    rng = np.random.default_rng(seed + 1)
+    C = X[rng.choice(n, k, replace=k > n)] + rng.normal(size=(k, d)).astype(np.float32) * 0.05
+    if k > 4:
+        C[k // 2] = C[1]  # equal centers: the lower index must win
+    return np.ascontiguousarray(X), np.ascontiguousarray(C.astype(np.float32))

@@ -9,23 +9,15 @@ its accumulation order, launch limits, speed) is left to the gpu tests. Skipped 
 import numpy as np
 import pytest
 from kmeans_xp_backends.cupy import fused_plan, paths
-from kmeans_xp_backends.numpy.backend import NumpyBackend
 
-from kmeans_xp.testing import asymmetric_data
-from kmeans_xp.testing.label_bounds import near_tie, tf32_error
+from kmeans_xp.testing.label_bounds import tf32_error
 from tests._cuda_emulator import EmulatedKernels
+from tests._helpers import assert_numpys_up_to_near_ties, tile_problem
 
 pytestmark = pytest.mark.skipif(not EmulatedKernels.available(), reason="needs g++")
 
 
-def _problem(n, d, k, seed=0):
-    X = asymmetric_data(n, d, max(1, min(k, 20)), dtype=np.float32, seed=seed)
-    X -= X.mean(axis=0)
-    rng = np.random.default_rng(seed + 1)
-    C = X[rng.choice(n, k, replace=k > n)] + rng.normal(size=(k, d)).astype(np.float32) * 0.05
-    if k > 4:
-        C[k // 2] = C[1]  # equal centers: the lower index must win
-    return np.ascontiguousarray(X), np.ascontiguousarray(C.astype(np.float32))
+_problem = tile_problem
 
 
 def _assign(X, C, **options):
@@ -70,14 +62,7 @@ def test_3xtf32_labels_are_numpys_up_to_near_ties(emulated_cupy, n, d, k):
         return
     assert p.path == "mma3" and p.layout == 4
     assert p.resident == (fused_plan.mma_dk(d) <= 144)
-    ref_lab, ref_min = NumpyBackend(n_threads=1).assign(X, C)
-    bad = np.flatnonzero(lab != ref_lab)
-    ties = near_tie(X[bad], C, lab[bad], ref_lab[bad], np.float32)
-    assert ties.all(), f"{np.count_nonzero(~ties)} of {bad.size} labels not near ties"
-    same = lab == ref_lab
-    scale = (X.astype(np.float64) ** 2).sum(1) + (C.astype(np.float64) ** 2).sum(1)[lab]
-    eps = np.finfo(np.float32).eps
-    assert np.all(np.abs(msq[same] - ref_min[same]) <= 16 * eps * scale[same])
+    assert_numpys_up_to_near_ties(X, C, lab, msq)
     if k > 4:
         assert not np.any(lab == k // 2)
 

@@ -10,12 +10,10 @@ tests. Skipped without g++."""
 import numpy as np
 import pytest
 from kmeans_xp_backends.cupy import fused_plan, paths
-from kmeans_xp_backends.numpy.backend import NumpyBackend
 
 from kmeans_xp.contract.precision import assignment_error
-from kmeans_xp.testing import asymmetric_data
-from kmeans_xp.testing.label_bounds import near_tie
 from tests._cuda_emulator import EmulatedKernels
+from tests._helpers import assert_numpys_up_to_near_ties, tile_problem
 
 pytestmark = pytest.mark.skipif(not EmulatedKernels.available(), reason="needs g++")
 
@@ -35,14 +33,7 @@ def hopper(emulated_cupy, monkeypatch):
     return emulated_cupy
 
 
-def _problem(n, d, k, seed):
-    X = asymmetric_data(n, d, max(1, min(k, 20)), dtype=np.float32, seed=seed)
-    X -= X.mean(axis=0)
-    rng = np.random.default_rng(seed + 1)
-    C = X[rng.choice(n, k, replace=k > n)] + rng.normal(size=(k, d)).astype(np.float32) * 0.05
-    if k > 4:
-        C[k // 2] = C[1]  # equal centers: the lower index must win
-    return np.ascontiguousarray(X), np.ascontiguousarray(C.astype(np.float32))
+_problem = tile_problem
 
 
 def _assign(X, C, precision="exact", **options):
@@ -87,14 +78,7 @@ def test_3xtf32_wgmma_labels_are_numpys_up_to_near_ties(hopper, n, d, k):
     X, C = _problem(n, d, k, seed=d * 3 + k)
     path, lab, msq = _assign(X, C)
     assert path == "wgmma3"
-    ref_lab, ref_min = NumpyBackend(n_threads=1).assign(X, C)
-    bad = np.flatnonzero(lab != ref_lab)
-    ties = near_tie(X[bad], C, lab[bad], ref_lab[bad], np.float32)
-    assert ties.all(), f"{np.count_nonzero(~ties)} of {bad.size} labels not near ties"
-    same = lab == ref_lab
-    scale = (X.astype(np.float64) ** 2).sum(1) + (C.astype(np.float64) ** 2).sum(1)[lab]
-    eps = np.finfo(np.float32).eps
-    assert np.all(np.abs(msq[same] - ref_min[same]) <= 16 * eps * scale[same])
+    assert_numpys_up_to_near_ties(X, C, lab, msq)
 
 
 def test_the_cases_reach_both_ways_of_loading_x():

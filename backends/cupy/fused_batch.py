@@ -54,7 +54,7 @@ def batch_lloyd_iter(backend, X, sample_weight, centers, labels_old, active):
         return loop_batch_lloyd_iter(backend, X, sample_weight, centers, labels_old, active,
                                      xp=cp)
     arr = X.array
-    n, d = arr.shape[1], arr.shape[2]
+    n = arr.shape[1]
     a = centers.shape[0]
     labels = cp.empty((a, n), dtype=cp.int32)
     out = [None] * a
