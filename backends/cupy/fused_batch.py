@@ -54,46 +54,35 @@ def batch_lloyd_iter(backend, X, sample_weight, centers, labels_old, active):
         return loop_batch_lloyd_iter(backend, X, sample_weight, centers, labels_old, active,
                                      xp=cp)
     arr = X.array
-    n = arr.shape[1]
-    a = centers.shape[0]
-    labels = cp.empty((a, n), dtype=cp.int32)
-    out = [None] * a
-    kept = {}
+    parts, kept = [], {}
     for j0, j1, b0 in runs(active):
         m = j1 - j0
+        old = None if labels_old is None else _rows(cp, labels_old, j0, j1)
         ws = _workspace(backend, arr, sample_weight, b0, m, k)
         if ws is None:   # beyond the budget: this run's problems one at a time
-            part = loop_batch_lloyd_iter(
-                backend, X, sample_weight, centers[j0:j1],
-                None if labels_old is None else [_row(labels_old, j) for j in range(j0, j1)],
-                active[j0:j1], xp=cp)
-            labels[j0:j1] = part.labels if hasattr(part.labels, "ndim") else cp.stack(
-                list(part.labels))
-            for i in range(m):
-                out[j0 + i] = (part.weighted_sums[i], part.weight_in_clusters[i],
-                               part.inertia[i], part.n_changed[i])
+            part = loop_batch_lloyd_iter(backend, X, sample_weight, centers[j0:j1],
+                                         None if old is None else list(old), active[j0:j1],
+                                         xp=cp)
+            parts.append((_rows(cp, part.labels, 0, m), part.weighted_sums,
+                          part.weight_in_clusters, part.inertia, part.n_changed))
             continue
         kept[(b0, m)] = ws
-        stats = _run_iteration(backend, ws, centers[j0:j1], labels[j0:j1], labels_old, j0, j1)
-        for i in range(m):
-            out[j0 + i] = tuple(s[i] for s in stats)
+        parts.append(_run_iteration(backend, ws, centers[j0:j1], old))
     backend._batch_ws = kept  # (the runs of this call; a run that left frees its buffers)
-    sums, weights, inertia, changed = (cp.stack([o[f] for o in out]) for f in range(4))
-    return BatchStats(labels, sums, weights, inertia, changed)
+    # (one run while every problem is active: its arrays as they are)
+    fields = [p[0] if len(parts) == 1 else cp.concatenate(p) for p in zip(*parts)]
+    return BatchStats(*fields)
 
 
-def _run_iteration(backend, ws, centers, labels, labels_old, j0, j1):
-    """One iteration of a run of m problems: (sums (m, k, d), weights (m, k), inertia (m,),
-    changed (m,)); labels (m, n) written in place."""
+def _run_iteration(backend, ws, centers, labels_old):
+    """One iteration of a run of m problems from their (m, n) int32 labels_old (or None):
+    labels (m, n), sums (m, k, d), weights (m, k), inertia (m,), changed (m,)."""
     cp = backend._cp
     m, k1, d = ws.problems, ws.k // ws.problems, ws.d
     C = cp.ascontiguousarray(centers.astype(ws.T, copy=False))
     backend._pack(ws, C)
-    old = None
-    if labels_old is not None:
-        old = cp.ascontiguousarray(cp.stack([_row(labels_old, j) for j in range(j0, j1)])
-                                   .astype(cp.int32, copy=False))
-    backend._assign_pass(ws, labels.reshape(-1), labels_old=old)
+    labels = cp.empty((m, ws.rows), dtype=cp.int32)
+    backend._assign_pass(ws, labels.reshape(-1), labels_old=labels_old)
     # problem p's labels name clusters p*k1 .. p*k1 + k1 - 1 of the run's one sums table
     shifted = labels + (cp.arange(m, dtype=cp.int32) * np.int32(k1))[:, None]
     backend._accumulate(ws, shifted.reshape(-1))
@@ -102,12 +91,18 @@ def _run_iteration(backend, ws, centers, labels, labels_old, j0, j1):
     backend._finalize(ws, out, stats=True,
                       changed_if_none=float(ws.rows) if labels_old is None else -1.0)
     stats = out[K * (d + 1):].reshape(m, 2)
-    return (out[:K * d].reshape(m, k1, d), out[K * d:K * (d + 1)].reshape(m, k1),
+    return (labels, out[:K * d].reshape(m, k1, d), out[K * d:K * (d + 1)].reshape(m, k1),
             stats[:, 0], stats[:, 1])
 
 
-def _row(labels_old, j):
-    return labels_old[j] if isinstance(labels_old, (list, tuple)) else labels_old[j, ...]
+def _rows(cp, labels, j0, j1):
+    """Rows j0 .. j1 - 1 of labels (a 2-D array, or a sequence of rows) as one contiguous
+    (j1 - j0, n) int32 array (a 2-D array's slice is not copied)."""
+    if getattr(labels, "ndim", 1) == 2:
+        block = labels[j0:j1]
+    else:
+        block = cp.stack([labels[j] for j in range(j0, j1)])
+    return cp.ascontiguousarray(block.astype(cp.int32, copy=False))
 
 
 def _workspace(backend, arr, sample_weight, b0, m, k):
@@ -116,18 +111,17 @@ def _workspace(backend, arr, sample_weight, b0, m, k):
     cp = backend._cp
     n, d = arr.shape[1], arr.shape[2]
     Xrun = arr[b0:b0 + m].reshape(m * n, d)
-    w = None
-    if sample_weight is not None:
-        w = backend.contiguous(sample_weight.array if hasattr(sample_weight, "array")
-                               else cp.stack(list(sample_weight)), arr.dtype)
-        w = w[b0:b0 + m].reshape(-1)
     cache = getattr(backend, "_batch_ws", None) or {}
     ws = cache.get((b0, m))
     if ws is not None and device_ptr(ws.X) == device_ptr(Xrun) and ws.X.shape == Xrun.shape \
-            and ws.k == m * k and (w is None) == (ws.w is None):
-        if w is not None and device_ptr(w) != device_ptr(ws.w):
-            ws.rebind(Xrun, w, sample_weight)
-        return ws
+            and ws.k == m * k and ws.w_in is sample_weight:
+        return ws   # (the same X and weights as the last iteration)
+    w = None
+    if sample_weight is not None:   # (the run's rows of weights, contiguous in X's dtype)
+        whole = getattr(sample_weight, "array", None)
+        w = backend.contiguous(whole[b0:b0 + m] if whole is not None
+                               else cp.stack(list(sample_weight)[b0:b0 + m]), arr.dtype)
+        w = w.reshape(-1)
     plan = batch_plan(backend, arr[0], k, m)
     if sum(plan.fixed_bytes.values()) > backend.memory.bytes():
         return None
