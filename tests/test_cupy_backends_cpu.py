@@ -459,6 +459,27 @@ def test_device_feature_stats_are_the_numpy_backends(fake_cupy):
     assert place.feature_stats(X, 0, xp=np)[1] == 0.0
 
 
+@pytest.mark.parametrize("tol", [1e-4, 0.0])
+def test_device_batch_stats_are_each_problems(fake_cupy, tol):
+    """A batch's statistics (each pass's kernels launched for every problem, read back in one
+    copy) are each problem's own `feature_stats`, bit for bit: problems longer and shorter
+    than the rows the shift is taken over, at different offsets; a float64 problem among
+    them sends the batch through the per-problem default."""
+    from kmeans_xp import get_backend as gb
+    backend = gb("cupy-kernels")()
+    place = backend.placement
+    problems = [asymmetric_data(n, 3, 4, dtype=np.float32, seed=n) + np.float32(off)
+                for n, off in ((70_001, 1e4), (5, -3.0), (1000, 0.5))]
+    got = place.batch_feature_stats(problems, tol, xp=np)
+    for X, (mean, t) in zip(problems, got):
+        ref_mean, ref_tol = place.feature_stats(X, tol, xp=np)
+        np.testing.assert_array_equal(mean, ref_mean)
+        assert t == ref_tol and (t > 0) == (tol > 0)
+    mixed = problems[:2] + [problems[2].astype(np.float64)]
+    for X, (mean, t) in zip(mixed, place.batch_feature_stats(mixed, tol, xp=np)):
+        np.testing.assert_array_equal(mean, place.feature_stats(X, tol, xp=np)[0])
+
+
 @pytest.mark.parametrize("dtype,d,grid,rows", [(np.float32, 20, 3, 7), (np.float64, 20, 7, 64),
                                                (np.float64, 3, 1, 5), (np.float32, 301, 2, 9),
                                                (np.float32, 1028, 1, 40)])

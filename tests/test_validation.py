@@ -321,7 +321,7 @@ def test_device_extremes_see_every_value(n, d):
     """The device path of the finiteness check (X seen as (n / g, g * d) so that a GPU
     reduction has enough outputs, the rows left over on their own) reads every value: its
     extremes are X's, and a NaN anywhere (in the view or the rows left over) shows."""
-    from kmeans_xp.contract.chunks import _spread_extremes
+    from kmeans_xp.contract.finite import _spread_extremes
     rng = np.random.default_rng(n + d)
     X = rng.standard_normal((n, d)).astype(np.float32)
 
@@ -347,3 +347,31 @@ def test_dtype_names_tell_bfloat16_from_float16():
     assert dtype_name(np.dtype(np.float32)) == "float32"
     ml_dtypes = pytest.importorskip("ml_dtypes")
     assert dtype_name(np.dtype(ml_dtypes.bfloat16)) == "bfloat16"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
+@pytest.mark.parametrize("n,d", [(1, 1), (5, 3), (4097, 3), (70_001, 129)])
+def test_cupy_absmax_sees_every_value(cp, dtype, n, d):
+    """A contiguous CuPy X's check (one reduction over a (4096, size / 4096) view, the values
+    left over as one more row) returns max |X| exactly and sees a NaN or an infinity
+    anywhere, in the view or among the values left over; a strided X takes the spread path
+    with the same answer. The user's array is never written."""
+    from array_api_compat import array_namespace
+
+    from kmeans_xp.contract.finite import check_finite
+    rng = np.random.default_rng(n * d)
+    Xh = (rng.standard_normal((n, d)) * 3 - 1).astype(dtype)
+    Xh[n // 2, d - 1] = -50   # the largest |x| is negative
+    X = cp.asarray(Xh)
+    assert check_finite(X, array_namespace(X)) == 50.0
+    if d > 1:
+        Xs = X[:, ::2]
+        assert check_finite(Xs, array_namespace(Xs)) == float(np.abs(Xh[:, ::2]).max())
+    for value, what in ((np.nan, "NaN"), (np.inf, "infinity"), (-np.inf, "infinity")):
+        for at in {0, n * d // 2, n * d - 1}:
+            Y = X.copy()
+            Y.reshape(-1)[at] = value
+            with pytest.raises(ValueError, match=what):
+                check_finite(Y, array_namespace(Y))
+            assert int(cp.isnan(Y).sum() + cp.isinf(Y).sum()) == 1   # not written

@@ -198,19 +198,29 @@ class CupyPlacement(Placement):
             b = self.backend
             engine = b.stream_engine(X, 1)
             return b.stream_pass(engine, run=lambda: mean_and_tol(engine, tol))
-        cp = self._cp
-        if (isinstance(X, cp.ndarray) and X.ndim == 2 and X.shape[0] and X.flags.c_contiguous
-                and X.dtype == cp.float32):
-            # one kernel, compiled ahead with the fit's own (`warm_up`): CuPy's reductions
-            # and its first scalar arithmetic (which imports cupyx) took 2.4 s of a cold 3 s
-            # first fit. float32 only: float32 values added in float64 are exact in any order
-            # while 24 bits + log2(n) + their exponent range fit in 53, so the mean is the
-            # numpy backend's bit for bit; float64 X's sums round, differently in another
-            # order, and a mean's last bit decides exact ties
-            mean64, var = reductions.column_mean_var(X, need_var=tol != 0)
-            mean = cp.asarray(mean64.astype(X.dtype))
-            return mean, tol_from_variances(var, tol)
+        if self._kernel_stats(X):
+            return self.batch_feature_stats([X], tol, xp=xp)[0]
         return super().feature_stats(X, tol, xp=xp)
+
+    def batch_feature_stats(self, problems, tol, *, xp):
+        if not all(self._kernel_stats(X) for X in problems):
+            return super().batch_feature_stats(problems, tol, xp=xp)
+        cp = self._cp
+        return [(cp.asarray(mean64.astype(X.dtype)), tol_from_variances(var, tol))
+                for X, (mean64, var) in zip(problems, reductions.column_mean_var_many(
+                    problems, need_var=tol != 0))]
+
+    def _kernel_stats(self, X) -> bool:
+        """Whether X's mean and variance come from the column_moments kernel: one kernel,
+        compiled ahead with the fit's own (`warm_up`): CuPy's reductions and its first
+        scalar arithmetic (which imports cupyx) took 2.4 s of a cold 3 s first fit. float32
+        only: float32 values added in float64 are exact in any order while 24 bits +
+        log2(n) + their exponent range fit in 53, so the mean is the numpy backend's bit
+        for bit; float64 X's sums round, differently in another order, and a mean's last
+        bit decides exact ties."""
+        cp = self._cp
+        return (isinstance(X, cp.ndarray) and X.ndim == 2 and X.shape[0] > 0
+                and X.flags.c_contiguous and X.dtype == cp.float32)
 
     def center(self, X, mean, *, xp, in_place=False):
         if isinstance(X, np.ndarray) and self.streams(X):

@@ -284,7 +284,7 @@ def checked_block(xb):
     """(the block, its max |x| as a (1, 1) float64 NumPy array), after the core's NaN/inf
     check (its error message, raised on the worker and re-raised on the client): one read
     of the block gives both."""
-    from kmeans_xp.contract.chunks import check_finite
+    from kmeans_xp.contract.finite import check_finite
     return xb, np.full((1, 1), check_finite(xb, block_xp(xb), "X"))
 
 

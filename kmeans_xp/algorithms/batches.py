@@ -146,19 +146,23 @@ class BatchRun:
         self.labels_old = None
 
     def finish(self) -> BatchResult:
-        backend, xp, k = self.backend, self.xp, self.k
-        self.it = None
-        labels, inertia = [], np.zeros(len(self.final))
-        for b, centers in enumerate(self.final):
-            Xb, swb = self.X[b], problem(self.sw, b)
-            lab = self.labels[b]
-            if lab is None:  # a final assignment, so that labels_ == predict(X)
-                lab, total = backend.labels_inertia(Xb, swb, centers, xp=xp)
-                returned.check_labels(backend, "labels_inertia", lab, Xb.shape[0], k)
-            else:
-                total = backend.inertia(Xb, swb, centers, lab, xp=xp)
-            labels.append(lab)
-            inertia[b] = max(returned.check_statistic(backend, "inertia", "inertia",
-                                                      to_numpy(total)), 0.0)
-        return BatchResult(labels, inertia, xp.stack(self.final), self.n_iter.copy(),
-                           self._histories)
+        """Each problem's labels and inertia at its final centers: the problems that did
+        not converge strictly get their final assignment in one batched iteration (its
+        labels: a backend's lloyd_iter labels equal its assign's), so that labels_ ==
+        predict(X); the inertia by direct differences, each problem's launched before any
+        is read."""
+        backend, xp = self.backend, self.xp
+        self.it = self.labels_old = None
+        again = tuple(b for b, lab in enumerate(self.labels) if lab is None)
+        if again:
+            self.active = again
+            self.centers = xp.stack([self.final[b] for b in again])
+            final = self._iterate(None)
+            for j, b in enumerate(again):
+                self.labels[b] = row(final.labels, j)
+        totals = [backend.inertia(self.X[b], problem(self.sw, b), centers, self.labels[b],
+                                  xp=xp) for b, centers in enumerate(self.final)]
+        inertia = np.array([max(returned.check_statistic(backend, "inertia", "inertia",
+                                                         to_numpy(t)), 0.0) for t in totals])
+        return BatchResult(list(self.labels), inertia, xp.stack(self.final),
+                           self.n_iter.copy(), self._histories)

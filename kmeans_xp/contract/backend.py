@@ -229,6 +229,12 @@ class Placement:
         mean = feature_mean(X, xp)
         return mean, tolerance(X, mean, tol, xp, self.backend.driver_rows(X))
 
+    def batch_feature_stats(self, problems: list[Array], tol: float, *,
+                            xp: Namespace) -> list[tuple[Array, Any]]:
+        """`feature_stats` of each problem of a batch; a device placement reads them back
+        together."""
+        return [self.feature_stats(p, tol, xp=xp) for p in problems]
+
     def center(self, X: Array, mean: Array | None, *, xp: Namespace,
                in_place: bool = False) -> Array:
         """X - mean, the data the driver and the backend compute on (in place when asked: the

@@ -4,7 +4,6 @@ statistics the fit centers X with and stops on (scikit-learn's tol), the labelle
 of inertia and relocation, weighted totals and changed-label counts."""
 from __future__ import annotations
 
-import math
 import os
 import threading
 
@@ -16,14 +15,6 @@ from kmeans_xp.contract.threads import ThreadPool
 
 #: fewest rows a thread of `map_rows` gets (below that, threads cost more than they give)
 MIN_THREAD_ROWS = 8192
-#: fewest bytes of X a thread of `check_finite` reads: thin X in MIN_THREAD_ROWS pieces
-#: costs more in handing chunks to threads than in reading them (2M x 3 float32 on 16
-#: threads: 64 chunks took 7 ms, one thread reads it in 2 ms)
-MIN_THREAD_BYTES = 4 << 20
-#: outputs a device reduction over the rows is spread across: along axis 0 of an (n, d) X
-#: a GPU library reduces each of the d columns in one block (milliseconds at d=3 and
-#: n=2M); seen as (n / g, g * d) it has g * d outputs to spread over the card
-SPREAD_OUTPUTS = 4096
 _pool = None
 _pool_lock = threading.Lock()
 
@@ -207,59 +198,3 @@ def tol_from_variances(variances, tol) -> float:
     if tol == 0:
         return 0.0
     return float(np.mean(to_numpy(variances))) * tol
-
-
-def _extremes(V, xp):
-    """(2, columns) max and -min over V's rows (NaN propagates through both)."""
-    return xp.stack([xp.max(V, axis=0), -xp.min(V, axis=0)])
-
-
-def _spread_extremes(X, xp):
-    """Column extremes of a device X as parts of `_extremes`: per column (a GPU library's
-    first full reduction compiles a heavy kernel: CuPy's CUB one, seconds), over a view of
-    X's leading rows as (n / g, g * d) so that the reduction has SPREAD_OUTPUTS outputs,
-    and the rows left over on their own. A strided X is reduced as it is (a view of it
-    reshaped would be a copy)."""
-    n, d = X.shape[0], math.prod(X.shape[1:])
-    g = max(1, SPREAD_OUTPUTS // max(d, 1))
-    n0 = n // g * g
-    if g == 1 or n0 == 0 or not _c_contiguous(X):
-        return [_extremes(X, xp)]
-    parts = [_extremes(xp.reshape(X[:n0, ...], (n0 // g, g * d)), xp)]
-    if n0 < n:
-        parts.append(_extremes(X[n0:, ...], xp))
-    return parts
-
-
-def _c_contiguous(X):
-    flags = getattr(X, "flags", None)
-    if flags is not None:
-        return bool(getattr(flags, "c_contiguous", False))
-    is_contiguous = getattr(X, "is_contiguous", None)  # torch
-    return bool(is_contiguous()) if callable(is_contiguous) else False
-
-
-def check_finite(X, xp, name="X"):
-    """Raise on NaN or infinity; return max |X| (float), from the same reductions (max and
-    min: no temporary of X's size; NaN propagates through both), read back together; on NumPy
-    over row chunks on all cores. The fit rescales X by a power of two when squared
-    distances would overflow or underflow. An empty X (a dask block that a filter emptied)
-    is finite, with max |X| 0: max and min have no identity."""
-    n = X.shape[0]
-    if n == 0 or X.shape[-1] == 0:
-        return 0.0
-    if is_numpy_namespace(xp):  # the full reduction: 50x faster than per column on NumPy
-        row_bytes = max(1, math.prod(X.shape[1:]) * X.dtype.itemsize)
-        parts = map_rows(lambda sl: np.stack([np.max(X[sl]), -np.min(X[sl])]), n, n, xp,
-                         min_rows=max(MIN_THREAD_ROWS, MIN_THREAD_BYTES // row_bytes))
-    else:
-        parts = _spread_extremes(X, xp)
-    ext = np.concatenate([np.reshape(to_numpy(p), (2, -1)) for p in parts], axis=1)
-    hi, lo = float(np.max(ext[0])), -float(np.max(ext[1]))
-    if not (math.isfinite(hi) and math.isfinite(lo)):
-        if bool(xp.any(xp.isnan(X))):
-            raise ValueError(f"Input {name} contains NaN. Remove or impute missing values "
-                             f"before clustering.")
-        raise ValueError(f"Input {name} contains infinity or a value too large for "
-                         f"dtype('{X.dtype}').")
-    return max(hi, -lo)

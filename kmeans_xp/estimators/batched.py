@@ -21,6 +21,7 @@ from kmeans_xp.algorithms.batches import kmeans_batch_lloyd
 from kmeans_xp.algorithms.progress import Clock
 from kmeans_xp.contract.precision import resolve as resolve_precision
 from kmeans_xp.contract.batching import BatchArray
+from kmeans_xp.contract.finite import problems_absmax
 from kmeans_xp.contract.namespaces import (
     array_namespace,
     device,
@@ -145,9 +146,9 @@ def _guard_free(batch, weights, precision="exact"):
     """A batched fit computes in X's units: a problem whose squared distances (or weights)
     would leave its dtype (or, at fp16, whose values leave float16's range), which a single
     fit rescales, is refused."""
+    tops = problems_absmax(batch.problems, batch.array)
     for b, p in enumerate(batch.problems):
-        xp = array_namespace(p)
-        top = float(to_numpy(xp.max(xp.abs(p)))) if p.shape[0] else 0.0
+        top = float(tops[b])
         guard, _ = NumericGuard.of(p.dtype, batch.d, p.shape[0],
                                    None if weights is None else weights[b], top, precision)
         if guard.scale != 1 or guard.w_scale != 1:
@@ -234,7 +235,7 @@ def _to_backend(place, batch):
 def _centered(est, place, batch, Xb, xp):
     """(the problems centered, each on its own mean, as the single fit centers; (B, d)
     means; (B,) absolute tols, each problem's own)."""
-    stats = [place.feature_stats(Xb[b], est.tol, xp=xp) for b in range(batch.B)]
+    stats = place.batch_feature_stats([Xb[b] for b in range(batch.B)], est.tol, xp=xp)
     tol = np.array([float(t) for _, t in stats])
     means = xp.stack([xp.astype(m, Xb[0].dtype) for m, _ in stats])
     if not est.copy_x:   # computed on X as given, never written (as a single fit)

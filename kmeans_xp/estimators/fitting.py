@@ -9,7 +9,7 @@ import warnings
 import numpy as np
 
 from kmeans_xp.algorithms import init as _init
-from kmeans_xp.contract.chunks import check_finite
+from kmeans_xp.contract.finite import check_finite
 from kmeans_xp.contract.namespaces import (DLPACK_FOREIGN, array_namespace, device,
                                            namespace_name, operand)
 from kmeans_xp.estimators.predicting import require_known_shape

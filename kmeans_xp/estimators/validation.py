@@ -12,7 +12,7 @@ import sys
 import numpy as np
 
 from kmeans_xp.algorithms.init import INIT_METHODS
-from kmeans_xp.contract.chunks import check_finite
+from kmeans_xp.contract.finite import check_finite
 from kmeans_xp.contract.capacity import parse_balance
 from kmeans_xp.contract.memory import parse_memory
 from kmeans_xp.contract.precision import PRECISIONS, half_kind
