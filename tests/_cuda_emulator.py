@@ -291,7 +291,28 @@ inline void wgmma_64_rs(float (&d)[8][4], const unsigned (&a)[4], unsigned long 
             d[j][e] = sum;
         }
 }
-
+// A from registers in a half format: the mma.sync m16n8k16 A fragment (a[r] holds two
+// values, the lower k in the low half: a[0] (g, 2t), a[1] (g + 8, 2t), a[2] (g, 2t + 8),
+// a[3] (g + 8, 2t + 8))
+template <int FMT>
+inline void wgmma_64_rs_half(float (&d)[8][4], const unsigned (&a)[4], unsigned long long db,
+                             int scale_d) {
+    const unsigned char* s = emu_publish(a, sizeof a);
+    const int lane = threadIdx.x & 31, g = lane / 4, t = lane % 4;
+    for (int j = 0; j < 8; ++j)
+        for (int e = 0; e < 4; ++e) {
+            const int r = g + 8 * (e / 2), col = 8 * j + 2 * t + e % 2;
+            float sum = scale_d ? d[j][e] : 0.0f;
+            for (int k = 0; k < 16; ++k) {
+                unsigned w;
+                std::memcpy(&w, s + (size_t)((r % 8) * 4 + (k % 8) / 2) * 32
+                                    + 4 * ((r >= 8) + 2 * (k >= 8)), 4);
+                const unsigned short h = (unsigned short)(k % 2 ? w >> 16 : w & 0xffff);
+                sum = std::fmaf(emu_half_value(h, FMT), emu_operand(db, col, k, FMT), sum);
+            }
+            d[j][e] = sum;
+        }
+}
 template <class F>
 void emu_launch(int grid, int grid_y, int block, size_t smem, F body) {
     std::function<void()> fn = body;

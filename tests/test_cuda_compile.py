@@ -129,10 +129,12 @@ def test_wgmma_kernels_do_not_spill(ptxas_report):
     """The wgmma kernels (cuda/fused_wgmma.cu, sm_90a) hold two sets of accumulators a
     warpgroup (ping-pong: one set's argmin while the other's products run), the 3xTF32 one
     also X's A fragments (128 registers at d = 128), one block per SM, up to 255 registers,
-    and must not spill; the fp16 and bf16 instances (d up to WGMMA_MAX_D_HALF) too."""
+    and must not spill; the fp16 and bf16 instances (d up to WGMMA_MAX_D_HALF) too, and
+    those with X's fragments in registers (d up to WGMMA_MAX_D_AREG)."""
     funcs = _functions(ptxas_report)
     wg = {f: v for f, v in funcs.items() if "assign_wgmma" in f}
-    half = 2 * len(paths.HALF_FORMATS) * paths.wgmma_atoms(paths.WGMMA_MAX_D_HALF, 1)
+    half = 2 * len(paths.HALF_FORMATS) * (paths.wgmma_atoms(paths.WGMMA_MAX_D_HALF, 1) +
+                                          paths.wgmma_atoms(paths.WGMMA_MAX_D_AREG, 1))
     assert len(wg) == 4 * paths.wgmma_atoms(paths.WGMMA_MAX_D) + half, sorted(funcs)
     spilling = {f: v for f, v in wg.items() if v[1] > 0 or v[0] > 255}
     assert not spilling, f"wgmma kernels spill: {spilling}"

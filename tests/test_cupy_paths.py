@@ -24,6 +24,11 @@ DOCUMENTED = [
     # backend refuses the fit: test_half_formats_have_no_path_off_hopper)
     ((128, "float32", "fp16", H200, {}), "wgmma-fp16"),
     ((256, "float32", "bf16", H200, {}), "wgmma-bf16"),
+    # half_kernel="registers": X's fragments in registers up to d = 128, then the shared tile
+    ((128, "float32", "fp16", H200, {"half_kernel": "registers"}), "wgmma-fp16r"),
+    ((64, "float32", "bf16", H200, {"half_kernel": "registers"}), "wgmma-bf16r"),
+    ((129, "float32", "fp16", H200, {"half_kernel": "registers"}), "wgmma-fp16"),
+    ((128, "float32", "fp16", H200, {"half_kernel": "shared"}), "wgmma-fp16"),
     # exact: small d, then 3xTF32 on float32 up to d = 160, else the SIMT kernel
     ((16, "float32", "fp32", H200, {}), "small"),
     ((1, "float64", "fp32", SM75, {}), "small"),
@@ -59,10 +64,11 @@ def test_every_row_is_reached_and_says_why():
 def test_rows_name_known_variants_and_option_values():
     for row in paths.PATHS:
         assert row.path in paths.VARIANTS
-        assert set(row.when) <= {"precision", "dtype", "tf32_kernel", "gemm_kernel", "d_max",
-                                 "d_min", "fits"}, row
+        assert set(row.when) <= {"precision", "dtype", "tf32_kernel", "gemm_kernel",
+                                 "half_kernel", "d_max", "d_min", "fits"}, row
         for key, values in (("tf32_kernel", paths.TF32_KERNELS),
-                            ("gemm_kernel", paths.GEMM_KERNELS)):
+                            ("gemm_kernel", paths.GEMM_KERNELS),
+                            ("half_kernel", paths.HALF_KERNELS)):
             want = row.when.get(key, ())
             assert set(want if isinstance(want, tuple) else (want,)) <= set(values), row
     # every option combination on every device has a path

@@ -73,6 +73,30 @@ def test_half_wgmma_within_the_certified_bound(hopper, precision, n, d, k):
     assert np.all(np.abs(msq - dist[np.arange(n), lab]) <= 2 * eps + 1e-5 * (dist.max() + 1))
 
 
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+@pytest.mark.parametrize("n,d,k", CASES)
+def test_half_fragments_in_registers_equal_the_shared_tile(hopper, precision, n, d, k):
+    """half_kernel='registers' (each thread's A fragments of X, rounded to the format, in
+    registers: the m16n8k16 layout) computes the products of the shared tile's kernel: the
+    same labels and min_sq_dist bit for bit (the emulator sums both in k order); a row
+    fragment out of place (k or row swapped) would move both."""
+    X, C = _problem(n, d, k, seed=d * 5 + k)
+    path, lab, msq = _assign(X, C, precision=precision, half_kernel="registers")
+    assert path == f"wgmma-{precision}r"
+    ref_path, ref_lab, ref_msq = _assign(X, C, precision=precision)
+    assert ref_path == f"wgmma-{precision}"
+    assert np.array_equal(lab, ref_lab)
+    assert np.array_equal(msq, ref_msq)
+
+
+def test_half_registers_beyond_their_d_take_the_shared_tile(hopper):
+    """Past d = 128 the fragments would not fit the registers: the table's next row, the
+    shared tile, runs instead (the path says so)."""
+    X, C = _problem(130, 200, 7, seed=4)
+    path, _, _ = _assign(X, C, precision="fp16", half_kernel="registers")
+    assert path == "wgmma-fp16"
+
+
 @pytest.mark.parametrize("n,d,k", CASES)
 def test_3xtf32_wgmma_labels_are_numpys_up_to_near_ties(hopper, n, d, k):
     X, C = _problem(n, d, k, seed=d * 3 + k)

@@ -202,21 +202,25 @@ def test_cupy_fused_old_tf32_option_still_runs_tf32_and_warns():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("half_kernel", ["shared", "registers"])
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])
-def test_cupy_fused_half_precision_within_the_bound_and_certified(precision):
-    """The wgmma kernel's half formats (Hopper): the fit within the documented bound of the
-    exact one, and each assignment within the certified bound, at d across the atoms of K
-    (tails of 16 and of 64), n past a block's 256 rows and k past a column block's 64."""
+def test_cupy_fused_half_precision_within_the_bound_and_certified(precision, half_kernel):
+    """The wgmma kernel's half formats (Hopper), X's rows in shared memory or its fragments
+    in registers: the fit within the documented bound of the exact one, and each assignment
+    within the certified bound, at d across the atoms of K (tails of 16 and of 64), n past a
+    block's 256 rows and k past a column block's 64 (d > 128 with registers: the shared
+    tile)."""
     import cupy as cp
     from kmeans_xp_backends.cupy import fused_plan, paths
     if not paths.wgmma_fits(8, fused_plan.device_facts(cp.cuda.Device().id), False, 1):
         pytest.skip("the half formats' kernel needs compute capability 9.0")
     X, init = half_case()
     ref = _fit(X, init, backend="numpy")
-    got = _fit(cp.asarray(X), init, backend="cupy-fused", precision=precision)
+    got = _fit(cp.asarray(X), init, backend="cupy-fused", precision=precision,
+               backend_options={"half_kernel": half_kernel})
     assert got.backend_ == "cupy-fused"
     check_fit_within_bound(got, ref, precision, X.shape[1], f"cupy-fused {precision}")
-    backend = get_backend("cupy-fused")()
+    backend = get_backend("cupy-fused")(half_kernel=half_kernel)
     rng = np.random.default_rng(3)
     for n, d, k in ((2003, 8, 6), (1001, 37, 203), (777, 100, 64), (4099, 200, 1000),
                     (300, 256, 130), (513, 3, 1)):

@@ -11,7 +11,8 @@ The driver (kmeans_xp.algorithms.lloyd) updates the centers, relocates empty clu
 reads one small array per iteration, which it fetches while the next iteration runs.
 
 Paths: which assignment kernel a problem runs (small d, the SIMT GEMM tile, tensor-core
-kernels in TF32 or in split precision, 3xTF32; options precision, tf32_kernel, gemm_kernel),
+kernels in TF32 or in split precision, 3xTF32; options precision, tf32_kernel, gemm_kernel,
+half_kernel),
 and why, is the table `paths.PATHS` (`paths.explain` says it for a problem); `fused_plan.plan`
 sizes the chosen path's grids and buffers.
 
@@ -69,7 +70,8 @@ class FusedPlacement(CupyPlacement):
 class CupyFusedBackend(CupyBackendBase):
     """Fused RawKernel backend; options: precision ("fp32" or "tf32"), tf32_kernel ("auto",
     "wgmma", "fused", "fused-v1" or "cublas", with tf32), gemm_kernel ("auto", "simt" or
-    "3xtf32": the exact d > 16 path on float32), fuse ("auto", True, False: sums inside the
+    "3xtf32": the exact d > 16 path on float32), half_kernel ("auto", "shared" or
+    "registers": fp16/bf16 on the wgmma kernel), fuse ("auto", True, False: sums inside the
     small-d assignment pass), points_per_thread and center_group (small-d kernel),
     free_memory."""
 
@@ -91,6 +93,10 @@ class CupyFusedBackend(CupyBackendBase):
                               "split precision (3xTF32: FP32-accurate, labels equal up to near "
                               "ties); 'auto': 3xTF32 up to d=160; float64 and GPUs before "
                               "compute capability 8.0 use the SIMT kernel"),
+        "half_kernel": Option("auto", *paths.HALF_KERNELS, doc="precision='fp16' or "
+                              "'bf16' (the wgmma kernel): X's rows rounded into shared memory "
+                              "('shared'; 'auto') or each thread's fragments of X in registers "
+                              "('registers', d <= 128)"),
         "fuse": Option("auto", "auto", True, False, doc="sums inside the small-d pass"),
         "points_per_thread": Option(None, None, 1, 2, 4, 8, doc="small-d kernel"),
         "center_group": Option(None, None, 1, 8, 16, 32, doc="small-d kernel: centers per "
@@ -137,7 +143,8 @@ class CupyFusedBackend(CupyBackendBase):
             d = X.shape[1] if getattr(X, "ndim", 2) > 1 else 1
             dev = fp.device_facts(self._cp.cuda.Device().id)
             try:
-                paths.choose(d, n_clusters, "float32", self.precision, dev)
+                paths.choose(d, n_clusters, "float32", self.precision, dev,
+                             half_kernel=self.half_kernel)
             except ValueError:
                 return (f"precision={self.precision!r} runs on its wgmma kernel, which needs "
                         f"compute capability 9.0 and d <= {paths.WGMMA_MAX_D_HALF} (this GPU "
@@ -161,7 +168,7 @@ class CupyFusedBackend(CupyBackendBase):
     @classmethod
     def estimate_memory(cls, n_samples, n_features, n_clusters, *, itemsize,
                         max_memory="auto", precision="fp32", tf32_kernel="auto",
-                        gemm_kernel="auto", **_):
+                        gemm_kernel="auto", half_kernel="auto", **_):
         """Device bytes of the backend's own part of a fit (the driver's arrays are counted by
         the core): X on the device (`data`), the plan's working buffers, and the chunk of
         relocation keys `farthest` ranks when a cluster is empty."""
@@ -170,7 +177,7 @@ class CupyFusedBackend(CupyBackendBase):
         budget = None if max_memory == "auto" else resolve_budget(max_memory, 0)
         plan = fp.plan(n_samples, n_features, n_clusters, dtype_name, fp.NOMINAL,
                        precision=precision, budget=budget, tf32_kernel=tf32_kernel,
-                       gemm_kernel=gemm_kernel)
+                       gemm_kernel=gemm_kernel, half_kernel=half_kernel)
         parts = {"data": n_samples * n_features * itemsize, **plan.fixed_bytes,
                  "relocation": min(n_samples, FARTHEST_ROWS) * (2 * itemsize + 24)}
         return MemoryEstimate(parts, sum(parts.values()), plan.chunk_rows)
@@ -180,7 +187,8 @@ class CupyFusedBackend(CupyBackendBase):
         return fp.plan(n, d, k, dtype_name, fp.device_facts(self._cp.cuda.Device().id),
                        precision=self.precision, fuse=self.fuse, P=self.points_per_thread,
                        G=self.center_group, budget=self.memory.bytes(),
-                       tf32_kernel=self.tf32_kernel, gemm_kernel=self.gemm_kernel)
+                       tf32_kernel=self.tf32_kernel, gemm_kernel=self.gemm_kernel,
+                       half_kernel=self.half_kernel)
 
     def fit_kernels(self, n, d, k, dtype, *, seeding=None):
         name = str(np.dtype(dtype))

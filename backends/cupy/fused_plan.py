@@ -204,11 +204,11 @@ def operand_sizes(layout, k, d, S, kpad) -> tuple:
 
 
 def plan(n, d, k, dtype_name, dev, *, precision="fp32", fuse="auto", P=None, G=None,
-         budget=None, tf32_kernel="auto", gemm_kernel="auto") -> Plan:
+         budget=None, tf32_kernel="auto", gemm_kernel="auto", half_kernel="auto") -> Plan:
     itemsize = 4 if dtype_name == "float32" else 8
     sums_smem = sums_shared_bytes(k, d)
     path = paths.choose(d, k, dtype_name, precision, dev, tf32_kernel=tf32_kernel,
-                        gemm_kernel=gemm_kernel).path
+                        gemm_kernel=gemm_kernel, half_kernel=half_kernel).path
     variant = VARIANTS[path]
     if variant.kind != "small":
         resident, assign_smem = variant.fit(d, dev)

@@ -26,6 +26,9 @@ MMA3_AUTO_MAX_D = 160
 #: gemm_kernel (the exact d > 16 path on float32)
 TF32_KERNELS = ("auto", "wgmma", "fused", "fused-v1", "cublas")
 GEMM_KERNELS = ("auto", "simt", "3xtf32")
+#: values of half_kernel (fp16/bf16 on the wgmma kernel): X's rows in shared memory ("shared")
+#: or each thread's A fragments in registers ("registers", d <= WGMMA_MAX_D_AREG)
+HALF_KERNELS = ("auto", "shared", "registers")
 _CTYPE = {"float32": "float", "float64": "double"}
 #: the estimator's compute precisions (`kmeans_xp.contract.precision`) this backend runs, and
 #: the `precision` of the PATHS rows each maps to; fp16/bf16 run on the wgmma kernel only
@@ -108,6 +111,9 @@ WGMMA_STAGES, WGMMA_MAX_D = 3, 128
 #: the largest d of the half formats' wgmma kernel: an atom of K holds 64 halves, so d = 256
 #: takes the shared memory of TF32's d = 128
 WGMMA_MAX_D_HALF = 256
+#: the largest d of its A-in-registers form (AREG): two row tiles' fragments of d = 128 halves
+#: take 64 registers a thread, 234 in all; at d = 256 ptxas spilled
+WGMMA_MAX_D_AREG = 128
 
 
 def wgmma_tile(split: bool) -> tuple:
@@ -126,34 +132,40 @@ def wgmma_atoms(d: int, fmt: int = 0) -> int:
     return -(-half_dk(d) // 64) if fmt else -(-mma_dk(d) // 32)
 
 
-def wgmma_smem(d: int, split: bool = False, fmt: int = 0) -> int:
+def wgmma_smem(d: int, split: bool = False, fmt: int = 0, areg: bool = False) -> int:
     """Dynamic shared memory (bytes) of assign_wgmma (the formula in cuda/fused_wgmma.cu): X's
-    rows and the centers' stages in 32-word atoms of K (two parts each with the 3xTF32
-    split), and 1024 bytes to align the atoms."""
+    rows (not with the split or areg: their A is in registers) and the centers' stages in
+    32-word atoms of K (two parts each with the 3xTF32 split), and 1024 bytes to align the
+    atoms."""
     mt, bn = wgmma_tile(split)
     stages = WGMMA_STAGES * bn
-    return 1024 + 4 * wgmma_atoms(d, fmt) * 32 * (2 * stages if split else 128 * mt + stages)
+    words = 2 * stages if split else stages if areg else 128 * mt + stages
+    return 1024 + 4 * wgmma_atoms(d, fmt) * 32 * words
 
 
-def wgmma_fits(d, dev, split=False, fmt=0) -> bool:
+def wgmma_fits(d, dev, split=False, fmt=0, areg=False) -> bool:
     """The wgmma kernel runs here: compute capability 9.0 (sm_90a) and its shared memory."""
-    return (dev.cc == 90 and d <= (WGMMA_MAX_D_HALF if fmt else WGMMA_MAX_D)
-            and wgmma_smem(d, split, fmt) <= dev.smem_block - 1024)
+    top = WGMMA_MAX_D_AREG if areg else WGMMA_MAX_D_HALF if fmt else WGMMA_MAX_D
+    return (dev.cc == 90 and d <= top
+            and wgmma_smem(d, split, fmt, areg) <= dev.smem_block - 1024)
 
 
-def wgmma_kernel_name(d: int, vec: bool, split: bool = False, fmt: int = 0) -> str:
-    """An instance of assign_wgmma: 3xTF32 or TF32 (or, fmt 1 / 2, fp16 / bf16), row tiles,
-    column block, atoms of K, 16-byte loads of X."""
+def wgmma_kernel_name(d: int, vec: bool, split: bool = False, fmt: int = 0,
+                      areg: bool = False) -> str:
+    """An instance of assign_wgmma: 3xTF32 or TF32 (or, fmt 1 / 2, fp16 / bf16, with areg
+    X's fragments in registers), row tiles, column block, atoms of K, 16-byte loads of X."""
     mt, bn = wgmma_tile(split)
+    tail = f",{fmt},true>" if areg else f",{fmt}>" if fmt else ">"
     return (f"assign_wgmma<{int(split)},{mt},{bn},{wgmma_atoms(d, fmt)},"
-            f"{'true' if vec else 'false'}" + (f",{fmt}>" if fmt else ">"))
+            f"{'true' if vec else 'false'}" + tail)
 
 
-def _wgmma_instances(split, fmt=0):
+def _wgmma_instances(split, fmt=0, areg=False):
     # (d up to the largest d: one instance per atom count)
     per_atom = 64 if fmt else 32
-    top = wgmma_atoms(WGMMA_MAX_D_HALF if fmt else WGMMA_MAX_D, fmt)
-    return tuple(wgmma_kernel_name(per_atom * a, v, split, fmt)
+    top = wgmma_atoms(WGMMA_MAX_D_AREG if areg else WGMMA_MAX_D_HALF if fmt
+                      else WGMMA_MAX_D, fmt)
+    return tuple(wgmma_kernel_name(per_atom * a, v, split, fmt, areg)
                  for a in range(1, top + 1) for v in (True, False))
 
 
@@ -224,6 +236,14 @@ VARIANTS = {
         if wgmma_fits(d, dev, False, fmt) else None,
         lambda dt, d, vec, res, fmt=fmt: wgmma_kernel_name(d, vec, False, fmt),
         lambda dt, fmt=fmt: _wgmma_instances(False, fmt)) for name, fmt in HALF_FORMATS.items()},
+    **{f"wgmma-{name}r": Variant(
+        "tile", "fused_wgmma.cu", ("float32",), 4 + fmt,
+        lambda n, dt, dev: cdiv(n, 128 * wgmma_tile(False)[0]),
+        lambda d, dev, fmt=fmt: (True, wgmma_smem(d, False, fmt, True))
+        if wgmma_fits(d, dev, False, fmt, True) else None,
+        lambda dt, d, vec, res, fmt=fmt: wgmma_kernel_name(d, vec, False, fmt, True),
+        lambda dt, fmt=fmt: _wgmma_instances(False, fmt, True))
+       for name, fmt in HALF_FORMATS.items()},
     "wgmma3": Variant(
         "tile", "fused_wgmma.cu", ("float32",), 4,
         lambda n, dt, dev: cdiv(n, 128 * wgmma_tile(True)[0]),
@@ -244,11 +264,12 @@ class Query(NamedTuple):
     dev: object
     tf32_kernel: str = "auto"
     gemm_kernel: str = "auto"
+    half_kernel: str = "auto"
 
 
 class Row(NamedTuple):
     """A row of PATHS: when every condition holds, `path`, because `why`. Conditions: a
-    Query field (precision, dtype, tf32_kernel, gemm_kernel) equal to the value or in the
+    Query field (precision, dtype, tf32_kernel, gemm_kernel, half_kernel) equal to the value or in the
     tuple; d_max / d_min: d at most / at least; fits: True, the path's kernel runs on the
     device (`Variant.fit`)."""
     path: str
@@ -257,6 +278,10 @@ class Row(NamedTuple):
 
 
 PATHS = (
+    *(Row(f"wgmma-{name}r", {"precision": name, "half_kernel": "registers", "fits": True},
+          f"{name} with half_kernel='registers': the wgmma kernel with each thread's A "
+          f"fragments of X in registers (d <= {WGMMA_MAX_D_AREG}), shared memory for the "
+          f"centers alone") for name in HALF_FORMATS),
     Row("wgmma-fp16", {"precision": "fp16", "fits": True},
         "fp16 on Hopper's asynchronous tensor cores (the wgmma kernel's half format, compute "
         "capability 9.0, d <= 256): X rounded to fp16 in shared memory, FP32 accumulation"),
@@ -317,9 +342,11 @@ def _holds(row: Row, q: Query) -> bool:
     return True
 
 
-def choose(d, k, dtype, precision, dev, *, tf32_kernel="auto", gemm_kernel="auto") -> Row:
+def choose(d, k, dtype, precision, dev, *, tf32_kernel="auto", gemm_kernel="auto",
+           half_kernel="auto") -> Row:
     """The row of PATHS a problem takes: its path and why."""
-    q = Query(int(d), int(k), str(dtype), precision, dev, tf32_kernel, gemm_kernel)
+    q = Query(int(d), int(k), str(dtype), precision, dev, tf32_kernel, gemm_kernel,
+              half_kernel)
     for row in PATHS:
         if _holds(row, q):
             return row

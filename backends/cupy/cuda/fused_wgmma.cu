@@ -45,113 +45,7 @@
 #include "common.cuh"
 #include "cp_async.cuh"
 #include "tile_min.cuh"
-
-#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define KMEANS_WGMMA 1
-#else
-#define KMEANS_WGMMA 0  // (any other target: the kernel traps; the host never launches it)
-#endif
-
-// -- PTX (the CPU emulator of the tests defines the wgmma ones itself: KMEANS_WGMMA_EMULATED) -
-
-// shared-memory matrix descriptor of a 128B-swizzled K-major tile starting at saddr
-__device__ __forceinline__ u64 wg_desc(unsigned saddr) {
-    return (u64)((saddr & 0x3FFFF) >> 4) | ((u64)(16 >> 4) << 16) | ((u64)(1024 >> 4) << 32) |
-           ((u64)1 << 62);
-}
-
-#ifndef KMEANS_WGMMA_EMULATED
-__device__ __forceinline__ void wg_fence() {
-#if KMEANS_WGMMA
-    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void wg_commit() {
-#if KMEANS_WGMMA
-    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-#endif
-}
-template <int N>
-__device__ __forceinline__ void wg_wait() {
-#if KMEANS_WGMMA
-    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
-#endif
-}
-// generic-proxy writes to shared memory (stores, cp.async) made visible to wgmma's reads
-__device__ __forceinline__ void fence_async_shared() {
-#if KMEANS_WGMMA
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-#endif
-}
-// keeps the compiler from moving accumulator reads or writes across an asynchronous wgmma
-template <int NT>
-__device__ __forceinline__ void wg_pin(float (&d)[NT][4]) {
-#pragma unroll
-    for (int j = 0; j < NT; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) asm volatile("" : "+f"(d[j][e])::"memory");
-}
-
-#define KMEANS_WGMMA_SS(SHAPE_TYPES, TAIL)                                                   \
-    asm volatile(                                                                            \
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"                                          \
-        "wgmma.mma_async.sync.aligned." SHAPE_TYPES " {"                                     \
-        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "             \
-        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "  \
-        "%32, %33, p, 1, 1" TAIL ";\n}\n"                                                    \
-        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),                        \
-          "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),                        \
-          "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),                        \
-          "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),                        \
-          "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]),                        \
-          "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),                        \
-          "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),                        \
-          "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])                         \
-        : "l"(da), "l"(db), "r"(scale_d))
-
-// D (64 x 64) += A (64 x K, shared, descriptor da) * B (64 x K, shared, db)^T, one 32-byte K
-// step: k8 of TF32 (FMT 0), k16 of fp16 (1) or bf16 (2), FP32 accumulation, both operands
-// K-major (the half formats' transpose flags 0); scale_d = 0 starts from zero instead of D
-template <int FMT>
-__device__ __forceinline__ void wgmma_64(float (&d)[8][4], u64 da, u64 db, int scale_d) {
-#if KMEANS_WGMMA
-    if constexpr (FMT == 0) {
-        KMEANS_WGMMA_SS("m64n64k8.f32.tf32.tf32", "");
-    } else if constexpr (FMT == 1) {
-        KMEANS_WGMMA_SS("m64n64k16.f32.f16.f16", ", 0, 0");
-    } else {
-        KMEANS_WGMMA_SS("m64n64k16.f32.bf16.bf16", ", 0, 0");
-    }
-#else
-    __trap();
-#endif
-}
-
-// D (64 x 64) += A (64 x 8, registers: the mma.sync A fragment of warp q's rows 16q..16q+15,
-// a0 (g, t), a1 (g + 8, t), a2 (g, t + 4), a3 (g + 8, t + 4)) * B (64 x 8, shared, db)^T
-__device__ __forceinline__ void wgmma_64_rs(float (&d)[8][4], const unsigned (&a)[4], u64 db,
-                                            int scale_d) {
-#if KMEANS_WGMMA
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32 {"
-        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-        "{%32, %33, %34, %35}, %36, p, 1, 1;\n}\n"
-        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
-          "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
-          "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
-          "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
-          "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]),
-          "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
-          "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
-          "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(scale_d));
-#else
-    __trap();
-#endif
-}
-#endif  // KMEANS_WGMMA_EMULATED
+#include "wgmma.cuh"
 
 constexpr int WG_STAGES = 3;  // centers' stages: a column block loads two blocks ahead
 
@@ -159,12 +53,15 @@ constexpr int WG_STAGES = 3;  // centers' stages: a column block loads two block
 // the centers in two TF32 parts each (x = big + small; layout 4 of pack_centers), and
 // x.c = small.big + big.small + big.big per k8 step, the small terms first; X's parts in
 // registers. Dynamic shared memory (bytes; the host's fused_plan.wgmma_smem): 1024
-// (alignment) + 4 * NAT * 32 * (SPLIT ? 2 * WG_STAGES * BN : BM + WG_STAGES * BN). NAT =
-// ceil(roundup(d, 8) / 32) atoms of K, a template parameter so that every copy and descriptor
-// offset are a constant (d <= 32 NAT). FMT (0 TF32, 1 fp16, 2 bf16; not with SPLIT): the
-// format of the operands in shared memory; a half format's atom holds 64 values of K (d <= 64
-// NAT), its K padded to 16 and `ops` holds 16-bit values (layouts 5 and 6).
-template <int SPLIT, int MT, int BN, int NAT, bool VEC, int FMT = 0>
+// (alignment) + 4 * NAT * 32 * (SPLIT ? 2 * WG_STAGES * BN : AREG ? WG_STAGES * BN :
+// BM + WG_STAGES * BN). NAT = ceil(roundup(d, 8) / 32) atoms of K, a template parameter so
+// that every copy and descriptor offset are a constant (d <= 32 NAT). FMT (0 TF32, 1 fp16,
+// 2 bf16; not with SPLIT): the format of the operands in shared memory; a half format's atom
+// holds 64 values of K (d <= 64 NAT), its K padded to 16 and `ops` holds 16-bit values
+// (layouts 5 and 6). AREG (a half format, half_kernel="registers"): each thread's A
+// fragments of its MT row tiles in registers for the whole pass, as SPLIT's, and shared
+// memory for the centers alone (A in shared memory, the products read it beside B's rows).
+template <int SPLIT, int MT, int BN, int NAT, bool VEC, int FMT = 0, bool AREG = false>
 __global__ void __launch_bounds__(256, 1)
 assign_wgmma(const float* __restrict__ X, const float* __restrict__ W,
              const float* __restrict__ ops, const float* __restrict__ cnorm, int n_rows, int d,
@@ -177,6 +74,8 @@ assign_wgmma(const float* __restrict__ X, const float* __restrict__ W,
     constexpr int BM = 128 * MT, NT = BN / 8, RS = 4, NB = SPLIT ? 2 : 1;
     static_assert(BN == 64 && (!SPLIT || MT == 1), "the tiles of fused_plan.wgmma_tile");
     static_assert(FMT == 0 || !SPLIT, "the split is of TF32 only");
+    static_assert(!AREG || FMT != 0, "X's half fragments in registers: a half format only");
+    constexpr bool XSMEM = !SPLIT && !AREG;  // X's rows in shared memory (A by descriptor)
     constexpr int EB = FMT ? 2 : 4;        // bytes of an operand value in shared memory
     constexpr int EC = 16 / EB;            // values in a 16-byte chunk
     constexpr int EA = 8 * EC;             // values of K in an atom's 128-byte row
@@ -187,7 +86,7 @@ assign_wgmma(const float* __restrict__ X, const float* __restrict__ W,
     float* const xs = reinterpret_cast<float*>(smem_raw + (((raw + 1023) & ~1023u) - raw));
     const int dk = FMT ? (d + 15) & ~15 : (d + 7) & ~7;  // K padded to the step's 8 / 16
     constexpr int nat = NAT;                    // atoms of 32 words
-    float* const bs = xs + (SPLIT ? 0 : nat * BM * 32);  // WG_STAGES stages of NB nat BN 32
+    float* const bs = xs + (XSMEM ? nat * BM * 32 : 0);  // WG_STAGES stages of NB nat BN 32
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     // (the warpgroup from a shuffle: the compiler then keeps its descriptors in uniform
@@ -261,6 +160,29 @@ assign_wgmma(const float* __restrict__ X, const float* __restrict__ W,
                 xl[s][e] = __float_as_uint(tf32_rna(__fsub_rn(v, big)));
             }
     }
+    // AREG: the thread's A fragments of every k16 step of its MT row tiles, rounded to the
+    // format (nearest even, as the shared tile's), in registers for the whole pass (zeros
+    // past n and d): no X in shared memory, whose reads the products would share with B's
+    unsigned xh[AREG ? MT : 1][AREG ? 4 * NAT : 1][4];
+    if constexpr (AREG) {
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+            const i64 ra = row0 + wgi * 64 * MT + mt * 64 + 16 * q + g, rb = ra + 8;
+            const float* const pa = X + (ra < n ? ra : 0) * d;
+            const float* const pb = X + (rb < n ? rb : 0) * d;
+#pragma unroll
+            for (int s = 0; s < 4 * NAT; ++s)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {  // rows g (+ 8 for odd e), k 2t (+ 8 from e = 2)
+                    const int k = 16 * s + 2 * t + 8 * (e >> 1);
+                    const bool row_ok = (e & 1) ? rb < n : ra < n;
+                    const float* const p = ((e & 1) ? pb : pa) + k;
+                    const float lo = row_ok && k < d ? __ldg(p) : 0.0f;
+                    const float hi = row_ok && k + 1 < d ? __ldg(p + 1) : 0.0f;
+                    xh[mt][s][e] = half2_bits<FMT>(lo, hi);
+                }
+        }
+    }
     float xn_own = -1.0f;  // XASYNC: ||x||^2 of row tid, in feature order (finish_rows')
     if constexpr (XASYNC) {
         cp_async_wait<2>();  // X's group (the centers' two may still be in flight)
@@ -285,7 +207,7 @@ assign_wgmma(const float* __restrict__ X, const float* __restrict__ W,
     // TF32: the block's rows in shared memory once, TF32 (rna), zeros past n and d; a half
     // format: rounded to it (nearest even), a 16-byte chunk of 8 values from two float loads
 #pragma unroll
-    for (int a = 0; a < (SPLIT || XASYNC ? 0 : nat); ++a) {
+    for (int a = 0; a < (XSMEM && !XASYNC ? nat : 0); ++a) {
         const int k = a * EA + c8 * EC;
 #pragma unroll 4
         for (int i = 0; i < BM / 32; ++i) {
@@ -372,6 +294,10 @@ assign_wgmma(const float* __restrict__ X, const float* __restrict__ W,
                     wgmma_64_rs(cur[0], xl[s], dbj, s > 0);
                     wgmma_64_rs(cur[0], xb[s], dbj + (u64)(nat * BN * 8), 1);
                     wgmma_64_rs(cur[0], xb[s], dbj, 1);
+                } else if constexpr (AREG) {
+#pragma unroll
+                    for (int mt = 0; mt < MT; ++mt)
+                        wgmma_64_rs_half<FMT>(cur[mt], xh[mt][a * 4 + j], dbj, a + j > 0);
                 } else {
 #pragma unroll
                     for (int mt = 0; mt < MT; ++mt)
