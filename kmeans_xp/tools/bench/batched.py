@@ -111,27 +111,30 @@ def _on_device(device, X):
 
 
 def _split(spec):
-    """"name" or "name[precision=fp16]" (the rows' precision, KMeans' own option) -> (name,
-    precision)."""
+    """"name" or "name[precision=fp16,option=value]" -> (name, the rows' precision (KMeans'
+    own option), the backend's options)."""
     from kmeans_xp.tools.bench.entries import split_options
     name, options = split_options(spec)
-    return name, str(options.get("precision", "exact"))
+    precision = str(options.pop("precision", "exact"))
+    return name, precision, options
 
 
 def _batched_fit(spec, X, C, w, *, max_iter):
     from kmeans_xp import KMeans
-    name, precision = _split(spec)
+    name, precision, options = _split(spec)
     km = KMeans(w.k, init=C, n_init=1, max_iter=max_iter, tol=0, backend=name,
-                max_memory=w.max_memory, precision=precision).fit(X)
+                max_memory=w.max_memory, precision=precision,
+                backend_options=options or None).fit(X)
     labels = np.stack([to_numpy(km.labels_[b]) for b in range(len(C))])
     return km.timings_["lloyd"], int(km.n_iter_.max()), float(km.inertia_.sum()), labels
 
 
 def _loop_fit(spec, X, C, w, *, max_iter):
     from kmeans_xp import KMeans
-    name, precision = _split(spec)
+    name, precision, options = _split(spec)
     fits = [KMeans(w.k, init=C[b], n_init=1, max_iter=max_iter, tol=0, backend=name,
-                   max_memory=w.max_memory, precision=precision).fit(X[b])
+                   max_memory=w.max_memory, precision=precision,
+                   backend_options=options or None).fit(X[b])
             for b in range(len(C))]
     labels = np.stack([to_numpy(f.labels_) for f in fits])
     return (sum(f.timings_["lloyd"] for f in fits), max(f.n_iter_ for f in fits),
