@@ -375,12 +375,19 @@ class CupyFusedBackend(CupyBackendBase):
 
     @staticmethod
     def _sort_rows(ws, labels, skip=NULL):
-        """ws.sort_order: the rows counting-sorted by label, cluster c's from sort_starts[c]."""
+        """ws.sort_order: the rows counting-sorted by label, cluster c's from sort_starts[c].
+        Up to fp.SORT_HIST_K clusters each block counts its rows in shared memory first."""
         n, rows = _i32(ws.n), common.grid(ws.n, BLOCK, 8)
-        launch(fp.kernel("sort_count"), rows, (labels, n, ws.sort_counts, skip))
+        k_hist = ws.k if ws.k <= fp.SORT_HIST_K else 0
+        if k_hist:   # (blocks of at least two rows a cluster: the flush is per cluster)
+            rows = max(1, min(rows, ws.n // (2 * ws.k)))
+        smem = 4 * k_hist
+        launch(fp.kernel("sort_count"), rows, (labels, n, ws.sort_counts, skip,
+                                               _i32(k_hist)), shared_mem=smem)
         launch(fp.kernel("sort_offsets"), 1,
                (ws.sort_counts, _i32(ws.k), ws.sort_starts, ws.sort_cursor, skip))
-        launch(fp.kernel("sort_place"), rows, (labels, n, ws.sort_cursor, ws.sort_order, skip))
+        launch(fp.kernel("sort_place"), rows, (labels, n, ws.sort_cursor, ws.sort_order, skip,
+                                               _i32(k_hist)), shared_mem=smem)
 
     def _finalize(self, ws, out, *, stats=False, changed_if_none=-1.0):
         """Fixed point -> float64 sums and weights into `out` (k*(d+1) values, then with

@@ -279,6 +279,12 @@ def update_plan(n, d, k, dtype_name, dev) -> tuple:
     return "global", 0, global_acc_grid(n, d, dev), 0
 
 
+#: clusters up to which the counting sort of the sorted sums counts each block's rows in
+#: shared memory (4 bytes a cluster) before one global atomic per cluster and block: one
+#: global atomic per row on k counters contends (F1, n=8M k=1024)
+SORT_HIST_K = 16384
+
+
 def sorted_vector(dtype_name, d) -> int:
     """Features a thread of accumulate_sorted loads at once: a 16-byte vector where rows fill
     them (X aligned: the host checks), else 1."""

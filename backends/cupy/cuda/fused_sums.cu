@@ -67,12 +67,41 @@ accumulate_global(const T* __restrict__ X, const T* __restrict__ W, const int* _
 // accumulate_sorted walks them cluster by cluster, adding in registers and flushing a
 // cluster's words once it ends: about k*(d+1)*2 atomics a pass where accumulate_global
 // makes n*(d+1)*2 (258M at n=1M, d=128), on the same fixed-point words, so the same bits.
+
+// The rows of a block: a contiguous run (sort_count and sort_place split n alike).
+__device__ __forceinline__ void block_rows(int n, i64& lo, i64& hi) {
+    const i64 per = ((i64)n + gridDim.x - 1) / gridDim.x;
+    lo = (i64)blockIdx.x * per;
+    hi = min((i64)n, lo + per);
+}
+
+// Each block's rows counted in shared memory (k_hist = k clusters' ints of dynamic shared
+// memory, from the host when they fit), then added to `counts` once per non-empty cluster: a
+// few global atomics per cluster and block instead of one per row on k contended counters.
+// k_hist = 0: one global atomic per row.
+__device__ __forceinline__ void count_block_rows(const int* __restrict__ labels, int n,
+                                                 int k_hist, int* hist) {
+    for (int c = threadIdx.x; c < k_hist; c += BLOCK) hist[c] = 0;
+    __syncthreads();
+    i64 lo, hi;
+    block_rows(n, lo, hi);
+    for (i64 i = lo + threadIdx.x; i < hi; i += BLOCK) atomicAdd(hist + labels[i], 1);
+    __syncthreads();
+}
+
 __global__ void __launch_bounds__(BLOCK)
 sort_count(const int* __restrict__ labels, int n, int* __restrict__ counts,
-           const bool* __restrict__ skip) {
+           const bool* __restrict__ skip, int k_hist) {
     if (skip != nullptr && *skip) return;
-    for (i64 i = (i64)blockIdx.x * BLOCK + threadIdx.x; i < n; i += (i64)gridDim.x * BLOCK)
-        atomicAdd(counts + labels[i], 1);
+    if (k_hist == 0) {
+        for (i64 i = (i64)blockIdx.x * BLOCK + threadIdx.x; i < n; i += (i64)gridDim.x * BLOCK)
+            atomicAdd(counts + labels[i], 1);
+        return;
+    }
+    KMEANS_DYNAMIC_SMEM(int, hist);
+    count_block_rows(labels, n, k_hist, hist);
+    for (int c = threadIdx.x; c < k_hist; c += BLOCK)
+        if (hist[c]) atomicAdd(counts + c, hist[c]);
 }
 
 // One block: starts[c] = the first sorted position of cluster c (starts[k] = n), cursor =
@@ -105,12 +134,27 @@ sort_offsets(int* __restrict__ counts, int k, int* __restrict__ starts, int* __r
     if (threadIdx.x == BLOCK - 1) starts[k] = part[BLOCK - 1];
 }
 
+// order[cursor[label]++] = row. With k_hist (as sort_count's): each block counts its rows
+// again, reserves each cluster's run of positions with one global atomic, and hands them out
+// from shared memory.
 __global__ void __launch_bounds__(BLOCK)
 sort_place(const int* __restrict__ labels, int n, int* __restrict__ cursor,
-           int* __restrict__ order, const bool* __restrict__ skip) {
+           int* __restrict__ order, const bool* __restrict__ skip, int k_hist) {
     if (skip != nullptr && *skip) return;
-    for (i64 i = (i64)blockIdx.x * BLOCK + threadIdx.x; i < n; i += (i64)gridDim.x * BLOCK)
-        order[atomicAdd(cursor + labels[i], 1)] = (int)i;
+    if (k_hist == 0) {
+        for (i64 i = (i64)blockIdx.x * BLOCK + threadIdx.x; i < n; i += (i64)gridDim.x * BLOCK)
+            order[atomicAdd(cursor + labels[i], 1)] = (int)i;
+        return;
+    }
+    KMEANS_DYNAMIC_SMEM(int, slot);
+    count_block_rows(labels, n, k_hist, slot);
+    for (int c = threadIdx.x; c < k_hist; c += BLOCK)
+        if (slot[c]) slot[c] = atomicAdd(cursor + c, slot[c]);  // the block's first position
+    __syncthreads();
+    i64 lo, hi;
+    block_rows(n, lo, hi);
+    for (i64 i = lo + threadIdx.x; i < hi; i += BLOCK)
+        order[atomicAdd(slot + labels[i], 1)] = (int)i;
 }
 
 __device__ __forceinline__ void flush_pair(u64* dst, u64& h, u64& l) {
