@@ -80,9 +80,9 @@ def batch_backends(backends, has_gpu):
     GPU ones (with a GPU) or numpy."""
     import kmeans_xp
     infos = kmeans_xp.list_backends()
-    from kmeans_xp.tools.bench.entries import split_options
+    from kmeans_xp.tools.bench.entries import split_options, split_specs
     if isinstance(backends, str) and backends != "default":
-        backends = backends.split(",")
+        backends = split_specs(backends)
     if isinstance(backends, list):   # (a row may name its precision: "name[precision=fp16]")
         return [b for b in backends if split_options(b)[0] in infos]
     return [name for name, info in infos.items() if info.available and info.gpu

@@ -243,6 +243,9 @@ def test_resolve_backends():
                                 "numpy@nowhere"]) == ["nope", "numpy@nowhere"]
     with pytest.raises(ValueError):
         bench.resolve_backends(" , ")
+    # options in brackets keep their commas: one row with two options
+    assert bench.resolve_backends("numpy,cupy-fused[precision=fp16,half_kernel=registers]") \
+        == ["numpy", "cupy-fused[precision=fp16,half_kernel=registers]"]
 
 
 def test_the_default_set_leaves_generic_rows_out_and_says_how_to_add_them():

@@ -543,14 +543,13 @@ def test_global_and_sorted_sums_are_the_shared_ones_bits(emulated_cupy, monkeypa
 @pytest.mark.parametrize("n,k,hist_k", [(1201, 37, 16384), (1201, 37, 8), (5, 3, 16384),
                                          (3000, 1000, 16384)])
 def test_counting_sort_of_rows_by_label(emulated_cupy, monkeypatch, n, k, hist_k):
-    """_sort_rows: every row once, cluster c's rows in sort_starts[c]..sort_starts[c + 1], the
+    """fused_sums.sort_rows: every row once, cluster c's rows in sort_starts[c]..sort_starts[c + 1], the
     counts left zeroed for the next pass; each block counting its rows in shared memory (k
     up to SORT_HIST_K) or one global atomic a row (past it), with empty clusters, blocks of
     several clusters and clusters over several blocks."""
     import types
 
-    from kmeans_xp_backends.cupy import fused_plan
-    from kmeans_xp_backends.cupy.fused import CupyFusedBackend
+    from kmeans_xp_backends.cupy import fused_plan, fused_sums
     monkeypatch.setattr(fused_plan, "SORT_HIST_K", hist_k)
     rng = np.random.default_rng(n + k)
     labels = rng.integers(0, k, size=n).astype(np.int32)
@@ -560,7 +559,7 @@ def test_counting_sort_of_rows_by_label(emulated_cupy, monkeypatch, n, k, hist_k
                                sort_cursor=np.empty(k, np.int32),
                                sort_order=np.full(n, -1, np.int32))
     for _ in range(2):   # (a second pass reuses the zeroed counts)
-        CupyFusedBackend._sort_rows(ws, labels)
+        fused_sums.sort_rows(ws, labels)
         counts = np.bincount(labels, minlength=k)
         np.testing.assert_array_equal(ws.sort_starts, np.concatenate([[0], np.cumsum(counts)]))
         assert sorted(ws.sort_order) == list(range(n))

@@ -66,8 +66,9 @@ def test_one_iteration_is_three_launches_and_reads_nothing_back(fake_cupy, monke
     it = be.lloyd_iter(X, None, C, None, xp=xp)  # first call: workspace, scales
     calls = []
     real = common.launch
-    monkeypatch.setattr("kmeans_xp_backends.cupy.fused.launch",
-                        lambda fn, *a, **k: (calls.append(fn.name), real(fn, *a, **k)))
+    for module in ("fused", "fused_sums"):
+        monkeypatch.setattr(f"kmeans_xp_backends.cupy.{module}.launch",
+                            lambda fn, *a, **k: (calls.append(fn.name), real(fn, *a, **k)))
     monkeypatch.setattr(fake_cupy, "asnumpy", lambda *a, **k: pytest.fail("read back"))
     it2 = be.lloyd_iter(X, None, C, it.labels, xp=xp)
     assert len(calls) == launches, calls

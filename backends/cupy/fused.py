@@ -37,7 +37,7 @@ from kmeans_xp.contract.backend import AssignResult, IterStats, Option, ReduceRe
 from kmeans_xp.contract.memory import KMeansMemoryError, MemoryEstimate, format_bytes, resolve_budget
 from kmeans_xp.contract.namespaces import dtype_name as float_dtype_name
 
-from . import common, fused_batch, paths
+from . import common, fused_batch, fused_sums, paths
 from . import fused_plan as fp
 from .base import BASE_OPTIONS, CupyBackendBase
 from .common import BLOCK, NULL, device_ptr, free_device_memory, launch, with_oom_retry
@@ -239,28 +239,6 @@ class CupyFusedBackend(CupyBackendBase):
         self._ws = ws
         return ws
 
-    def _scales(self, ws):
-        """Fixed-point scales (max|x| per feature and the total weight), on the device."""
-        if ws.scales is None:
-            cp = self._cp
-            n, d = ws.n, ws.d
-            t = _CTYPE[ws.dtype_name]
-            bits = cp.zeros(d, dtype=cp.uint64)
-            dev = fp.device_facts(cp.cuda.Device().id)
-            grid = max(fp.cdiv(d, BLOCK), min(fp.cdiv(n * d, BLOCK), dev.sms * 8))
-            launch(fp.kernel(f"column_absmax<{t}>"), grid, (ws.X, np.int64(n * d), _i32(d), bits))
-            w_total = NULL
-            if ws.w is not None:
-                from .reductions import weighted_total
-                w_total = cp.empty(1, dtype=cp.float64)
-                weighted_total(ws.w, None, w_total, self.scratch)
-            scale = cp.empty(d + 1, dtype=cp.float64)
-            inv = cp.empty(d + 1, dtype=cp.float64)
-            launch(fp.kernel("fixed_point_scales"), 1,
-                   (bits, w_total, np.float64(n), _i32(d), scale, inv), block=32)
-            ws.scales = (scale, inv)
-        return ws.scales
-
     # -- kernels, one small method each ----------------------------------------------------------
     def _host_centers(self, ws):
         if ws.host is None:
@@ -296,7 +274,7 @@ class CupyFusedBackend(CupyBackendBase):
         if p.path == "small":
             fuse = accumulate and p.fuse
             if fuse:
-                scale = self._scales(ws)[0]
+                scale = fused_sums.scales(ws, self.scratch)[0]
                 extra, smem = (ws.acc, scale, np.float64(ws.two_l)), p.assign_smem
             else:
                 extra = (NULL, NULL, np.float64(1.0))
@@ -314,7 +292,7 @@ class CupyFusedBackend(CupyBackendBase):
         else:
             self._assign_tf32(ws, w, tail)
         if accumulate and not p.fuse:
-            self._accumulate(ws, labels, skip=skip)
+            fused_sums.accumulate(ws, labels, self.scratch, skip=skip)
 
     def _assign_tf32(self, ws, w, tail):
         cp, p = self._cp, ws.plan
@@ -352,53 +330,6 @@ class CupyFusedBackend(CupyBackendBase):
                                            what="cupy-fused tf32 distance chunk",
                                            on_halve=halved)
 
-    def _accumulate(self, ws, labels, *, skip=None):
-        p = ws.plan
-        scale = self._scales(ws)[0]
-        t = _CTYPE[ws.dtype_name]
-        w = NULL if ws.w is None else ws.w
-        skip = NULL if skip is None else skip
-        if p.acc_mode == "shared":
-            launch(fp.kernel(f"accumulate_shared<{t}>"), p.acc_grid,
-                   (ws.X, w, labels, _i32(ws.n), _i32(ws.d), _i32(ws.k), ws.acc, scale,
-                    np.float64(ws.two_l), skip), shared_mem=p.acc_smem)
-        elif p.acc_mode == "sorted":
-            self._sort_rows(ws, labels, skip)
-            vec = fp.sorted_vector(ws.dtype_name, ws.d) if device_ptr(ws.X) % 16 == 0 else 1
-            launch(fp.kernel(f"accumulate_sorted<{t},{vec}>"), p.acc_grid,
-                   (ws.X, w, ws.sort_order, ws.sort_starts, _i32(ws.n), _i32(ws.d), _i32(ws.k),
-                    _i32(p.acc_rows), ws.acc, scale, np.float64(ws.two_l), skip))
-        else:
-            launch(fp.kernel(f"accumulate_global<{t}>"), p.acc_grid,
-                   (ws.X, w, labels, _i32(ws.n), _i32(ws.d), ws.acc, scale,
-                    np.float64(ws.two_l), skip))
-
-    @staticmethod
-    def _sort_rows(ws, labels, skip=NULL):
-        """ws.sort_order: the rows counting-sorted by label, cluster c's from sort_starts[c].
-        Up to fp.SORT_HIST_K clusters each block counts its rows in shared memory first."""
-        n, rows = _i32(ws.n), common.grid(ws.n, BLOCK, 8)
-        k_hist = ws.k if ws.k <= fp.SORT_HIST_K else 0
-        if k_hist:   # (blocks of at least two rows a cluster: the flush is per cluster)
-            rows = max(1, min(rows, ws.n // (2 * ws.k)))
-        smem = 4 * k_hist
-        launch(fp.kernel("sort_count"), rows, (labels, n, ws.sort_counts, skip,
-                                               _i32(k_hist)), shared_mem=smem)
-        launch(fp.kernel("sort_offsets"), 1,
-               (ws.sort_counts, _i32(ws.k), ws.sort_starts, ws.sort_cursor, skip))
-        launch(fp.kernel("sort_place"), rows, (labels, n, ws.sort_cursor, ws.sort_order, skip,
-                                               _i32(k_hist)), shared_mem=smem)
-
-    def _finalize(self, ws, out, *, stats=False, changed_if_none=-1.0):
-        """Fixed point -> float64 sums and weights into `out` (k*(d+1) values, then with
-        stats the inertia and the changed labels: of each problem of a batch, in turn)."""
-        k, d = ws.k, ws.d
-        launch(ws.fn_finalize, ws.finalize_grid,
-               (ws.acc, _i32(k), _i32(d), self._scales(ws)[1], np.float64(1.0 / ws.two_l), out,
-                out[k * d:], ws.partials, _i32(ws.n_partials if stats else 0), ws.counter,
-                np.float64(changed_if_none), out[k * (d + 1):] if stats else NULL,
-                _i32(ws.problems)))
-
     # -- the contract's primitives ----------------------------------------------------------------
     def assign(self, X, centers, *, xp=None):
         cp = self._cp
@@ -415,9 +346,9 @@ class CupyFusedBackend(CupyBackendBase):
         with self.stage("update"):
             ws = self._workspace(X, n_clusters, sample_weight)
             k, d = ws.k, ws.d
-            self._accumulate(ws, self.labels32(labels))
+            fused_sums.accumulate(ws, self.labels32(labels), self.scratch)
             out = cp.empty(k * (d + 1), dtype=cp.float64)
-            self._finalize(ws, out)
+            fused_sums.finalize(ws, out, self.scratch)
         return ReduceResult(out[: k * d].reshape(k, d), out[k * d:])
 
     def batch_lloyd_iter(self, X, sample_weight, centers, labels_old, active, *, xp=None):
@@ -444,7 +375,7 @@ class CupyFusedBackend(CupyBackendBase):
         # (centers on the host: the statistics are read below, their device buffer reused)
         out = self._host_centers(ws).stats_dev if on_host else cp.empty(
             k * (d + 1) + 2, dtype=cp.float64)
-        self._finalize(ws, out, stats=True,
+        fused_sums.finalize(ws, out, self.scratch, stats=True,
                        changed_if_none=float(ws.n) if labels_old is None else -1.0)
         kd = k * d
         if on_host:

@@ -27,7 +27,7 @@ import numpy as np
 from kmeans_xp.contract.batching import BatchStats, dense_array, loop_batch_lloyd_iter
 
 from . import fused_plan as fp
-from . import paths
+from . import fused_sums, paths
 from .batched import runs
 from .common import device_ptr
 from .workspace import Workspace
@@ -85,11 +85,11 @@ def _run_iteration(backend, ws, centers, labels_old):
     backend._assign_pass(ws, labels.reshape(-1), labels_old=labels_old)
     # problem p's labels name clusters p*k1 .. p*k1 + k1 - 1 of the run's one sums table
     shifted = labels + (cp.arange(m, dtype=cp.int32) * np.int32(k1))[:, None]
-    backend._accumulate(ws, shifted.reshape(-1))
+    fused_sums.accumulate(ws, shifted.reshape(-1), backend.scratch)
     K = ws.k
     out = cp.empty(K * (d + 1) + 2 * m, dtype=cp.float64)
-    backend._finalize(ws, out, stats=True,
-                      changed_if_none=float(ws.rows) if labels_old is None else -1.0)
+    fused_sums.finalize(ws, out, backend.scratch, stats=True,
+                        changed_if_none=float(ws.rows) if labels_old is None else -1.0)
     stats = out[K * (d + 1):].reshape(m, 2)
     return (labels, out[:K * d].reshape(m, k1, d), out[K * d:K * (d + 1)].reshape(m, k1),
             stats[:, 0], stats[:, 1])

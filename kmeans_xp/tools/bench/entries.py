@@ -132,6 +132,18 @@ class BackendEntry(Entry):
         return int(est.total)
 
 
+def split_specs(text):
+    """A list of row specs from "a,b[x=1,y=2],c": split at the commas outside brackets."""
+    specs, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        depth += (ch == "[") - (ch == "]")
+        if ch == "," and depth == 0:
+            specs.append(text[start:i])
+            start = i + 1
+    specs.append(text[start:])
+    return [s.strip() for s in specs if s.strip()]
+
+
 def split_options(spec):
     """"name[a=1,b=x]" -> ("name", {"a": 1, "b": "x"}); "name" -> ("name", {})."""
     base, bracket, rest = spec.partition("[")

@@ -21,7 +21,7 @@ import dataclasses
 import difflib
 import importlib.util
 
-from kmeans_xp.tools.bench.entries import AUTO, BackendEntry, split_options
+from kmeans_xp.tools.bench.entries import AUTO, BackendEntry, split_options, split_specs
 from kmeans_xp.tools.bench.machine import cupy_gpu
 from kmeans_xp.tools.bench.flash_rows import FLASH_FP16_ROW, FLASH_FP32_ROW, FlashEntry
 from kmeans_xp.tools.bench.references import (
@@ -74,7 +74,7 @@ class Selection:
 
 def select(spec=None, *, include_torch=False) -> Selection:
     """Row specs and the skipped rows for a spec string (see the module's docstring)."""
-    tokens = [t.strip() for t in (spec or "default").split(",") if t.strip()]
+    tokens = split_specs(spec or "default")
     if not tokens:
         raise ValueError("--backends is empty; give names such as numpy,cupy-fused, "
                          "'default' or 'all'")
