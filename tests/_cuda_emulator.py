@@ -273,6 +273,10 @@ inline void wgmma_64(float (&d)[8][4], unsigned long long da, unsigned long long
             d[j][e] = sum;
         }
 }
+// A from registers: the mma.sync A fragment, TF32 (FMT 0: a[r] one value, k8) or a half
+// format (k16, the m16n8k16 fragment: a[r] two values, the lower k in the low half), its
+// word columns w (k, or k / 2) in lanes 4g + w % 4, registers (row >= 8) + 2 (w >= 4)
+template <int FMT = 0>
 inline void wgmma_64_rs(float (&d)[8][4], const unsigned (&a)[4], unsigned long long db,
                         int scale_d) {
     const unsigned char* s = emu_publish(a, sizeof a);
@@ -281,38 +285,20 @@ inline void wgmma_64_rs(float (&d)[8][4], const unsigned (&a)[4], unsigned long 
         for (int e = 0; e < 4; ++e) {
             const int r = g + 8 * (e / 2), col = 8 * j + 2 * t + e % 2;
             float sum = scale_d ? d[j][e] : 0.0f;
-            for (int k = 0; k < 8; ++k) {
-                unsigned w;
-                std::memcpy(&w, s + (size_t)((r % 8) * 4 + k % 4) * 32
-                                    + 4 * ((r >= 8) + 2 * (k >= 4)), 4);
-                sum = std::fmaf(__uint_as_float(w & 0xffffe000u), emu_operand(db, col, k, 0),
-                                sum);
+            for (int k = 0; k < (FMT ? 16 : 8); ++k) {
+                const int w = FMT ? k / 2 : k;
+                unsigned word;
+                std::memcpy(&word, s + (size_t)((r % 8) * 4 + w % 4) * 32
+                                       + 4 * ((r >= 8) + 2 * (w >= 4)), 4);
+                const float av = FMT ? emu_half_value((unsigned short)(k % 2 ? word >> 16
+                                                                       : word & 0xffff), FMT)
+                                     : __uint_as_float(word & 0xffffe000u);
+                sum = std::fmaf(av, emu_operand(db, col, k, FMT), sum);
             }
             d[j][e] = sum;
         }
 }
-// A from registers in a half format: the mma.sync m16n8k16 A fragment (a[r] holds two
-// values, the lower k in the low half: a[0] (g, 2t), a[1] (g + 8, 2t), a[2] (g, 2t + 8),
-// a[3] (g + 8, 2t + 8))
-template <int FMT>
-inline void wgmma_64_rs_half(float (&d)[8][4], const unsigned (&a)[4], unsigned long long db,
-                             int scale_d) {
-    const unsigned char* s = emu_publish(a, sizeof a);
-    const int lane = threadIdx.x & 31, g = lane / 4, t = lane % 4;
-    for (int j = 0; j < 8; ++j)
-        for (int e = 0; e < 4; ++e) {
-            const int r = g + 8 * (e / 2), col = 8 * j + 2 * t + e % 2;
-            float sum = scale_d ? d[j][e] : 0.0f;
-            for (int k = 0; k < 16; ++k) {
-                unsigned w;
-                std::memcpy(&w, s + (size_t)((r % 8) * 4 + (k % 8) / 2) * 32
-                                    + 4 * ((r >= 8) + 2 * (k >= 8)), 4);
-                const unsigned short h = (unsigned short)(k % 2 ? w >> 16 : w & 0xffff);
-                sum = std::fmaf(emu_half_value(h, FMT), emu_operand(db, col, k, FMT), sum);
-            }
-            d[j][e] = sum;
-        }
-}
+
 template <class F>
 void emu_launch(int grid, int grid_y, int block, size_t smem, F body) {
     std::function<void()> fn = body;

@@ -297,7 +297,7 @@ assign_wgmma(const float* __restrict__ X, const float* __restrict__ W,
                 } else if constexpr (AREG) {
 #pragma unroll
                     for (int mt = 0; mt < MT; ++mt)
-                        wgmma_64_rs_half<FMT>(cur[mt], xh[mt][a * 4 + j], dbj, a + j > 0);
+                        wgmma_64_rs<FMT>(cur[mt], xh[mt][a * 4 + j], dbj, a + j > 0);
                 } else {
 #pragma unroll
                     for (int mt = 0; mt < MT; ++mt)

@@ -88,41 +88,18 @@ __device__ __forceinline__ void wgmma_64(float (&d)[8][4], u64 da, u64 db, int s
 #endif
 }
 
-// D (64 x 64) += A (64 x 8, registers: the mma.sync A fragment of warp q's rows 16q..16q+15,
-// a0 (g, t), a1 (g + 8, t), a2 (g, t + 4), a3 (g + 8, t + 4)) * B (64 x 8, shared, db)^T
-__device__ __forceinline__ void wgmma_64_rs(float (&d)[8][4], const unsigned (&a)[4], u64 db,
-                                            int scale_d) {
-#if KMEANS_WGMMA
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32 {"
-        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-        "{%32, %33, %34, %35}, %36, p, 1, 1;\n}\n"
-        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
-          "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
-          "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
-          "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
-          "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]),
-          "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
-          "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
-          "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(scale_d));
-#else
-    __trap();
-#endif
-}
-
-// The same with a half format (FMT 1 fp16, 2 bf16): A (64 x 16, registers: the mma.sync
-// m16n8k16 A fragment of warp q's rows, a[0] (g, 2t..2t+1), a[1] (g + 8, 2t..), a[2] (g,
-// 2t + 8..), a[3] (g + 8, 2t + 8..), the lower k in the low half) * B (64 x 16, shared)^T
-#define KMEANS_WGMMA_RS_HALF(TYPES)                                                          \
+// D (64 x 64) += A (registers) * B (64 x K, shared, db)^T, one 32-byte K step. A is the
+// mma.sync A fragment of warp q's rows 16q..16q+15: TF32 (FMT 0, k8) a0 (g, t), a1 (g + 8,
+// t), a2 (g, t + 4), a3 (g + 8, t + 4); a half format (1 fp16, 2 bf16, k16, the m16n8k16
+// fragment) a[0] (g, 2t..2t+1), a[1] (g + 8, 2t..), a[2] (g, 2t + 8..), a[3] (g + 8,
+// 2t + 8..), the lower k in the low half (the half formats' B transpose flag 0)
+#define KMEANS_WGMMA_RS(SHAPE_TYPES, TAIL)                                                   \
     asm volatile(                                                                            \
         "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"                                          \
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32." TYPES " {"                             \
+        "wgmma.mma_async.sync.aligned." SHAPE_TYPES " {"                                     \
         "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "             \
         "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "  \
-        "{%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"                                          \
+        "{%32, %33, %34, %35}, %36, p, 1, 1" TAIL ";\n}\n"                                     \
         : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),                        \
           "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),                        \
           "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),                        \
@@ -133,14 +110,16 @@ __device__ __forceinline__ void wgmma_64_rs(float (&d)[8][4], const unsigned (&a
           "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])                         \
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(scale_d))
 
-template <int FMT>
-__device__ __forceinline__ void wgmma_64_rs_half(float (&d)[8][4], const unsigned (&a)[4],
-                                                 u64 db, int scale_d) {
+template <int FMT = 0>
+__device__ __forceinline__ void wgmma_64_rs(float (&d)[8][4], const unsigned (&a)[4], u64 db,
+                                            int scale_d) {
 #if KMEANS_WGMMA
-    if constexpr (FMT == 1) {
-        KMEANS_WGMMA_RS_HALF("f16.f16");
+    if constexpr (FMT == 0) {
+        KMEANS_WGMMA_RS("m64n64k8.f32.tf32.tf32", "");
+    } else if constexpr (FMT == 1) {
+        KMEANS_WGMMA_RS("m64n64k16.f32.f16.f16", ", 0");
     } else {
-        KMEANS_WGMMA_RS_HALF("bf16.bf16");
+        KMEANS_WGMMA_RS("m64n64k16.f32.bf16.bf16", ", 0");
     }
 #else
     __trap();
