@@ -53,9 +53,10 @@ def test_norm_modes():
 
 
 def test_every_kernel_the_backend_launches_has_a_file_and_an_instance():
-    # (the backend and its workspace, which looks up what every call launches)
+    # (the backend, its update step and its workspace, which looks up what every call
+    # launches)
     text = "".join(open(fused_plan.__file__.replace("fused_plan.py", name)).read()
-                   for name in ("fused.py", "workspace.py"))
+                   for name in ("fused.py", "fused_sums.py", "workspace.py"))
     used = set(re.findall(r'fp\.kernel\(f?"([a-z_]+)[<"]', text))
     assert {"pack_centers", "finalize_sums", "accumulate_shared", "column_absmax"} <= used
     names = fused_plan.all_kernel_names()
