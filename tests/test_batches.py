@@ -243,3 +243,44 @@ def test_a_float16_batch_fits_with_float32_centers():
     assert km.cluster_centers_.shape == (2, 3, 4)
     assert km.cluster_centers_.dtype == np.float32
     assert km.predict(X).shape == (2, 301)
+
+
+@pytest.mark.parametrize("form", ["rows of one array", "a list"])
+def test_batch_labels_out_of_range_are_caught_in_either_form(form):
+    """The driver's check of a batch hook's labels (first iteration): a 2-D array of a dense
+    batch's labels is read once for all its rows, a list problem by problem; a label = k
+    anywhere is a BackendContractError naming the hook, and shapes are checked per row."""
+    from kmeans_xp.contract.batching import BatchStats, check_batch_stats
+    from kmeans_xp.contract.return_checks import BackendContractError
+    backend = NumpyBackend()
+    X = [np.zeros((5, 2)), np.zeros((5, 2))]
+    labels = np.zeros((2, 5), np.int32)
+    as_form = (lambda a: a) if form == "rows of one array" else list
+    stats = BatchStats(as_form(labels), np.zeros((2, 3, 2)), np.zeros((2, 3)), np.zeros(2),
+                       np.zeros(2))
+    assert check_batch_stats(backend, stats, X, (0, 1), 3) is not None
+    bad = labels.copy()
+    bad[1, 4] = 3
+    with pytest.raises(BackendContractError, match="batch_lloyd_iter.*labels"):
+        check_batch_stats(backend, stats._replace(labels=as_form(bad)), X, (0, 1), 3)
+    check_batch_stats(backend, stats._replace(labels=as_form(bad)), X, (0, 1), 3,
+                      values=False)   # (later iterations: shapes only)
+    with pytest.raises(BackendContractError, match="labels"):
+        check_batch_stats(backend, stats._replace(labels=as_form(labels[:, :4])), X, (0, 1), 3)
+
+
+@pytest.mark.parametrize("dense", [True, False])
+def test_fewer_distinct_clusters_warns_for_that_problem_only(dense):
+    """Problem 1 has 2 distinct points for k=3 (a cluster stays empty): the warning names
+    it, and problem 0 (well spread) and 2 are not named; a dense batch counts every
+    problem's clusters at once (labels offset by b * k), a list problem by problem."""
+    rng = np.random.default_rng(0)
+    P = [rng.normal(size=(40, 2)) + 10 * np.arange(2), np.repeat([[0.0, 0.0], [5.0, 5.0]],
+                                                                 20, axis=0),
+         rng.normal(size=(40, 2))]
+    X = np.stack(P) if dense else P
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        KMeans(3, n_init=1, random_state=0, backend="numpy").fit(X)
+    named = [str(w.message) for w in caught if "distinct clusters" in str(w.message)]
+    assert len(named) == 1 and "problem 1 " in named[0], named

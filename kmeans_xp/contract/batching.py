@@ -116,7 +116,12 @@ def check_batch_stats(backend, stats, X, active, k, *, values=True):
         raise returned.BackendContractError(
             f"backend {backend.name!r}: batch_lloyd_iter returned {len(stats.labels)} label "
             f"arrays for {a} active problems")
+    # (a 2-D array of a dense batch's labels: their values read once for all its rows)
+    rows = getattr(stats.labels, "ndim", 1) == 2 and not isinstance(
+        stats.labels, (list, tuple, BatchArray))
     for j, b in enumerate(active):
         returned.check_labels(backend, "batch_lloyd_iter", row(stats.labels, j),
-                              X[b].shape[0], k, values=values)
+                              X[b].shape[0], k, values=values and not rows)
+    if values and rows:
+        returned.check_label_values(backend, "batch_lloyd_iter", stats.labels, k)
     return stats

@@ -77,6 +77,12 @@ def check_labels(backend, member, labels, n, k, *, values=True):
     return labels
 
 
+def check_label_values(backend, member, labels, k):
+    """All of `labels` (any shape: a batch's (problems, n) array) in [0, k): one read."""
+    if math.prod(labels.shape) and not _is_lazy(labels):
+        _verify(backend, member, _gather(_summaries(labels, []), False), k)
+
+
 def check_sums(backend, member, sums, weights, k, d, *, values=True):
     """weighted_sums (k, d) and weight_in_clusters (k,), real floating; with values,
     finite (read: one reduction of k * (d + 1) values)."""

@@ -309,13 +309,25 @@ def _store(est, batch, backend, why, best, means, warning):
     est.backend_, est.backend_reason_ = backend.name, why
     est.history_ = best.history
     est.memory_report_ = dict(backend.memory.report)
-    for b, lab in enumerate(best.labels):
-        distinct = int(np.count_nonzero(place.label_counts(lab, est.n_clusters)))
+    for b, distinct in enumerate(_distinct_clusters(place, best.labels, labels, batch,
+                                                    est.n_clusters)):
         if distinct < est.n_clusters:
             warnings.warn(f"Number of distinct clusters ({distinct}) found smaller than "
                           f"n_clusters ({est.n_clusters}) in problem {b} of the batch. "
                           f"Possibly due to duplicate points in X[{b}].",
                           warning, stacklevel=5)
+
+
+def _distinct_clusters(place, labels, stacked, batch, k):
+    """Each problem's number of non-empty clusters; a dense batch's counted once over its
+    (B, n) labels, problem b's offset by b * k (one count and one read, not B)."""
+    if not batch.dense:
+        return [int(np.count_nonzero(place.label_counts(lab, k))) for lab in labels]
+    xp = array_namespace(stacked)
+    offsets = xp.reshape(xp.arange(batch.B, dtype=stacked.dtype, device=device(stacked)) * k,
+                         (batch.B, 1))
+    counts = place.label_counts(xp.reshape(stacked + offsets, (-1,)), batch.B * k)
+    return np.count_nonzero(np.reshape(to_numpy(counts), (batch.B, k)), axis=1).tolist()
 
 
 # -- a fitted batch on new data ---------------------------------------------------------------
