@@ -460,21 +460,36 @@ def test_device_feature_stats_are_the_numpy_backends(fake_cupy):
 
 
 @pytest.mark.parametrize("tol", [1e-4, 0.0])
-def test_device_batch_stats_are_each_problems(fake_cupy, tol):
-    """A batch's statistics (each pass's kernels launched for every problem, read back in one
-    copy) are each problem's own `feature_stats`, bit for bit: problems longer and shorter
-    than the rows the shift is taken over, at different offsets; a float64 problem among
-    them sends the batch through the per-problem default."""
+@pytest.mark.parametrize("dense", [False, True])
+def test_device_batch_stats_are_each_problems(fake_cupy, tol, dense):
+    """A batch's statistics (each pass's kernels launched for every problem, or one launch
+    for a dense batch's evenly spaced problems, read back in one copy) are each problem's
+    own `feature_stats`: the mean bit for bit, tol to rounding; problems longer and
+    shorter than the rows the shift is taken over, at different offsets; a float64
+    problem among them sends the batch through the per-problem default."""
     from kmeans_xp import get_backend as gb
     backend = gb("cupy-kernels")()
     place = backend.placement
-    problems = [asymmetric_data(n, 3, 4, dtype=np.float32, seed=n) + np.float32(off)
-                for n, off in ((70_001, 1e4), (5, -3.0), (1000, 0.5))]
-    got = place.batch_feature_stats(problems, tol, xp=np)
+    if dense:   # (views of one (3, n, d) array: one launch; n past the shift's rows)
+        block = np.stack([asymmetric_data(70_001, 3, 4, dtype=np.float32, seed=s)
+                          for s in range(3)]) + np.float32([1e4, -3.0, 0.5])[:, None, None]
+        problems = [block[b] for b in range(3)]
+    else:
+        problems = [asymmetric_data(n, 3, 4, dtype=np.float32, seed=n) + np.float32(off)
+                    for n, off in ((70_001, 1e4), (5, -3.0), (1000, 0.5))]
+    from kmeans_xp_backends.cupy import reductions
+    launches = []
+    real = reductions.moments_partials
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(reductions, "moments_partials",
+                   lambda *a, **k: launches.append(a[2] if len(a) > 2 else 1) or real(*a, **k))
+        got = place.batch_feature_stats(problems, tol, xp=np)
+    passes = 2 if tol else 1
+    assert launches == ([3] * passes if dense else [1] * 3 * passes)
     for X, (mean, t) in zip(problems, got):
         ref_mean, ref_tol = place.feature_stats(X, tol, xp=np)
         np.testing.assert_array_equal(mean, ref_mean)
-        assert t == ref_tol and (t > 0) == (tol > 0)
+        assert t == pytest.approx(ref_tol, rel=1e-9) and (t > 0) == (tol > 0)
     mixed = problems[:2] + [problems[2].astype(np.float64)]
     for X, (mean, t) in zip(mixed, place.batch_feature_stats(mixed, tol, xp=np)):
         np.testing.assert_array_equal(mean, place.feature_stats(X, tol, xp=np)[0])

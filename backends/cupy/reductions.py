@@ -74,38 +74,65 @@ def label_counts(labels, k):
 SHIFT_ROWS = 1 << 16
 
 
-def moments_partials(X, shift):
-    """(2, stride) float64 per-thread partials of column_moments over a C-contiguous X: row 0
-    column sums, row 1 sums of (x - shift)^2 (shift None: of x^2); stride is a multiple of d,
-    so a partial's column is its index mod d. At most 2 blocks per SM: 1 MiB on an H200,
-    within the budget's fixed slack."""
+def moments_partials(X, shift, problems=1, problem_stride=0):
+    """(2, problems, stride) float64 per-thread partials of column_moments over a C-contiguous
+    X: [0] column sums, [1] sums of (x - shift)^2 (shift None: of x^2); stride is a multiple
+    of d, so a partial's column is its index mod d. A batch: X is the first problem, the
+    others problem_stride values apart, shift (problems, d). At most 2 blocks per SM in all:
+    1 MiB on an H200, within the budget's fixed slack."""
     cp = cupy()
     m, d = X.shape
-    grid = max(-(-d // BLOCK), min(-(-m * d // BLOCK), 2 * common.multiprocessors()))
+    per = max(1, 2 * common.multiprocessors() // problems)
+    grid = max(-(-d // BLOCK), min(-(-m * d // BLOCK), per))
     stride = grid * BLOCK // d * d
-    part = cp.empty((2, stride), dtype=cp.float64)
+    part = cp.empty((2, problems, stride), dtype=cp.float64)
     fn = common.raw_kernel("stats.cu", f"column_moments<{common.ctype(X.dtype)}>")
-    common.launch(fn, grid, (X, _i64(m * d), np.int32(d), NULL if shift is None else shift,
-                             part[0], part[1]))
+    common.launch(fn, (grid, problems), (X, _i64(m * d), np.int32(d),
+                                         NULL if shift is None else shift, part[0], part[1],
+                                         _i64(problem_stride)))
     return part
 
 
-def _host_moments(Xs, shifts):
-    """Column sums and squares of `moments_partials` for each X (about its shift), their
-    kernels launched back to back and read back in one copy, then added on the host in a
-    fixed order (no CuPy reduction: their first compile took 1.2 s of a 3 s first fit)."""
+def _one_launch(Xs) -> int | None:
+    """The values between consecutive problems when Xs are equal, C-contiguous views evenly
+    spaced in one allocation (a dense batch's problems, or their first rows), else None."""
+    first = Xs[0]
+    if len(Xs) < 2 or any(x.shape != first.shape or x.dtype != first.dtype
+                          or not x.flags.c_contiguous for x in Xs):
+        return None
+    gap = common.device_ptr(Xs[1]) - common.device_ptr(first)
+    if gap <= 0 or gap % first.itemsize:
+        return None
+    if any(common.device_ptr(x) - common.device_ptr(first) != b * gap for b, x in enumerate(Xs)):
+        return None
+    return gap // first.itemsize
+
+
+def _host_moments(Xs, shifts=None):
+    """Column sums and squares of `moments_partials` for each X (about its host shift, or
+    0 where shifts is None): a dense batch's in one launch, other problems' launched back
+    to back; read back in one copy, then added on the host in a fixed order (no CuPy
+    reduction: their first compile took 1.2 s of a 3 s first fit)."""
     cp = cupy()
-    parts = [moments_partials(X, s) for X, s in zip(Xs, shifts)]
+    d = Xs[0].shape[1]
+    gap = _one_launch(Xs)
+    if gap is not None:
+        shift = None if shifts is None else cp.asarray(np.stack(shifts))
+        parts = [moments_partials(Xs[0], shift, len(Xs), gap)]
+    else:
+        parts = [moments_partials(X, None if shifts is None else cp.asarray(s))
+                 for X, s in zip(Xs, shifts or [None] * len(Xs))]
     flat = cp.asnumpy(parts[0] if len(parts) == 1 else cp.concatenate(
-        [p.ravel() for p in parts])).ravel()
+        [p.ravel() for p in parts]))
+    # (2, problems, stride / d, d) per launch; each column's partials made contiguous before
+    # they are summed (along a middle axis of length stride / d NumPy runs an inner loop of
+    # d per row: 0.55 ms at d=3 against 0.1)
     out, at = [], 0
-    for X, p in zip(Xs, parts):
-        mine = np.reshape(flat[at:at + p.size], (2, -1, X.shape[1]))
+    for p in parts:
+        mine = np.reshape(flat.ravel()[at:at + p.size], (2, p.shape[1], -1, d))
         at += p.size
-        # each column's partials made contiguous first: summed along a middle axis of
-        # length stride / d, NumPy runs an inner loop of d per row (0.55 ms at d=3
-        # against 0.1)
-        out.append(np.ascontiguousarray(mine.transpose(0, 2, 1)).sum(axis=2))
+        sums = np.ascontiguousarray(mine.transpose(0, 1, 3, 2)).sum(axis=3)
+        out += [sums[:, j, :] for j in range(p.shape[1])]
     return out
 
 
@@ -117,15 +144,16 @@ def column_mean_var(X, need_var):
 
 
 def column_mean_var_many(Xs, need_var):
-    """`column_mean_var` of each X of a batch, each pass's kernels launched together and
-    read back in one copy: the same sums, in the same order, as one X at a time."""
-    none = [None] * len(Xs)
+    """`column_mean_var` of each X of a batch, each pass one launch (a dense batch) or its
+    kernels launched together, read back in one copy: the means those of one X at a time
+    bit for bit (float32 values add exactly in float64, in any order), the variances to
+    their rounding."""
     if not need_var:
-        return [(m[0] / X.shape[0], None) for X, m in zip(Xs, _host_moments(Xs, none))]
+        return [(m[0] / X.shape[0], None) for X, m in zip(Xs, _host_moments(Xs))]
     heads = [X[:SHIFT_ROWS] for X in Xs]
-    shifts = [m[0] / h.shape[0] for h, m in zip(heads, _host_moments(heads, none))]
+    shifts = [m[0] / h.shape[0] for h, m in zip(heads, _host_moments(heads))]
     out = []
-    moments = _host_moments(Xs, [cupy().asarray(s) for s in shifts])
+    moments = _host_moments(Xs, shifts)
     for X, shift, (total, sq) in zip(Xs, shifts, moments):
         mean = total / X.shape[0]
         # sum (x - s)^2 = sum (x - mean)^2 + n (mean - s)^2

@@ -100,14 +100,21 @@ __global__ void fixed_point_scales(const u64* __restrict__ absmax_bits,
 
 // Per thread (one feature each: the stride over the flattened chunk is a multiple of d) the
 // float64 sum of its values, and with `shift` the sum of (x - shift_j)^2; written per thread
-// (the host adds the partials in a fixed order).
+// (the host adds the partials in a fixed order). A batch of problems along the grid's y:
+// problem y's `total` values start problem_stride values after problem y - 1's, its shift
+// d values and its partials `stride` values after y - 1's.
 template <typename T>
 __global__ void __launch_bounds__(BLOCK)
 column_moments(const T* __restrict__ X, i64 total, int d, const double* __restrict__ shift,
-               double* __restrict__ part_sum, double* __restrict__ part_sq) {
+               double* __restrict__ part_sum, double* __restrict__ part_sq,
+               i64 problem_stride) {
     const i64 tid = (i64)blockIdx.x * BLOCK + threadIdx.x;
     const i64 stride = (i64)gridDim.x * BLOCK / d * d;
     if (tid >= stride) return;
+    X += (i64)blockIdx.y * problem_stride;
+    if (shift) shift += (i64)blockIdx.y * d;
+    part_sum += (i64)blockIdx.y * stride;
+    part_sq += (i64)blockIdx.y * stride;
     const double s = shift ? shift[tid % d] : 0.0;
     double a = 0.0, q = 0.0;
     i64 e = tid;
