@@ -110,6 +110,7 @@ class CupyFusedBackend(CupyBackendBase):
         super().__init__(max_memory, **options)
         self._ws = None
         self._batch_ws = None   # a batch's workspaces, by run (fused_batch)
+        self._batch_bits = None   # its problems' max |x| (fused_batch._problem_bits)
 
     def use_precision(self, precision):
         """The fit's precision picks the kernel paths' (`paths.PRECISIONS`). The older
@@ -128,6 +129,7 @@ class CupyFusedBackend(CupyBackendBase):
         super().release_buffers()
         self._ws = None
         self._batch_ws = None
+        self._batch_bits = None
 
     # -- capability -----------------------------------------------------------------------------
     def reject_reason(self, X, *, n_clusters, sample_weight=None):

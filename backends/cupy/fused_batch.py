@@ -128,7 +128,29 @@ def _workspace(backend, arr, sample_weight, b0, m, k):
     dev = fp.device_facts(cp.cuda.Device().id)
     ws = Workspace(cp, plan, Xrun, w, k, dev, problems=m)
     ws.w_in = sample_weight
+    # (a run's scales from its problems' max |x|, measured once per batch: a run that the
+    # active set splits off costs no pass over its rows, and gets the same bits)
+    problem_bits = _problem_bits(backend, arr)
+    fused_sums.scales(ws, backend.scratch,
+                      bits=cp.asarray(np.max(problem_bits[b0:b0 + m], axis=0)))
     return ws
+
+
+def _problem_bits(backend, arr):
+    """(B, d) uint64 host array: each problem's per-feature max |x| (`absmax_bits`), kept
+    on the backend for this batch array until its buffers are released."""
+    cp = backend._cp
+    key = (id(arr), device_ptr(arr), arr.shape)
+    cached = getattr(backend, "_batch_bits", None)
+    if cached is not None and cached[0] == key:
+        return cached[1]
+    out = cp.zeros(arr.shape[0] * arr.shape[2], dtype=cp.uint64)
+    d = arr.shape[2]
+    for b in range(arr.shape[0]):
+        fused_sums.absmax_bits(arr[b], out[b * d:(b + 1) * d])
+    bits = cp.asnumpy(out).reshape(arr.shape[0], d)
+    backend._batch_bits = (key, bits)
+    return bits
 
 
 def batch_plan(backend, X1, k, m):

@@ -15,17 +15,27 @@ from .workspace import CTYPE
 _i32 = np.int32
 
 
-def scales(ws, scratch):
+def absmax_bits(X, out):
+    """out (d uint64, zeroed) = X's per-feature max |x| as float64 bits (non-negative
+    doubles order like their bits, so the max of bits is the bits of the max)."""
+    cp = common.cupy()
+    n, d = X.shape
+    dev = fp.device_facts(cp.cuda.Device().id)
+    grid = max(fp.cdiv(d, BLOCK), min(fp.cdiv(n * d, BLOCK), dev.sms * 8))
+    launch(fp.kernel(f"column_absmax<{CTYPE[str(X.dtype)]}>"), grid,
+           (X, np.int64(n * d), _i32(d), out))
+
+
+def scales(ws, scratch, bits=None):
     """(scale, 1 / scale): fixed-point scales (max|x| per feature and the total weight), on
-    the device, made once per workspace."""
+    the device, made once per workspace; `bits`, X's `absmax_bits` where the caller has them
+    (a batch's run: the max of its problems')."""
     if ws.scales is None:
         cp = common.cupy()
         n, d = ws.n, ws.d
-        t = CTYPE[ws.dtype_name]
-        bits = cp.zeros(d, dtype=cp.uint64)
-        dev = fp.device_facts(cp.cuda.Device().id)
-        grid = max(fp.cdiv(d, BLOCK), min(fp.cdiv(n * d, BLOCK), dev.sms * 8))
-        launch(fp.kernel(f"column_absmax<{t}>"), grid, (ws.X, np.int64(n * d), _i32(d), bits))
+        if bits is None:
+            bits = cp.zeros(d, dtype=cp.uint64)
+            absmax_bits(ws.X, bits)
         w_total = NULL
         if ws.w is not None:
             from .reductions import weighted_total
