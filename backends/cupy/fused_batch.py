@@ -12,7 +12,7 @@ problem's sums, weights, inertia and changed labels. The workspace (`Workspace` 
 
 Numerics: each problem's labels and inertia are those of its own `lloyd_iter` bit for bit
 (the same kernel, tiles and per-block partials, and the same fixed-order inertia tree); the
-sums are fixed point in both, scaled by the batch's max |x| per feature and n rows (a
+sums are fixed point in both, scaled by the run's max |x| per feature and its rows (a
 problem's own scale otherwise), so they agree to float64 rounding.
 
 What runs the per-problem loop instead (`contract.batching.loop_batch_lloyd_iter`): a ragged
@@ -84,8 +84,13 @@ def _run_iteration(backend, ws, centers, labels_old):
     labels = cp.empty((m, ws.rows), dtype=cp.int32)
     backend._assign_pass(ws, labels.reshape(-1), labels_old=labels_old)
     # problem p's labels name clusters p*k1 .. p*k1 + k1 - 1 of the run's one sums table
-    shifted = labels + (cp.arange(m, dtype=cp.int32) * np.int32(k1))[:, None]
-    fused_sums.accumulate(ws, shifted.reshape(-1), backend.scratch)
+    # (the workspace's buffer, counted in batch_plan's shifted_labels: none made per
+    # iteration)
+    if ws.shifted is None:
+        ws.shifted = cp.empty((m, ws.rows), dtype=cp.int32)
+        ws.offsets = (cp.arange(m, dtype=cp.int32) * np.int32(k1))[:, None]
+    cp.add(labels, ws.offsets, out=ws.shifted)
+    fused_sums.accumulate(ws, ws.shifted.reshape(-1), backend.scratch)
     K = ws.k
     out = cp.empty(K * (d + 1) + 2 * m, dtype=cp.float64)
     fused_sums.finalize(ws, out, backend.scratch, stats=True,
@@ -128,6 +133,7 @@ def _workspace(backend, arr, sample_weight, b0, m, k):
     dev = fp.device_facts(cp.cuda.Device().id)
     ws = Workspace(cp, plan, Xrun, w, k, dev, problems=m)
     ws.w_in = sample_weight
+    ws.shifted = ws.offsets = None   # (`_run_iteration`'s, made on its first call)
     # (a run's scales from its problems' max |x|, measured once per batch: a run that the
     # active set splits off costs no pass over its rows, and gets the same bits)
     problem_bits = _problem_bits(backend, arr)

@@ -123,13 +123,13 @@ def _host_moments(Xs, shifts=None):
         parts = [moments_partials(X, None if shifts is None else cp.asarray(s))
                  for X, s in zip(Xs, shifts or [None] * len(Xs))]
     flat = cp.asnumpy(parts[0] if len(parts) == 1 else cp.concatenate(
-        [p.ravel() for p in parts]))
+        [p.ravel() for p in parts])).ravel()
     # (2, problems, stride / d, d) per launch; each column's partials made contiguous before
     # they are summed (along a middle axis of length stride / d NumPy runs an inner loop of
     # d per row: 0.55 ms at d=3 against 0.1)
     out, at = [], 0
     for p in parts:
-        mine = np.reshape(flat.ravel()[at:at + p.size], (2, p.shape[1], -1, d))
+        mine = np.reshape(flat[at:at + p.size], (2, p.shape[1], -1, d))
         at += p.size
         sums = np.ascontiguousarray(mine.transpose(0, 1, 3, 2)).sum(axis=3)
         out += [sums[:, j, :] for j in range(p.shape[1])]

@@ -22,8 +22,8 @@ class Workspace:
     Or of a batch of `problems` problems of one shape (`fused_batch`): X holds the rows of
     all of them, one problem after another (`rows` each), k clusters each; every problem has
     its own operands, partials (plan.n_partials each) and counter, while the sums, the sort
-    and the scales are of the whole batch, whose problems' clusters follow one another
-    (self.k = problems * k of them)."""
+    and the scales (the max of its problems') are of the whole batch, whose problems'
+    clusters follow one another (self.k = problems * k of them)."""
 
     def __init__(self, cp, plan, X, w, k, dev, problems=1):
         n, d = X.shape

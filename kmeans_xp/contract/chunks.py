@@ -124,7 +124,7 @@ def column_sums(A, xp):
     axis of the blocks is the slow one: k-means++'s potentials took 24 s instead of 14.)"""
     n, d = A.shape
     r = n // COLUMN_BLOCKS
-    if r < 2 or is_numpy_namespace(xp) or not _c_contiguous(A):
+    if r < 2 or is_numpy_namespace(xp) or not c_contiguous(A):
         # (the blocks of a strided A would be a copy of it)
         return xp.sum(A, axis=0, dtype=xp.float64)
     m = COLUMN_BLOCKS * r
@@ -133,12 +133,14 @@ def column_sums(A, xp):
     return total if m == n else total + xp.sum(A[m:, ...], axis=0, dtype=xp.float64)
 
 
-def _c_contiguous(A) -> bool:
+def c_contiguous(A, unknown=True) -> bool:
+    """Whether A says it is C-contiguous (NumPy/CuPy flags, torch's is_contiguous);
+    `unknown` where it does not say."""
     flags = getattr(A, "flags", None)
     if flags is not None and hasattr(flags, "c_contiguous"):
         return bool(flags.c_contiguous)
     is_contiguous = getattr(A, "is_contiguous", None)  # torch
-    return bool(is_contiguous()) if callable(is_contiguous) else True
+    return bool(is_contiguous()) if callable(is_contiguous) else unknown
 
 
 def deviation_sums(rows, mean64, xp):

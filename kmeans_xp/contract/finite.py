@@ -12,7 +12,7 @@ from functools import cache
 import numpy as np
 from array_api_compat import is_numpy_namespace
 
-from kmeans_xp.contract.chunks import MIN_THREAD_ROWS, map_rows
+from kmeans_xp.contract.chunks import MIN_THREAD_ROWS, c_contiguous, map_rows
 from kmeans_xp.contract.namespaces import array_namespace, namespace_name, to_numpy
 
 #: fewest bytes of X a thread of `check_finite` reads: thin X in MIN_THREAD_ROWS pieces
@@ -53,7 +53,7 @@ def _absmax(X, xp) -> float:
         n = X.shape[0]
         parts = map_rows(lambda sl: np.stack([np.max(X[sl]), -np.min(X[sl])]), n, n, xp,
                          min_rows=max(MIN_THREAD_ROWS, MIN_THREAD_BYTES // row_bytes))
-    elif namespace_name(X) == "cupy" and _known_contiguous(X):
+    elif namespace_name(X) == "cupy" and c_contiguous(X, unknown=False):
         return _cupy_absmax(X)
     else:
         parts = _spread_extremes(X, xp)
@@ -78,7 +78,8 @@ def problems_absmax(problems, array=None) -> np.ndarray:
     """max |x| of each problem of a batch ((B,) float64; NaN for a problem that has one):
     a C-contiguous CuPy (B, n, d) `array` in one reduction (each problem seen as rows of
     its own), else problem by problem."""
-    if array is not None and namespace_name(array) == "cupy" and _known_contiguous(array):
+    if (array is not None and namespace_name(array) == "cupy"
+            and c_contiguous(array, unknown=False)):
         B, size = array.shape[0], math.prod(array.shape[1:])
         rows = math.gcd(size, max(1, ABSMAX_ROWS // B))   # rows of one problem only
         tops = _absmax_kernel()(array.reshape(B * rows, size // rows), axis=1).get()
@@ -111,18 +112,9 @@ def _spread_extremes(X, xp):
     n, d = X.shape[0], math.prod(X.shape[1:])
     g = max(1, SPREAD_OUTPUTS // max(d, 1))
     n0 = n // g * g
-    if g == 1 or n0 == 0 or not _known_contiguous(X):
+    if g == 1 or n0 == 0 or not c_contiguous(X, unknown=False):
         return [_extremes(X, xp)]
     parts = [_extremes(xp.reshape(X[:n0, ...], (n0 // g, g * d)), xp)]
     if n0 < n:
         parts.append(_extremes(X[n0:, ...], xp))
     return parts
-
-
-def _known_contiguous(X) -> bool:
-    """Whether X says it is C-contiguous (False where it does not say)."""
-    flags = getattr(X, "flags", None)
-    if flags is not None:
-        return bool(getattr(flags, "c_contiguous", False))
-    is_contiguous = getattr(X, "is_contiguous", None)  # torch
-    return bool(is_contiguous()) if callable(is_contiguous) else False
