@@ -134,16 +134,28 @@ def _s(seconds):
     return "-" if seconds is None else f"{seconds:.3f}"
 
 
-def row_line(row):
+def _peak(row):
+    """The row's peak memory (measured, or `(est)` from the estimate), or -."""
+    from kmeans_xp.contract.memory import format_bytes
+    peak = row.get("peak_memory_bytes")
+    if peak is None:
+        return "-"
+    est = str(row.get("memory_source", "")).startswith("estimate")
+    return format_bytes(peak) + (" (est)" if est else "")
+
+
+def row_line(row, memory=False):
+    """A row of a section's table; memory: with its peak memory as the last cell."""
     if row["status"] != "ok":
         msg = " ".join(str(row["message"]).split())[:90].replace("|", "/")
-        return f"| {row['name']} | {row['device']} | {row['status']}: {msg} | | | | | | |"
+        return (f"| {row['name']} | {row['device']} | {row['status']}: {msg} | | | | | | |" +
+                (" |" if memory else ""))
     sp_txt = spread_text(row)
     agree = "-" if row.get("agreement") is None else f"{row['agreement']:.4f}"
     speed = "-" if row.get("speedup") is None else f"{row['speedup']:.2f}x"
     return (f"| {row['name']} | {row['device']} | {_ms(row['time_per_iter_s'])} | {sp_txt} | "
             f"{_s(row['fit_s'])} | {_s(row['end_to_end_s'])} | {row['n_iter']} | "
-            f"{row['inertia']:.6g} | {agree} | {speed} |")
+            f"{row['inertia']:.6g} | {agree} | {speed} |" + (f" {_peak(row)} |" if memory else ""))
 
 
 def workload_section(name, result, bench):
@@ -155,12 +167,13 @@ def workload_section(name, result, bench):
              f"{i['init_sha256_16']}), {i['iters']} iterations with tol=0; median of "
              f"{i['repeats']} timed fits (CPU rows: {i.get('cpu_repeats') or i['repeats']}) "
              f"after a warm-up fit. Speed-up over "
-             f"{base.get('name', 'no CPU row')}, the fastest CPU row.",
+             f"{base.get('name', 'no CPU row')}, the fastest CPU row. Peak memory: the "
+             f"device pool's over the fit (X included) where measured, else `(est)`.",
              "",
              "| row | device | ms/iter | spread | whole fit s | from host s | iters | inertia "
-             "| agree | speed-up |",
-             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
-    lines += [row_line(r) for r in result["rows"]]
+             "| agree | speed-up | peak memory |",
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    lines += [row_line(r, memory=True) for r in result["rows"]]
     notes = [bench.headline(result), bench.no_gpu_note(result)]
     lines += [""] + [" ".join(n.split()) for n in notes if n] + [""]
     skipped = bench.skipped_text(result)

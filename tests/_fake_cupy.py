@@ -119,11 +119,13 @@ class FakeCupy(types.ModuleType):
         self.pinned = []
         self.pool = FakePool()
         self.pinned_pool = FakePool()
-        for name in ("int32", "int64", "uint8", "uint16", "uint32", "uint64", "float32",
-                     "float64", "ndarray", "ascontiguousarray", "stack", "asarray",
+        for name in ("int32", "int64", "uint8", "uint16", "uint32", "uint64", "float16",
+                     "float32", "float64", "ndarray", "ascontiguousarray", "stack", "asarray",
                      "concatenate", "where", "inf", "cumsum", "add", "greater_equal",
                      # (the batched iteration's, backends/cupy/batched.py)
-                     "sum", "matmul", "argmin", "take_along_axis", "maximum", "arange"):
+                     "sum", "matmul", "argmin", "take_along_axis", "maximum", "arange",
+                     # (float16 data, placement._centered_as)
+                     "subtract", "multiply"):
             setattr(self, name, getattr(np, name))
         self.asnumpy = np.asarray
         self.get_default_memory_pool = lambda: self.pool

@@ -24,7 +24,7 @@ from kmeans_xp.contract.memory import MemoryEstimate
 
 from . import nearest, reductions
 from .budget import CupyBudget, NominalBudget, centered_copy_error, host_x_error
-from .common import STREAM_HINT, ctype, cupy, device_empty, out_of_memory_error
+from .common import STREAM_HINT, compute_dtype, ctype, cupy, device_empty, out_of_memory_error, xtypes
 from .placement import CupyPlacement
 
 
@@ -122,8 +122,10 @@ class CupyBackendBase(KMeansBackend):
         return a if a.flags.c_contiguous else cp.ascontiguousarray(a)
 
     def weights(self, sample_weight, dtype):
-        """Device weights in X's dtype, or None (unit weights: the kernels take a null)."""
-        return None if sample_weight is None else self.contiguous(sample_weight, dtype)
+        """Device weights in the dtype X computes in (float16 X: float32), or None (unit
+        weights: the kernels take a null)."""
+        return None if sample_weight is None else self.contiguous(sample_weight,
+                                                                  compute_dtype(dtype))
 
     def driver_rows_for(self, n, d, itemsize) -> int:
         """`driver_rows` for an X of this shape, before there is one (estimates)."""
@@ -154,10 +156,11 @@ class CupyBackendBase(KMeansBackend):
         the placement (`CupyPlacement.warm_up`): the statistics, the inertia and, where
         k-means++'s steps run on the device, theirs in `seeding`'s dtype (None: they do not);
         each backend adds its assignment's."""
-        t = ctype(dtype)
-        out = [("stats.cu", f"weighted_total<{t}>"), ("direct.cu", f"direct_inertia<{t}>")]
+        t = ctype(compute_dtype(dtype))
+        out = [("stats.cu", f"weighted_total<{t}>"),
+               ("direct.cu", f"direct_inertia<{xtypes(dtype)}>")]
         if seeding is not None:
-            out.append(("seeding.cu", f"seeding_potentials<{ctype(seeding)}>"))
+            out.append(("seeding.cu", f"seeding_potentials<{xtypes(seeding)}>"))
         return out
 
     # -- the per-chunk assignment (cupy-kernels, cupy-chunked) --------------------------------
@@ -224,7 +227,8 @@ class CupyBackendBase(KMeansBackend):
         X = self.contiguous(X)
         out = self._cp.empty(1, dtype=np.float64)
         reductions.direct_inertia(X, self.weights(sample_weight, X.dtype), self.labels32(labels),
-                                  self.contiguous(centers, X.dtype), out, self.scratch)
+                                  self.contiguous(centers, compute_dtype(X.dtype)), out,
+                                  self.scratch)
         return out[0]
 
     def labels_inertia(self, X, sample_weight, centers, *, xp=None):
@@ -242,7 +246,7 @@ class CupyBackendBase(KMeansBackend):
             return engine.farthest(X, centers, labels, m)
         X = self.contiguous(X)
         return reductions.farthest(X, self.weights(sample_weight, X.dtype), self.labels32(labels),
-                                   self.contiguous(centers, X.dtype), m)
+                                   self.contiguous(centers, compute_dtype(X.dtype)), m)
 
     def seeding(self, X, sample_weight, n_local_trials, *, xp=None):
         """k-means++'s steps in kernels (`seeding.DeviceSeeding`) on a device X, else None."""

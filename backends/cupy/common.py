@@ -58,6 +58,23 @@ def ctype(dtype) -> str:
     return CTYPE[np.dtype(dtype)]
 
 
+#: the template arguments of a kernel that reads X of a dtype: its arithmetic type, and for
+#: float16 X (precision="fp16": the fit's data in fp16) float arithmetic on `xhalf` storage
+#: (cuda/formats.cuh), whose values widen exactly
+X_TYPES = {**CTYPE, np.dtype(np.float16): "float,xhalf"}
+
+
+def xtypes(dtype) -> str:
+    return X_TYPES[np.dtype(dtype)]
+
+
+def compute_dtype(dtype):
+    """The dtype kernels compute in for X of `dtype` (float16 X: float32), and of the
+    centers, weights and squared distances that go with it."""
+    dt = np.dtype(dtype)
+    return np.dtype(np.float32) if dt == np.float16 else dt
+
+
 def device_ptr(a) -> int:
     """The address of a's first element (CuPy's data.ptr; a NumPy stand-in's in tests)."""
     data = getattr(a, "data", None)

@@ -105,6 +105,9 @@ class CupyFusedBackend(CupyBackendBase):
 
     #: the fit's precisions its kernel paths run (`paths.PRECISIONS`)
     precisions = tuple(paths.PRECISIONS)
+    #: fp16's wgmma kernel reads float16 data as it is (`paths._half_dtypes`): a 16-byte
+    #: chunk of X is its shared tile's chunk, and the update step reads half the bytes
+    half_data = ("fp16",)
 
     def __init__(self, max_memory="auto", **options):
         super().__init__(max_memory, **options)
@@ -137,9 +140,10 @@ class CupyFusedBackend(CupyBackendBase):
         if reason is not None:
             return reason
         dtype = float_dtype_name(getattr(X, "dtype", "float64"))  # "float32" of torch.float32 too
-        if getattr(X, "dtype", None) is not None and dtype not in _CTYPE:
+        half = dtype == "float16" and self.compute_precision in self.half_data
+        if getattr(X, "dtype", None) is not None and dtype not in _CTYPE and not half:
             return f"it computes in float32 or float64, not {dtype}"
-        if self.precision != "fp32" and dtype != "float32":
+        if self.precision != "fp32" and dtype != "float32" and not half:
             return f"precision={self.compute_precision!r} needs float32 input"
         if self.precision in paths.HALF_FORMATS:   # (a path of the table, or none)
             d = X.shape[1] if getattr(X, "ndim", 2) > 1 else 1
@@ -193,7 +197,10 @@ class CupyFusedBackend(CupyBackendBase):
                        half_kernel=self.half_kernel)
 
     def fit_kernels(self, n, d, k, dtype, *, seeding=None):
-        name = str(np.dtype(dtype))
+        # (a fit at a precision of half_data computes on float16 data: the placement's)
+        half = self.compute_precision in self.half_data
+        name = "float16" if half else str(np.dtype(dtype))
+        seeding = "float16" if half and seeding is not None else seeding
         return (super().fit_kernels(n, d, k, dtype, seeding=seeding) +
                 fp.fit_kernel_names(self._shape_plan(n, d, k, name), name, d))
 
@@ -224,7 +231,7 @@ class CupyFusedBackend(CupyBackendBase):
             if ws is not None and ws.X.shape == X.shape and ws.k == k and ws.w_in is \
                     sample_weight and device_ptr(ws.X) == device_ptr(X):
                 return ws
-        w = None if sample_weight is None else self.contiguous(sample_weight, X.dtype)
+        w = None if sample_weight is None else self.weights(sample_weight, X.dtype)
         if ws is not None and ws.X is X and ws.k == k:   # new weights only
             ws.w, ws.w_in, ws.scales = w, sample_weight, None
             return ws
@@ -285,8 +292,8 @@ class CupyFusedBackend(CupyBackendBase):
                    (X, w, ws.ops, _i32(ws.rows), _i32(ws.k), _i32(p.tc), *tail, *extra),
                    shared_mem=smem)
         elif paths.VARIANTS[p.path].kind == "tile":   # (the argmin in the kernel)
-            vec = fp.vector_rows(ws.dtype_name, ws.d) and device_ptr(X) % 16 == 0
-            name = fp.assign_kernel_name(p, ws.dtype_name, ws.d, vec)
+            vec = fp.vector_rows(ws.x_name, ws.d) and device_ptr(X) % 16 == 0
+            name = fp.assign_kernel_name(p, ws.x_name, ws.d, vec)
             # (a batch: its problems along the grid's y, `fused_batch`)
             launch(fp.kernel(name), (p.assign_grid, ws.problems),
                    (X, w, ws.ops, ws.cnorm, _i32(ws.rows), _i32(ws.d), _i32(p.kpad), *tail,

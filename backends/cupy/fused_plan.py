@@ -23,6 +23,19 @@ FUSE_SMEM_MAX = 96 * 1024
 #: TF32 path: largest distance chunk (rows x k x 4 bytes); bigger stops paying
 TF32_CHUNK_CAP = 1 << 30
 _CTYPE = {"float32": "float", "float64": "double"}
+#: X's dtypes the plan takes: float16 X (precision="fp16", the wgmma kernel's format) is
+#: read as fp16 (`xhalf`) and computed on in float32
+X_DTYPES = (*_CTYPE, "float16")
+
+
+def compute_name(dtype_name: str) -> str:
+    """The dtype the kernels compute in for X of `dtype_name` (its centers' operands, min_sq)."""
+    return "float32" if dtype_name == "float16" else dtype_name
+
+
+def x_types(dtype_name: str) -> str:
+    """Template arguments (T[, XT]) of a kernel reading X of `dtype_name` (common.xtypes)."""
+    return "float,xhalf" if dtype_name == "float16" else _CTYPE[dtype_name]
 
 
 # -- kernel names (shared with tests/test_cuda_compile.py) ---------------------------------------
@@ -47,7 +60,7 @@ def small_kernel_names(dtype_name: str, d: int, P: int, G: int = None) -> tuple:
 
 def vector_width(dtype_name: str) -> int:
     """Values of X's dtype in a 16-byte vector."""
-    return 16 // (4 if dtype_name == "float32" else 8)
+    return 16 // {"float16": 2, "float32": 4}.get(dtype_name, 8)
 
 
 def vector_rows(dtype_name: str, d: int) -> bool:
@@ -82,16 +95,23 @@ def kernel(name: str):
 
 
 def common_kernel_names(dtype_name: str) -> tuple:
-    t = _CTYPE[dtype_name]
+    t, xt = _CTYPE[compute_name(dtype_name)], x_types(dtype_name)
     assign = tuple(n for v in VARIANTS.values() if dtype_name in v.dtypes
                    for n in v.instances(dtype_name))
     return (*assign,
-            f"accumulate_shared<{t}>", f"accumulate_global<{t}>",
-            f"accumulate_sorted<{t},1>", f"accumulate_sorted<{t},{vector_width(dtype_name)}>",
+            f"accumulate_shared<{xt}>", f"accumulate_global<{xt}>",
+            sorted_kernel_name(dtype_name, 1),
+            sorted_kernel_name(dtype_name, vector_width(dtype_name)),
             "sort_count", "sort_offsets", "sort_place",
             "finalize_sums",
-            f"pack_centers<{t}>", f"column_absmax<{t}>", "fixed_point_scales",
-            f"weighted_total<{t}>", f"direct_inertia<{t}>", f"relocation_keys<{t}>")
+            f"pack_centers<{t}>", f"column_absmax<{xt}>", "fixed_point_scales",
+            f"weighted_total<{t}>", f"direct_inertia<{xt}>", f"relocation_keys<{xt}>")
+
+
+def sorted_kernel_name(dtype_name: str, vec: int) -> str:
+    """accumulate_sorted's instance for X of `dtype_name`, `vec` values a load."""
+    xt = ",xhalf" if dtype_name == "float16" else ""
+    return f"accumulate_sorted<{_CTYPE[compute_name(dtype_name)]},{vec}{xt}>"
 
 
 def fit_kernel_names(p, dtype_name: str, d: int) -> list:
@@ -99,7 +119,7 @@ def fit_kernel_names(p, dtype_name: str, d: int) -> list:
     the inertia every CuPy backend's fit launches (a path's kernel unless its variant is left
     to compile on first use: tf32's v1 and cuBLAS ones). The workspace looks up both small-d
     kernels: the fused pass and the bare one."""
-    t = _CTYPE[dtype_name]
+    t = _CTYPE[compute_name(dtype_name)]
     if p.path == "small":
         names = list(small_kernel_names(dtype_name, d, p.P, p.G))
     elif VARIANTS[p.path].compile_ahead:
@@ -108,8 +128,8 @@ def fit_kernel_names(p, dtype_name: str, d: int) -> list:
     else:
         names = []
     if p.acc_mode == "sorted":   # (its group: the counting sort's kernels too)
-        names.append(f"accumulate_sorted<{t},{sorted_vector(dtype_name, d)}>")
-    names += ["finalize_sums", f"pack_centers<{t}>", f"column_absmax<{t}>"]
+        names.append(sorted_kernel_name(dtype_name, sorted_vector(dtype_name, d)))
+    names += ["finalize_sums", f"pack_centers<{t}>", f"column_absmax<{x_types(dtype_name)}>"]
     return [(KERNEL_FILES[n.split("<")[0]], n) for n in names]
 
 
@@ -122,8 +142,9 @@ def assign_kernel_name(p, dtype_name: str, d: int, vec: bool) -> str:
 def all_kernel_names() -> list:
     """Every template instance the backend can ask NVRTC for."""
     names = []
-    for dt in _CTYPE:
+    for dt in X_DTYPES:
         names += common_kernel_names(dt)
+    for dt in _CTYPE:
         for d in range(1, SMALL_D_MAX + 1):
             names += small_kernel_names(dt, d, points_per_thread(dt, d))
     return list(dict.fromkeys(names))
@@ -205,7 +226,9 @@ def operand_sizes(layout, k, d, S, kpad) -> tuple:
 
 def plan(n, d, k, dtype_name, dev, *, precision="fp32", fuse="auto", P=None, G=None,
          budget=None, tf32_kernel="auto", gemm_kernel="auto", half_kernel="auto") -> Plan:
-    itemsize = 4 if dtype_name == "float32" else 8
+    """The path and the grids and buffers of a fit of n rows of X of `dtype_name` (float16:
+    read as fp16, computed on in float32) against k centers."""
+    itemsize = 4 if compute_name(dtype_name) == "float32" else 8
     sums_smem = sums_shared_bytes(k, d)
     path = paths.choose(d, k, dtype_name, precision, dev, tf32_kernel=tf32_kernel,
                         gemm_kernel=gemm_kernel, half_kernel=half_kernel).path
@@ -215,7 +238,7 @@ def plan(n, d, k, dtype_name, dev, *, precision="fp32", fuse="auto", P=None, G=N
         layout = variant.layout
         # (the tensor-core kernels' operands: rows of TF32 words or of halves)
         S = mma_dk(d) if layout in (3, 4) else paths.half_dk(d) if layout in (5, 6) else 0
-        tn = GEMM_TILES[dtype_name][1]
+        tn = GEMM_TILES[compute_name(dtype_name)][1]
         kpad = cdiv(k, 16 * tn) * 16 * tn   # a multiple of 128 (every GEMM kernel's BN)
         fused, P, tc = False, 1, 0
         assign_grid = variant.grid(n, dtype_name, dev)
@@ -311,7 +334,7 @@ def one_wave(p: Plan, n, d, dtype_name, dev) -> Plan:
         grid = max(1, min(cdiv(n, BLOCK * p.P), dev.sms * per_sm))
         p = p._replace(assign_grid=grid, n_partials=grid)
     if p.acc_mode == "shared":
-        per_sm = blocks_per_sm(kernel(f"accumulate_shared<{_CTYPE[dtype_name]}>"), p.acc_smem)
+        per_sm = blocks_per_sm(kernel(f"accumulate_shared<{x_types(dtype_name)}>"), p.acc_smem)
         p = p._replace(acc_grid=max(1, min(cdiv(n, BLOCK), dev.sms * per_sm)))
     return p
 

@@ -10,7 +10,6 @@ import numpy as np
 from . import common
 from . import fused_plan as fp
 from .common import BLOCK, NULL, device_ptr, launch
-from .workspace import CTYPE
 
 _i32 = np.int32
 
@@ -22,7 +21,7 @@ def absmax_bits(X, out):
     n, d = X.shape
     dev = fp.device_facts(cp.cuda.Device().id)
     grid = max(fp.cdiv(d, BLOCK), min(fp.cdiv(n * d, BLOCK), dev.sms * 8))
-    launch(fp.kernel(f"column_absmax<{CTYPE[str(X.dtype)]}>"), grid,
+    launch(fp.kernel(f"column_absmax<{common.xtypes(X.dtype)}>"), grid,
            (X, np.int64(n * d), _i32(d), out))
 
 
@@ -53,7 +52,7 @@ def accumulate(ws, labels, scratch, *, skip=None):
     """The rows' weighted sums and weights into ws.acc (fixed point), in the plan's mode."""
     p = ws.plan
     scale = scales(ws, scratch)[0]
-    t = CTYPE[ws.dtype_name]
+    t = ws.xtypes   # (X's: float16 X reads as xhalf)
     w = NULL if ws.w is None else ws.w
     skip = NULL if skip is None else skip
     if p.acc_mode == "shared":
@@ -62,8 +61,8 @@ def accumulate(ws, labels, scratch, *, skip=None):
                 np.float64(ws.two_l), skip), shared_mem=p.acc_smem)
     elif p.acc_mode == "sorted":
         sort_rows(ws, labels, skip)
-        vec = fp.sorted_vector(ws.dtype_name, ws.d) if device_ptr(ws.X) % 16 == 0 else 1
-        launch(fp.kernel(f"accumulate_sorted<{t},{vec}>"), p.acc_grid,
+        vec = fp.sorted_vector(ws.x_name, ws.d) if device_ptr(ws.X) % 16 == 0 else 1
+        launch(fp.kernel(fp.sorted_kernel_name(ws.x_name, vec)), p.acc_grid,
                (ws.X, w, ws.sort_order, ws.sort_starts, _i32(ws.n), _i32(ws.d), _i32(ws.k),
                 _i32(p.acc_rows), ws.acc, scale, np.float64(ws.two_l), skip))
     else:

@@ -151,22 +151,30 @@ def wgmma_fits(d, dev, split=False, fmt=0, areg=False) -> bool:
 
 
 def wgmma_kernel_name(d: int, vec: bool, split: bool = False, fmt: int = 0,
-                      areg: bool = False) -> str:
+                      areg: bool = False, xhalf: bool = False) -> str:
     """An instance of assign_wgmma: 3xTF32 or TF32 (or, fmt 1 / 2, fp16 / bf16, with areg
-    X's fragments in registers), row tiles, column block, atoms of K, 16-byte loads of X."""
+    X's fragments in registers), row tiles, column block, atoms of K, 16-byte loads of X;
+    xhalf: X stored in fp16 (fmt 1)."""
     mt, bn = wgmma_tile(split)
-    tail = f",{fmt},true>" if areg else f",{fmt}>" if fmt else ">"
+    tail = (f",{fmt},{'true' if areg else 'false'},xhalf>" if xhalf else
+            f",{fmt},true>" if areg else f",{fmt}>" if fmt else ">")
     return (f"assign_wgmma<{int(split)},{mt},{bn},{wgmma_atoms(d, fmt)},"
             f"{'true' if vec else 'false'}" + tail)
 
 
-def _wgmma_instances(split, fmt=0, areg=False):
+def _wgmma_instances(split, fmt=0, areg=False, xhalf=False):
     # (d up to the largest d: one instance per atom count)
     per_atom = 64 if fmt else 32
     top = wgmma_atoms(WGMMA_MAX_D_AREG if areg else WGMMA_MAX_D_HALF if fmt
                       else WGMMA_MAX_D, fmt)
-    return tuple(wgmma_kernel_name(per_atom * a, v, split, fmt, areg)
+    return tuple(wgmma_kernel_name(per_atom * a, v, split, fmt, areg, xhalf)
                  for a in range(1, top + 1) for v in (True, False))
+
+
+def _half_dtypes(fmt):
+    """X's dtypes of a half format's wgmma kernel: float32, and float16 X for fp16 (read as
+    it is: the fit's data stored in the format it computes at)."""
+    return ("float32", "float16") if fmt == 1 else ("float32",)
 
 
 def _mma_instances(split):
@@ -230,19 +238,22 @@ VARIANTS = {
         lambda dt, d, vec, res: wgmma_kernel_name(d, vec),
         lambda dt: _wgmma_instances(False)),
     **{f"wgmma-{name}": Variant(
-        "tile", "fused_wgmma.cu", ("float32",), 4 + fmt,
+        "tile", "fused_wgmma.cu", _half_dtypes(fmt), 4 + fmt,
         lambda n, dt, dev: cdiv(n, 128 * wgmma_tile(False)[0]),
         lambda d, dev, fmt=fmt: (True, wgmma_smem(d, False, fmt))
         if wgmma_fits(d, dev, False, fmt) else None,
-        lambda dt, d, vec, res, fmt=fmt: wgmma_kernel_name(d, vec, False, fmt),
-        lambda dt, fmt=fmt: _wgmma_instances(False, fmt)) for name, fmt in HALF_FORMATS.items()},
+        lambda dt, d, vec, res, fmt=fmt: wgmma_kernel_name(d, vec, False, fmt,
+                                                           xhalf=dt == "float16"),
+        lambda dt, fmt=fmt: _wgmma_instances(False, fmt, xhalf=dt == "float16"))
+       for name, fmt in HALF_FORMATS.items()},
     **{f"wgmma-{name}r": Variant(
-        "tile", "fused_wgmma.cu", ("float32",), 4 + fmt,
+        "tile", "fused_wgmma.cu", _half_dtypes(fmt), 4 + fmt,
         lambda n, dt, dev: cdiv(n, 128 * wgmma_tile(False)[0]),
         lambda d, dev, fmt=fmt: (True, wgmma_smem(d, False, fmt, True))
         if wgmma_fits(d, dev, False, fmt, True) else None,
-        lambda dt, d, vec, res, fmt=fmt: wgmma_kernel_name(d, vec, False, fmt, True),
-        lambda dt, fmt=fmt: _wgmma_instances(False, fmt, True))
+        lambda dt, d, vec, res, fmt=fmt: wgmma_kernel_name(d, vec, False, fmt, True,
+                                                           dt == "float16"),
+        lambda dt, fmt=fmt: _wgmma_instances(False, fmt, True, dt == "float16"))
        for name, fmt in HALF_FORMATS.items()},
     "wgmma3": Variant(
         "tile", "fused_wgmma.cu", ("float32",), 4,

@@ -41,6 +41,8 @@ from .staging import download, upload
 #: stream="auto" streams host X when X, the driver's arrays and this much working memory
 #: would not fit in the device memory usable now
 STREAM_AUTO_SLACK = 64 << 20
+#: float32 bytes of X a step of `_centered_as` holds (its only temporary)
+HALF_CHUNK_BYTES = 64 << 20
 
 
 class CupySettings(NamedTuple):
@@ -206,7 +208,8 @@ class CupyPlacement(Placement):
         if not all(self._kernel_stats(X) for X in problems):
             return super().batch_feature_stats(problems, tol, xp=xp)
         cp = self._cp
-        return [(cp.asarray(mean64.astype(X.dtype)), tol_from_variances(var, tol))
+        return [(cp.asarray(mean64.astype(common.compute_dtype(X.dtype))),
+                 tol_from_variances(var, tol))
                 for X, (mean64, var) in zip(problems, reductions.column_mean_var_many(
                     problems, need_var=tol != 0))]
 
@@ -217,18 +220,20 @@ class CupyPlacement(Placement):
         only: float32 values added in float64 are exact in any order while 24 bits +
         log2(n) + their exponent range fit in 53, so the mean is the numpy backend's bit
         for bit; float64 X's sums round, differently in another order, and a mean's last
-        bit decides exact ties."""
+        bit decides exact ties. float16 X likewise (read as fp16, summed in float64)."""
         cp = self._cp
         return (isinstance(X, cp.ndarray) and X.ndim == 2 and X.shape[0] > 0
-                and X.flags.c_contiguous and X.dtype == cp.float32)
+                and X.flags.c_contiguous and X.dtype in (cp.float32, cp.float16))
 
-    def center(self, X, mean, *, xp, in_place=False):
+    def center(self, X, mean, *, xp, in_place=False, dtype=None):
         if isinstance(X, np.ndarray) and self.streams(X):
             from .streaming import HostRows
             # centered chunk by chunk on the device (mean None, copy_x=False: by 0)
             return HostRows(X, np.zeros(X.shape[1]) if mean is None else np.asarray(mean))
         if mean is None:
             return X  # copy_x=False: the fit computes on X as given (never written)
+        if dtype is not None:
+            return self._centered_as(X, mean, 1.0, dtype)
         # the device copy of a host X is the fit's own: centered where it is, so the device
         # holds X once
         in_place = in_place or (self._uploaded is not None and X is self._uploaded)
@@ -237,13 +242,33 @@ class CupyPlacement(Placement):
             return DeviceRows(X, mean)
         return super().center(X, mean, xp=xp, in_place=in_place)
 
-    def center_scaled(self, X, mean, scale, *, xp):
+    def center_scaled(self, X, mean, scale, *, xp, dtype=None):
         """(X - mean) * scale: always on an array the fit owns (rescaled in place), never X
         itself nor a chunkwise view, whatever `center` would choose."""
         if isinstance(X, np.ndarray) and self.streams(X):
             return super().center_scaled(X, mean, scale, xp=xp)
+        if dtype is not None:
+            return self._centered_as(X, mean, scale, dtype)
         own = self._uploaded is not None and X is self._uploaded
         return rescaled(Placement.center(self, X, mean, xp=xp, in_place=own), scale, xp)
+
+    def _centered_as(self, X, mean, scale, dtype):
+        """(X - mean) * scale in float32, rounded once to `dtype` (float16: the data of a
+        backend's `half_data` fit), row chunk by row chunk into the fit's own array: X's
+        device copy of a host X when it already has that dtype, else a new one (half the
+        bytes of a float32 copy). X as the user gave it is never written."""
+        cp = self._cp
+        dtype = np.dtype(dtype)
+        own = self._uploaded is not None and X is self._uploaded and X.dtype == dtype
+        out = X if own else cp.empty(X.shape, dtype=dtype)
+        m = cp.asarray(mean if mean is not None else 0, dtype=cp.float32)
+        rows = max(1, HALF_CHUNK_BYTES // max(1, X.shape[1] * 4))
+        for r0 in range(0, X.shape[0], rows):
+            part = cp.subtract(X[r0:r0 + rows], m, dtype=cp.float32)
+            if scale != 1:
+                cp.multiply(part, np.float32(scale), out=part)
+            out[r0:r0 + rows] = part   # (rounded to nearest even)
+        return out
 
     def unit_rows(self, X, *, xp):
         """Unit rows (a spherical fit): in place on the fit's own device copy of a host X, so

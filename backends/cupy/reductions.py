@@ -86,7 +86,7 @@ def moments_partials(X, shift, problems=1, problem_stride=0):
     grid = max(-(-d // BLOCK), min(-(-m * d // BLOCK), per))
     stride = grid * BLOCK // d * d
     part = cp.empty((2, problems, stride), dtype=cp.float64)
-    fn = common.raw_kernel("stats.cu", f"column_moments<{common.ctype(X.dtype)}>")
+    fn = common.raw_kernel("stats.cu", f"column_moments<{common.xtypes(X.dtype)}>")
     common.launch(fn, (grid, problems), (X, _i64(m * d), np.int32(d),
                                          NULL if shift is None else shift, part[0], part[1],
                                          _i64(problem_stride)))
@@ -171,7 +171,7 @@ def _rows_grid(n, d):
 def direct_inertia(X, w, labels, C, out, scratch):
     """out[0] = sum of w * ||x - c_label||^2 by direct differences (numpy's rounding)."""
     n, d = X.shape
-    fn = common.raw_kernel("direct.cu", f"direct_inertia<{common.ctype(X.dtype)}>")
+    fn = common.raw_kernel("direct.cu", f"direct_inertia<{common.xtypes(X.dtype)}>")
     common.launch(fn, min(MAX_REDUCE_GRID, _rows_grid(n, d)),
                   (X, _w(w), labels, C, _i64(n), np.int32(d), scratch.partials, out,
                    scratch.done))
@@ -182,7 +182,7 @@ def labelled_sq_dist(X, labels, C, out):
     """out[i] = ||X[i] - C[labels[i]]||^2 by direct differences."""
     n, d = X.shape
     if n:
-        fn = common.raw_kernel("direct.cu", f"labelled_sq_dist<{common.ctype(X.dtype)}>")
+        fn = common.raw_kernel("direct.cu", f"labelled_sq_dist<{common.xtypes(X.dtype)}>")
         common.launch(fn, _rows_grid(n, d), (X, labels, C, _i64(n), np.int32(d), out))
     return out
 
@@ -191,7 +191,7 @@ def relocation_keys(X, w, labels, C, keys):
     """keys[i] = ||X[i] - C[labels[i]]||^2, or -1 where the weight is 0."""
     n, d = X.shape
     if n:
-        fn = common.raw_kernel("direct.cu", f"relocation_keys<{common.ctype(X.dtype)}>")
+        fn = common.raw_kernel("direct.cu", f"relocation_keys<{common.xtypes(X.dtype)}>")
         common.launch(fn, _rows_grid(n, d), (X, _w(w), labels, C, _i64(n), np.int32(d), keys))
     return keys
 
@@ -236,12 +236,13 @@ def farthest(X, w, labels, C, m, *, rows=FARTHEST_ROWS):
     n = X.shape[0]
     top = TopKeys(m, weighted=w is not None)
     rows = max(int(rows), 1)
-    keys = cp.empty(min(rows, n), dtype=X.dtype)
+    keys = cp.empty(min(rows, n), dtype=common.compute_dtype(X.dtype))
     for s in range(0, n, rows):
         e = min(s + rows, n)
         relocation_keys(X[s:e], None if w is None else w[s:e], labels[s:e], C, keys[: e - s])
         top.add(keys[: e - s], s)
-    return gather_farthest(top, lambda idx: X[idx],
+    # (float16 X: the rows that become centers, in float32, exactly)
+    return gather_farthest(top, lambda idx: X[idx].astype(keys.dtype, copy=False),
                            lambda idx: None if w is None else w[idx], labels)
 
 
@@ -262,7 +263,9 @@ def kernel_instances():
            ("stats.cu", "count_labels")]
     out += [("stats.cu", f"store_labels<{t}>") for t in ("unsigned char", "unsigned short", "int")]
     for t in common.CTYPE.values():
-        out += [("stats.cu", f"weighted_total<{t}>"), ("stats.cu", f"column_absmax<{t}>"),
+        out.append(("stats.cu", f"weighted_total<{t}>"))
+    for t in common.X_TYPES.values():
+        out += [("stats.cu", f"column_absmax<{t}>"),
                 ("stats.cu", f"column_moments<{t}>"), ("direct.cu", f"direct_inertia<{t}>"),
                 ("direct.cu", f"labelled_sq_dist<{t}>"), ("direct.cu", f"relocation_keys<{t}>")]
     return out

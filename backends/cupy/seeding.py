@@ -57,8 +57,8 @@ def device_seeding(X, sample_weight, n_local_trials):
     else:
         data, mean = X, None
     n, d = data.shape
-    if (n == 0 or not _fits(n_local_trials, d, data.dtype.itemsize)
-            or np.dtype(data.dtype) not in common.CTYPE or not data.flags.c_contiguous):
+    if (n == 0 or not _fits(n_local_trials, d, common.compute_dtype(data.dtype).itemsize)
+            or np.dtype(data.dtype) not in common.X_TYPES or not data.flags.c_contiguous):
         return None
     return DeviceSeeding(data, mean, sample_weight)
 
@@ -71,10 +71,12 @@ class DeviceSeeding:
         cp = cupy()
         n, d = data.shape
         self.data, self.n, self.d = data, n, d
-        self.mean = NULL if mean is None else cp.ascontiguousarray(mean, dtype=data.dtype)
+        # what the kernels compute in (float16 data: float32; they read it as fp16)
+        self.T = common.compute_dtype(data.dtype)
+        self.mean = NULL if mean is None else cp.ascontiguousarray(mean, dtype=self.T)
         self.w = (NULL if sample_weight is None else
                   cp.ascontiguousarray(sample_weight, dtype=cp.float64))
-        self.closest = cp.empty(n, dtype=data.dtype)
+        self.closest = cp.empty(n, dtype=self.T)
         self.values = cp.empty(n, dtype=cp.float64)
         self.cand = cp.empty(MAX_TRIALS, dtype=cp.int64)
         self.best = cp.empty(1, dtype=cp.int32)
@@ -85,7 +87,7 @@ class DeviceSeeding:
         self.seg_total = cp.empty(self.segments, dtype=cp.float64)
         self.done = cp.zeros(1, dtype=cp.uint32)
         self._slots, self._used = None, _SLOTS
-        t = common.ctype(data.dtype)
+        t = common.xtypes(data.dtype)
         self._potentials = common.raw_kernel("seeding.cu", f"seeding_potentials<{t}>")
         self._update = common.raw_kernel("seeding.cu", f"seeding_update<{t}>")
         self._draw = common.raw_kernel("seeding.cu", "seeding_draw")
@@ -95,7 +97,7 @@ class DeviceSeeding:
                       (self.data, self.mean, self.w, np.int64(self.n), np.int32(self.d),
                        np.int64(self.seg), chosen, np.int32(first), self.closest, self.values,
                        self.seg_total),
-                      shared_mem=self.d * self.data.dtype.itemsize)
+                      shared_mem=self.d * self.T.itemsize)
         return self.closest
 
     def first(self, index):
@@ -115,7 +117,7 @@ class DeviceSeeding:
                       (self.data, self.mean, self.closest, self.w, np.int64(self.n),
                        np.int32(self.d), cand, np.int32(trials), self.partials, self.done,
                        chosen, self.best),
-                      shared_mem=trials * self.d * self.data.dtype.itemsize)
+                      shared_mem=trials * self.d * self.T.itemsize)
         return chosen, self._run_update(chosen, 0)
 
     def _slot(self):
@@ -135,6 +137,6 @@ def segment_rows(n) -> int:
 def kernel_instances():
     """(file, instance) of every kernel of seeding.cu (the compile check)."""
     out = [("seeding.cu", "seeding_draw")]
-    for t in common.CTYPE.values():
+    for t in common.X_TYPES.values():
         out += [("seeding.cu", f"seeding_potentials<{t}>"), ("seeding.cu", f"seeding_update<{t}>")]
     return out

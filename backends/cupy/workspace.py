@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import fused_plan as fp
-from .common import BLOCK
+from .common import BLOCK, compute_dtype, xtypes
 from .einsum_order import norm_mode
 
 CTYPE = {"float32": "float", "float64": "double"}
@@ -29,15 +29,17 @@ class Workspace:
         n, d = X.shape
         self.X, self.w, self.k, self.n, self.d = X, w, k * problems, n, d
         self.problems, self.rows = problems, n // problems
-        self.plan, self.T = plan, X.dtype
-        self.dtype_name = str(X.dtype)
+        # T, dtype_name: what the kernels compute in (the centers' operands, min_sq); X's own
+        # dtype (x_name) differs for float16 X, read as fp16 (`common.xtypes`)
+        self.plan, self.T = plan, compute_dtype(X.dtype)
+        self.dtype_name, self.x_name, self.xtypes = str(self.T), str(X.dtype), xtypes(X.dtype)
         self.acc = cp.zeros(self.k * (d + 1) * 2, dtype=cp.uint64)
         n_ops, n_cnorm = fp.operand_sizes(plan.layout, k, d, plan.S, plan.kpad)
         self.ops_b, self.cnorm_b = n_ops, n_cnorm   # (a problem's)
-        self.ops = cp.zeros(n_ops * problems, dtype=X.dtype)  # the padding stays zero
+        self.ops = cp.zeros(n_ops * problems, dtype=self.T)  # the padding stays zero
         # ||c||^2 of the padding columns is inf: they never win
         self.cnorm = cp.full(n_cnorm * problems, 0 if plan.layout == 0 else np.inf,
-                             dtype=X.dtype)
+                             dtype=self.T)
         self.n_partials = plan.n_partials   # grows if an OOM halves the tf32 chunk
         self.chunk_rows = plan.chunk_rows
         self.partials = cp.zeros(max(plan.n_partials, 1) * problems, dtype=cp.float64)
@@ -69,7 +71,7 @@ class Workspace:
         """Whether this workspace serves another X of the same shape, dtype and k (weights
         given or not alike): every buffer is left as a new one would be between calls (the
         accumulator and counter zeroed by finalize_sums, the operands' padding untouched)."""
-        return (X.shape == (self.n, self.d) and X.dtype == self.T and k == self.k and
+        return (X.shape == (self.n, self.d) and str(X.dtype) == self.x_name and k == self.k and
                 (w is None) == (self.w is None))
 
     def rebind(self, X, w, w_in):

@@ -18,6 +18,7 @@ from kmeans_xp.algorithms.progress import bar
 from kmeans_xp.contract.chunks import column_sums, map_rows, row_chunks
 from kmeans_xp.contract.memory import xp_seeding_bytes
 from kmeans_xp.contract.namespaces import dtype_name, to_numpy
+from kmeans_xp.contract.precision import compute_dtype
 from kmeans_xp.contract.seeding import local_trials
 
 
@@ -123,7 +124,8 @@ class Seeding:
     def first(self, index):
         """The running squared distances D(x)^2 to the row `index` ((1,) ints on X's device)."""
         X, xp = self.X, self.xp
-        inf = xp.full(X.shape[0], math.inf, dtype=X.dtype, device=_device(X))
+        # (float16 data: its distances in float32)
+        inf = xp.full(X.shape[0], math.inf, dtype=compute_dtype(X.dtype, xp), device=_device(X))
         return self.persist(_closest_with(inf, X, xp.take(X, index, axis=0)[0, :], xp,
                                           self.rows))
 

@@ -55,6 +55,8 @@ above, and `check_backend` checks an override against it, so a plugin needs none
     precisions        ("exact",): the compute precisions it takes (docs/precision.md); the
                       fit's, from its `FitPlan`, is in `compute_precision` when its
                       primitives run (`use_precision` sets it)
+    half_data         (): the precisions at which the primitives compute on float16 data
+                      as it is (float32 centers): `placement.center(dtype=float16)`
     driver_rows       rows per chunk of the O(n d) passes done in xp code (a quarter of the
                       budget; dask: all rows, it chunks them itself)
 
@@ -236,22 +238,27 @@ class Placement:
         return [self.feature_stats(p, tol, xp=xp) for p in problems]
 
     def center(self, X: Array, mean: Array | None, *, xp: Namespace,
-               in_place: bool = False) -> Array:
+               in_place: bool = False, dtype: Any = None) -> Array:
         """X - mean, the data the driver and the backend compute on (in place when asked: the
         estimator adds the mean back). mean None (copy_x=False): X itself, computed on as
-        given and never written."""
+        given and never written. dtype: the data's, where the backend computes on float16
+        data (`KMeansBackend.half_data`): X - mean rounded once to it, on a new array."""
         if mean is None:
             return X
+        if dtype is not None and dtype != X.dtype:
+            return xp.astype(X - mean, dtype)
         if in_place:
             X -= mean
             return X
         return X - mean
 
     def center_scaled(self, X: Array, mean: Array | None, scale: float, *,
-                      xp: Namespace) -> Array:
+                      xp: Namespace, dtype: Any = None) -> Array:
         """(X - mean) * scale, scale a power of two (exact): the data of a fit that rescales
-        X so its squared distances stay inside its dtype (`kmeans_xp.contract.scaling`)."""
-        return rescaled(self.center(X, mean, xp=xp), scale, xp)
+        X so its squared distances stay inside its dtype (`kmeans_xp.contract.scaling`);
+        dtype as `center`'s."""
+        Xc = rescaled(self.center(X, mean, xp=xp), scale, xp)
+        return Xc if dtype is None or dtype == Xc.dtype else xp.astype(Xc, dtype)
 
     def unit_rows(self, X: Array, *, xp: Namespace) -> Array:
         """X's rows scaled to unit L2 norm, the data of a spherical fit (`SphericalKMeans`),
@@ -283,6 +290,11 @@ class KMeansBackend:
     precisions: ClassVar[tuple[str, ...]] = ("exact",)
     #: the precision of the fit being run (`use_precision`, from its `FitPlan.precision`)
     compute_precision: str = "exact"
+    #: the precisions at which the primitives take float16 data as it is (X given in
+    #: float16, or centered into it by `placement.center(dtype=)`), centers, weights and
+    #: distances in float32: at "fp16" the data is read once at half the bytes. Else a
+    #: float16 X is computed on in float32.
+    half_data: ClassVar[tuple[str, ...]] = ()
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

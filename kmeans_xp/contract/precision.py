@@ -34,6 +34,13 @@ def half_kind(dtype) -> str | None:
     return {"float16": "fp16", "half": "fp16", "bfloat16": "bf16"}.get(name)
 
 
+def compute_dtype(dtype, xp):
+    """The dtype of the centers, weights and distances of a fit on data of `dtype`: float32
+    for half data (float16 X that a backend reads as it is: `KMeansBackend.half_data`),
+    else the data's own."""
+    return xp.float32 if half_kind(dtype) is not None else dtype
+
+
 def resolve(precision: str, dtype) -> str:
     """The precision a fit of X of `dtype` computes at, or a ValueError saying what to change
     (raised before any device work). Half X takes "exact" or its own format."""

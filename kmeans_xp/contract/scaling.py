@@ -198,4 +198,7 @@ def ldexp_or_inf(v, e):
 
 
 def host_dtype_of(dtype):
-    return np.float32 if "float32" in str(dtype) else np.float64
+    """The NumPy dtype of host values that go with X of `dtype`: float32 for float32 and the
+    half formats (a float16 X computes in float32), else float64."""
+    return np.float32 if any(s in str(dtype) for s in ("float32", "float16", "bfloat16")) \
+        else np.float64

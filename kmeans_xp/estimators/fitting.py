@@ -14,12 +14,16 @@ from kmeans_xp.contract.namespaces import (DLPACK_FOREIGN, array_namespace, devi
                                            namespace_name, operand)
 from kmeans_xp.estimators.predicting import require_known_shape
 from kmeans_xp.contract.selection import select_backend
+from kmeans_xp.contract.precision import half_kind
 from kmeans_xp.contract.scaling import NumericGuard, host_dtype_of
 from kmeans_xp.estimators.validation import check_array, check_init_array, check_sample_weight, validate_params
 
 
 class Fitting:
     """Mixed into the estimators: the steps every fit takes in the same way."""
+
+    #: whether float16 X at precision="fp16" may stay float16 (`_half_for`): KMeans's fit
+    _keeps_half = False
 
     #: n_init="auto" for "random" and a callable (sklearn: 10 for KMeans, 3 for MiniBatchKMeans)
     _default_n_init = 10
@@ -44,8 +48,10 @@ class Fitting:
         validate_params(self.get_params(), type(self).__name__)
 
     def _checked_X(self, X, *, absmax=True):
-        """X validated (2-D, finite, float32/float64) and, with absmax, (X, max |X|)."""
-        out = check_array(X, owner=type(self).__name__, absmax=absmax)
+        """X validated (2-D, finite, float32/float64; float16 kept for a fit at fp16:
+        `_half_for`) and, with absmax, (X, max |X|)."""
+        keep = self._keeps_half and getattr(self, "_precision_fit", "exact") == "fp16"
+        out = check_array(X, owner=type(self).__name__, absmax=absmax, keep_half=keep)
         require_known_shape(out[0] if absmax else out, self.backend, self.n_clusters)
         return out
 
@@ -97,6 +103,14 @@ class Fitting:
         self._check_n_samples(X.shape[0])
         guard, sw = self._guard(X, self._checked_weights(sample_weight, X), absmax)
         return X, sw, self._init_array(X.shape[1]), guard
+
+    def _half_for(self, X, backend):
+        """X as the backend computes on it: float16 X (kept by validation for a fit at
+        precision="fp16") stays float16 where the backend's kernels read it as it is
+        (`KMeansBackend.half_data`), else float32 (its values, exactly)."""
+        if half_kind(X.dtype) != "fp16" or self._precision_fit in backend.half_data:
+            return X
+        return array_namespace(X).astype(X, array_namespace(X).float32)
 
     def _given_inits(self, X, init_array, n_init, rs):
         """Host center arrays for each run when the user gives them (array or callable), else

@@ -22,7 +22,7 @@ from kmeans_xp.estimators.interop import SklearnInterop
 from kmeans_xp.algorithms.init import seeding_dtype
 from kmeans_xp.algorithms.lloyd import kmeans_single_lloyd
 from kmeans_xp.contract.memory import explains_memory_errors, format_bytes
-from kmeans_xp.contract.precision import resolve as resolve_precision
+from kmeans_xp.contract.precision import compute_dtype, resolve as resolve_precision
 from kmeans_xp.contract.namespaces import array_namespace, device, dtype_name, to_numpy
 from kmeans_xp.estimators.predicting import Predicting
 from kmeans_xp.algorithms.progress import Clock, logger, verbose_logging
@@ -169,6 +169,9 @@ default=None
     'numpy'
     """
 
+    #: float16 X at precision="fp16" stays float16 where the backend reads it so
+    _keeps_half = True
+
     _estimator_type = "clusterer"
     #: SphericalKMeans (kmeans_xp.estimators.spherical): unit rows, centers on the unit sphere
     _spherical = False
@@ -270,6 +273,7 @@ default=None
                                       copy_x=bool(self.copy_x), precision=self._precision_fit,
                                       iterations=int(self.max_iter))
         place = backend.placement
+        X = self._half_for(X, backend)
         given = self._given_inits(X, init_array, n_init, rs)
         # after the last check (a callable init's centers): a fit refused starts nothing
         place.warm_up(X, self.n_clusters, seeding_dtype(self.init, X.dtype))
@@ -308,6 +312,9 @@ default=None
         place = backend.placement
         # lazy input (dask) has its max |X| measured by to_backend, with its NaN/inf check
         scale = guard.scale if guard.scale is not None else guard.measure(place.absmax)
+        # the data in float16 where the backend computes on it so (read at half the bytes);
+        # only such a backend's placement is asked (`KMeansBackend.half_data`)
+        half = {"dtype": xp.float16} if self._precision_fit in backend.half_data else {}
         # on data to be rescaled, the variance of tol is taken after (it could overflow)
         tol: float
         if guard.mean_overflows(Xb.shape[0]):
@@ -318,9 +325,9 @@ default=None
             # X is never written (a memmap neither): the fit computes on X as given
             return place.center(Xb, None, xp=xp), xp.zeros_like(X_mean), tol, scale
         if scale == 1:
-            return (place.center(Xb, place.persist(X_mean), xp=xp, in_place=owned), X_mean,
-                    tol, scale)
-        Xc = place.center_scaled(Xb, place.persist(X_mean), scale, xp=xp)
+            return (place.center(Xb, place.persist(X_mean), xp=xp, in_place=owned, **half),
+                    X_mean, tol, scale)
+        Xc = place.center_scaled(Xb, place.persist(X_mean), scale, xp=xp, **half)
         tol = tolerance(Xc, xp.zeros_like(X_mean), self.tol, xp, backend.driver_rows(Xc))
         return Xc, X_mean, tol, scale
 
@@ -339,7 +346,7 @@ default=None
                 centers = self._initial_centers(Xc, X_mean, sw, rs, xp,
                                                 None if given is None else given[run],
                                                 backend, scale)
-                centers = xp.astype(centers, Xc.dtype)
+                centers = xp.astype(centers, compute_dtype(Xc.dtype, xp))
             place.synchronize()
             if self.verbose:
                 logger.info("Initialization complete")   # (scikit-learn's line)

@@ -137,6 +137,9 @@ default=None
     True
     """
 
+    #: unit rows are made from float32 data: a float16 X is converted (`Fitting._half_for`)
+    _keeps_half = False
+
     _spherical = True
 
     def _check_inputs(self, X: Any, sample_weight: Any,

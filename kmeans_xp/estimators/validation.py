@@ -168,9 +168,11 @@ def _numeric_from_python(X, name):
                         f"give float32 or float64 data.") from exc
 
 
-def check_array(X, *, name="X", owner="KMeans", absmax=False):
+def check_array(X, *, name="X", owner="KMeans", absmax=False, keep_half=False):
     """X as a 2-D float32/float64 array in its own namespace (lists become NumPy); with
-    absmax=True, (X, max |X|) (None where X is checked lazily: dask)."""
+    absmax=True, (X, max |X|) (None where X is checked lazily: dask). keep_half: float16 X
+    stays float16 (a fit at precision="fp16", whose backend may compute on it as it is:
+    `KMeansBackend.half_data`; the fit converts it otherwise)."""
     if isinstance(X, np.matrix):  # its * is a matrix product: the xp code would be wrong
         raise TypeError(f"np.matrix is not supported for {name}; convert it with "
                         f"np.asarray({name}).")
@@ -201,7 +203,7 @@ def check_array(X, *, name="X", owner="KMeans", absmax=False):
         what = "sample(s)" if X.shape[0] == 0 else "feature(s)"
         raise ValueError(f"Found array with 0 {what} (shape={tuple(X.shape)}) while a minimum "
                          f"of 1 is required.")
-    dtype = _float_dtype_for(xp, X.dtype)
+    dtype = X.dtype if keep_half and half_kind(X.dtype) == "fp16" else _float_dtype_for(xp, X.dtype)
     if dtype != X.dtype:
         X = xp.astype(X, dtype)
     top = None

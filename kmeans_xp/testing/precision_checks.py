@@ -96,4 +96,21 @@ def check_half_precision(backend, to_arr):
                                    X.shape[1], where)
             check_assignment_bound(backend, to_arr, precision, where)
             passed += 2
+            if precision in backend.half_data and X16_in is not None:
+                check_half_data(name, X16, X16_in, to_arr, init, ref16, precision, where)
+                passed += 1
     return passed
+
+
+def check_half_data(name, X16, X16_in, to_arr, init, ref16, precision, where):
+    """A precision of `half_data`: the fit of float16 X computes on it as it is (within the
+    bound of the exact fit of its values), and a float32 X holding the same values gives
+    the same fit (its centered data is rounded to float16 once, as float16 X's is)."""
+    got = _fit(name, X16_in, init, precision)
+    check_fit_within_bound(got, ref16, precision, X16.shape[1], f"{where}, float16 X")
+    same = _fit(name, to_arr(X16.astype(np.float32)), init, precision)
+    assert np.array_equal(to_numpy(got.labels_), to_numpy(same.labels_)), \
+        f"{where}: float16 X and its float32 values give different labels"
+    assert np.array_equal(to_numpy(got.cluster_centers_), to_numpy(same.cluster_centers_)), \
+        f"{where}: float16 X and its float32 values give different centers"
+    assert got.inertia_ == same.inertia_, f"{where}: different inertia"

@@ -47,44 +47,7 @@ template <> __device__ __forceinline__ double pos_inf<double>() {
     return __longlong_as_double(0x7ff0000000000000LL);
 }
 
-// x rounded to TF32 (10 fraction bits) to nearest, ties away from zero: what PTX's
-// cvt.rna.tf32.f32 gives a finite x, in two integer operations that every GPU (and the CPU
-// emulator of the tests) has, so the centers' operands (pack_centers) and the points' (the
-// tensor-core kernels) round alike. The low 13 bits come back zero.
-__device__ __forceinline__ float tf32_rna(float x) {
-    return __uint_as_float((__float_as_uint(x) + 0x1000u) & 0xffffe000u);
-}
-
-// The 16 bits of finite x rounded to nearest even in fp16 (FMT 1) or bf16 (FMT 2): what a
-// half-precision tensor core reads (the host's rounding, kmeans_xp.contract.precision.round_to,
-// gives the same values). Integer arithmetic only: no cuda_fp16.h under NVRTC, and the CPU
-// emulator runs it as is. fp16: past 65504 (half-way 65520 up) the result is inf, below
-// 2^-14 a subnormal.
-template <int FMT>
-__device__ __forceinline__ unsigned half_bits(float x) {
-    const unsigned u = __float_as_uint(x), ax = u & 0x7fffffffu;
-    if constexpr (FMT == 2) {
-        return (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-    } else {
-        const unsigned sign = (u >> 16) & 0x8000u;
-        if (ax >= 0x477ff000u) return sign | 0x7c00u;
-        if (ax < 0x38800000u) {  // subnormal: units of 2^-24, to nearest even
-            const unsigned m = ax ? (ax & 0x7fffffu) | 0x800000u : 0u;
-            const int shift = 126 - (int)(ax >> 23);  // 14..; m * 2^(e - 150) / 2^-24
-            if (shift > 24) return sign;
-            const unsigned q = m >> shift, rem = m & ((1u << shift) - 1u), half = 1u << (shift - 1);
-            return sign | (q + (rem > half || (rem == half && (q & 1u))));
-        }
-        const unsigned r = ax - 0x38000000u;  // exponent 127 -> 15 bias
-        return sign | ((r + 0xfffu + ((r >> 13) & 1u)) >> 13);
-    }
-}
-
-// two floats as one word of halves, lo in the low 16 bits (the K order of the operands)
-template <int FMT>
-__device__ __forceinline__ unsigned half2_bits(float lo, float hi) {
-    return half_bits<FMT>(lo) | (half_bits<FMT>(hi) << 16);
-}
+#include "formats.cuh"
 
 // Weight of point i; W null means unit weights.
 template <typename T>
@@ -433,9 +396,10 @@ __device__ __forceinline__ i64 problem_end(int n) { return (i64)blockIdx.y * n +
 // eight at a time (one thread per row: scalar loads left each thread waiting on memory once
 // per 16 features); xn_own >= 0 is that sum for row threadIdx.x, made by the caller. Rows
 // are global (a batch's problems one after another): n is one past the problem's last.
-template <typename T, int BM, int RS, int NC = 16>
+// XT: X's storage (T, or xhalf: fp16 X, its values widened exactly).
+template <typename T, int BM, int RS, int NC = 16, typename XT = T>
 __device__ __forceinline__ void finish_rows(const T* rbest, const int* ridx, i64 row0, i64 n,
-                                            int d, const T* __restrict__ X,
+                                            int d, const XT* __restrict__ X,
                                             const T* __restrict__ W,
                                             const int* __restrict__ labels_old,
                                             int* __restrict__ labels, T* __restrict__ min_sq,
@@ -455,10 +419,24 @@ __device__ __forceinline__ void finish_rows(const T* rbest, const int* ridx, i64
             if (v < b || (v == b && vi < bi)) { b = v; bi = vi; }
         }
         T xn = (T)0;
-        const T* const xr = X + gx * d;
+        const XT* const xr = X + gx * d;
         int j = (xn_own >= (T)0 && r == (int)threadIdx.x) ? d : 0;  // (the caller's sum)
         if (j) xn = xn_own;
-        if constexpr (sizeof(T) == 4) {
+        if constexpr (sizeof(XT) == 2) {   // fp16: 16 values in two 16-byte loads
+            if ((d & 7) == 0 && (reinterpret_cast<unsigned long long>(X) & 15) == 0) {
+                const uint4* const xv = reinterpret_cast<const uint4*>(xr);
+                for (; j + 16 <= d; j += 16) {
+                    const uint4 a = __ldg(xv + j / 8), b = __ldg(xv + j / 8 + 1);
+                    const unsigned w[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+#pragma unroll
+                    for (int u = 0; u < 8; ++u) {
+                        const T lo = (T)fp16_value(w[u] & 0xffffu), hi = (T)fp16_value(w[u] >> 16);
+                        xn = add_rn(xn, mul_rn(lo, lo));
+                        xn = add_rn(xn, mul_rn(hi, hi));
+                    }
+                }
+            }
+        } else if constexpr (sizeof(T) == 4) {
             if ((d & 3) == 0 && (reinterpret_cast<unsigned long long>(X) & 15) == 0) {
                 const float4* const xv4 = reinterpret_cast<const float4*>(xr);
                 for (; j + 32 <= d; j += 32) {
@@ -476,7 +454,7 @@ __device__ __forceinline__ void finish_rows(const T* rbest, const int* ridx, i64
             }
         }
         for (; j < d; ++j) {
-            const T xv = xr[j];
+            const T xv = xval<T>(xr + j);
             xn = add_rn(xn, mul_rn(xv, xv));
         }
         store_point<T>(gx, bi, b, xn, weight_at(W, gx), labels_old, labels, min_sq, changed,

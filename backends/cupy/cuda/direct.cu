@@ -6,16 +6,18 @@
 //   labelled_sq_dist<T>: the distances themselves (cupy-chunked's min_sq_dist).
 //   relocation_keys<T>: the distance, or -1 for zero-weight points (never relocated): the
 //     keys `farthest` ranks when a cluster is empty.
+// X is read as XT (default T; xhalf: fp16 X, each value widened exactly to T by xval), the
+// centers and the arithmetic stay in T.
 #include "common.cuh"
 
-template <typename T>
-__device__ __forceinline__ T sq_diff(const T* __restrict__ x, const T* __restrict__ c, int j) {
-    const T df = sub_rn(x[j], c[j]);
+template <typename T, typename XT>
+__device__ __forceinline__ T sq_diff(const XT* __restrict__ x, const T* __restrict__ c, int j) {
+    const T df = sub_rn(xval<T>(x + j), c[j]);
     return mul_rn(df, df);
 }
 
-template <typename T>
-__device__ T pairwise_sq_dist(const T* __restrict__ x, const T* __restrict__ c, int n) {
+template <typename T, typename XT = T>
+__device__ T pairwise_sq_dist(const XT* __restrict__ x, const T* __restrict__ c, int n) {
     if (n < 8) {
         T res = (T)0;
         for (int i = 0; i < n; ++i) res = add_rn(res, sq_diff(x, c, i));
@@ -44,8 +46,8 @@ __device__ T pairwise_sq_dist(const T* __restrict__ x, const T* __restrict__ c, 
 // reads four rows at a time in 32-byte pieces: lane l keeps numpy's accumulator r[l]; the
 // combination ((r0+r1)+(r2+r3))+((r4+r5)+(r6+r7)) is three xor-shuffles (addition commutes,
 // so every lane ends with the same bits); the tail and n < 8 are summed by every lane alike.
-template <typename T>
-__device__ T pairwise_sq_dist_g8(const T* __restrict__ x, const T* __restrict__ c, int n,
+template <typename T, typename XT = T>
+__device__ T pairwise_sq_dist_g8(const XT* __restrict__ x, const T* __restrict__ c, int n,
                                  int lane8) {
     if (n < 8) {
         T res = (T)0;
@@ -71,8 +73,8 @@ __device__ T pairwise_sq_dist_g8(const T* __restrict__ x, const T* __restrict__ 
 // Every row's distance handed to emit(i, dist). For d >= 16 eight lanes share a row, below one
 // thread per row. Every lane of a warp runs the same iterations (the shuffles need the whole
 // warp); past-the-end rows compute on row n-1 and emit nothing.
-template <typename T, typename Emit>
-__device__ __forceinline__ void for_each_direct_sq_dist(const T* __restrict__ X,
+template <typename T, typename XT, typename Emit>
+__device__ __forceinline__ void for_each_direct_sq_dist(const XT* __restrict__ X,
                                                         const int* __restrict__ labels,
                                                         const T* __restrict__ C, i64 n, int d,
                                                         Emit emit) {
@@ -86,22 +88,22 @@ __device__ __forceinline__ void for_each_direct_sq_dist(const T* __restrict__ X,
         const i64 i = base + lane / G;
         const bool valid = i < n;
         const i64 r = valid ? i : n - 1;
-        const T* x = X + r * d;
+        const XT* x = X + r * d;
         const T* c = C + (i64)labels[r] * d;
-        const T dist = group ? pairwise_sq_dist_g8<T>(x, c, d, lane8)
-                             : pairwise_sq_dist<T>(x, c, d);
+        const T dist = group ? pairwise_sq_dist_g8<T, XT>(x, c, d, lane8)
+                             : pairwise_sq_dist<T, XT>(x, c, d);
         if (valid && (!group || lane8 == 0)) emit(i, dist);
     }
 }
 
-template <typename T>
+template <typename T, typename XT = T>
 __global__ void __launch_bounds__(BLOCK)
-direct_inertia(const T* __restrict__ X, const T* __restrict__ W, const int* __restrict__ labels,
+direct_inertia(const XT* __restrict__ X, const T* __restrict__ W, const int* __restrict__ labels,
                const T* __restrict__ C, i64 n, int d, double* __restrict__ partials,
                double* __restrict__ out, unsigned* __restrict__ done) {
     __shared__ double red[WARPS];
     double s = 0.0;
-    for_each_direct_sq_dist<T>(X, labels, C, n, d, [&](i64 i, T dist) {
+    for_each_direct_sq_dist<T, XT>(X, labels, C, n, d, [&](i64 i, T dist) {
         s += (double)dist * (double)weight_at(W, i);
     });
     const double tot = block_sum(s, red);
@@ -112,18 +114,18 @@ direct_inertia(const T* __restrict__ X, const T* __restrict__ W, const int* __re
     }
 }
 
-template <typename T>
+template <typename T, typename XT = T>
 __global__ void __launch_bounds__(BLOCK)
-labelled_sq_dist(const T* __restrict__ X, const int* __restrict__ labels,
+labelled_sq_dist(const XT* __restrict__ X, const int* __restrict__ labels,
                  const T* __restrict__ C, i64 n, int d, T* __restrict__ out) {
-    for_each_direct_sq_dist<T>(X, labels, C, n, d, [&](i64 i, T dist) { out[i] = dist; });
+    for_each_direct_sq_dist<T, XT>(X, labels, C, n, d, [&](i64 i, T dist) { out[i] = dist; });
 }
 
-template <typename T>
+template <typename T, typename XT = T>
 __global__ void __launch_bounds__(BLOCK)
-relocation_keys(const T* __restrict__ X, const T* __restrict__ W, const int* __restrict__ labels,
+relocation_keys(const XT* __restrict__ X, const T* __restrict__ W, const int* __restrict__ labels,
                 const T* __restrict__ C, i64 n, int d, T* __restrict__ keys) {
-    for_each_direct_sq_dist<T>(X, labels, C, n, d, [&](i64 i, T dist) {
+    for_each_direct_sq_dist<T, XT>(X, labels, C, n, d, [&](i64 i, T dist) {
         keys[i] = weight_at(W, i) > (T)0 ? dist : (T)-1;
     });
 }

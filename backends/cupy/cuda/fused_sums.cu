@@ -1,16 +1,17 @@
 // cupy-fused: per-cluster weighted sums and weights in 64-bit fixed point (two words per
 // value, scaled per feature by a power of two, fixed_point_scales in stats.cu), so that
 // atomics in any order give bit-identical sums; then finalize_sums turns them into float64.
-// Labels int32; W null: unit weights.
+// Labels int32; W null: unit weights. X is read as XT (default T; xhalf: fp16 X, widened
+// exactly by xval), so the sums of fp16 X are those of the same values in float.
 #include "common.cuh"
 
 // Shared-memory privatisation (k*(d+1) pairs of words per block), one point per thread,
 // warp aggregation when a warp's points share a cluster; one flush per block.
-template <typename T>
+template <typename T, typename XT = T>
 __global__ void __launch_bounds__(BLOCK)
-accumulate_shared(const T* __restrict__ X, const T* __restrict__ W, const int* __restrict__ labels,
-                  int n, int d, int k, u64* __restrict__ acc, const double* __restrict__ scale,
-                  double two_l, const bool* __restrict__ skip) {
+accumulate_shared(const XT* __restrict__ X, const T* __restrict__ W,
+                  const int* __restrict__ labels, int n, int d, int k, u64* __restrict__ acc,
+                  const double* __restrict__ scale, double two_l, const bool* __restrict__ skip) {
     if (skip != nullptr && *skip) return;  // an iteration the driver drops
     KMEANS_DYNAMIC_SMEM(unsigned char, smem);
     u64* sacc = reinterpret_cast<u64*>(smem);
@@ -29,7 +30,7 @@ accumulate_shared(const T* __restrict__ X, const T* __restrict__ W, const int* _
         u64* dst = sacc + (size_t)(lab < 0 ? 0 : lab) * (d + 1) * 2;
         for (int j = 0; j <= d; ++j) {
             double v = 0.0;
-            if (valid) v = j < d ? (double)X[i * d + j] * (double)w : (double)w;
+            if (valid) v = j < d ? (double)xval<T>(X + i * d + j) * (double)w : (double)w;
             i64 hi, lo;
             to_fixed(v, sscale[j], two_l, hi, lo);
             warp_add_pair(dst + 2 * j, hi, lo, same, active);
@@ -42,11 +43,11 @@ accumulate_shared(const T* __restrict__ X, const T* __restrict__ W, const int* _
 
 // Global atomics, one thread per (point, feature-or-weight) element, coalesced over X. Used
 // when k*(d+1) does not fit in shared memory; still bit-reproducible (integer atomics).
-template <typename T>
+template <typename T, typename XT = T>
 __global__ void __launch_bounds__(BLOCK)
-accumulate_global(const T* __restrict__ X, const T* __restrict__ W, const int* __restrict__ labels,
-                  int n, int d, u64* __restrict__ acc, const double* __restrict__ scale,
-                  double two_l, const bool* __restrict__ skip) {
+accumulate_global(const XT* __restrict__ X, const T* __restrict__ W,
+                  const int* __restrict__ labels, int n, int d, u64* __restrict__ acc,
+                  const double* __restrict__ scale, double two_l, const bool* __restrict__ skip) {
     if (skip != nullptr && *skip) return;  // an iteration the driver drops
     const i64 total = (i64)n * (d + 1);
     for (i64 e = (i64)blockIdx.x * BLOCK + threadIdx.x; e < total; e += (i64)gridDim.x * BLOCK) {
@@ -54,7 +55,7 @@ accumulate_global(const T* __restrict__ X, const T* __restrict__ W, const int* _
         const int j = (int)(e - i * (d + 1));
         const T w = weight_at(W, i);
         if (w == (T)0) continue;
-        const double v = j < d ? (double)X[i * d + j] * (double)w : (double)w;
+        const double v = j < d ? (double)xval<T>(X + i * d + j) * (double)w : (double)w;
         i64 hi, lo;
         to_fixed(v, scale[j], two_l, hi, lo);
         add_pair(acc + ((i64)labels[i] * (d + 1) + j) * 2, hi, lo);
@@ -181,7 +182,8 @@ __device__ __forceinline__ void flush_cluster(u64* acc, int c, int d, int g, boo
 }
 
 // V consecutive features of a row, one load (16 bytes when V > 1: the host passes V > 1 only
-// where d is a multiple of V and X is 16-byte aligned).
+// where d is a multiple of V and X is 16-byte aligned). T is X's storage type: 16 bytes are
+// 4 floats, 2 doubles or 8 xhalf.
 template <typename T, int V>
 struct __align__(V > 1 ? 16 : sizeof(T)) RowPiece { T v[V]; };
 
@@ -189,14 +191,14 @@ struct __align__(V > 1 ? 16 : sizeof(T)) RowPiece { T v[V]; };
 // threads a row (V features each; the first also the weight), BLOCK / that rows at a time,
 // each thread every R-th position, the next step's row indices loaded while this step's
 // features are. Features beyond one block's threads take further sweeps.
-template <typename T, int V>
+template <typename T, int V, typename XT = T>
 __global__ void __launch_bounds__(BLOCK)
-accumulate_sorted(const T* __restrict__ X, const T* __restrict__ W, const int* __restrict__ order,
-                  const int* __restrict__ starts, int n, int d, int k, int rows_per_block,
-                  u64* __restrict__ acc, const double* __restrict__ scale, double two_l,
-                  const bool* __restrict__ skip) {
+accumulate_sorted(const XT* __restrict__ X, const T* __restrict__ W,
+                  const int* __restrict__ order, const int* __restrict__ starts, int n, int d,
+                  int k, int rows_per_block, u64* __restrict__ acc,
+                  const double* __restrict__ scale, double two_l, const bool* __restrict__ skip) {
     if (skip != nullptr && *skip) return;
-    typedef RowPiece<T, V> Piece;
+    typedef RowPiece<XT, V> Piece;  // X as stored
     const int pieces = d / V;
     const int lanes = pieces < BLOCK ? pieces : BLOCK;
     const int R = BLOCK / lanes;
@@ -244,7 +246,7 @@ accumulate_sorted(const T* __restrict__ X, const T* __restrict__ W, const int* _
                     x[u] = reinterpret_cast<const Piece*>(X + (i64)row[u] * d)[g];
                 } else {
 #pragma unroll
-                    for (int v = 0; v < V; ++v) x[u].v[v] = (T)0;
+                    for (int v = 0; v < V; ++v) x[u].v[v] = XT{};  // zero bits: 0
                 }
                 w[u] = row[u] >= 0 ? weight_at(W, row[u]) : (T)0;
             }
@@ -267,7 +269,10 @@ accumulate_sorted(const T* __restrict__ X, const T* __restrict__ W, const int* _
                 if (feat) {
 #pragma unroll
                     for (int v = 0; v < V; ++v) {
-                        to_fixed((double)x[u].v[v] * (double)w[u], sj[v], two_l, fh, fl);
+                        // widened here, not at the load: fp16_value's branches there keep
+                        // the compiler from having the SORTED_UNROLL loads in flight at once
+                        const double xv = (double)xval<T>(x[u].v + v);
+                        to_fixed(xv * (double)w[u], sj[v], two_l, fh, fl);
                         h[v] += (u64)fh;
                         l[v] += (u64)fl;
                     }

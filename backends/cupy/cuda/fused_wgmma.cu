@@ -61,9 +61,13 @@ constexpr int WG_STAGES = 3;  // centers' stages: a column block loads two block
 // (layouts 5 and 6). AREG (a half format, half_kernel="registers"): each thread's A
 // fragments of its MT row tiles in registers for the whole pass, as SPLIT's, and shared
 // memory for the centers alone (A in shared memory, the products read it beside B's rows).
-template <int SPLIT, int MT, int BN, int NAT, bool VEC, int FMT = 0, bool AREG = false>
+// XT: X's storage, float or xhalf (fp16 X, with FMT 1 only: the fit's data stored in the
+// format it computes at); an fp16 16-byte chunk of X is the shared tile's chunk as it is, so
+// X's rows go to shared memory by cp.async (16-byte rows) with nothing to round.
+template <int SPLIT, int MT, int BN, int NAT, bool VEC, int FMT = 0, bool AREG = false,
+          typename XT = float>
 __global__ void __launch_bounds__(256, 1)
-assign_wgmma(const float* __restrict__ X, const float* __restrict__ W,
+assign_wgmma(const XT* __restrict__ X, const float* __restrict__ W,
              const float* __restrict__ ops, const float* __restrict__ cnorm, int n_rows, int d,
              int kpad, const int* __restrict__ labels_old, int* __restrict__ labels,
              float* __restrict__ min_sq, double* __restrict__ block_inertia,
@@ -75,6 +79,8 @@ assign_wgmma(const float* __restrict__ X, const float* __restrict__ W,
     static_assert(BN == 64 && (!SPLIT || MT == 1), "the tiles of fused_plan.wgmma_tile");
     static_assert(FMT == 0 || !SPLIT, "the split is of TF32 only");
     static_assert(!AREG || FMT != 0, "X's half fragments in registers: a half format only");
+    constexpr bool XH = sizeof(XT) == 2;   // fp16 X
+    static_assert(!XH || FMT == 1, "fp16 X computes in fp16");
     constexpr bool XSMEM = !SPLIT && !AREG;  // X's rows in shared memory (A by descriptor)
     constexpr int EB = FMT ? 2 : 4;        // bytes of an operand value in shared memory
     constexpr int EC = 16 / EB;            // values in a 16-byte chunk
@@ -119,8 +125,10 @@ assign_wgmma(const float* __restrict__ X, const float* __restrict__ W,
                                ok);
             }
     };
-    // TF32 with 16-byte rows: X's raw rows by cp.async, all in flight, a group of their own
-    constexpr bool XASYNC = !SPLIT && FMT == 0 && VEC && BM == 256;
+    // TF32 (or fp16 X) with 16-byte rows: X's raw rows by cp.async, all in flight, a group
+    // of their own
+    // (fp16 X up to two atoms, d <= 128: at three and four ptxas spilled)
+    constexpr bool XASYNC = !SPLIT && !AREG && (XH ? NAT <= 2 : FMT == 0) && VEC && BM == 256;
     if constexpr (XASYNC) {
 #pragma unroll
         for (int a = 0; a < nat; ++a) {
@@ -146,15 +154,15 @@ assign_wgmma(const float* __restrict__ X, const float* __restrict__ W,
     unsigned xb[SPLIT ? 4 * NAT : 1][4], xl[SPLIT ? 4 * NAT : 1][4];
     if constexpr (SPLIT) {
         const i64 ra = row0 + wgi * 64 + 16 * q + g, rb = ra + 8;
-        const float* const pa = X + (ra < n ? ra : 0) * d;
-        const float* const pb = X + (rb < n ? rb : 0) * d;
+        const XT* const pa = X + (ra < n ? ra : 0) * d;
+        const XT* const pb = X + (rb < n ? rb : 0) * d;
 #pragma unroll
         for (int s = 0; s < 4 * NAT; ++s)
 #pragma unroll
             for (int e = 0; e < 4; ++e) {  // a0..a3: (g, t), (g + 8, t), (g, t + 4), (g + 8, t + 4)
                 const int k = 8 * s + t + 4 * (e >> 1);
                 const bool ok = k < d && ((e & 1) ? rb < n : ra < n);
-                const float v = ok ? __ldg(((e & 1) ? pb : pa) + k) : 0.0f;
+                const float v = ok ? xval<float>(((e & 1) ? pb : pa) + k) : 0.0f;
                 const float big = tf32_rna(v);
                 xb[s][e] = __float_as_uint(big);
                 xl[s][e] = __float_as_uint(tf32_rna(__fsub_rn(v, big)));
@@ -168,23 +176,44 @@ assign_wgmma(const float* __restrict__ X, const float* __restrict__ W,
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
             const i64 ra = row0 + wgi * 64 * MT + mt * 64 + 16 * q + g, rb = ra + 8;
-            const float* const pa = X + (ra < n ? ra : 0) * d;
-            const float* const pb = X + (rb < n ? rb : 0) * d;
+            const XT* const pa = X + (ra < n ? ra : 0) * d;
+            const XT* const pb = X + (rb < n ? rb : 0) * d;
 #pragma unroll
             for (int s = 0; s < 4 * NAT; ++s)
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {  // rows g (+ 8 for odd e), k 2t (+ 8 from e = 2)
                     const int k = 16 * s + 2 * t + 8 * (e >> 1);
                     const bool row_ok = (e & 1) ? rb < n : ra < n;
-                    const float* const p = ((e & 1) ? pb : pa) + k;
-                    const float lo = row_ok && k < d ? __ldg(p) : 0.0f;
-                    const float hi = row_ok && k + 1 < d ? __ldg(p + 1) : 0.0f;
+                    const XT* const p = ((e & 1) ? pb : pa) + k;
+                    // (fp16 X: its value rounds back to its own bits)
+                    const float lo = row_ok && k < d ? xval<float>(p) : 0.0f;
+                    const float hi = row_ok && k + 1 < d ? xval<float>(p + 1) : 0.0f;
                     xh[mt][s][e] = half2_bits<FMT>(lo, hi);
                 }
         }
     }
     float xn_own = -1.0f;  // XASYNC: ||x||^2 of row tid, in feature order (finish_rows')
-    if constexpr (XASYNC) {
+    if constexpr (XASYNC && XH) {
+        cp_async_wait<2>();
+        __syncthreads();
+        // fp16: the chunks are the operands already; row tid's norm from its 8 values each
+        float s = 0.0f;
+#pragma unroll
+        for (int a = 0; a < nat; ++a)
+#pragma unroll
+            for (int c = 0; c < 8; ++c) {
+                const uint4 v = *reinterpret_cast<const uint4*>(xs + a * BM * 32 + tid * 32 +
+                                                               ((c ^ (tid & 7)) << 2));
+                const unsigned w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+                for (int u = 0; u < 4; ++u) {
+                    const float lo = fp16_value(w[u] & 0xffffu), hi = fp16_value(w[u] >> 16);
+                    s = __fadd_rn(s, __fmul_rn(lo, lo));
+                    s = __fadd_rn(s, __fmul_rn(hi, hi));
+                }
+            }
+        xn_own = s;
+    } else if constexpr (XASYNC) {
         cp_async_wait<2>();  // X's group (the centers' two may still be in flight)
         __syncthreads();
         // row tid's chunks in feature order: its norm from the raw values, then TF32 in place
@@ -212,14 +241,30 @@ assign_wgmma(const float* __restrict__ X, const float* __restrict__ W,
 #pragma unroll 4
         for (int i = 0; i < BM / 32; ++i) {
             const i64 gx = row0 + r0 + 32 * i;
-            const float* const xr = X + (gx < n ? gx : 0) * d;
+            const XT* const xr = X + (gx < n ? gx : 0) * d;
+            uint4 f;
+            if constexpr (XH) {   // fp16 X: its 8 values' bits, zeros past n and d
+                const int cnt = gx < n ? max(0, min(8, d - k)) : 0;
+                if constexpr (VEC) {   // (cnt 0 or 8: d a multiple of 8)
+                    f.x = f.y = f.z = f.w = 0u;
+                    if (cnt) f = __ldg(reinterpret_cast<const uint4*>(xr + k));
+                } else {
+                    unsigned h[8];
+#pragma unroll
+                    for (int u = 0; u < 8; ++u) h[u] = u < cnt ? xr[k + u].bits : 0u;
+                    f.x = h[0] | (h[1] << 16); f.y = h[2] | (h[3] << 16);
+                    f.z = h[4] | (h[5] << 16); f.w = h[6] | (h[7] << 16);
+                }
+                *reinterpret_cast<uint4*>(xs + a * BM * 32 + i * 32 * 32 + sw) = f;
+                continue;
+            }
             float v[2][4];
 #pragma unroll
             for (int h = 0; h < EC / 4; ++h) {
                 const int cnt = gx < n ? max(0, min(4, d - k - 4 * h)) : 0;
-                ldg_vec<float, VEC>(xr + (cnt > 0 ? k + 4 * h : 0), cnt, v[h]);
+                ldg_vec<float, VEC>(reinterpret_cast<const float*>(xr) + (cnt > 0 ? k + 4 * h : 0),
+                                    cnt, v[h]);
             }
-            uint4 f;
             if constexpr (FMT == 0) {
                 f.x = __float_as_uint(tf32_rna(v[0][0])); f.y = __float_as_uint(tf32_rna(v[0][1]));
                 f.z = __float_as_uint(tf32_rna(v[0][2])); f.w = __float_as_uint(tf32_rna(v[0][3]));

@@ -8,16 +8,17 @@
 //     totals for the next draw.
 // X is read centered (x - mean, rounded in T, as the centered copy holds it; mean null: X as
 // it is). Distances are direct differences summed feature by feature from 0 in T (the xp
-// steps' rounding for d <= 4). Weights are float64 (null: unit weights).
+// steps' rounding for d <= 4). Weights are float64 (null: unit weights). X is read as XT
+// (default T; xhalf: fp16 X, each value widened exactly to T by xval before centering).
 #include "common.cuh"
 
 // candidates per center at most (2 + int(ln k) for k up to 1.2e6); the host checks it
 constexpr int SEED_MAX_TRIALS = 16;
 
-template <typename T>
-__device__ __forceinline__ T centered_at(const T* __restrict__ X, const T* __restrict__ mean,
+template <typename T, typename XT>
+__device__ __forceinline__ T centered_at(const XT* __restrict__ X, const T* __restrict__ mean,
                                          i64 row, int d, int j) {
-    const T x = X[row * d + j];
+    const T x = xval<T>(X + row * d + j);
     return mean ? sub_rn(x, mean[j]) : x;
 }
 
@@ -116,9 +117,9 @@ seeding_draw(const double* __restrict__ values, i64 n, i64 seg,
 // The potential of each candidate (fixed order: per thread, per block, then the last block
 // over the blocks), then chosen[0] = cand[best] and *best = the first candidate of least
 // potential. Dynamic shared memory: trials * d values of T (the centered candidates).
-template <typename T>
+template <typename T, typename XT = T>
 __global__ void __launch_bounds__(BLOCK)
-seeding_potentials(const T* __restrict__ X, const T* __restrict__ mean,
+seeding_potentials(const XT* __restrict__ X, const T* __restrict__ mean,
                    const T* __restrict__ closest, const double* __restrict__ w, i64 n, int d,
                    const i64* __restrict__ cand, int trials, double* __restrict__ partials,
                    unsigned* __restrict__ done, i64* __restrict__ chosen,
@@ -128,7 +129,7 @@ seeding_potentials(const T* __restrict__ X, const T* __restrict__ mean,
     __shared__ double red[WARPS];
     __shared__ double pots[SEED_MAX_TRIALS];
     for (int e = threadIdx.x; e < trials * d; e += BLOCK)
-        P[e] = centered_at(X, mean, cand[e / d], d, e % d);
+        P[e] = centered_at<T, XT>(X, mean, cand[e / d], d, e % d);
     __syncthreads();
     double acc[SEED_MAX_TRIALS];
 #pragma unroll
@@ -138,7 +139,7 @@ seeding_potentials(const T* __restrict__ X, const T* __restrict__ mean,
 #pragma unroll
         for (int t = 0; t < SEED_MAX_TRIALS; ++t) s[t] = (T)0;
         for (int j = 0; j < d; ++j) {
-            const T x = centered_at(X, mean, i, d, j);
+            const T x = centered_at<T, XT>(X, mean, i, d, j);
 #pragma unroll
             for (int t = 0; t < SEED_MAX_TRIALS; ++t) {
                 if (t < trials) {
@@ -184,9 +185,9 @@ seeding_potentials(const T* __restrict__ X, const T* __restrict__ mean,
 // closest[i] = ||x_i - p||^2), values[i] = w * closest[i] in float64 (what the next draw
 // searches), and seg_total[b] = the sum of block b's segment of `seg` rows of values (fixed
 // order). Dynamic shared memory: d values of T.
-template <typename T>
+template <typename T, typename XT = T>
 __global__ void __launch_bounds__(BLOCK)
-seeding_update(const T* __restrict__ X, const T* __restrict__ mean, const double* __restrict__ w,
+seeding_update(const XT* __restrict__ X, const T* __restrict__ mean, const double* __restrict__ w,
                i64 n, int d, i64 seg, const i64* __restrict__ chosen, int first,
                T* __restrict__ closest, double* __restrict__ values,
                double* __restrict__ seg_total) {
@@ -194,7 +195,7 @@ seeding_update(const T* __restrict__ X, const T* __restrict__ mean, const double
     T* p = reinterpret_cast<T*>(smem);
     __shared__ double red[WARPS];
     const i64 row = chosen[0];
-    for (int j = threadIdx.x; j < d; j += BLOCK) p[j] = centered_at(X, mean, row, d, j);
+    for (int j = threadIdx.x; j < d; j += BLOCK) p[j] = centered_at<T, XT>(X, mean, row, d, j);
     __syncthreads();
     const i64 start = (i64)blockIdx.x * seg;
     const i64 end = start + seg < n ? start + seg : n;
@@ -202,7 +203,7 @@ seeding_update(const T* __restrict__ X, const T* __restrict__ mean, const double
     for (i64 i = start + threadIdx.x; i < end; i += BLOCK) {
         T s = (T)0;
         for (int j = 0; j < d; ++j) {
-            const T df = sub_rn(centered_at(X, mean, i, d, j), p[j]);
+            const T df = sub_rn(centered_at<T, XT>(X, mean, i, d, j), p[j]);
             s = add_rn(s, mul_rn(df, df));
         }
         const T c = first ? s : (s < closest[i] ? s : closest[i]);

@@ -8,6 +8,8 @@
 //   column_absmax<T> + fixed_point_scales: cupy-fused's fixed-point scales, on the device.
 //   column_moments<T>: host streaming's one-pass column sums and squares about a shift.
 //   count_labels: points per cluster (integer atomics: exact in any order).
+// column_absmax and column_moments read X as XT (default T; xhalf: fp16 X, widened exactly
+// by xval), their arithmetic still in T and float64.
 #include "common.cuh"
 
 template <typename T>
@@ -62,16 +64,16 @@ store_labels(const int* __restrict__ labels, const S* __restrict__ old, S* __res
 
 // max |x_j| per feature as float64 bits (non-negative doubles order like their bits). The
 // stride over the flattened X is a multiple of d, so each thread keeps one feature.
-template <typename T>
+template <typename T, typename XT = T>
 __global__ void __launch_bounds__(BLOCK)
-column_absmax(const T* __restrict__ X, i64 total, int d, u64* __restrict__ out) {
+column_absmax(const XT* __restrict__ X, i64 total, int d, u64* __restrict__ out) {
     const i64 tid = (i64)blockIdx.x * BLOCK + threadIdx.x;
     const i64 threads = (i64)gridDim.x * BLOCK;
     const i64 stride = threads / d * d;  // the host launches at least d threads
     if (tid >= stride) return;
     double m = 0.0;
     for (i64 e = tid; e < total; e += stride) {
-        const double v = fabs((double)X[e]);
+        const double v = fabs((double)xval<T>(X + e));
         if (v > m) m = v;
     }
     if (m > 0.0) atomicMax(out + tid % d, (u64)__double_as_longlong(m));
@@ -103,9 +105,9 @@ __global__ void fixed_point_scales(const u64* __restrict__ absmax_bits,
 // (the host adds the partials in a fixed order). A batch of problems along the grid's y:
 // problem y's `total` values start problem_stride values after problem y - 1's, its shift
 // d values and its partials `stride` values after y - 1's.
-template <typename T>
+template <typename T, typename XT = T>
 __global__ void __launch_bounds__(BLOCK)
-column_moments(const T* __restrict__ X, i64 total, int d, const double* __restrict__ shift,
+column_moments(const XT* __restrict__ X, i64 total, int d, const double* __restrict__ shift,
                double* __restrict__ part_sum, double* __restrict__ part_sq,
                i64 problem_stride) {
     const i64 tid = (i64)blockIdx.x * BLOCK + threadIdx.x;
@@ -123,8 +125,16 @@ column_moments(const T* __restrict__ X, i64 total, int d, const double* __restri
     // and centering, took 12.0 ms on an H100 with one load in flight, 8.2 with four)
     for (; e + 7 * stride < total; e += 8 * stride) {
         double v[8];
+        if constexpr (sizeof(XT) < sizeof(T)) {
+            XT r[8];  // fp16: all eight loaded before fp16_value's branches (else one by one)
 #pragma unroll
-        for (int u = 0; u < 8; ++u) v[u] = (double)X[e + u * stride];
+            for (int u = 0; u < 8; ++u) r[u] = X[e + u * stride];
+#pragma unroll
+            for (int u = 0; u < 8; ++u) v[u] = (double)xval<T>(r + u);
+        } else {
+#pragma unroll
+            for (int u = 0; u < 8; ++u) v[u] = (double)xval<T>(X + e + u * stride);
+        }
 #pragma unroll
         for (int u = 0; u < 8; ++u) {
             a += v[u];
@@ -132,7 +142,7 @@ column_moments(const T* __restrict__ X, i64 total, int d, const double* __restri
         }
     }
     for (; e < total; e += stride) {
-        const double v = (double)X[e];
+        const double v = (double)xval<T>(X + e);
         a += v;
         q += (v - s) * (v - s);
     }

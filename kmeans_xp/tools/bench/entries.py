@@ -37,6 +37,11 @@ class BackendEntry(Entry):
         base, self.options = split_options(spec)
         # (the estimator's precision, not a backend option; "fp32" is the old name of exact)
         self.precision = str(self.options.pop("precision", "exact")).replace("fp32", "exact")
+        # "name[input=float16]": X as the user hands it, in that dtype (an embedding
+        # model's fp16 output), converted before the copy in (not a backend option)
+        self.input = self.options.pop("input", None)
+        if self.input not in (None, "float16"):
+            raise ValueError(f"{spec}: input={self.input!r}; the row takes input=float16")
         self.backend_name, _, self.namespace = base.partition("@")
         self.w = w
         from kmeans_xp.contract.registry import list_backends
@@ -82,6 +87,8 @@ class BackendEntry(Entry):
         return contextlib.nullcontext()
 
     def to_input(self, X):
+        if self.input is not None:
+            X = X.astype(self.input)
         if self.backend_name == AUTO:
             return X
         if self.namespace:

@@ -1,0 +1,361 @@
+"""The CuPy backends' kernels that read X, run on the CPU (tests/_cuda_emulator.py) with X
+stored as fp16 (`const xhalf*`, cuda/common.cuh): the `<float, ..., xhalf>` instance on a
+float16 array gives bit for bit what the `<float>` instance gives on the same values as
+float32, since every fp16 value widens exactly to float and the arithmetic stays in float and
+float64. Data of mixed signs and magnitudes (fp16 subnormals, values near fp16's largest),
+n a multiple of no block, d a multiple of 8 (accumulate_sorted's 16-byte pieces of 8 halves)
+and not. The widening itself is checked on all 65536 bit patterns, directly and through a
+kernel. Skipped without g++.
+"""
+import ctypes
+import subprocess
+
+import numpy as np
+import pytest
+from kmeans_xp_backends.cupy import common
+from kmeans_xp_backends.cupy.common import BLOCK, NULL
+
+from tests._cuda_emulator import HEADER, EmulatedKernels
+
+pytestmark = pytest.mark.skipif(not EmulatedKernels.available(), reason="needs g++")
+
+F16, F32 = np.dtype(np.float16), np.dtype(np.float32)
+#: d: below 16 (one thread a row in direct.cu), multiples of 8 and 16, and neither
+DIMS = [3, 16, 37]
+N = 1061  # not a multiple of BLOCK, of 8 or of any grid's threads
+
+
+@pytest.fixture(scope="module")
+def emu():
+    return EmulatedKernels()
+
+
+def _half_data(n, d, seed):
+    """(X16, X32): float16 data and its exact float32 copy. Per column a different offset
+    and spread (magnitudes from 1e-3 to 3e3, both signs), plus fp16 subnormals (3e-6, the
+    smallest 6e-8), zeros of both signs and values near fp16's largest."""
+    rng = np.random.default_rng(seed)
+    mag = 10.0 ** rng.uniform(-3, 3.4, (n, d))
+    X = np.where(rng.random((n, d)) < 0.4, -mag, mag) + np.linspace(-50, 80, d)
+    special = np.array([3e-6, -3e-6, 6e-8, -6e-8, 0.0, -0.0, 3000.0, -3000.0, 60000.0,
+                        -65504.0, 1.0009765625, 2.0 ** -14])
+    at = rng.random((n, d)) < 0.08
+    X[at] = rng.choice(special, int(at.sum()))
+    X16 = np.ascontiguousarray(X.astype(F16))
+    assert np.all(np.isfinite(X16))
+    assert np.any((X16 != 0) & (np.abs(X16) < np.float16(2.0 ** -14)))  # subnormals in
+    return X16, X16.astype(F32)
+
+
+def _aligned(a, align=16):
+    """a's copy at an `align`-byte boundary (accumulate_sorted's 16-byte loads)."""
+    if a.ctypes.data % align == 0:
+        return a
+    buf = np.empty(a.nbytes + align, dtype=np.uint8)
+    off = (-buf.ctypes.data) % align
+    out = buf[off:off + a.nbytes].view(a.dtype).reshape(a.shape)
+    out[...] = a
+    return out
+
+
+def _bits(a):
+    return np.ascontiguousarray(a).view(np.uint8)
+
+
+def _same(a, b, what=""):
+    """The same bits (so -0 differs from +0, and NaN must match NaN)."""
+    assert a.dtype == b.dtype and a.shape == b.shape, what
+    assert np.array_equal(_bits(a), _bits(b)), f"{what}: {a.ravel()[:8]} vs {b.ravel()[:8]}"
+
+
+def _both(X16, X32):
+    """(X, the type list's X part) of the half and float launches."""
+    return ((X16, "float,xhalf"), (X32, "float"))
+
+
+def _weights(n, seed, zeros=True):
+    w = np.random.default_rng(seed).uniform(0.25, 3.0, n).astype(F32)
+    if zeros:
+        w[::9] = 0
+    return w
+
+
+def _labels(n, k, seed):
+    return np.random.default_rng(seed).integers(0, k, n).astype(np.int32)
+
+
+# ---------------------------------------------------------------------------------------------
+# the widening
+# ---------------------------------------------------------------------------------------------
+def test_every_fp16_bit_pattern_widens_to_numpys_float32(tmp_path):
+    """xval<float>(const xhalf*) (fp16_value) on every one of the 65536 patterns, compiled as
+    the emulator compiles the kernels: finite ones give exactly np.float16's value as float32
+    (same bits: -0 stays -0, subnormals exact), infinities stay infinities, NaNs NaNs."""
+    src = tmp_path / "widen.cpp"
+    src.write_text(HEADER + common.source("common.cuh") + r"""
+extern "C" void widen(const unsigned short* h, float* out, int n) {
+    for (int i = 0; i < n; ++i) out[i] = xval<float>(reinterpret_cast<const xhalf*>(h) + i);
+}
+""")
+    lib = tmp_path / "widen.so"
+    proc = subprocess.run(["g++", "-std=c++20", "-O1", "-ffp-contract=off", "-fPIC", "-shared",
+                           "-w", "-o", str(lib), str(src)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    bits = np.arange(1 << 16, dtype=np.uint16)
+    out = np.full(1 << 16, np.nan, dtype=F32)
+    ctypes.CDLL(str(lib)).widen(ctypes.c_void_p(bits.ctypes.data),
+                                ctypes.c_void_p(out.ctypes.data), ctypes.c_int(1 << 16))
+    ref = bits.view(F16).astype(F32)
+    finite = np.isfinite(bits.view(F16))
+    assert finite.sum() == 65536 - 2 * 1024  # (exponent 31: 2 infinities, 2046 NaNs)
+    _same(out[finite], ref[finite], "finite fp16")
+    inf = np.isinf(bits.view(F16))
+    _same(out[inf], ref[inf], "infinities")
+    nan = np.isnan(bits.view(F16))
+    assert np.all(np.isnan(out[nan]))
+    assert np.array_equal(np.signbit(out[nan]), bits[nan] >= 0x8000)
+
+
+def test_every_finite_fp16_value_through_column_moments(emu):
+    """The widening as a kernel does it: column_moments<float,xhalf> over a (8, m) X of all m
+    finite fp16 values, column j's value in row j % 8 (each of the eight loads in flight
+    carries values), the other rows +0. Per column the float64 sum is the value (+0 for -0)
+    and the sum of squares its square (exact: 22 significant bits); column_absmax its |x|."""
+    bits = np.arange(1 << 16, dtype=np.uint16)
+    vals = bits.view(F16)[np.isfinite(bits.view(F16))]
+    m = vals.size
+    assert m % BLOCK == 0
+    X16 = np.zeros((8, m), dtype=F16)
+    X16[np.arange(m) % 8, np.arange(m)] = vals
+    grid = m // BLOCK  # the stride is m: one pass of the unrolled loop a thread
+    part_sum, part_sq = np.full(m, np.nan), np.full(m, np.nan)
+    emu.launch("stats.cu", "column_moments<float,xhalf>", grid,
+               (X16, np.int64(X16.size), np.int32(m), NULL, part_sum, part_sq, np.int64(0)))
+    v64 = vals.astype(np.float64)
+    _same(part_sum, v64 + 0.0, "sums")
+    _same(part_sq, v64 * v64, "squares")
+    out = np.zeros(m, dtype=np.uint64)
+    emu.launch("stats.cu", "column_absmax<float,xhalf>", grid,
+               (X16, np.int64(X16.size), np.int32(m), out))
+    _same(out.view(np.float64), np.abs(v64), "absmax")
+
+
+def test_a_const_xhalf_parameter_takes_float16_arrays_only(emu):
+    """The emulator's launch check: float16 values (or their uint16 bits) or null for a
+    `const xhalf*`; a float32 array there is the bug it catches."""
+    X16, X32 = _half_data(40, 3, seed=1)
+    out = np.zeros(3, dtype=np.uint64)
+    args = (np.int64(X16.size), np.int32(3), out)
+    emu.launch("stats.cu", "column_absmax<float,xhalf>", 1, (X16.view(np.uint16), *args))
+    _same(out.view(np.float64), np.abs(X32).max(axis=0).astype(np.float64))
+    with pytest.raises(TypeError, match="xhalf"):
+        emu.launch("stats.cu", "column_absmax<float,xhalf>", 1, (X32, *args))
+    emu.launch("stats.cu", "column_absmax<float>", 1, (X32, *args))  # (float: as before)
+
+
+# ---------------------------------------------------------------------------------------------
+# stats.cu
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("d", DIMS)
+def test_column_absmax_and_moments_read_half_x(emu, d):
+    """column_absmax, and column_moments for a batch of two problems along the grid's y
+    (with a shift and without), at a stride that leaves both the eight-load loop and the
+    tail something to do."""
+    X16, X32 = _half_data(2 * N, d, seed=d)
+    grid = 1
+    stride = grid * BLOCK // d * d
+    outs = {}
+    for X, t in _both(X16, X32):
+        absmax = np.zeros(d, dtype=np.uint64)
+        emu.launch("stats.cu", f"column_absmax<{t}>", grid,
+                   (X, np.int64(X.size), np.int32(d), absmax))
+        res = [absmax]
+        shift = np.random.default_rng(d).normal(0, 5, 2 * d)
+        for sh in (shift, NULL):
+            ps, pq = np.full(2 * stride, np.nan), np.full(2 * stride, np.nan)
+            emu.launch("stats.cu", f"column_moments<{t}>", (grid, 2),
+                       (X, np.int64(N * d), np.int32(d), sh, ps, pq, np.int64(N * d)))
+            res += [ps, pq]
+        outs[t] = res
+    for a, b in zip(outs["float,xhalf"], outs["float"]):
+        _same(a, b, f"d={d}")
+    assert N * d > 8 * stride and (N * d) % (8 * stride)  # (both loops ran)
+    ref = np.abs(X32[:N].astype(np.float64)).max(axis=0)
+    np.testing.assert_array_equal(outs["float"][0].view(np.float64), ref)
+
+
+# ---------------------------------------------------------------------------------------------
+# fused_sums.cu
+# ---------------------------------------------------------------------------------------------
+def _fixed_point(X32, w, n):
+    """The fixed-point scales (fixed_point_scales' rule: 2^(61 - e) with max|x_j| * total
+    weight below 2^e) and 2^L (fused_plan.fixed_point_lo)."""
+    wt = float(np.sum(w, dtype=np.float64)) if w is not None else float(n)
+    bound = np.append(np.abs(X32.astype(np.float64)).max(axis=0) * wt, wt)
+    scale = np.ldexp(1.0, np.clip(61 - np.frexp(bound)[1], -1000, 1000))
+    scale[bound == 0] = 1.0
+    return scale, np.float64(2.0 ** max(1, 63 - int(n).bit_length()))
+
+
+@pytest.mark.parametrize("d", DIMS)
+@pytest.mark.parametrize("weighted", [True, False])
+def test_shared_and_global_sums_read_half_x(emu, d, weighted):
+    """accumulate_shared (one point a thread, warps of one cluster summed first: the first
+    rows share a label) and accumulate_global (one thread an element), zero weights among
+    the points: the fixed-point words of float32 X, and the same in both modes."""
+    k = 7
+    X16, X32 = _half_data(N, d, seed=10 + d)
+    w = _weights(N, d) if weighted else None
+    labels = _labels(N, k, d)
+    labels[:96] = 3
+    scale, two_l = _fixed_point(X32, w, N)
+    W = NULL if w is None else w
+    got = {}
+    for X, t in _both(X16, X32):
+        shared = np.zeros(k * (d + 1) * 2, dtype=np.uint64)
+        emu.launch("fused_sums.cu", f"accumulate_shared<{t}>", 3,
+                   (X, W, labels, np.int32(N), np.int32(d), np.int32(k), shared, scale, two_l,
+                    NULL), smem=k * (d + 1) * 16 + (d + 1) * 8)
+        glob = np.zeros_like(shared)
+        emu.launch("fused_sums.cu", f"accumulate_global<{t}>", 5,
+                   (X, W, labels, np.int32(N), np.int32(d), glob, scale, two_l, NULL))
+        got[t] = shared, glob
+    for a, b in zip(got["float,xhalf"], got["float"]):
+        _same(a, b, f"d={d}")
+    _same(got["float"][0], got["float"][1], "shared vs global")
+    assert np.count_nonzero(got["float"][0]) > k * d  # (the sums are not trivially zero)
+
+
+def _sorted_sums(emu, name, X, w, labels, k, scale, two_l, rows):
+    n, d = X.shape
+    order = np.argsort(labels, kind="stable").astype(np.int32)
+    starts = np.concatenate([[0], np.cumsum(np.bincount(labels, minlength=k))]).astype(np.int32)
+    acc = np.zeros(k * (d + 1) * 2, dtype=np.uint64)
+    emu.launch("fused_sums.cu", name, -(-n // rows),
+               (X, NULL if w is None else w, order, starts, np.int32(n), np.int32(d),
+                np.int32(k), np.int32(rows), acc, scale, two_l, NULL))
+    return acc
+
+
+@pytest.mark.parametrize("d,n,rows", [(3, N, 7), (16, N, 64), (37, N, 40), (24, 301, 9),
+                                      (2056, 23, 5), (517, 31, 4)])
+def test_sorted_sums_read_half_x_in_pieces_of_eight(emu, d, n, rows):
+    """accumulate_sorted<float,8,xhalf> (16-byte pieces of 8 halves, where d % 8 == 0) and
+    <float,1,xhalf> give the words of <float,1> and <float,4> on float32 X, and of
+    accumulate_shared: clusters over several blocks and blocks of several clusters, an
+    empty cluster, zero weights, and rows wider than a block's threads (d = 2056: 257 pieces
+    of 8; d = 517: 517 features one at a time)."""
+    k = 11
+    X16, X32 = _half_data(n, d, seed=d)
+    X16 = _aligned(X16)
+    w = _weights(n, d)
+    labels = _labels(n, k, d)
+    labels[labels == 5] = 4  # cluster 5 empty
+    scale, two_l = _fixed_point(X32, w, n)
+    names = {"accumulate_sorted<float,1,xhalf>": X16, "accumulate_sorted<float,1>": X32}
+    if d % 8 == 0:
+        names["accumulate_sorted<float,8,xhalf>"] = X16
+    if d % 4 == 0:
+        names["accumulate_sorted<float,4>"] = X32
+    got = {name: _sorted_sums(emu, name, X, w, labels, k, scale, two_l, rows)
+           for name, X in names.items()}
+    ref = got["accumulate_sorted<float,1>"]
+    for name, acc in got.items():
+        _same(acc, ref, name)
+    shared = np.zeros_like(ref)
+    emu.launch("fused_sums.cu", "accumulate_shared<float,xhalf>", 2,
+               (X16, w, labels, np.int32(n), np.int32(d), np.int32(k), shared, scale, two_l,
+                NULL), smem=k * (d + 1) * 16 + (d + 1) * 8)
+    _same(shared, ref, "shared")
+    assert not ref.reshape(k, d + 1, 2)[5].any() and ref.reshape(k, d + 1, 2)[4].any()
+
+
+# ---------------------------------------------------------------------------------------------
+# direct.cu
+# ---------------------------------------------------------------------------------------------
+def _reduce(emu, name, args, grid):
+    partials = np.zeros(grid)
+    out = np.full(1, np.nan)
+    done = np.zeros(1, dtype=np.uint32)
+    emu.launch("direct.cu", name, grid, (*args, partials, out, done))
+    assert done[0] == 0
+    return out
+
+
+@pytest.mark.parametrize("d", DIMS + [130])
+def test_direct_distances_read_half_x(emu, d):
+    """labelled_sq_dist, relocation_keys (-1 for zero weights) and direct_inertia (weighted
+    and not): one thread a row below d = 16, eight lanes a row from 16 on, numpy's pairwise
+    halving past 128 features; float32 centers. The bits of float32 X's."""
+    k = 9
+    X16, X32 = _half_data(N, d, seed=20 + d)
+    C = (X32[:k] + np.random.default_rng(d).normal(0, 0.3, (k, d))).astype(F32)
+    labels = _labels(N, k, d)
+    w = _weights(N, d)
+    args = (np.int64(N), np.int32(d))
+    got = {}
+    for X, t in _both(X16, X32):
+        dist = np.full(N, np.nan, dtype=F32)
+        emu.launch("direct.cu", f"labelled_sq_dist<{t}>", 3, (X, labels, C, *args, dist))
+        keys = np.full(N, np.nan, dtype=F32)
+        emu.launch("direct.cu", f"relocation_keys<{t}>", 2, (X, w, labels, C, *args, keys))
+        inertia = [_reduce(emu, f"direct_inertia<{t}>", (X, W, labels, C, *args), 3)
+                   for W in (w, NULL)]
+        got[t] = [dist, keys, *inertia]
+    for a, b in zip(got["float,xhalf"], got["float"]):
+        _same(a, b, f"d={d}")
+    dist, keys = got["float"][:2]
+    np.testing.assert_array_equal(dist, np.sum((X32 - C[labels]) ** 2, axis=1))
+    np.testing.assert_array_equal(keys, np.where(w > 0, dist, np.float32(-1)))
+
+
+# ---------------------------------------------------------------------------------------------
+# seeding.cu
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("d", DIMS)
+@pytest.mark.parametrize("centered", [False, True])
+@pytest.mark.parametrize("weighted", [True, False])
+def test_seeding_steps_read_half_x(emu, d, centered, weighted):
+    """seeding_update (first center, then a second: the running minimum) and
+    seeding_potentials (several candidates, the best chosen), X as it is or centered on the
+    fly (x - mean in float), float64 weights or none: closest, values, segment totals,
+    partials and the choice of float32 X's."""
+    n, seg, grid, trials = N, 256, 3, 5
+    segments = -(-n // seg)
+    X16, X32 = _half_data(n, d, seed=30 + d)
+    mean = X32.mean(axis=0).astype(F32) if centered else NULL
+    w = np.random.default_rng(d).uniform(0.2, 3.0, n) if weighted else NULL
+    cand = np.array([5, 1000, 77, 5, 1060], dtype=np.int64)
+    got = {}
+    for X, t in _both(X16, X32):
+        closest = np.full(n, np.nan, dtype=F32)
+        values = np.full(n, np.nan)
+        seg_total = np.full(segments, np.nan)
+        res = []
+        for first, row in ((1, 17), (0, 640)):
+            emu.launch("seeding.cu", f"seeding_update<{t}>", segments,
+                       (X, mean, w, np.int64(n), np.int32(d), np.int64(seg),
+                        np.array([row], dtype=np.int64), np.int32(first), closest, values,
+                        seg_total), smem=d * 4)
+            res += [closest.copy(), values.copy(), seg_total.copy()]
+        partials = np.full(grid * trials, np.nan)
+        chosen = np.full(1, -1, dtype=np.int64)
+        best = np.full(1, -1, dtype=np.int32)
+        done = np.zeros(1, dtype=np.uint32)
+        emu.launch("seeding.cu", f"seeding_potentials<{t}>", grid,
+                   (X, mean, closest, w, np.int64(n), np.int32(d), cand, np.int32(trials),
+                    partials, done, chosen, best), smem=trials * d * 4)
+        assert done[0] == 0
+        got[t] = res + [partials, chosen, best]
+    for a, b in zip(got["float,xhalf"], got["float"]):
+        _same(a, b, f"d={d}")
+    closest = got["float"][3]
+    Xc = X32 - mean if centered else X32
+    ref = np.zeros(n, dtype=F32)
+    for j in range(d):  # the kernel's sum: feature by feature from 0, in float
+        ref = ref + (Xc[:, j] - Xc[17, j]) ** 2
+    ref2 = np.zeros(n, dtype=F32)
+    for j in range(d):
+        ref2 = ref2 + (Xc[:, j] - Xc[640, j]) ** 2
+    np.testing.assert_array_equal(closest, np.minimum(ref, ref2))
+    assert got["float"][-2][0] == cand[got["float"][-1][0]]

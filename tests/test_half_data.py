@@ -1,0 +1,137 @@
+"""precision="fp16" on cupy-fused computes on float16 data (`KMeansBackend.half_data`): X
+given in float16 stays float16 on the device, and a float32 X is centered into a float16
+copy, so the fit reads X at half the bytes and holds half the memory of a float32 copy;
+centers, sums, weights and inertia stay float32/float64. Run on the CPU through the NumPy
+stand-in for CuPy and the kernel emulator on a Hopper GPU's facts (the wgmma kernel, which
+fp16 needs). Skipped without g++."""
+import warnings
+
+import numpy as np
+import pytest
+from kmeans_xp_backends.cupy import fused_plan
+from kmeans_xp_backends.cupy import workspace as ws_module
+
+from kmeans_xp import KMeans
+from kmeans_xp.contract.precision import inertia_gap_bound
+from kmeans_xp.testing import asymmetric_data
+from tests._cuda_emulator import EmulatedKernels
+
+pytestmark = pytest.mark.skipif(not EmulatedKernels.available(), reason="needs g++")
+
+HOPPER = fused_plan.DeviceFacts(2, 227 * 1024, 228 * 1024, 90)
+
+
+@pytest.fixture
+def hopper(emulated_cupy, monkeypatch):
+    monkeypatch.setattr(fused_plan, "device_facts", lambda device_id: HOPPER)
+    seen = []
+    real = ws_module.Workspace.__init__
+
+    def spy(self, cp, plan, X, *args, **kwargs):
+        seen.append((str(X.dtype), plan.path))
+        real(self, cp, plan, X, *args, **kwargs)
+
+    monkeypatch.setattr(ws_module.Workspace, "__init__", spy)
+    emulated_cupy.workspaces = seen
+    return emulated_cupy
+
+
+def _data(n=1037, d=24, k=9, seed=3, offset=50.0):
+    """Asymmetric float16 data away from the origin (centering matters), and k of its
+    rows as the initial centers."""
+    X = asymmetric_data(n, d, k, dtype=np.float32, seed=seed) + offset
+    X16 = X.astype(np.float16)
+    init = X16[np.random.default_rng(seed).choice(n, k, replace=False)].astype(np.float32)
+    return X16, init
+
+
+def _fit(X, init, **kw):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return KMeans(len(init), init=init, n_init=1, tol=0, max_iter=kw.pop("max_iter", 20),
+                      backend=kw.pop("backend", "cupy-fused"), **kw).fit(X)
+
+
+def test_float16_x_is_computed_on_as_it_is(hopper):
+    X16, init = _data()
+    got = _fit(X16, init, precision="fp16")
+    assert hopper.workspaces and all(dt == "float16" and path == "wgmma-fp16"
+                                     for dt, path in hopper.workspaces)
+    # the fit's only copy of X is X's own upload, centered in place: no float32 array of X
+    assert max(hopper.allocations) < X16.size * 4
+    assert got.cluster_centers_.dtype == np.float32
+    assert np.asarray(got.cluster_centers_).shape == init.shape
+
+
+def test_float16_x_equals_its_float32_values(hopper):
+    """float32 X at fp16 is centered into a float16 copy, rounded once as float16 X's data
+    is: the same data, so the same fit bit for bit (and both read as fp16)."""
+    X16, init = _data(seed=5)
+    a = _fit(X16, init, precision="fp16")
+    b = _fit(X16.astype(np.float32), init, precision="fp16")
+    assert {dt for dt, _ in hopper.workspaces} == {"float16"}
+    assert np.array_equal(np.asarray(a.labels_), np.asarray(b.labels_))
+    assert np.array_equal(np.asarray(a.cluster_centers_), np.asarray(b.cluster_centers_))
+    assert a.inertia_ == b.inertia_ and a.n_iter_ == b.n_iter_
+
+
+@pytest.mark.parametrize("n,d,k", [(1037, 24, 9), (515, 64, 1), (300, 7, 40), (777, 130, 33),
+                                   (401, 136, 5)])
+def test_half_data_within_the_documented_bound_of_the_exact_fit(hopper, n, d, k):
+    """Against the exact fit of the same float16 values (numpy backend, float64 sums):
+    the inertia gap within `inertia_gap_bound("fp16", d)`; d = 7 and 130 rows are not
+    16-byte multiples (scalar loads), 24 and 64 are (cp.async), 136 too but past two
+    atoms of K (16-byte loads through registers)."""
+    X16, init = _data(n, d, k, seed=n + d)
+    got = _fit(X16, init, precision="fp16")
+    ref = _fit(X16.astype(np.float64), init.astype(np.float64), backend="numpy")
+    gap = abs(got.inertia_ - ref.inertia_) / ref.inertia_
+    assert gap <= inertia_gap_bound("fp16", d)
+    assert np.mean(np.asarray(got.labels_) != ref.labels_) <= 0.05
+
+
+def test_half_data_with_weights_relocation_and_kmeans_plus_plus(hopper):
+    """Weights (some zero), an empty cluster relocated (the farthest rows, in float32) and
+    k-means++ on the device, all on float16 data; labels_ == predict(X)."""
+    X16, init = _data(n=901, d=16, k=6, seed=9)
+    w = np.random.default_rng(1).uniform(0.5, 2, size=len(X16))
+    w[::7] = 0
+    far = init.copy()
+    far[3] = 1e3   # nothing is nearest: empty after the first assignment
+    got = _fit(X16, far, precision="fp16")
+    assert len(np.unique(np.asarray(got.labels_))) == 6
+    km = KMeans(6, init="k-means++", n_init=1, random_state=0, precision="fp16",
+                backend="cupy-fused", max_iter=10).fit(X16, sample_weight=w)
+    assert km.cluster_centers_.dtype == np.float32
+    assert {dt for dt, _ in hopper.workspaces} == {"float16"}
+    # (predict computes on float32 values of X: its rounding to fp16 gives the fit's data)
+    assert np.array_equal(np.asarray(km.predict(X16)), np.asarray(km.labels_))
+
+
+def test_copy_x_false_leaves_float16_x_as_given(hopper):
+    X16, init = _data(seed=2)
+    before = X16.copy()
+    _fit(X16, init, precision="fp16", copy_x=False)
+    assert np.array_equal(X16, before)
+
+
+def test_float16_x_on_the_cpu_and_at_exact_is_float32(hopper):
+    """Backends without half data (numpy), and cupy-fused at 'exact', compute on float32
+    values of float16 X: the same fit as float32 X holding them."""
+    X16, init = _data(seed=4)
+    for backend, precision in (("numpy", "fp16"), ("cupy-fused", "exact")):
+        a = _fit(X16, init, precision=precision, backend=backend)
+        b = _fit(X16.astype(np.float32), init, precision=precision, backend=backend)
+        assert np.array_equal(np.asarray(a.labels_), np.asarray(b.labels_))
+        assert a.inertia_ == b.inertia_
+    assert "float16" not in {dt for dt, _ in hopper.workspaces}
+
+
+def test_registers_form_on_float16_data_equals_the_shared_tile(hopper):
+    """half_kernel='registers' reads float16 data's fragments as they are: the same fit."""
+    X16, init = _data(n=613, d=40, k=11, seed=8)
+    a = _fit(X16, init, precision="fp16", backend_options={"half_kernel": "registers"})
+    b = _fit(X16, init, precision="fp16")
+    assert ("float16", "wgmma-fp16r") in hopper.workspaces
+    assert np.array_equal(np.asarray(a.labels_), np.asarray(b.labels_))
+    assert np.array_equal(np.asarray(a.cluster_centers_), np.asarray(b.cluster_centers_))

@@ -1,0 +1,84 @@
+"""precision="fp16" on cupy-fused computes on float16 data on the GPU (tests/test_half_data.py
+runs the same on the kernel emulator): float16 X stays float16, a float32 X holding the
+same values gives the same fit, the fit is within the documented bound of the exact one,
+and no float32 copy of X is made."""
+import warnings
+
+import numpy as np
+import pytest
+
+from kmeans_xp import KMeans
+from kmeans_xp.contract.precision import inertia_gap_bound
+from kmeans_xp.testing import asymmetric_data
+
+pytestmark = pytest.mark.gpu
+
+
+def _hopper(cp):
+    if int(cp.cuda.Device().compute_capability) != 90:
+        pytest.skip("fp16 runs on the wgmma kernel (compute capability 9.0)")
+
+
+def _data(n, d, k, seed):
+    X = asymmetric_data(n, d, k, dtype=np.float32, seed=seed) + 20.0
+    X16 = X.astype(np.float16)
+    init = X16[np.random.default_rng(seed).choice(n, k, replace=False)].astype(np.float32)
+    return X16, init
+
+
+def _fit(X, init, **kw):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return KMeans(len(init), init=init, n_init=1, tol=0, max_iter=kw.pop("max_iter", 20),
+                      backend=kw.pop("backend", "cupy-fused"), **kw).fit(X)
+
+
+@pytest.mark.parametrize("n,d,k", [(100_003, 128, 100), (50_021, 40, 7), (20_011, 200, 257)])
+def test_float16_x_equals_its_float32_values_within_the_bound(cp, n, d, k):
+    _hopper(cp)
+    X16, init = _data(n, d, k, seed=d)
+    a = _fit(cp.asarray(X16), init, precision="fp16")
+    b = _fit(cp.asarray(X16.astype(np.float32)), init, precision="fp16")
+    assert np.array_equal(cp.asnumpy(a.labels_), cp.asnumpy(b.labels_))
+    assert np.array_equal(cp.asnumpy(a.cluster_centers_), cp.asnumpy(b.cluster_centers_))
+    assert a.inertia_ == b.inertia_
+    assert a.cluster_centers_.dtype == cp.float32
+    ref = _fit(X16.astype(np.float64), init.astype(np.float64), backend="numpy")
+    assert abs(a.inertia_ - ref.inertia_) / ref.inertia_ <= inertia_gap_bound("fp16", d)
+    assert np.array_equal(cp.asnumpy(a.predict(cp.asarray(X16))), cp.asnumpy(a.labels_))
+
+
+def test_float16_fit_makes_no_float32_copy(cp):
+    """The pool's peak over the fit of float16 X: X, its float16 centered copy and the
+    fit's small buffers; a float32 copy of X alone would be twice X's bytes more."""
+    _hopper(cp)
+    n, d, k = 400_009, 128, 64
+    X16, init = _data(n, d, k, seed=1)
+    X = cp.asarray(X16)
+    pool = cp.get_default_memory_pool()
+    _fit(X, init, precision="fp16", max_iter=2)   # compile, warm the pool
+    pool.free_all_blocks()
+    top = [pool.used_bytes()]
+
+    class Peak(cp.cuda.memory_hook.MemoryHook):
+        name = "half_data_peak"
+
+        def malloc_postprocess(self, **kwargs):
+            top[0] = max(top[0], pool.used_bytes())
+
+    with Peak():
+        _fit(X, init, precision="fp16", max_iter=3)
+    beyond_x = top[0] - X.nbytes
+    assert beyond_x < X.nbytes + 64 * 2**20, f"{beyond_x} bytes beyond X"
+
+
+def test_torch_float16_through_dlpack(cp):
+    _hopper(cp)
+    torch = pytest.importorskip("torch")
+    X16, init = _data(30_011, 64, 12, seed=7)
+    t = torch.from_numpy(X16).cuda()
+    got = _fit(t, init, precision="fp16")
+    assert isinstance(got.cluster_centers_, torch.Tensor)
+    assert got.cluster_centers_.dtype == torch.float32
+    ref = _fit(cp.asarray(X16), init, precision="fp16")
+    assert np.array_equal(got.labels_.cpu().numpy(), cp.asnumpy(ref.labels_))
