@@ -29,13 +29,13 @@ X_DTYPES = (*_CTYPE, "float16")
 
 
 def compute_name(dtype_name: str) -> str:
-    """The dtype the kernels compute in for X of `dtype_name` (its centers' operands, min_sq)."""
-    return "float32" if dtype_name == "float16" else dtype_name
+    """The dtype the kernels compute in for X of `dtype_name` (`common.compute_dtype`)."""
+    return str(common.compute_dtype(dtype_name))
 
 
 def x_types(dtype_name: str) -> str:
-    """Template arguments (T[, XT]) of a kernel reading X of `dtype_name` (common.xtypes)."""
-    return "float,xhalf" if dtype_name == "float16" else _CTYPE[dtype_name]
+    """Template arguments (T[, XT]) of a kernel reading X of `dtype_name` (`common.xtypes`)."""
+    return common.xtypes(dtype_name)
 
 
 # -- kernel names (shared with tests/test_cuda_compile.py) ---------------------------------------
@@ -110,8 +110,8 @@ def common_kernel_names(dtype_name: str) -> tuple:
 
 def sorted_kernel_name(dtype_name: str, vec: int) -> str:
     """accumulate_sorted's instance for X of `dtype_name`, `vec` values a load."""
-    xt = ",xhalf" if dtype_name == "float16" else ""
-    return f"accumulate_sorted<{_CTYPE[compute_name(dtype_name)]},{vec}{xt}>"
+    t, _, xt = x_types(dtype_name).partition(",")
+    return f"accumulate_sorted<{t},{vec}{',' + xt if xt else ''}>"
 
 
 def fit_kernel_names(p, dtype_name: str, d: int) -> list:
