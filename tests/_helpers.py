@@ -69,3 +69,24 @@ def tile_problem(n, d, k, seed=0):
     if k > 4:
         C[k // 2] = C[1]  # equal centers: the lower index must win
     return np.ascontiguousarray(X), np.ascontiguousarray(C.astype(np.float32))
+
+
+def half_problem(n, d, k, seed, offset=20.0):
+    """(float16 X away from the origin, so that centering matters; k of its rows as float32
+    initial centers): the half-data tests' problem."""
+    from kmeans_xp.testing import asymmetric_data
+    X16 = (asymmetric_data(n, d, k, dtype=np.float32, seed=seed) + offset).astype(np.float16)
+    init = X16[np.random.default_rng(seed).choice(n, k, replace=False)].astype(np.float32)
+    return X16, init
+
+
+def quiet_fit(X, init, **kw):
+    """KMeans from `init` (tol 0, one run, max_iter 20 and cupy-fused unless given),
+    warnings silenced."""
+    import warnings
+
+    from kmeans_xp import KMeans
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return KMeans(len(init), init=init, n_init=1, tol=0, max_iter=kw.pop("max_iter", 20),
+                      backend=kw.pop("backend", "cupy-fused"), **kw).fit(X)

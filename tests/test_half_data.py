@@ -4,7 +4,6 @@ copy, so the fit reads X at half the bytes and holds half the memory of a float3
 centers, sums, weights and inertia stay float32/float64. Run on the CPU through the NumPy
 stand-in for CuPy and the kernel emulator on a Hopper GPU's facts (the wgmma kernel, which
 fp16 needs). Skipped without g++."""
-import warnings
 
 import numpy as np
 import pytest
@@ -13,8 +12,8 @@ from kmeans_xp_backends.cupy import workspace as ws_module
 
 from kmeans_xp import KMeans
 from kmeans_xp.contract.precision import inertia_gap_bound
-from kmeans_xp.testing import asymmetric_data
 from tests._cuda_emulator import EmulatedKernels
+from tests._helpers import half_problem, quiet_fit
 
 pytestmark = pytest.mark.skipif(not EmulatedKernels.available(), reason="needs g++")
 
@@ -36,20 +35,11 @@ def hopper(emulated_cupy, monkeypatch):
     return emulated_cupy
 
 
-def _data(n=1037, d=24, k=9, seed=3, offset=50.0):
-    """Asymmetric float16 data away from the origin (centering matters), and k of its
-    rows as the initial centers."""
-    X = asymmetric_data(n, d, k, dtype=np.float32, seed=seed) + offset
-    X16 = X.astype(np.float16)
-    init = X16[np.random.default_rng(seed).choice(n, k, replace=False)].astype(np.float32)
-    return X16, init
+def _data(n=1037, d=24, k=9, seed=3):
+    return half_problem(n, d, k, seed, offset=50.0)
 
 
-def _fit(X, init, **kw):
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return KMeans(len(init), init=init, n_init=1, tol=0, max_iter=kw.pop("max_iter", 20),
-                      backend=kw.pop("backend", "cupy-fused"), **kw).fit(X)
+_fit = quiet_fit
 
 
 def test_float16_x_is_computed_on_as_it_is(hopper):

@@ -2,14 +2,11 @@
 runs the same on the kernel emulator): float16 X stays float16, a float32 X holding the
 same values gives the same fit, the fit is within the documented bound of the exact one,
 and no float32 copy of X is made."""
-import warnings
-
 import numpy as np
 import pytest
 
-from kmeans_xp import KMeans
 from kmeans_xp.contract.precision import inertia_gap_bound
-from kmeans_xp.testing import asymmetric_data
+from tests._helpers import half_problem, quiet_fit
 
 pytestmark = pytest.mark.gpu
 
@@ -19,18 +16,11 @@ def _hopper(cp):
         pytest.skip("fp16 runs on the wgmma kernel (compute capability 9.0)")
 
 
-def _data(n, d, k, seed):
-    X = asymmetric_data(n, d, k, dtype=np.float32, seed=seed) + 20.0
-    X16 = X.astype(np.float16)
-    init = X16[np.random.default_rng(seed).choice(n, k, replace=False)].astype(np.float32)
-    return X16, init
+def _data(n=1037, d=24, k=9, seed=3):
+    return half_problem(n, d, k, seed, offset=20.0)
 
 
-def _fit(X, init, **kw):
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return KMeans(len(init), init=init, n_init=1, tol=0, max_iter=kw.pop("max_iter", 20),
-                      backend=kw.pop("backend", "cupy-fused"), **kw).fit(X)
+_fit = quiet_fit
 
 
 @pytest.mark.parametrize("n,d,k", [(100_003, 128, 100), (50_021, 40, 7), (20_011, 200, 257)])

@@ -193,30 +193,11 @@ assign_wgmma(const XT* __restrict__ X, const float* __restrict__ W,
         }
     }
     float xn_own = -1.0f;  // XASYNC: ||x||^2 of row tid, in feature order (finish_rows')
-    if constexpr (XASYNC && XH) {
-        cp_async_wait<2>();
-        __syncthreads();
-        // fp16: the chunks are the operands already; row tid's norm from its 8 values each
-        float s = 0.0f;
-#pragma unroll
-        for (int a = 0; a < nat; ++a)
-#pragma unroll
-            for (int c = 0; c < 8; ++c) {
-                const uint4 v = *reinterpret_cast<const uint4*>(xs + a * BM * 32 + tid * 32 +
-                                                               ((c ^ (tid & 7)) << 2));
-                const unsigned w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-                for (int u = 0; u < 4; ++u) {
-                    const float lo = fp16_value(w[u] & 0xffffu), hi = fp16_value(w[u] >> 16);
-                    s = __fadd_rn(s, __fmul_rn(lo, lo));
-                    s = __fadd_rn(s, __fmul_rn(hi, hi));
-                }
-            }
-        xn_own = s;
-    } else if constexpr (XASYNC) {
+    if constexpr (XASYNC) {
         cp_async_wait<2>();  // X's group (the centers' two may still be in flight)
         __syncthreads();
-        // row tid's chunks in feature order: its norm from the raw values, then TF32 in place
+        // row tid's chunks in feature order: its norm from the raw values, then (TF32) the
+        // values rounded in place; fp16 X's chunks are the operands already
         // (a quarter-warp's 8 rows hit 8 different 16-byte chunks: no bank conflict)
         float s = 0.0f;
 #pragma unroll
@@ -226,10 +207,22 @@ assign_wgmma(const XT* __restrict__ X, const float* __restrict__ W,
                 float4* const p = reinterpret_cast<float4*>(xs + a * BM * 32 + tid * 32 +
                                                             ((c ^ (tid & 7)) << 2));
                 float4 v = *p;
-                s = __fadd_rn(s, __fmul_rn(v.x, v.x)); s = __fadd_rn(s, __fmul_rn(v.y, v.y));
-                s = __fadd_rn(s, __fmul_rn(v.z, v.z)); s = __fadd_rn(s, __fmul_rn(v.w, v.w));
-                v.x = tf32_rna(v.x); v.y = tf32_rna(v.y); v.z = tf32_rna(v.z); v.w = tf32_rna(v.w);
-                *p = v;
+                if constexpr (XH) {
+                    const unsigned w[4] = {__float_as_uint(v.x), __float_as_uint(v.y),
+                                           __float_as_uint(v.z), __float_as_uint(v.w)};
+#pragma unroll
+                    for (int u = 0; u < 4; ++u) {
+                        const float lo = fp16_value(w[u] & 0xffffu), hi = fp16_value(w[u] >> 16);
+                        s = __fadd_rn(s, __fmul_rn(lo, lo));
+                        s = __fadd_rn(s, __fmul_rn(hi, hi));
+                    }
+                } else {
+                    s = __fadd_rn(s, __fmul_rn(v.x, v.x)); s = __fadd_rn(s, __fmul_rn(v.y, v.y));
+                    s = __fadd_rn(s, __fmul_rn(v.z, v.z)); s = __fadd_rn(s, __fmul_rn(v.w, v.w));
+                    v.x = tf32_rna(v.x); v.y = tf32_rna(v.y); v.z = tf32_rna(v.z);
+                    v.w = tf32_rna(v.w);
+                    *p = v;
+                }
             }
         xn_own = s;
     }
