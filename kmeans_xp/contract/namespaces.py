@@ -2,10 +2,17 @@
 from __future__ import annotations
 
 import sys
+from typing import Any, TypeAlias
 
 import numpy as np
 from array_api_compat import array_namespace, is_array_api_obj  # noqa: F401
 from array_api_compat import device as _array_device
+
+#: an array of the namespace a backend computes on (NumPy, CuPy, torch, dask, ...): the array
+#: API standard gives no static type that all of them share
+Array: TypeAlias = Any
+#: an array namespace, the `xp` the array API standard's functions are called on
+Namespace: TypeAlias = Any
 
 
 def device(x):
