@@ -39,10 +39,11 @@ def test_float16_x_equals_its_float32_values_within_the_bound(cp, n, d, k):
 
 
 def test_float16_fit_makes_no_float32_copy(cp):
-    """The pool's peak over the fit of float16 X: X, its float16 centered copy and the
-    fit's small buffers; a float32 copy of X alone would be twice X's bytes more."""
+    """The pool's peak over the fit of float16 X: X, its float16 centered copy, the
+    centering's one float32 chunk (64 MiB) and the fit's small buffers; a float32 copy of X
+    alone would be twice X's bytes more."""
     _hopper(cp)
-    n, d, k = 400_009, 128, 64
+    n, d, k = 1_000_003, 128, 64
     X16, init = _data(n, d, k, seed=1)
     X = cp.asarray(X16)
     pool = cp.get_default_memory_pool()
@@ -59,7 +60,7 @@ def test_float16_fit_makes_no_float32_copy(cp):
     with Peak():
         _fit(X, init, precision="fp16", max_iter=3)
     beyond_x = top[0] - X.nbytes
-    assert beyond_x < X.nbytes + 64 * 2**20, f"{beyond_x} bytes beyond X"
+    assert beyond_x < X.nbytes + 128 * 2**20, f"{beyond_x} bytes beyond X"
 
 
 def test_torch_float16_through_dlpack(cp):
