@@ -3,7 +3,7 @@
 X where it is; device placements (CuPy, dask) override them for copies, streams and speed."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, cast
+from typing import Any, Callable, ClassVar, cast
 
 from kmeans_xp.contract.chunks import feature_mean, tolerance
 from kmeans_xp.contract.fitplan import FitPlan
@@ -13,9 +13,6 @@ from kmeans_xp.contract.namespaces import (Array, Namespace, array_namespace, as
 from kmeans_xp.contract.results import user_labels
 from kmeans_xp.contract.scaling import rescaled
 from kmeans_xp.contract.sphere import unit_rows
-
-if TYPE_CHECKING:
-    from kmeans_xp.contract.backend import KMeansBackend
 
 
 class Placement:
@@ -32,7 +29,9 @@ class Placement:
     #: lazily (dask) is measured there, fused with its NaN/inf check, for the fit's rescale
     absmax: float | None = None
 
-    def __init__(self, backend: KMeansBackend) -> None:
+    # (backend: the KMeansBackend it serves; not imported here: contract/backend.py imports
+    # this module)
+    def __init__(self, backend: Any) -> None:
         self.backend = backend
 
     def converts_from(self, namespace: str, X: Array = None) -> bool:
