@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from kmeans_xp.contract.memory import KMeansMemoryError, format_bytes
+from kmeans_xp.contract.precision import compute_dtype as precision_compute_dtype
 from kmeans_xp.contract.threads import ThreadPool
 
 #: the CUDA sources (one helper header, cuda/common.cuh, included by every .cu file)
@@ -69,10 +70,9 @@ def xtypes(dtype) -> str:
 
 
 def compute_dtype(dtype):
-    """The dtype kernels compute in for X of `dtype` (float16 X: float32), and of the
-    centers, weights and squared distances that go with it."""
-    dt = np.dtype(dtype)
-    return np.dtype(np.float32) if dt == np.float16 else dt
+    """The NumPy dtype kernels compute in for X of `dtype` (`precision.compute_dtype`:
+    float16 X in float32), and of the centers, weights and distances that go with it."""
+    return np.dtype(precision_compute_dtype(np.dtype(dtype), np))
 
 
 def device_ptr(a) -> int:

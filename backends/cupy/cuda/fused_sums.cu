@@ -269,8 +269,8 @@ accumulate_sorted(const XT* __restrict__ X, const T* __restrict__ W,
                 if (feat) {
 #pragma unroll
                     for (int v = 0; v < V; ++v) {
-                        // widened here, not at the load: fp16_value's branches there keep
-                        // the compiler from having the SORTED_UNROLL loads in flight at once
+                        // (X as stored until here: the loads of the SORTED_UNROLL rows
+                        // are issued together, then each value is widened exactly)
                         const double xv = (double)xval<T>(x[u].v + v);
                         to_fixed(xv * (double)w[u], sj[v], two_l, fh, fl);
                         h[v] += (u64)fh;

@@ -125,16 +125,8 @@ column_moments(const XT* __restrict__ X, i64 total, int d, const double* __restr
     // and centering, took 12.0 ms on an H100 with one load in flight, 8.2 with four)
     for (; e + 7 * stride < total; e += 8 * stride) {
         double v[8];
-        if constexpr (sizeof(XT) < sizeof(T)) {
-            XT r[8];  // fp16: all eight loaded before fp16_value's branches (else one by one)
 #pragma unroll
-            for (int u = 0; u < 8; ++u) r[u] = X[e + u * stride];
-#pragma unroll
-            for (int u = 0; u < 8; ++u) v[u] = (double)xval<T>(r + u);
-        } else {
-#pragma unroll
-            for (int u = 0; u < 8; ++u) v[u] = (double)xval<T>(X + e + u * stride);
-        }
+        for (int u = 0; u < 8; ++u) v[u] = (double)xval<T>(X + e + u * stride);
 #pragma unroll
         for (int u = 0; u < 8; ++u) {
             a += v[u];
