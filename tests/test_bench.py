@@ -513,3 +513,20 @@ def test_rows_take_backend_options_a_tol_and_threads():
     assert res["inputs"]["tol"] == 1e-4 and res["inputs"]["threads"] == 1
     with pytest.raises(ValueError, match="n_threads"):
         bench.check_specs(["numpy[n_threads]"])
+
+
+def test_a_row_takes_its_input_in_float16_converted_once():
+    """`name[input=float16]`: the row's X arrives in float16 (its values the float32 data's,
+    rounded), converted once for all its timed fits; another input dtype is refused."""
+    from kmeans_xp.tools.bench.entries import BackendEntry
+    from kmeans_xp.tools.bench.workload import Workload
+    w = Workload(n=100, d=4, k=3)
+    entry = BackendEntry("numpy[input=float16]", w)
+    entry.check()
+    assert "input" not in entry.options   # not handed to the backend
+    X = np.random.default_rng(0).normal(size=(100, 4)).astype(np.float32)
+    first, again = entry.to_input(X), entry.to_input(X)
+    assert first.dtype == np.float16 and np.array_equal(first, X.astype(np.float16))
+    assert again is first
+    with pytest.raises(ValueError, match="input=float16"):
+        BackendEntry("numpy[input=int8]", w)
