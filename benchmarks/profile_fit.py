@@ -4,6 +4,7 @@
     python benchmarks/profile_fit.py --backend cupy-fused --workload W1 --device-x
     python benchmarks/profile_fit.py --backend numpy --n 200k --k 100 --cprofile 25
     python benchmarks/profile_fit.py --backend cupy-fused --first-use
+    python benchmarks/profile_fit.py --backend cupy-fused --workload F2 --device-x --cprofile 40
 
 A warm-up fit runs first (kernels compile there); the profiled fits run after it, and the
 median of each stage over `--repeats` fits is printed. `--first-use` times instead a fresh
@@ -26,7 +27,10 @@ import numpy as np
 
 #: workload shapes; the comparison's named ones (kmeans_xp.tools.bench.WORKLOADS) and small
 WORKLOADS = {"W1": (2_000_000, 3, 200), "W3": (20_000_000, 3, 1000),
-             "W5": (1_000_000, 128, 4096), "small": (200_000, 3, 100)}
+             "W5": (1_000_000, 128, 4096), "F1": (8_000_000, 128, 1024),
+             "F2": (65_536, 128, 1024), "small": (200_000, 3, 100)}
+#: workloads that are batches of problems: how many (--problems sets it for any shape)
+PROBLEMS = {"F2": 32}
 
 
 def size(text):
@@ -36,8 +40,12 @@ def size(text):
     return int(float(text[:-1] if mult > 1 else text) * mult)
 
 
-def data(n, d, k, seed=0):
-    """X (float32, asymmetric features) and k initial rows of it, the same for any backend."""
+def data(n, d, k, seed=0, problems=0):
+    """X (float32, asymmetric features) and k initial rows of it, the same for any backend;
+    with `problems`, a (problems, n, d) batch and (problems, k, d) initial centers."""
+    if problems:
+        pairs = [data(n, d, k, seed + b) for b in range(problems)]
+        return np.stack([p[0] for p in pairs]), np.stack([p[1] for p in pairs])
     rng = np.random.default_rng(seed)
     centers = rng.uniform(-10, 10, size=(k, d)) * (1.0 + 0.5 * np.arange(d))
     X = (centers[rng.integers(0, k, size=n)] + rng.normal(size=(n, d))).astype(np.float32)
@@ -55,8 +63,9 @@ def one_fit(X, init, args):
     from kmeans_xp import KMeans
     sync(X)
     t0 = time.perf_counter()
-    km = KMeans(init.shape[0], init=init, n_init=1, max_iter=args.iters, tol=0,
-                backend=args.backend, max_memory=args.max_memory).fit(X)
+    km = KMeans(init.shape[-2], init=init, n_init=1, max_iter=args.iters, tol=0,
+                backend=args.backend, max_memory=args.max_memory,
+                precision=args.precision).fit(X)
     sync(X)
     wall = time.perf_counter() - t0
     return wall, km
@@ -64,11 +73,13 @@ def one_fit(X, init, args):
 
 def stages(args):
     n, d, k = (WORKLOADS[args.workload] if args.workload else (args.n, args.d, args.k))
-    X, init = data(n, d, k, args.seed)
+    problems = args.problems if args.problems is not None else PROBLEMS.get(args.workload, 0)
+    X, init = data(n, d, k, args.seed, problems)
     if args.device_x:
         import cupy
         X = cupy.asarray(X)
-    print(f"{args.backend}: n={n:,} d={d} k={k}, {args.iters} iterations (tol=0), "
+    print(f"{args.backend}: {f'{problems} problems of ' if problems else ''}"
+          f"n={n:,} d={d} k={k}, {args.iters} iterations (tol=0), "
           f"X on the {'device' if args.device_x else 'host'}", flush=True)
     one_fit(X, init, args)  # warm-up
     walls, timings, km = [], [], None
@@ -78,7 +89,8 @@ def stages(args):
         timings.append(km.timings_)
     keys = list(dict.fromkeys(k_ for t in timings for k_ in t))
     med = {k_: statistics.median(t[k_] for t in timings if k_ in t) for k_ in keys}
-    out = {"backend": km.backend_, "n": n, "d": d, "k": k, "n_iter": int(km.n_iter_),
+    out = {"backend": km.backend_, "problems": problems, "n": n, "d": d, "k": k,
+           "n_iter": int(np.max(km.n_iter_)),
            "wall_s": statistics.median(walls), "stages_s": med,
            "memory_report": {k_: int(v) for k_, v in km.memory_report_.items()}}
     print(f"whole fit {out['wall_s'] * 1e3:.1f} ms (median of {args.repeats}), "
@@ -92,10 +104,10 @@ def stages(args):
         pr.enable()
         one_fit(X, init, args)
         pr.disable()
-        s = io.StringIO()
-        pstats.Stats(pr, stream=s).sort_stats("cumulative").print_stats("kmeans_xp",
-                                                                        args.cprofile)
-        print(s.getvalue())
+        for order in ("cumulative", "tottime"):  # where the time is spent, then by whom
+            s = io.StringIO()
+            pstats.Stats(pr, stream=s).sort_stats(order).print_stats(args.cprofile)
+            print(s.getvalue())
     return out
 
 
@@ -140,11 +152,14 @@ def main(argv=None):
     ap.add_argument("--k", type=size, default=100)
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--problems", type=int, default=None,
+                    help="fit a batch of this many problems of the shape (F2: 32)")
+    ap.add_argument("--precision", default="exact")
     ap.add_argument("--max-memory", default="auto")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--device-x", action="store_true", help="X as a CuPy array")
     ap.add_argument("--cprofile", type=int, default=0, metavar="TOP",
-                    help="also profile one fit: the TOP kmeans_xp functions by cumulative time")
+                    help="also profile one fit: the TOP functions by cumulative, then own time")
     ap.add_argument("--first-use", action="store_true",
                     help="a fresh process's first fit against its second")
     ap.add_argument("--json", help="also write the figures to this file")

@@ -88,6 +88,16 @@ def test_profile_fit_reports_the_stages_and_first_use(tmp_path):
     assert "first use costs" in out
 
 
+def test_profile_fit_profiles_a_batch_of_problems(tmp_path):
+    """--problems fits a (B, n, d) batch from (B, k, d) centers (the F2 workload's form)."""
+    out = run_tool("benchmarks/profile_fit.py", "--n", "3000", "--d", "5", "--k", "7",
+                   "--problems", "3", "--iters", "2", "--repeats", "1", "--cprofile", "40",
+                   "--json", tmp_path / "b.json")
+    figures = json.loads((tmp_path / "b.json").read_text())
+    assert figures["problems"] == 3 and figures["n_iter"] == 2
+    assert "3 problems of n=3,000" in out and "kmeans_batch_lloyd" in out
+
+
 def test_dask_multi_gpu_runs_its_protocol_on_cpu_workers(tmp_path):
     pytest.importorskip("distributed")
     path = tmp_path / "dask.json"
