@@ -12,7 +12,8 @@ rounding intrinsics are std::fma and plain IEEE operations compiled with -ffp-co
 Launches are checked as CuPy cannot: every argument must have the exact size and kind of the
 kernel's parameter (an np.int32 for an `int`, an np.int64 for a `long long`, an np.float64
 for a `double`, an array or the null np.uint64(0) for a pointer; for a `const xhalf*`, fp16 X,
-a float16 array, or its bits as uint16), so a launch that passes here passes its bytes right
+a float16 array, or its bits as uint16; for a `const xbf16*`, bf16 X, ml_dtypes' bfloat16
+array or its bits as uint16), so a launch that passes here passes its bytes right
 on the GPU too.
 
 So the kernels' logic (indexing, tiles, grid-stride loops, warp reductions, tie rules, last-block
@@ -352,12 +353,15 @@ void emu_launch(int grid, int grid_y, int block, size_t smem, F body) {
     }
 }
 
-// kinds of parameters: 1 pointer, 2 pointer to xhalf (formats.cuh's fp16 X), 4 float, 8 double,
-// 100 + 10 * size + signed for integers
+// kinds of parameters: 1 pointer, 2 pointer to xhalf (formats.cuh's fp16 X), 3 pointer to
+// xbf16 (bf16 X), 4 float, 8 double, 100 + 10 * size + signed for integers
 struct xhalf;
+struct xbf16;
 template <class T> constexpr int emu_kind() {
-    if constexpr (std::is_pointer_v<T>)
-        return std::is_same_v<std::remove_cv_t<std::remove_pointer_t<T>>, xhalf> ? 2 : 1;
+    if constexpr (std::is_pointer_v<T>) {
+        using P = std::remove_cv_t<std::remove_pointer_t<T>>;
+        return std::is_same_v<P, xhalf> ? 2 : std::is_same_v<P, xbf16> ? 3 : 1;
+    }
     else if constexpr (std::is_same_v<T, float>) return 4;
     else if constexpr (std::is_same_v<T, double>) return 8;
     else return 100 + 10 * (int)sizeof(T) + (std::is_signed_v<T> ? 1 : 0);
@@ -379,8 +383,9 @@ template <class... A> void emu_call(void (*f)(A...), void** a) {
 _SCALARS = {np.dtype(np.int32): (141, ctypes.c_int32), np.dtype(np.int64): (181, ctypes.c_int64),
             np.dtype(np.uint32): (140, ctypes.c_uint32), np.dtype(np.float64): (8, ctypes.c_double),
             np.dtype(np.float32): (4, ctypes.c_float)}
-# what a `const xhalf*` (kind 2) reads: fp16 values, or the same bits as uint16
-_HALF_ARRAYS = (np.dtype(np.float16), np.dtype(np.uint16))
+# what a `const xhalf*` (kind 2) and a `const xbf16*` (kind 3) read: values of the format (by
+# dtype name: ml_dtypes' bfloat16), or the same bits as uint16
+_HALF_ARRAYS = {2: ("float16", "uint16"), 3: ("bfloat16", "uint16")}
 
 
 class EmulatedKernels:
@@ -449,16 +454,16 @@ class EmulatedKernels:
     @staticmethod
     def _argument(name, i, a, kind):
         if isinstance(a, np.ndarray):
-            if kind not in (1, 2):
+            if kind not in (1, 2, 3):
                 raise TypeError(f"{name}: argument {i} is an array, the parameter is not a "
                                 f"pointer (kind {kind})")
-            if kind == 2 and a.dtype not in _HALF_ARRAYS:
+            if kind in _HALF_ARRAYS and a.dtype.name not in _HALF_ARRAYS[kind]:
                 raise TypeError(f"{name}: argument {i} is a {a.dtype} array, the parameter is "
-                                f"a const xhalf* (float16 values)")
+                                f"a pointer to {_HALF_ARRAYS[kind][0]} values")
             if a.size and not a.flags.c_contiguous:
                 raise TypeError(f"{name}: argument {i} is not C-contiguous")
             return ctypes.c_void_p(a.ctypes.data if a.size else 0)
-        if isinstance(a, np.uint64) and int(a) == 0 and kind in (1, 2):
+        if isinstance(a, np.uint64) and int(a) == 0 and kind in (1, 2, 3):
             return ctypes.c_void_p(0)  # the null pointer
         dt = np.asarray(a).dtype if isinstance(a, np.generic) else None
         if dt not in _SCALARS:

@@ -81,12 +81,13 @@ def half_problem(n, d, k, seed, offset=20.0):
 
 
 def quiet_fit(X, init, **kw):
-    """KMeans from `init` (tol 0, one run, max_iter 20 and cupy-fused unless given),
-    warnings silenced."""
+    """KMeans from `init` (tol 0, one run, max_iter 20 and cupy-fused unless given; a
+    `sample_weight` goes to fit), warnings silenced."""
     import warnings
 
     from kmeans_xp import KMeans
+    sw = kw.pop("sample_weight", None)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return KMeans(len(init), init=init, n_init=1, tol=0, max_iter=kw.pop("max_iter", 20),
-                      backend=kw.pop("backend", "cupy-fused"), **kw).fit(X)
+                      backend=kw.pop("backend", "cupy-fused"), **kw).fit(X, sample_weight=sw)

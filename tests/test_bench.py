@@ -528,5 +528,10 @@ def test_a_row_takes_its_input_in_float16_converted_once():
     first, again = entry.to_input(X), entry.to_input(X)
     assert first.dtype == np.float16 and np.array_equal(first, X.astype(np.float16))
     assert again is first
-    with pytest.raises(ValueError, match="input=float16"):
+    with pytest.raises(ValueError, match="float16, bfloat16"):
         BackendEntry("numpy[input=int8]", w)
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    entry = BackendEntry("numpy[input=bfloat16]", w)
+    entry.check()
+    got = entry.to_input(X)
+    assert got.dtype == ml_dtypes.bfloat16 and np.array_equal(got, X.astype(ml_dtypes.bfloat16))

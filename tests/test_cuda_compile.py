@@ -130,12 +130,12 @@ def test_wgmma_kernels_do_not_spill(ptxas_report):
     warpgroup (ping-pong: one set's argmin while the other's products run), the 3xTF32 one
     also X's A fragments (128 registers at d = 128), one block per SM, up to 255 registers,
     and must not spill; the fp16 and bf16 instances (d up to WGMMA_MAX_D_HALF) too, and
-    those with X's fragments in registers (d up to WGMMA_MAX_D_AREG), and fp16's on
-    float16 X (xhalf) in both forms."""
+    those with X's fragments in registers (d up to WGMMA_MAX_D_AREG), and each format's on
+    X stored in it (xhalf, xbf16) in both forms."""
     funcs = _functions(ptxas_report)
     wg = {f: v for f, v in funcs.items() if "assign_wgmma" in f}
-    # (x 2: 16-byte rows or not; the fp16 format once more for float16 X)
-    half = 2 * (len(paths.HALF_FORMATS) + 1) * (paths.wgmma_atoms(paths.WGMMA_MAX_D_HALF, 1) +
+    # (x 2: 16-byte rows or not; each half format twice: on float32 X and on X in it)
+    half = 2 * 2 * len(paths.HALF_FORMATS) * (paths.wgmma_atoms(paths.WGMMA_MAX_D_HALF, 1) +
                                                 paths.wgmma_atoms(paths.WGMMA_MAX_D_AREG, 1))
     assert len(wg) == 4 * paths.wgmma_atoms(paths.WGMMA_MAX_D) + half, sorted(funcs)
     spilling = {f: v for f, v in wg.items() if v[1] > 0 or v[0] > 255}

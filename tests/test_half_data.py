@@ -125,3 +125,66 @@ def test_registers_form_on_float16_data_equals_the_shared_tile(hopper):
     assert ("float16", "wgmma-fp16r") in hopper.workspaces
     assert np.array_equal(np.asarray(a.labels_), np.asarray(b.labels_))
     assert np.array_equal(np.asarray(a.cluster_centers_), np.asarray(b.cluster_centers_))
+
+
+# ---------------------------------------------------------------------------------------------
+# bfloat16 data at precision="bf16" (ml_dtypes' bfloat16, the dtype CuPy 14 holds it in)
+# ---------------------------------------------------------------------------------------------
+def _bf16_data(n=1037, d=24, k=9, seed=3):
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    X16, init = _data(n, d, k, seed)
+    return X16.astype(np.float32).astype(ml_dtypes.bfloat16), init
+
+
+def test_bfloat16_x_is_computed_on_as_it_is(hopper):
+    Xb, init = _bf16_data()
+    got = _fit(Xb, init, precision="bf16")
+    assert hopper.workspaces and all(dt == "bfloat16" and path == "wgmma-bf16"
+                                     for dt, path in hopper.workspaces)
+    assert max(hopper.allocations) < Xb.size * 4   # no float32 array of X
+    assert got.cluster_centers_.dtype == np.float32
+    assert np.array_equal(np.asarray(got.predict(Xb)), np.asarray(got.labels_))
+
+
+def test_bfloat16_x_equals_its_float32_values(hopper):
+    """float32 X at bf16 is centered into a bfloat16 copy, x - mean rounded once, as
+    bfloat16 X's data is: the same fit bit for bit (the registers form too)."""
+    Xb, init = _bf16_data(n=613, d=40, k=11, seed=5)
+    a = _fit(Xb, init, precision="bf16")
+    b = _fit(Xb.astype(np.float32), init, precision="bf16")
+    c = _fit(Xb, init, precision="bf16", backend_options={"half_kernel": "registers"})
+    assert {dt for dt, _ in hopper.workspaces} == {"bfloat16"}
+    assert ("bfloat16", "wgmma-bf16r") in hopper.workspaces
+    for other in (b, c):
+        assert np.array_equal(np.asarray(a.labels_), np.asarray(other.labels_))
+        assert np.array_equal(np.asarray(a.cluster_centers_), np.asarray(other.cluster_centers_))
+        assert a.inertia_ == other.inertia_ and a.n_iter_ == other.n_iter_
+
+
+@pytest.mark.parametrize("n,d,k", [(1037, 24, 9), (300, 7, 40), (401, 136, 5)])
+def test_bfloat16_data_within_the_documented_bound_of_the_exact_fit(hopper, n, d, k):
+    """Against the exact fit of the same bfloat16 values (numpy backend, float64): the
+    inertia gap within `inertia_gap_bound("bf16", d)`; row widths of scalar loads (7),
+    cp.async (24) and 16-byte loads past two atoms (136); weights with zeros."""
+    Xb, init = _bf16_data(n, d, k, seed=n + d)
+    w = np.random.default_rng(d).uniform(0.5, 2, size=n)
+    w[::5] = 0
+    got = _fit(Xb, init, precision="bf16", sample_weight=w)
+    ref = _fit(Xb.astype(np.float64), init.astype(np.float64), backend="numpy",
+               sample_weight=w)
+    gap = abs(got.inertia_ - ref.inertia_) / ref.inertia_
+    assert gap <= inertia_gap_bound("bf16", d)
+
+
+def test_bfloat16_x_elsewhere_is_its_float32_values(hopper):
+    """bfloat16 X at 'exact' (any backend) and at bf16 on a backend without half data
+    (numpy) computes on its float32 values: the fit of float32 X holding them."""
+    Xb, init = _bf16_data(seed=4)
+    for backend, precision in (("numpy", "bf16"), ("cupy-fused", "exact")):
+        a = _fit(Xb, init, precision=precision, backend=backend)
+        b = _fit(Xb.astype(np.float32), init, precision=precision, backend=backend)
+        assert np.array_equal(np.asarray(a.labels_), np.asarray(b.labels_))
+        assert a.inertia_ == b.inertia_
+    assert "bfloat16" not in {dt for dt, _ in hopper.workspaces}
+    with pytest.raises(ValueError, match="bf16"):
+        KMeans(3, precision="fp16").fit(Xb)

@@ -1,11 +1,11 @@
-"""precision="fp16" on cupy-fused computes on float16 data on the GPU (tests/test_half_data.py
-runs the same on the kernel emulator): float16 X stays float16, a float32 X holding the
-same values gives the same fit, the fit is within the documented bound of the exact one,
-and no float32 copy of X is made."""
+"""precision="fp16" on cupy-fused computes on float16 data on the GPU, and "bf16" on bfloat16
+data where CuPy holds it (tests/test_half_data.py runs the same on the kernel emulator):
+half X stays in its dtype, a float32 X holding the same values gives the same fit, the fit
+is within the documented bound of the exact one, and no float32 copy of X is made."""
 import numpy as np
 import pytest
 
-from kmeans_xp.contract.precision import inertia_gap_bound
+from kmeans_xp.contract.precision import inertia_gap_bound, storage_dtype
 from tests._helpers import half_problem, quiet_fit
 
 pytestmark = pytest.mark.gpu
@@ -72,4 +72,41 @@ def test_torch_float16_through_dlpack(cp):
     assert isinstance(got.cluster_centers_, torch.Tensor)
     assert got.cluster_centers_.dtype == torch.float32
     ref = _fit(cp.asarray(X16), init, precision="fp16")
+    assert np.array_equal(got.labels_.cpu().numpy(), cp.asnumpy(ref.labels_))
+
+
+def _bf16(cp):
+    """ml_dtypes' bfloat16, where this CuPy holds it (else the test skips)."""
+    dtype = storage_dtype("bf16", cp)
+    if dtype is None:
+        pytest.skip("this CuPy holds no bfloat16 (CuPy 14 with ml_dtypes)")
+    return dtype
+
+
+@pytest.mark.parametrize("n,d,k", [(100_003, 128, 100), (20_011, 200, 257)])
+def test_bfloat16_x_equals_its_float32_values_within_the_bound(cp, n, d, k):
+    _hopper(cp)
+    bf16 = _bf16(cp)
+    X16, init = _data(n, d, k, seed=d)
+    Xb = X16.astype(np.float32).astype(bf16)
+    a = _fit(cp.asarray(Xb), init, precision="bf16")
+    b = _fit(cp.asarray(Xb.astype(np.float32)), init, precision="bf16")
+    assert np.array_equal(cp.asnumpy(a.labels_), cp.asnumpy(b.labels_))
+    assert np.array_equal(cp.asnumpy(a.cluster_centers_), cp.asnumpy(b.cluster_centers_))
+    assert a.inertia_ == b.inertia_
+    ref = _fit(Xb.astype(np.float64), init.astype(np.float64), backend="numpy")
+    assert abs(a.inertia_ - ref.inertia_) / ref.inertia_ <= inertia_gap_bound("bf16", d)
+    host = _fit(Xb, init, precision="bf16")   # NumPy bfloat16 X: copied in as it is
+    assert np.array_equal(np.asarray(host.labels_), cp.asnumpy(a.labels_))
+
+
+def test_torch_bfloat16_through_dlpack(cp):
+    _hopper(cp)
+    _bf16(cp)
+    torch = pytest.importorskip("torch")
+    X16, init = _data(30_011, 64, 12, seed=7)
+    t = torch.from_numpy(X16.astype(np.float32)).to(torch.bfloat16).cuda()
+    got = _fit(t, init, precision="bf16")
+    assert got.cluster_centers_.dtype == torch.float32
+    ref = _fit(cp.asarray(t.float().cpu().numpy()), init, precision="bf16")
     assert np.array_equal(got.labels_.cpu().numpy(), cp.asnumpy(ref.labels_))

@@ -122,7 +122,7 @@ class CupyBackendBase(KMeansBackend):
         return a if a.flags.c_contiguous else cp.ascontiguousarray(a)
 
     def weights(self, sample_weight, dtype):
-        """Device weights in the dtype X computes in (float16 X: float32), or None (unit
+        """Device weights in the dtype X computes in (half X: float32), or None (unit
         weights: the kernels take a null)."""
         return None if sample_weight is None else self.contiguous(sample_weight,
                                                                   compute_dtype(dtype))

@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from kmeans_xp.contract.memory import KMeansMemoryError, format_bytes
+from kmeans_xp.contract.namespaces import dtype_name
 from kmeans_xp.contract.precision import compute_dtype as precision_compute_dtype
 from kmeans_xp.contract.threads import ThreadPool
 
@@ -59,24 +60,29 @@ def ctype(dtype) -> str:
     return CTYPE[np.dtype(dtype)]
 
 
-#: the template arguments of a kernel that reads X of a dtype: its arithmetic type, and for
-#: float16 X (precision="fp16": the fit's data in fp16) float arithmetic on `xhalf` storage
-#: (cuda/formats.cuh), whose values widen exactly
-X_TYPES = {**CTYPE, np.dtype(np.float16): "float,xhalf"}
+#: the template arguments of a kernel that reads X of a dtype (by name): its arithmetic type,
+#: and for half data (precision="fp16" / "bf16": the fit's data in that format) float
+#: arithmetic on `xhalf` / `xbf16` storage (cuda/formats.cuh), whose values widen exactly
+X_TYPES = {"float32": "float", "float64": "double", "float16": "float,xhalf",
+           "bfloat16": "float,xbf16"}
 
 
 def xtypes(dtype) -> str:
-    return X_TYPES[np.dtype(dtype)]
+    return X_TYPES[dtype_name(dtype)]
 
 
 def compute_dtype(dtype):
     """The NumPy dtype kernels compute in for X of `dtype` (`precision.compute_dtype`:
-    float16 X in float32), and of the centers, weights and distances that go with it."""
-    return np.dtype(precision_compute_dtype(np.dtype(dtype), np))
+    half X in float32), and of the centers, weights and distances that go with it. (A
+    dtype or its name: NumPy names bfloat16 only where ml_dtypes is imported.)"""
+    return np.dtype(precision_compute_dtype(dtype, np))
 
 
 def device_ptr(a) -> int:
-    """The address of a's first element (CuPy's data.ptr; a NumPy stand-in's in tests)."""
+    """The address of a's first element (CuPy's data.ptr; a NumPy stand-in's in tests, whose
+    `data`, a buffer, NumPy refuses for ml_dtypes' bfloat16)."""
+    if isinstance(a, np.ndarray):
+        return int(a.ctypes.data)
     data = getattr(a, "data", None)
     ptr = getattr(data, "ptr", None)
     return int(ptr) if ptr is not None else int(a.ctypes.data)

@@ -36,6 +36,7 @@ import numpy as np
 from kmeans_xp.contract.backend import AssignResult, IterStats, Option, ReduceResult
 from kmeans_xp.contract.memory import KMeansMemoryError, MemoryEstimate, format_bytes, resolve_budget
 from kmeans_xp.contract.namespaces import dtype_name as float_dtype_name
+from kmeans_xp.contract.precision import HALF_STORAGE, half_kind, storage_dtype
 
 from . import common, fused_batch, fused_sums, paths
 from . import fused_plan as fp
@@ -105,9 +106,10 @@ class CupyFusedBackend(CupyBackendBase):
 
     #: the fit's precisions its kernel paths run (`paths.PRECISIONS`)
     precisions = tuple(paths.PRECISIONS)
-    #: fp16's wgmma kernel reads float16 data as it is (`paths._half_dtypes`): a 16-byte
-    #: chunk of X is its shared tile's chunk, and the update step reads half the bytes
-    half_data = ("fp16",)
+    #: the half formats' wgmma kernels read data in their format as it is (float16 at fp16,
+    #: bfloat16 at bf16 where CuPy holds it: `paths._half_dtypes`): a 16-byte chunk of X is
+    #: its shared tile's chunk, and the update step reads half the bytes
+    half_data = ("fp16", "bf16")
 
     def __init__(self, max_memory="auto", **options):
         super().__init__(max_memory, **options)
@@ -140,7 +142,7 @@ class CupyFusedBackend(CupyBackendBase):
         if reason is not None:
             return reason
         dtype = float_dtype_name(getattr(X, "dtype", "float64"))  # "float32" of torch.float32 too
-        half = dtype == "float16" and self.compute_precision in self.half_data
+        half = half_kind(dtype) == self.compute_precision and self._stores_half()
         if getattr(X, "dtype", None) is not None and dtype not in _CTYPE and not half:
             return f"it computes in float32 or float64, not {dtype}"
         if self.precision != "fp32" and dtype != "float32" and not half:
@@ -196,11 +198,17 @@ class CupyFusedBackend(CupyBackendBase):
                        tf32_kernel=self.tf32_kernel, gemm_kernel=self.gemm_kernel,
                        half_kernel=self.half_kernel)
 
+    def _stores_half(self) -> bool:
+        """Whether this fit's data is in its half format: a precision of `half_data` whose
+        dtype CuPy holds here (bfloat16 needs CuPy 14 with ml_dtypes)."""
+        return (self.compute_precision in self.half_data
+                and storage_dtype(self.compute_precision, self._cp) is not None)
+
     def fit_kernels(self, n, d, k, dtype, *, seeding=None):
-        # (a fit at a precision of half_data computes on float16 data: the placement's)
-        half = self.compute_precision in self.half_data
-        name = "float16" if half else str(np.dtype(dtype))
-        seeding = "float16" if half and seeding is not None else seeding
+        # (a fit at a precision of half_data computes on data in that format: the placement's)
+        half = self._stores_half()
+        name = HALF_STORAGE[self.compute_precision] if half else str(np.dtype(dtype))
+        seeding = name if half and seeding is not None else seeding
         return (super().fit_kernels(n, d, k, dtype, seeding=seeding) +
                 fp.fit_kernel_names(self._shape_plan(n, d, k, name), name, d))
 

@@ -23,9 +23,9 @@ FUSE_SMEM_MAX = 96 * 1024
 #: TF32 path: largest distance chunk (rows x k x 4 bytes); bigger stops paying
 TF32_CHUNK_CAP = 1 << 30
 _CTYPE = {"float32": "float", "float64": "double"}
-#: X's dtypes the plan takes: float16 X (precision="fp16", the wgmma kernel's format) is
-#: read as fp16 (`xhalf`) and computed on in float32
-X_DTYPES = (*_CTYPE, "float16")
+#: X's dtypes the plan takes: half X (precision="fp16" / "bf16", the wgmma kernel's formats)
+#: is read as its format (`xhalf`, `xbf16`) and computed on in float32
+X_DTYPES = (*_CTYPE, "float16", "bfloat16")
 
 
 def compute_name(dtype_name: str) -> str:
@@ -60,7 +60,7 @@ def small_kernel_names(dtype_name: str, d: int, P: int, G: int = None) -> tuple:
 
 def vector_width(dtype_name: str) -> int:
     """Values of X's dtype in a 16-byte vector."""
-    return 16 // {"float16": 2, "float32": 4}.get(dtype_name, 8)
+    return 16 // {"float16": 2, "bfloat16": 2, "float32": 4}.get(dtype_name, 8)
 
 
 def vector_rows(dtype_name: str, d: int) -> bool:
@@ -226,8 +226,8 @@ def operand_sizes(layout, k, d, S, kpad) -> tuple:
 
 def plan(n, d, k, dtype_name, dev, *, precision="fp32", fuse="auto", P=None, G=None,
          budget=None, tf32_kernel="auto", gemm_kernel="auto", half_kernel="auto") -> Plan:
-    """The path and the grids and buffers of a fit of n rows of X of `dtype_name` (float16:
-    read as fp16, computed on in float32) against k centers."""
+    """The path and the grids and buffers of a fit of n rows of X of `dtype_name` (float16,
+    bfloat16: read in that format, computed on in float32) against k centers."""
     itemsize = 4 if compute_name(dtype_name) == "float32" else 8
     sums_smem = sums_shared_bytes(k, d)
     path = paths.choose(d, k, dtype_name, precision, dev, tf32_kernel=tf32_kernel,

@@ -52,7 +52,7 @@ def accumulate(ws, labels, scratch, *, skip=None):
     """The rows' weighted sums and weights into ws.acc (fixed point), in the plan's mode."""
     p = ws.plan
     scale = scales(ws, scratch)[0]
-    t = ws.xtypes   # (X's: float16 X reads as xhalf)
+    t = ws.xtypes   # (X's: half X reads as xhalf / xbf16)
     w = NULL if ws.w is None else ws.w
     skip = NULL if skip is None else skip
     if p.acc_mode == "shared":

@@ -150,31 +150,39 @@ def wgmma_fits(d, dev, split=False, fmt=0, areg=False) -> bool:
             and wgmma_smem(d, split, fmt, areg) <= dev.smem_block - 1024)
 
 
+#: a half dtype's storage type in the kernels (cuda/formats.cuh): X in that format
+X_STORAGE = {"float16": "xhalf", "bfloat16": "xbf16"}
+#: the half dtype that stores each half format's data (fmt 1 fp16, 2 bf16)
+FORMAT_DTYPES = {1: "float16", 2: "bfloat16"}
+
+
 def wgmma_kernel_name(d: int, vec: bool, split: bool = False, fmt: int = 0,
-                      areg: bool = False, xhalf: bool = False) -> str:
+                      areg: bool = False, x_dtype: str = "float32") -> str:
     """An instance of assign_wgmma: 3xTF32 or TF32 (or, fmt 1 / 2, fp16 / bf16, with areg
     X's fragments in registers), row tiles, column block, atoms of K, 16-byte loads of X;
-    xhalf: X stored in fp16 (fmt 1)."""
+    x_dtype: X's (a half dtype: X stored in format fmt, `X_STORAGE`)."""
     mt, bn = wgmma_tile(split)
-    tail = (f",{fmt},{'true' if areg else 'false'},xhalf>" if xhalf else
+    xs = X_STORAGE.get(x_dtype)
+    tail = (f",{fmt},{'true' if areg else 'false'},{xs}>" if xs else
             f",{fmt},true>" if areg else f",{fmt}>" if fmt else ">")
     return (f"assign_wgmma<{int(split)},{mt},{bn},{wgmma_atoms(d, fmt)},"
             f"{'true' if vec else 'false'}" + tail)
 
 
-def _wgmma_instances(split, fmt=0, areg=False, xhalf=False):
+def _wgmma_instances(split, fmt=0, areg=False, x_dtype="float32"):
     # (d up to the largest d: one instance per atom count)
     per_atom = 64 if fmt else 32
     top = wgmma_atoms(WGMMA_MAX_D_AREG if areg else WGMMA_MAX_D_HALF if fmt
                       else WGMMA_MAX_D, fmt)
-    return tuple(wgmma_kernel_name(per_atom * a, v, split, fmt, areg, xhalf)
+    return tuple(wgmma_kernel_name(per_atom * a, v, split, fmt, areg, x_dtype)
                  for a in range(1, top + 1) for v in (True, False))
 
 
 def _half_dtypes(fmt):
-    """X's dtypes of a half format's wgmma kernel: float32, and float16 X for fp16 (read as
-    it is: the fit's data stored in the format it computes at)."""
-    return ("float32", "float16") if fmt == 1 else ("float32",)
+    """X's dtypes of a half format's wgmma kernel: float32, and the format's own dtype
+    (float16 for fp16, bfloat16 for bf16), read as it is: the fit's data stored in the
+    format it computes at."""
+    return ("float32", FORMAT_DTYPES[fmt])
 
 
 def _mma_instances(split):
@@ -243,17 +251,16 @@ VARIANTS = {
         lambda d, dev, fmt=fmt: (True, wgmma_smem(d, False, fmt))
         if wgmma_fits(d, dev, False, fmt) else None,
         lambda dt, d, vec, res, fmt=fmt: wgmma_kernel_name(d, vec, False, fmt,
-                                                           xhalf=dt == "float16"),
-        lambda dt, fmt=fmt: _wgmma_instances(False, fmt, xhalf=dt == "float16"))
+                                                           x_dtype=dt),
+        lambda dt, fmt=fmt: _wgmma_instances(False, fmt, x_dtype=dt))
        for name, fmt in HALF_FORMATS.items()},
     **{f"wgmma-{name}r": Variant(
         "tile", "fused_wgmma.cu", _half_dtypes(fmt), 4 + fmt,
         lambda n, dt, dev: cdiv(n, 128 * wgmma_tile(False)[0]),
         lambda d, dev, fmt=fmt: (True, wgmma_smem(d, False, fmt, True))
         if wgmma_fits(d, dev, False, fmt, True) else None,
-        lambda dt, d, vec, res, fmt=fmt: wgmma_kernel_name(d, vec, False, fmt, True,
-                                                           dt == "float16"),
-        lambda dt, fmt=fmt: _wgmma_instances(False, fmt, True, dt == "float16"))
+        lambda dt, d, vec, res, fmt=fmt: wgmma_kernel_name(d, vec, False, fmt, True, dt),
+        lambda dt, fmt=fmt: _wgmma_instances(False, fmt, True, dt))
        for name, fmt in HALF_FORMATS.items()},
     "wgmma3": Variant(
         "tile", "fused_wgmma.cu", ("float32",), 4,

@@ -30,6 +30,7 @@ from kmeans_xp.contract.namespaces import (
     dtype_name,
     foreign_device_type,
 )
+from kmeans_xp.contract.precision import half_kind
 from kmeans_xp.contract.scaling import rescaled
 from kmeans_xp.contract.sphere import unit_rows
 
@@ -220,10 +221,11 @@ class CupyPlacement(Placement):
         only: float32 values added in float64 are exact in any order while 24 bits +
         log2(n) + their exponent range fit in 53, so the mean is the numpy backend's bit
         for bit; float64 X's sums round, differently in another order, and a mean's last
-        bit decides exact ties. float16 X likewise (read as fp16, summed in float64)."""
+        bit decides exact ties. Half X likewise (read in its format, summed in float64)."""
         cp = self._cp
         return (isinstance(X, cp.ndarray) and X.ndim == 2 and X.shape[0] > 0
-                and X.flags.c_contiguous and X.dtype in (cp.float32, cp.float16))
+                and X.flags.c_contiguous
+                and (X.dtype == cp.float32 or half_kind(X.dtype) is not None))
 
     def center(self, X, mean, *, xp, in_place=False, dtype=None):
         if isinstance(X, np.ndarray) and self.streams(X):
@@ -253,8 +255,8 @@ class CupyPlacement(Placement):
         return rescaled(Placement.center(self, X, mean, xp=xp, in_place=own), scale, xp)
 
     def _centered_as(self, X, mean, scale, dtype):
-        """(X - mean) * scale in float32, rounded once to `dtype` (float16: the data of a
-        backend's `half_data` fit), row chunk by row chunk into the fit's own array: X's
+        """(X - mean) * scale in float32, rounded once to `dtype` (float16, bfloat16: the data
+        of a backend's `half_data` fit), row chunk by row chunk into the fit's own array: X's
         device copy of a host X when it already has that dtype, else a new one (half the
         bytes of a float32 copy). X as the user gave it is never written."""
         cp = self._cp

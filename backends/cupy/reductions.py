@@ -241,7 +241,7 @@ def farthest(X, w, labels, C, m, *, rows=FARTHEST_ROWS):
         e = min(s + rows, n)
         relocation_keys(X[s:e], None if w is None else w[s:e], labels[s:e], C, keys[: e - s])
         top.add(keys[: e - s], s)
-    # (float16 X: the rows that become centers, in float32, exactly)
+    # (half X: the rows that become centers, in float32, exactly)
     return gather_farthest(top, lambda idx: X[idx].astype(keys.dtype, copy=False),
                            lambda idx: None if w is None else w[idx], labels)
 

@@ -11,7 +11,7 @@ import math
 import numpy as np
 
 from . import common
-from .common import BLOCK, NULL, cupy
+from .common import BLOCK, NULL, cupy, dtype_name
 
 #: candidates per center the kernels take at most (SEED_MAX_TRIALS in cuda/seeding.cu)
 MAX_TRIALS = 16
@@ -58,7 +58,7 @@ def device_seeding(X, sample_weight, n_local_trials):
         data, mean = X, None
     n, d = data.shape
     if (n == 0 or not _fits(n_local_trials, d, common.compute_dtype(data.dtype).itemsize)
-            or np.dtype(data.dtype) not in common.X_TYPES or not data.flags.c_contiguous):
+            or dtype_name(data.dtype) not in common.X_TYPES or not data.flags.c_contiguous):
         return None
     return DeviceSeeding(data, mean, sample_weight)
 
@@ -71,7 +71,7 @@ class DeviceSeeding:
         cp = cupy()
         n, d = data.shape
         self.data, self.n, self.d = data, n, d
-        # what the kernels compute in (float16 data: float32; they read it as fp16)
+        # what the kernels compute in (half data: float32; they read it in its format)
         self.T = common.compute_dtype(data.dtype)
         self.mean = NULL if mean is None else cp.ascontiguousarray(mean, dtype=self.T)
         self.w = (NULL if sample_weight is None else

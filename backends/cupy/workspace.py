@@ -30,7 +30,7 @@ class Workspace:
         self.X, self.w, self.k, self.n, self.d = X, w, k * problems, n, d
         self.problems, self.rows = problems, n // problems
         # T, dtype_name: what the kernels compute in (the centers' operands, min_sq); X's own
-        # dtype (x_name) differs for float16 X, read as fp16 (`common.xtypes`)
+        # dtype (x_name) differs for half X, read in its format (`common.xtypes`)
         self.plan, self.T = plan, compute_dtype(X.dtype)
         self.dtype_name, self.x_name, self.xtypes = str(self.T), str(X.dtype), xtypes(X.dtype)
         self.acc = cp.zeros(self.k * (d + 1) * 2, dtype=cp.uint64)

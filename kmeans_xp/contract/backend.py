@@ -55,8 +55,9 @@ above, and `check_backend` checks an override against it, so a plugin needs none
     precisions        ("exact",): the compute precisions it takes (docs/precision.md); the
                       fit's, from its `FitPlan`, is in `compute_precision` when its
                       primitives run (`use_precision` sets it)
-    half_data         (): the precisions at which the primitives compute on float16 data
-                      as it is (float32 centers): `placement.center(dtype=float16)`
+    half_data         (): the precisions at which the primitives compute on data in that
+                      half format as it is (float16, bfloat16; float32 centers):
+                      `placement.center(dtype=)`
     driver_rows       rows per chunk of the O(n d) passes done in xp code (a quarter of the
                       budget; dask: all rows, it chunks them itself)
 
@@ -164,10 +165,10 @@ class KMeansBackend:
     precisions: ClassVar[tuple[str, ...]] = ("exact",)
     #: the precision of the fit being run (`use_precision`, from its `FitPlan.precision`)
     compute_precision: str = "exact"
-    #: the precisions at which the primitives take float16 data as it is (X given in
-    #: float16, or centered into it by `placement.center(dtype=)`), centers, weights and
-    #: distances in float32: at "fp16" the data is read once at half the bytes. Else a
-    #: float16 X is computed on in float32.
+    #: the precisions at which the primitives take data in that half format as it is (X
+    #: given in float16 / bfloat16, or centered into it by `placement.center(dtype=)`:
+    #: `precision.storage_dtype`), centers, weights and distances in float32: the data is
+    #: read at half the bytes. Else half X is computed on in float32.
     half_data: ClassVar[tuple[str, ...]] = ()
 
     def __init_subclass__(cls, **kwargs: Any) -> None:

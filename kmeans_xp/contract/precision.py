@@ -34,6 +34,38 @@ def half_kind(dtype) -> str | None:
     return {"float16": "fp16", "half": "fp16", "bfloat16": "bf16"}.get(name)
 
 
+#: the dtype (by name) that stores each half format's data (`KMeansBackend.half_data`)
+HALF_STORAGE = {"fp16": "float16", "bf16": "bfloat16"}
+
+
+def storage_dtype(precision: str, xp):
+    """The dtype of namespace `xp` that stores data in `precision`'s half format (float16;
+    bfloat16, which NumPy and CuPy name through ml_dtypes), or None: a precision without
+    one, or a namespace that cannot hold it (ml_dtypes not installed, CuPy before 14)."""
+    name = HALF_STORAGE.get(precision)
+    if name is None:
+        return None
+    found = getattr(xp, name, None)
+    return found if found is not None else _ml_dtype(name, xp)
+
+
+_HELD: dict = {}
+
+
+def _ml_dtype(name: str, xp):
+    """ml_dtypes' `name` where `xp` makes arrays of it (asked once per namespace), else None."""
+    key = (id(xp), name)   # (namespaces are modules: they live as long as the process)
+    if key not in _HELD:
+        try:
+            import ml_dtypes
+            dtype = np.dtype(getattr(ml_dtypes, name))
+            xp.empty((1,), dtype=dtype)
+            _HELD[key] = dtype
+        except Exception:  # noqa: BLE001 - no ml_dtypes, or a library without the type
+            _HELD[key] = None
+    return _HELD[key]
+
+
 def compute_dtype(dtype, xp):
     """The dtype of the centers, weights and distances of a fit on data of `dtype`: float32
     for half data (float16 X that a backend reads as it is: `KMeansBackend.half_data`),

@@ -14,7 +14,7 @@ from kmeans_xp.contract.namespaces import (DLPACK_FOREIGN, array_namespace, devi
                                            namespace_name, operand)
 from kmeans_xp.estimators.predicting import require_known_shape
 from kmeans_xp.contract.selection import select_backend
-from kmeans_xp.contract.precision import half_kind
+from kmeans_xp.contract.precision import HALF_STORAGE, half_kind
 from kmeans_xp.contract.scaling import NumericGuard, host_dtype_of
 from kmeans_xp.estimators.validation import check_array, check_init_array, check_sample_weight, validate_params
 
@@ -48,9 +48,10 @@ class Fitting:
         validate_params(self.get_params(), type(self).__name__)
 
     def _checked_X(self, X, *, absmax=True):
-        """X validated (2-D, finite, float32/float64; float16 kept for a fit at fp16:
-        `_half_for`) and, with absmax, (X, max |X|)."""
-        keep = self._keeps_half and getattr(self, "_precision_fit", "exact") == "fp16"
+        """X validated (2-D, finite, float32/float64; float16 / bfloat16 kept for a fit at
+        fp16 / bf16: `_half_for`) and, with absmax, (X, max |X|)."""
+        precision = getattr(self, "_precision_fit", "exact")
+        keep = precision if self._keeps_half and precision in HALF_STORAGE else None
         out = check_array(X, owner=type(self).__name__, absmax=absmax, keep_half=keep)
         require_known_shape(out[0] if absmax else out, self.backend, self.n_clusters)
         return out
@@ -105,10 +106,10 @@ class Fitting:
         return X, sw, self._init_array(X.shape[1]), guard
 
     def _half_for(self, X, backend):
-        """X as the backend computes on it: float16 X (kept by validation for a fit at
-        precision="fp16") stays float16 where the backend's kernels read it as it is
+        """X as the backend computes on it: half X (kept by validation for a fit at its own
+        precision) stays as it is where the backend's kernels read it so
         (`KMeansBackend.half_data`), else float32 (its values, exactly)."""
-        if half_kind(X.dtype) != "fp16" or self._precision_fit in backend.half_data:
+        if half_kind(X.dtype) is None or self._precision_fit in backend.half_data:
             return X
         return array_namespace(X).astype(X, array_namespace(X).float32)
 

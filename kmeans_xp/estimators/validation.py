@@ -168,11 +168,11 @@ def _numeric_from_python(X, name):
                         f"give float32 or float64 data.") from exc
 
 
-def check_array(X, *, name="X", owner="KMeans", absmax=False, keep_half=False):
+def check_array(X, *, name="X", owner="KMeans", absmax=False, keep_half=None):
     """X as a 2-D float32/float64 array in its own namespace (lists become NumPy); with
-    absmax=True, (X, max |X|) (None where X is checked lazily: dask). keep_half: float16 X
-    stays float16 (a fit at precision="fp16", whose backend may compute on it as it is:
-    `KMeansBackend.half_data`; the fit converts it otherwise)."""
+    absmax=True, (X, max |X|) (None where X is checked lazily: dask). keep_half: a half
+    precision ("fp16", "bf16") whose half X stays as it is (a fit at that precision, whose
+    backend may compute on it so: `KMeansBackend.half_data`; the fit converts it otherwise)."""
     if isinstance(X, np.matrix):  # its * is a matrix product: the xp code would be wrong
         raise TypeError(f"np.matrix is not supported for {name}; convert it with "
                         f"np.asarray({name}).")
@@ -185,9 +185,10 @@ def check_array(X, *, name="X", owner="KMeans", absmax=False, keep_half=False):
                         f"of its CSR chunks) or dense chunks.")
     if ns == "list" or (isinstance(X, np.ndarray) and X.dtype == object):
         X = _numeric_from_python(X, name)
-    if isinstance(X, np.ndarray) and half_kind(X.dtype) == "bf16":
+    keep = keep_half is not None and half_kind(getattr(X, "dtype", None)) == keep_half
+    if isinstance(X, np.ndarray) and half_kind(X.dtype) == "bf16" and not keep:
         X = X.astype(np.float32)  # ml_dtypes' bfloat16 (kind "V"): its values, exactly
-    if isinstance(X, np.ndarray) and X.dtype.kind in "USVO":
+    if isinstance(X, np.ndarray) and X.dtype.kind in "USVO" and not keep:
         raise ValueError(f"{name} has dtype {X.dtype}, which is not numeric; give float32 or "
                          f"float64 data.")
     xp = array_namespace(X)
@@ -203,7 +204,7 @@ def check_array(X, *, name="X", owner="KMeans", absmax=False, keep_half=False):
         what = "sample(s)" if X.shape[0] == 0 else "feature(s)"
         raise ValueError(f"Found array with 0 {what} (shape={tuple(X.shape)}) while a minimum "
                          f"of 1 is required.")
-    dtype = X.dtype if keep_half and half_kind(X.dtype) == "fp16" else _float_dtype_for(xp, X.dtype)
+    dtype = X.dtype if keep else _float_dtype_for(xp, X.dtype)
     if dtype != X.dtype:
         X = xp.astype(X, dtype)
     top = None

@@ -12,7 +12,8 @@ import numpy as np
 
 from kmeans_xp.contract import registry
 from kmeans_xp.contract.namespaces import to_numpy
-from kmeans_xp.contract.precision import LABEL_SHARE, assignment_error, inertia_gap_bound
+from kmeans_xp.contract.precision import (LABEL_SHARE, assignment_error, inertia_gap_bound,
+                                          storage_dtype)
 from kmeans_xp.testing.fits import asymmetric_data
 
 
@@ -96,21 +97,39 @@ def check_half_precision(backend, to_arr):
                                    X.shape[1], where)
             check_assignment_bound(backend, to_arr, precision, where)
             passed += 2
-            if precision in backend.half_data and X16_in is not None:
-                check_half_data(name, X16, X16_in, to_arr, init, ref16, precision, where)
+            half = _half_input(X, precision, to_arr) if precision in backend.half_data else None
+            if half is not None:
+                check_half_data(name, *half, to_arr, init, precision, where)
                 passed += 1
     return passed
 
 
-def check_half_data(name, X16, X16_in, to_arr, init, ref16, precision, where):
-    """A precision of `half_data`: the fit of float16 X computes on it as it is (within the
-    bound of the exact fit of its values), and a float32 X holding the same values gives
-    the same fit (its centered data is rounded to float16 once, as float16 X's is)."""
-    got = _fit(name, X16_in, init, precision)
-    check_fit_within_bound(got, ref16, precision, X16.shape[1], f"{where}, float16 X")
-    same = _fit(name, to_arr(X16.astype(np.float32)), init, precision)
+def _half_input(X, precision, to_arr):
+    """(X in `precision`'s half dtype on the host, the same as the backend takes it), or
+    None where NumPy or the backend's namespace has no such dtype (bfloat16 without
+    ml_dtypes)."""
+    dtype = storage_dtype(precision, np)
+    if dtype is None:
+        return None
+    Xh = X.astype(dtype)
+    try:
+        return Xh, to_arr(Xh)
+    except (TypeError, ValueError):
+        return None
+
+
+def check_half_data(name, Xh, Xh_in, to_arr, init, precision, where):
+    """A precision of `half_data`: the fit of X in that format computes on it as it is
+    (within the bound of the exact fit of its values), and a float32 X holding the same
+    values gives the same fit (its centered data is rounded to the format once, as the half
+    X's is)."""
+    what = f"{where}, {Xh.dtype} X"
+    ref = _fit("numpy", Xh, init, "exact")
+    got = _fit(name, Xh_in, init, precision)
+    check_fit_within_bound(got, ref, precision, Xh.shape[1], what)
+    same = _fit(name, to_arr(Xh.astype(np.float32)), init, precision)
     assert np.array_equal(to_numpy(got.labels_), to_numpy(same.labels_)), \
-        f"{where}: float16 X and its float32 values give different labels"
+        f"{what}: it and its float32 values give different labels"
     assert np.array_equal(to_numpy(got.cluster_centers_), to_numpy(same.cluster_centers_)), \
-        f"{where}: float16 X and its float32 values give different centers"
-    assert got.inertia_ == same.inertia_, f"{where}: different inertia"
+        f"{what}: it and its float32 values give different centers"
+    assert got.inertia_ == same.inertia_, f"{what}: different inertia"

@@ -396,7 +396,7 @@ __device__ __forceinline__ i64 problem_end(int n) { return (i64)blockIdx.y * n +
 // eight at a time (one thread per row: scalar loads left each thread waiting on memory once
 // per 16 features); xn_own >= 0 is that sum for row threadIdx.x, made by the caller. Rows
 // are global (a batch's problems one after another): n is one past the problem's last.
-// XT: X's storage (T, or xhalf: fp16 X, its values widened exactly).
+// XT: X's storage (T, or xhalf / xbf16: half X, its values widened exactly).
 template <typename T, int BM, int RS, int NC = 16, typename XT = T>
 __device__ __forceinline__ void finish_rows(const T* rbest, const int* ridx, i64 row0, i64 n,
                                             int d, const XT* __restrict__ X,
@@ -422,7 +422,7 @@ __device__ __forceinline__ void finish_rows(const T* rbest, const int* ridx, i64
         const XT* const xr = X + gx * d;
         int j = (xn_own >= (T)0 && r == (int)threadIdx.x) ? d : 0;  // (the caller's sum)
         if (j) xn = xn_own;
-        if constexpr (sizeof(XT) == 2) {   // fp16: 16 values in two 16-byte loads
+        if constexpr (sizeof(XT) == 2) {   // half X: 16 values in two 16-byte loads
             if ((d & 7) == 0 && (reinterpret_cast<unsigned long long>(X) & 15) == 0) {
                 const uint4* const xv = reinterpret_cast<const uint4*>(xr);
                 for (; j + 16 <= d; j += 16) {
@@ -430,7 +430,8 @@ __device__ __forceinline__ void finish_rows(const T* rbest, const int* ridx, i64
                     const unsigned w[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
 #pragma unroll
                     for (int u = 0; u < 8; ++u) {
-                        const T lo = (T)fp16_value(w[u] & 0xffffu), hi = (T)fp16_value(w[u] >> 16);
+                        const T lo = (T)half_value<XT>(w[u] & 0xffffu),
+                                hi = (T)half_value<XT>(w[u] >> 16);
                         xn = add_rn(xn, mul_rn(lo, lo));
                         xn = add_rn(xn, mul_rn(hi, hi));
                     }

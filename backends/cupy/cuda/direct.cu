@@ -6,7 +6,7 @@
 //   labelled_sq_dist<T>: the distances themselves (cupy-chunked's min_sq_dist).
 //   relocation_keys<T>: the distance, or -1 for zero-weight points (never relocated): the
 //     keys `farthest` ranks when a cluster is empty.
-// X is read as XT (default T; xhalf: fp16 X, each value widened exactly to T by xval), the
+// X is read as XT (default T; xhalf/xbf16: half X, each value widened exactly by xval), the
 // centers and the arithmetic stay in T.
 #include "common.cuh"
 

@@ -1,6 +1,6 @@
 // The number formats of the CuPy backends' operands, included by common.cuh: TF32 and the
-// half formats' rounding (the tensor-core kernels' operands) and float16 storage of X (a
-// kernel template reading X through `xval`). Integer arithmetic only: no cuda_fp16.h under
+// half formats' rounding (the tensor-core kernels' operands) and fp16 or bf16 storage of X
+// (a kernel template reading X through `xval`). Integer arithmetic only: no cuda_fp16.h under
 // NVRTC, and the CPU emulator of the tests runs these as they are.
 #ifndef KMEANS_XP_FORMATS_CUH
 #define KMEANS_XP_FORMATS_CUH
@@ -54,11 +54,35 @@ __device__ __forceinline__ float fp16_value(unsigned h) {
     return __uint_as_float(sign | (em < 0x400u ? __float_as_uint(sub) : wide));
 }
 
+// X stored in bf16 (precision="bf16": the fit's centered data, or the user's bfloat16 X):
+// the upper 16 bits of a float, so its value is those bits shifted back (exact).
+struct xbf16 { unsigned short bits; };
+
+__device__ __forceinline__ float bf16_value(unsigned h) { return __uint_as_float(h << 16); }
+
+// The half storage types: the format each stores (FMT of the tensor-core kernels: 1 fp16,
+// 2 bf16; 0 for float and double) and the float value of its 16 bits, so that a kernel
+// written once for "X in a half format" serves both.
+template <typename XT> struct HalfFormat { static constexpr int value = 0; };
+template <> struct HalfFormat<xhalf> { static constexpr int value = 1; };
+template <> struct HalfFormat<xbf16> { static constexpr int value = 2; };
+
+template <typename XT> __device__ __forceinline__ float half_value(unsigned h);
+template <> __device__ __forceinline__ float half_value<xhalf>(unsigned h) {
+    return fp16_value(h);
+}
+template <> __device__ __forceinline__ float half_value<xbf16>(unsigned h) {
+    return bf16_value(h);
+}
+
 // X's value at p as the kernel's arithmetic type T (float or double): the identity for
-// float and double X, the exact widening for xhalf
+// float and double X, the exact widening for the half storage types
 template <typename T> __device__ __forceinline__ T xval(const T* p) { return *p; }
 template <typename T> __device__ __forceinline__ T xval(const xhalf* p) {
     return (T)fp16_value(p->bits);
+}
+template <typename T> __device__ __forceinline__ T xval(const xbf16* p) {
+    return (T)bf16_value(p->bits);
 }
 
 // two floats as one word of halves, lo in the low 16 bits (the K order of the operands)

@@ -1,8 +1,8 @@
 // cupy-fused: per-cluster weighted sums and weights in 64-bit fixed point (two words per
 // value, scaled per feature by a power of two, fixed_point_scales in stats.cu), so that
 // atomics in any order give bit-identical sums; then finalize_sums turns them into float64.
-// Labels int32; W null: unit weights. X is read as XT (default T; xhalf: fp16 X, widened
-// exactly by xval), so the sums of fp16 X are those of the same values in float.
+// Labels int32; W null: unit weights. X is read as XT (default T; xhalf/xbf16: half X,
+// widened exactly by xval), so the sums of half X are those of the same values in float.
 #include "common.cuh"
 
 // Shared-memory privatisation (k*(d+1) pairs of words per block), one point per thread,
@@ -183,7 +183,7 @@ __device__ __forceinline__ void flush_cluster(u64* acc, int c, int d, int g, boo
 
 // V consecutive features of a row, one load (16 bytes when V > 1: the host passes V > 1 only
 // where d is a multiple of V and X is 16-byte aligned). T is X's storage type: 16 bytes are
-// 4 floats, 2 doubles or 8 xhalf.
+// 4 floats, 2 doubles or 8 xhalf / xbf16.
 template <typename T, int V>
 struct __align__(V > 1 ? 16 : sizeof(T)) RowPiece { T v[V]; };
 

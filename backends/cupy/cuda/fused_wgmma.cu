@@ -61,8 +61,8 @@ constexpr int WG_STAGES = 3;  // centers' stages: a column block loads two block
 // (layouts 5 and 6). AREG (a half format, half_kernel="registers"): each thread's A
 // fragments of its MT row tiles in registers for the whole pass, as SPLIT's, and shared
 // memory for the centers alone (A in shared memory, the products read it beside B's rows).
-// XT: X's storage, float or xhalf (fp16 X, with FMT 1 only: the fit's data stored in the
-// format it computes at); an fp16 16-byte chunk of X is the shared tile's chunk as it is, so
+// XT: X's storage, float, xhalf or xbf16 (X in the half format FMT computes at: the fit's
+// data stored in it); a half 16-byte chunk of X is the shared tile's chunk as it is, so
 // X's rows go to shared memory by cp.async (16-byte rows) with nothing to round.
 template <int SPLIT, int MT, int BN, int NAT, bool VEC, int FMT = 0, bool AREG = false,
           typename XT = float>
@@ -79,8 +79,8 @@ assign_wgmma(const XT* __restrict__ X, const float* __restrict__ W,
     static_assert(BN == 64 && (!SPLIT || MT == 1), "the tiles of fused_plan.wgmma_tile");
     static_assert(FMT == 0 || !SPLIT, "the split is of TF32 only");
     static_assert(!AREG || FMT != 0, "X's half fragments in registers: a half format only");
-    constexpr bool XH = sizeof(XT) == 2;   // fp16 X
-    static_assert(!XH || FMT == 1, "fp16 X computes in fp16");
+    constexpr bool XH = sizeof(XT) == 2;   // X in a half format
+    static_assert(!XH || FMT == HalfFormat<XT>::value, "half X computes at its own format");
     constexpr bool XSMEM = !SPLIT && !AREG;  // X's rows in shared memory (A by descriptor)
     constexpr int EB = FMT ? 2 : 4;        // bytes of an operand value in shared memory
     constexpr int EC = 16 / EB;            // values in a 16-byte chunk
@@ -185,7 +185,7 @@ assign_wgmma(const XT* __restrict__ X, const float* __restrict__ W,
                     const int k = 16 * s + 2 * t + 8 * (e >> 1);
                     const bool row_ok = (e & 1) ? rb < n : ra < n;
                     const XT* const p = ((e & 1) ? pb : pa) + k;
-                    // (fp16 X: its value rounds back to its own bits)
+                    // (half X: its value rounds back to its own bits)
                     const float lo = row_ok && k < d ? xval<float>(p) : 0.0f;
                     const float hi = row_ok && k + 1 < d ? xval<float>(p + 1) : 0.0f;
                     xh[mt][s][e] = half2_bits<FMT>(lo, hi);
@@ -212,7 +212,8 @@ assign_wgmma(const XT* __restrict__ X, const float* __restrict__ W,
                                            __float_as_uint(v.z), __float_as_uint(v.w)};
 #pragma unroll
                     for (int u = 0; u < 4; ++u) {
-                        const float lo = fp16_value(w[u] & 0xffffu), hi = fp16_value(w[u] >> 16);
+                        const float lo = half_value<XT>(w[u] & 0xffffu),
+                                    hi = half_value<XT>(w[u] >> 16);
                         s = __fadd_rn(s, __fmul_rn(lo, lo));
                         s = __fadd_rn(s, __fmul_rn(hi, hi));
                     }
@@ -236,7 +237,7 @@ assign_wgmma(const XT* __restrict__ X, const float* __restrict__ W,
             const i64 gx = row0 + r0 + 32 * i;
             const XT* const xr = X + (gx < n ? gx : 0) * d;
             uint4 f;
-            if constexpr (XH) {   // fp16 X: its 8 values' bits, zeros past n and d
+            if constexpr (XH) {   // half X: its 8 values' bits, zeros past n and d
                 const int cnt = gx < n ? max(0, min(8, d - k)) : 0;
                 if constexpr (VEC) {   // (cnt 0 or 8: d a multiple of 8)
                     f.x = f.y = f.z = f.w = 0u;

@@ -9,7 +9,7 @@
 // X is read centered (x - mean, rounded in T, as the centered copy holds it; mean null: X as
 // it is). Distances are direct differences summed feature by feature from 0 in T (the xp
 // steps' rounding for d <= 4). Weights are float64 (null: unit weights). X is read as XT
-// (default T; xhalf: fp16 X, each value widened exactly to T by xval before centering).
+// (default T; xhalf/xbf16: half X, each value widened exactly by xval before centering).
 #include "common.cuh"
 
 // candidates per center at most (2 + int(ln k) for k up to 1.2e6); the host checks it

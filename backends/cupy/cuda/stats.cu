@@ -8,8 +8,8 @@
 //   column_absmax<T> + fixed_point_scales: cupy-fused's fixed-point scales, on the device.
 //   column_moments<T>: host streaming's one-pass column sums and squares about a shift.
 //   count_labels: points per cluster (integer atomics: exact in any order).
-// column_absmax and column_moments read X as XT (default T; xhalf: fp16 X, widened exactly
-// by xval), their arithmetic still in T and float64.
+// column_absmax and column_moments read X as XT (default T; xhalf/xbf16: half X, widened
+// exactly by xval), their arithmetic still in T and float64.
 #include "common.cuh"
 
 template <typename T>

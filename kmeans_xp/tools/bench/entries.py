@@ -15,12 +15,26 @@ import contextlib
 import importlib
 import os
 
+import numpy as np
+
+from kmeans_xp.contract.precision import storage_dtype
 from kmeans_xp.tools.bench.machine import torch_cuda
 from kmeans_xp.tools.bench.protocol import CupyPeak, Entry, Fitted, NoPeak, TorchPeak, Unavailable, sync_namespace
 from kmeans_xp.tools.bench.workload import Workload
 
 #: the row of KMeans' own choice (backend="auto"; "auto" alone names the default set)
 AUTO = "kmeans_xp-auto"
+
+
+#: the dtypes a row's X may arrive in (`input=`): the half formats' (bfloat16 via ml_dtypes)
+INPUTS = ("float16", "bfloat16")
+
+
+def _input_dtype(name):
+    dtype = storage_dtype({"float16": "fp16", "bfloat16": "bf16"}[name], np)
+    if dtype is None:
+        raise Unavailable(f"input={name}: NumPy names no {name} here (pip install ml_dtypes)")
+    return dtype
 
 
 class BackendEntry(Entry):
@@ -37,12 +51,13 @@ class BackendEntry(Entry):
         base, self.options = split_options(spec)
         # (the estimator's precision, not a backend option; "fp32" is the old name of exact)
         self.precision = str(self.options.pop("precision", "exact")).replace("fp32", "exact")
-        # "name[input=float16]": X as the user hands it, in that dtype (an embedding
-        # model's fp16 output), converted once before the timed copies in (not a backend
-        # option)
+        # "name[input=float16]" (or bfloat16): X as the user hands it, in that dtype (an
+        # embedding model's half output), converted once before the timed copies in (not a
+        # backend option)
         self.input = self.options.pop("input", None)
-        if self.input not in (None, "float16"):
-            raise ValueError(f"{spec}: input={self.input!r}; the row takes input=float16")
+        if self.input not in (None, *INPUTS):
+            raise ValueError(f"{spec}: input={self.input!r}; the row takes input= one of "
+                             f"{', '.join(INPUTS)}")
         self.backend_name, _, self.namespace = base.partition("@")
         self.w = w
         from kmeans_xp.contract.registry import list_backends
@@ -52,6 +67,8 @@ class BackendEntry(Entry):
 
     def check(self):
         from kmeans_xp.contract.registry import get_backend, list_backends
+        if self.input is not None:
+            _input_dtype(self.input)   # (NumPy names it here, or the row does not run)
         if self.backend_name == AUTO:
             return self._check_auto()
         info = list_backends().get(self.backend_name)
@@ -90,7 +107,7 @@ class BackendEntry(Entry):
     def to_input(self, X):
         if self.input is not None:   # (converted once: the user's data comes this way)
             if getattr(self, "_converted", (None,))[0] is not X:
-                self._converted = (X, X.astype(self.input))
+                self._converted = (X, X.astype(_input_dtype(self.input)))
             X = self._converted[1]
         if self.backend_name == AUTO:
             return X
