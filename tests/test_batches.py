@@ -76,6 +76,36 @@ def test_empty_clusters_relocate_per_problem(dtype):
     _assert_same_as_alone(km, problems, inits, dtype, max_iter=50)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_several_problems_relocate_in_one_iteration(dtype, monkeypatch):
+    """Empty clusters in three of four problems at once, weighted (zeros among them), one of
+    them with more empty clusters than points to give (the heaviest-cluster fill): each
+    relocates as it would alone, the four in one relocation call per iteration."""
+    from kmeans_xp.algorithms import batches
+    problems = _problems([523, 523, 523, 523], 3, 9, dtype, seed=4)
+    problems[3] = problems[3].copy()
+    problems[3][:, :] = problems[3][0]          # all rows equal: nothing to give
+    inits = _inits(problems, 9)
+    for b in (0, 1, 3):
+        inits[b, 2:5] += 1e4                     # three centers no point is near
+    weights = np.random.default_rng(3).uniform(0.5, 2.0, (4, 523))
+    weights[:, ::11] = 0
+    calls = []
+    real = batches.relocate_empty_many
+
+    def spy(backend, problems_, *args):
+        calls.append([p.at for p in problems_])
+        return real(backend, problems_, *args)
+
+    monkeypatch.setattr(batches, "relocate_empty_many", spy)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        km = KMeans(9, init=inits, max_iter=40, backend="numpy").fit(
+            np.stack(problems), sample_weight=weights)
+    assert calls and sorted(calls[0]) == [0, 1, 3]
+    _assert_same_as_alone(km, problems, inits, dtype, weights=weights, max_iter=40)
+
+
 def test_tol_and_max_iter_per_problem():
     problems = _problems([1031] * 3, 3, 8, np.float64, seed=2)
     inits = _inits(problems, 8)

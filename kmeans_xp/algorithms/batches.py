@@ -18,7 +18,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from kmeans_xp.algorithms.lloyd import FILLED, drive, new_centers, relocate_empty
+from kmeans_xp.algorithms.lloyd import FILLED, drive, new_centers
+from kmeans_xp.algorithms.relocation import Problem, relocate_empty_many
 from kmeans_xp.contract import return_checks as returned
 from kmeans_xp.contract.batching import batch_size, check_batch_stats, problem, row
 from kmeans_xp.contract.namespaces import device, to_numpy
@@ -92,30 +93,20 @@ class BatchRun:
         xp, it = self.xp, self.it
         sums, weights = it.weighted_sums, it.weight_in_clusters
         a = len(self.active)
-        if len(relocate):
-            sums, weights = self._relocated(sums, weights, relocate)
+        if len(relocate):   # (all the relocating problems' in one round trip)
+            which = [(j, self.active[j]) for j in relocate]
+            sums, weights = relocate_empty_many(
+                self.backend, [Problem(j, self.X[b], problem(self.sw, b), self.centers[j, ...],
+                                       row(it.labels, j)) for j, b in which], sums, weights, xp)
         filled = weights > self.zero
-        if len(relocate):   # (the heaviest-cluster fill, one problem at a time: rare)
-            c_new = xp.stack([new_centers(sums[j, ...], weights[j, ...], self.centers[j, ...],
-                                          xp, filled=filled[j, ...]) for j in range(a)])
-        else:
-            c_new = new_centers(sums, weights, self.centers, xp, fill_empty=False,
-                                filled=filled)
+        # (the heaviest-cluster fill after a relocation: each problem's, in one take)
+        c_new = new_centers(sums, weights, self.centers, xp, fill_empty=bool(len(relocate)),
+                            filled=filled)
         c64 = xp.astype(c_new, xp.float64, copy=False)
         diff = c64 - self.centers64
         shift = xp.sum(xp.reshape(diff * diff, (a, -1)), axis=1)
         n_filled = xp.sum(xp.astype(filled, xp.float64), axis=1)
         return c_new, c64, xp.stack([shift, it.inertia, it.n_changed, n_filled])
-
-    def _relocated(self, sums, weights, relocate):
-        xp, it = self.xp, self.it
-        s = [sums[j, ...] for j in range(sums.shape[0])]
-        w = [weights[j, ...] for j in range(sums.shape[0])]
-        for j in relocate:
-            b = self.active[j]
-            s[j], w[j] = relocate_empty(self.backend, self.X[b], problem(self.sw, b),
-                                        self.centers[j, ...], row(it.labels, j), s[j], w[j], xp)
-        return xp.stack(s), xp.stack(w)
 
     def retire(self, stop, strict, n_iter):
         it = self.it

@@ -28,9 +28,10 @@ import numpy as np
 from kmeans_xp.contract import return_checks as returned
 from kmeans_xp.algorithms.bounded import bounded_step
 from kmeans_xp.contract.results import LloydResult
-from kmeans_xp.contract.namespaces import array_namespace, device, to_numpy
+from kmeans_xp.contract.namespaces import device, to_numpy
 from kmeans_xp.algorithms.balance import balanced_step
 from kmeans_xp.algorithms.progress import bar, logger
+from kmeans_xp.algorithms.relocation import relocate_empty
 from kmeans_xp.contract.sphere import unit_centers
 
 #: positions in the array the driver reads each iteration
@@ -39,14 +40,6 @@ SHIFT, INERTIA, CHANGED, FILLED = range(4)
 #: whenever the iteration relocates; past this many seconds an iteration is worth far more
 #: than the turn-around, and the driver reads its statistics before issuing the next one
 AHEAD_MAX_ITERATION_S = 0.01
-
-
-def _rounding(x, dtype):
-    """A squared distance that is rounding, not distance: a point on its center can sit a
-    few ulps away when the center is a mean the backend rounded (float64 sums in order) or
-    not (exact sums), and the guard must not depend on which."""
-    eps = float(np.finfo(np.float32 if "32" in str(dtype) else np.float64).eps)
-    return (8 * eps) ** 2 * float(np.max(np.sum(x * x, axis=1), initial=0.0))
 
 
 def new_centers(sums, weights, centers_old, xp, *, fill_empty=True, filled=None,
@@ -61,65 +54,15 @@ def new_centers(sums, weights, centers_old, xp, *, fill_empty=True, filled=None,
     w = weights[..., None]   # ((k,) or a batch's (A, k))
     filled = (weights > 0 if filled is None else filled)[..., None]
     means = sums / xp.where(filled, w, 1.0)
-    if fill_empty:
-        heaviest = xp.take(means, xp.reshape(xp.argmax(weights), (1,)), axis=0)
-        means = xp.where(filled, means, heaviest)
+    if fill_empty:   # (each problem's own heaviest cluster: one take for a whole batch)
+        k, d = weights.shape[-1], means.shape[-1]
+        top = xp.argmax(xp.reshape(weights, (-1, k)), axis=1)
+        top = top + xp.arange(top.shape[0], dtype=top.dtype, device=device(top)) * k
+        heaviest = xp.take(xp.reshape(means, (-1, d)), top, axis=0)
+        means = xp.where(filled, means, xp.reshape(heaviest, (*weights.shape[:-1], 1, d)))
     if spherical:
         means = unit_centers(means, centers_old, xp)
     return xp.astype(means, centers_old.dtype, copy=False)
-
-
-def relocate_empty(backend, X, sample_weight, centers_old, labels, sums, weights, xp):
-    """scikit-learn's relocation: each empty cluster, in index order, takes the next point
-    farthest from its center, moving that point's weight and weighted coordinates out of its
-    old cluster. Nothing moves when all those points sit on their centers (distance 0).
-    Done on the host on the weights and the rows of sums it changes: the farthest points and
-    their clusters' rows of sums come down in one transfer (`_far_rows`), the changed rows go
-    back and one `take` puts them in place (k x d float64 both ways was a millisecond at
-    W5, each further read a device round trip). An empty cluster never gives a point, and
-    `np.subtract.at` subtracts in index order, as sklearn's loop does where a cluster gives
-    several points."""
-    w = to_numpy(weights).astype(np.float64)
-    empty = np.flatnonzero(w == 0)
-    far = backend.farthest(X, sample_weight, centers_old, labels, int(empty.size), xp=xp)
-    cxp, dev = backend.placement.namespace(sums), device(sums)
-    dist, fw, old, x, s_old = _far_rows(far, sums, cxp)
-    if dist.size == 0 or not dist.max() > _rounding(x, far.x.dtype):
-        return sums, weights
-    new = empty[:len(fw)]
-    moved = x * fw[:, None]
-    rows = np.unique(np.concatenate([old, new]))
-    at_old = np.searchsorted(rows, old)
-    s = np.zeros((rows.size, s_old.shape[1]), dtype=np.float64)
-    s[at_old] = s_old       # (a cluster giving several points: one row)
-    np.subtract.at(s, at_old, moved)
-    np.subtract.at(w, old, fw)
-    s[np.searchsorted(rows, new)], w[new] = moved, fw
-    at = np.arange(len(w))  # row i of the result: sums' row i, or row j of s at k + j
-    at[rows] = len(w) + np.arange(rows.size)
-    both = cxp.concat([sums, cxp.asarray(s, dtype=cxp.float64, device=dev)], axis=0)
-    return (cxp.take(both, cxp.asarray(at, device=dev), axis=0),
-            cxp.asarray(w, dtype=cxp.float64, device=dev))
-
-
-def _far_rows(far, sums, cxp):
-    """(distances, weights, labels, rows of X, their clusters' rows of sums) of the farthest
-    points on the host, float64 (labels int64), in one transfer where far's arrays and sums
-    share a namespace and device (else two); the empty clusters' rows of sums are not read:
-    the relocated points replace them."""
-    m, d = far.x.shape
-    fxp = array_namespace(far.x)
-    cols = [fxp.reshape(fxp.astype(a, fxp.float64), (m, 1))
-            for a in (far.sq_dist, far.weight, far.label)] + [fxp.astype(far.x, fxp.float64)]
-    if fxp is cxp and device(far.x) == device(sums):
-        rows = cxp.take(sums, cxp.astype(far.label, cxp.int64), axis=0)
-        host = to_numpy(cxp.concat(cols + [rows], axis=1))
-    else:
-        part = to_numpy(fxp.concat(cols, axis=1))
-        lab = cxp.asarray(part[:, 2].astype(np.int64), device=device(sums))
-        host = np.concatenate([part, to_numpy(cxp.take(sums, lab, axis=0))], axis=1)
-    return (host[:, 0], host[:, 1], host[:, 2].astype(np.int64), host[:, 3:3 + d],
-            host[:, 3 + d:])
 
 
 def _update(backend, X, sample_weight, centers, centers64, it, *, xp, cxp, relocate,
