@@ -124,8 +124,8 @@ class FakeCupy(types.ModuleType):
                      "concatenate", "where", "inf", "cumsum", "add", "greater_equal",
                      # (the batched iteration's, backends/cupy/batched.py)
                      "sum", "matmul", "argmin", "take_along_axis", "maximum", "arange",
-                     # (float16 data, placement._centered_as)
-                     "subtract", "multiply"):
+                     # (half data, placement._centered_as; precision.storage_dtype's probe)
+                     "subtract", "multiply", "isnan", "any"):
             setattr(self, name, getattr(np, name))
         self.asnumpy = np.asarray
         self.get_default_memory_pool = lambda: self.pool

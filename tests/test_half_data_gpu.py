@@ -110,3 +110,22 @@ def test_torch_bfloat16_through_dlpack(cp):
     assert got.cluster_centers_.dtype == torch.float32
     ref = _fit(cp.asarray(t.float().cpu().numpy()), init, precision="bf16")
     assert np.array_equal(got.labels_.cpu().numpy(), cp.asnumpy(ref.labels_))
+
+
+def test_bfloat16_nan_and_infinity_are_refused_by_their_bits(cp):
+    """A CuPy bfloat16 X's NaN/inf check and max |x| read its 16-bit patterns
+    (`finite._bf16_absmax`): NaN and infinity at any position refused with their own
+    messages, a finite X's max |x| exact."""
+    bf16 = _bf16(cp)
+    from kmeans_xp import KMeans
+    from kmeans_xp.contract.finite import check_finite
+    X = np.random.default_rng(0).normal(size=(5003, 7)).astype(np.float32)
+    X[17, 3] = -2.0 ** 90
+    Xb = cp.asarray(X.astype(bf16))
+    assert check_finite(Xb, cp) == 2.0 ** 90
+    for bad, what in ((np.nan, "NaN"), (np.inf, "infinity"), (-np.inf, "infinity")):
+        for at in ((0, 0), (5002, 6), (2500, 3)):
+            Y = X.copy()
+            Y[at] = bad
+            with pytest.raises(ValueError, match=what):
+                KMeans(3, precision="bf16", backend="cupy-fused").fit(cp.asarray(Y.astype(bf16)))

@@ -44,6 +44,25 @@ def test_bf16_rounding_is_ml_dtypes_s():
     assert np.array_equal(prec.round_to(x, "bf16"), want)
 
 
+def test_storage_dtype_names_a_half_format_only_where_the_namespace_computes_with_it():
+    """float16 everywhere; bfloat16 through ml_dtypes where the namespace converts, gathers
+    and subtracts it (NumPy does); a namespace that names the type but cannot compute with
+    it (a CuPy before its kernels took bfloat16) gets None, so a fit keeps float32 data."""
+    import types
+
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    assert prec.storage_dtype("fp16", np) is np.float16
+    assert prec.storage_dtype("bf16", np) == np.dtype(ml_dtypes.bfloat16)
+    assert prec.storage_dtype("tf32", np) is None and prec.storage_dtype("exact", np) is None
+
+    def refuse(*args, **kwargs):
+        raise TypeError("no bfloat16 loop")
+
+    names_only = types.SimpleNamespace(asarray=np.asarray, subtract=refuse, isnan=np.isnan,
+                                       any=np.any)
+    assert prec.storage_dtype("bf16", names_only) is None
+
+
 @pytest.mark.parametrize("precision", REDUCED)
 def test_reduced_fit_within_the_documented_bound(precision):
     X, init = half_case()

@@ -38,7 +38,7 @@ def check_finite(X, xp, name="X"):
         return 0.0
     top = _absmax(X, xp)   # NaN where X has one, inf where it has an infinity
     if not math.isfinite(top):
-        if bool(xp.any(xp.isnan(X))):
+        if math.isnan(top) or bool(xp.any(xp.isnan(X))):
             raise ValueError(f"Input {name} contains NaN. Remove or impute missing values "
                              f"before clustering.")
         raise ValueError(f"Input {name} contains infinity or a value too large for "
@@ -63,7 +63,9 @@ def _absmax(X, xp) -> float:
 def _cupy_absmax(X) -> float:
     """max |x| of a C-contiguous CuPy X in one pass: X seen as (ABSMAX_ROWS, size / rows)
     and reduced along its rows, the values left over as one row more; one float64 per row
-    read back."""
+    read back. bfloat16 X by its bits (`_bf16_absmax`)."""
+    if "bfloat16" in str(X.dtype):
+        return _bf16_absmax(X)
     flat = X.reshape(-1)   # a view: X is contiguous
     rows = min(ABSMAX_ROWS, flat.size)
     width = flat.size // rows
@@ -72,6 +74,32 @@ def _cupy_absmax(X) -> float:
     if rows * width < flat.size:
         parts.append(kernel(flat[rows * width:].reshape(1, -1), axis=1))
     return float(np.max(np.concatenate([p.get() for p in parts])))
+
+
+def _bf16_absmax(X) -> float:
+    """max |x| of a bfloat16 CuPy X from its 16-bit patterns (CuPy's arithmetic on ml_dtypes'
+    bfloat16 is young; integers are not): with the sign bit cleared the patterns order as
+    the magnitudes do, and above 0x7f80 (infinity) they are NaNs."""
+    cp = sys.modules["cupy"]
+    flat = X.reshape(-1).view(cp.uint16)
+    rows = min(ABSMAX_ROWS, flat.size)
+    width = flat.size // rows
+    kernel = _bits_max_kernel()
+    parts = [kernel(flat[:rows * width].reshape(rows, width), axis=1)]
+    if rows * width < flat.size:
+        parts.append(kernel(flat[rows * width:].reshape(1, -1), axis=1))
+    top = int(max(int(p.get().max()) for p in parts))
+    if top > 0x7F80:
+        return math.nan
+    return float(np.array([top << 16], dtype=np.uint32).view(np.float32)[0])
+
+
+@cache
+def _bits_max_kernel():
+    """max of the 16-bit patterns with the sign bit cleared (`_bf16_absmax`)."""
+    cp = sys.modules["cupy"]
+    return cp.ReductionKernel("uint16 x", "uint32 y", "(unsigned)(x & 0x7fff)", "max(a, b)",
+                              "y = a", "0", "kmeans_xp_bits_max")
 
 
 def problems_absmax(problems, array=None) -> np.ndarray:

@@ -53,17 +53,37 @@ _HELD: dict = {}
 
 
 def _ml_dtype(name: str, xp):
-    """ml_dtypes' `name` where `xp` makes arrays of it (asked once per namespace), else None."""
+    """ml_dtypes' `name` where `xp` computes with it as a fit does (asked once per
+    namespace), else None."""
     key = (id(xp), name)   # (namespaces are modules: they live as long as the process)
     if key not in _HELD:
         try:
             import ml_dtypes
             dtype = np.dtype(getattr(ml_dtypes, name))
-            xp.empty((1,), dtype=dtype)
-            _HELD[key] = dtype
+            _HELD[key] = dtype if _computes_with(xp, dtype) else None
         except Exception:  # noqa: BLE001 - no ml_dtypes, or a library without the type
             _HELD[key] = None
     return _HELD[key]
+
+
+def _computes_with(xp, dtype) -> bool:
+    """Whether `xp` does with arrays of `dtype` what a fit on them asks of it (a library
+    that only names the type, as CuPy before its kernels took it, does not): conversions
+    both ways, a row gather, the float32 difference of the centering, a NaN test; exact
+    on values of 8 significant bits."""
+    values = np.array([1.5, -2.0, 0.0, 2.0 ** 100], dtype=np.float32)
+    given = xp.asarray(values)
+    a = given.astype(dtype)   # (NumPy's and CuPy's arrays: the ones ml_dtypes' types are for)
+    back = a.astype(np.float32)
+    rows = a[xp.asarray([3, 0])].astype(np.float32)
+    diff = xp.subtract(a, given, dtype=np.float32)
+    return (np.array_equal(_host(back), values) and np.array_equal(_host(rows), values[[3, 0]])
+            and not np.any(_host(diff)) and not bool(xp.any(xp.isnan(a))))
+
+
+def _host(a):
+    """A NumPy or CuPy array on the host."""
+    return np.asarray(a.get() if hasattr(a, "get") and not isinstance(a, np.ndarray) else a)
 
 
 def compute_dtype(dtype, xp):
