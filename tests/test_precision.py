@@ -1,6 +1,7 @@
 """The `precision` option and half-precision X (docs/precision.md): validated before any work,
 carried by the fit plan to backends that declare it, emulated by the numpy backend, and within
 the documented bound of the exact fit from the same initial centers."""
+import sys
 import warnings
 
 import numpy as np
@@ -44,7 +45,8 @@ def test_bf16_rounding_is_ml_dtypes_s():
     assert np.array_equal(prec.round_to(x, "bf16"), want)
 
 
-def test_storage_dtype_names_a_half_format_only_where_the_namespace_computes_with_it():
+def test_storage_dtype_names_a_half_format_only_where_the_namespace_computes_with_it(
+        monkeypatch):
     """float16 everywhere; bfloat16 through ml_dtypes where the namespace converts, gathers
     and subtracts it (NumPy does); a namespace that names the type but cannot compute with
     it (a CuPy before its kernels took bfloat16) gets None, so a fit keeps float32 data."""
@@ -58,9 +60,15 @@ def test_storage_dtype_names_a_half_format_only_where_the_namespace_computes_wit
     def refuse(*args, **kwargs):
         raise TypeError("no bfloat16 loop")
 
-    names_only = types.SimpleNamespace(asarray=np.asarray, subtract=refuse, isnan=np.isnan,
-                                       any=np.any)
-    assert prec.storage_dtype("bf16", names_only) is None
+    class Arr(np.ndarray):   # the arrays of a library that has no bfloat16 subtraction
+        pass
+
+    Arr.__module__ = "names_only_lib"
+    lib = types.SimpleNamespace(asarray=lambda a: np.asarray(a).view(Arr), subtract=refuse,
+                                isnan=np.isnan, any=np.any)
+    monkeypatch.setitem(sys.modules, "names_only_lib", lib)
+    assert prec.storage_dtype("bf16", lib) is None
+    assert prec.storage_dtype("bf16", np) == np.dtype(ml_dtypes.bfloat16)   # (its own answer)
 
 
 @pytest.mark.parametrize("precision", REDUCED)

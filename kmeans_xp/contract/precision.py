@@ -11,6 +11,8 @@ CPU backends compute its values in float32, which holds them exactly) or its own
 """
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 
 #: the names of the `precision` option, in order of decreasing accuracy
@@ -55,30 +57,35 @@ _HELD: dict = {}
 def _ml_dtype(name: str, xp):
     """ml_dtypes' `name` where `xp` computes with it as a fit does (asked once per
     namespace), else None."""
-    key = (id(xp), name)   # (namespaces are modules: they live as long as the process)
+    try:
+        import ml_dtypes
+        dtype = np.dtype(getattr(ml_dtypes, name))
+        given = xp.asarray(np.array([1.5, -2.0, 0.0, 2.0 ** 100], dtype=np.float32))
+        # (asked of the library itself, so that it and a compat wrapper of it agree)
+        lib = sys.modules[type(given).__module__.split(".")[0]]
+    except Exception:  # noqa: BLE001 - no ml_dtypes, or a namespace without arrays of it
+        return None
+    key = (id(lib), name)   # (libraries are modules: they live as long as the process)
     if key not in _HELD:
         try:
-            import ml_dtypes
-            dtype = np.dtype(getattr(ml_dtypes, name))
-            _HELD[key] = dtype if _computes_with(xp, dtype) else None
-        except Exception:  # noqa: BLE001 - no ml_dtypes, or a library without the type
+            _HELD[key] = dtype if _computes_with(lib, given, dtype) else None
+        except Exception:  # noqa: BLE001 - a library that names the type but lacks loops
             _HELD[key] = None
     return _HELD[key]
 
 
-def _computes_with(xp, dtype) -> bool:
-    """Whether `xp` does with arrays of `dtype` what a fit on them asks of it (a library
-    that only names the type, as CuPy before its kernels took it, does not): conversions
-    both ways, a row gather, the float32 difference of the centering, a NaN test; exact
-    on values of 8 significant bits."""
-    values = np.array([1.5, -2.0, 0.0, 2.0 ** 100], dtype=np.float32)
-    given = xp.asarray(values)
-    a = given.astype(dtype)   # (NumPy's and CuPy's arrays: the ones ml_dtypes' types are for)
+def _computes_with(lib, given, dtype) -> bool:
+    """Whether array library `lib` (NumPy, CuPy: the ones ml_dtypes' types are for) does
+    with arrays of `dtype` what a fit on them asks of it (one that only names the type, as
+    CuPy before its kernels took it, does not): conversions both ways, a row gather, the
+    float32 difference of the centering, a NaN test; exact on `given`'s values."""
+    values = _host(given)
+    a = given.astype(dtype)
     back = a.astype(np.float32)
-    rows = a[xp.asarray([3, 0])].astype(np.float32)
-    diff = xp.subtract(a, given, dtype=np.float32)
+    rows = a[lib.asarray([3, 0])].astype(np.float32)
+    diff = lib.subtract(a, given, dtype=np.float32)
     return (np.array_equal(_host(back), values) and np.array_equal(_host(rows), values[[3, 0]])
-            and not np.any(_host(diff)) and not bool(xp.any(xp.isnan(a))))
+            and not np.any(_host(diff)) and not bool(lib.any(lib.isnan(a))))
 
 
 def _host(a):
