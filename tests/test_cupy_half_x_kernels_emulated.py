@@ -182,7 +182,7 @@ def test_every_finite_half_value_through_column_moments(emu, fmt):
     _same(part_sq, v64 * v64, "squares")
     out = np.zeros(m, dtype=np.uint64)
     emu.launch("stats.cu", f"column_absmax<float,{fmt}>", grid,
-               (Xh, np.int64(Xh.size), np.int32(m), out))
+               (Xh, np.int64(Xh.size), np.int32(m), out, np.int64(0)))
     _same(out.view(np.float64), np.abs(v64), "absmax")
 
 
@@ -192,7 +192,7 @@ def test_a_half_pointer_parameter_takes_its_format_only(emu):
     `const xbf16*`."""
     X16, X32 = _half_data(40, 3, seed=1)
     out = np.zeros(3, dtype=np.uint64)
-    args = (np.int64(X16.size), np.int32(3), out)
+    args = (np.int64(X16.size), np.int32(3), out, np.int64(0))
     emu.launch("stats.cu", "column_absmax<float,xhalf>", 1, (X16.view(np.uint16), *args))
     _same(out.view(np.float64), np.abs(X32).max(axis=0).astype(np.float64))
     with pytest.raises(TypeError, match="float16"):
@@ -217,7 +217,7 @@ def test_column_absmax_and_moments_read_half_x(emu, fmt, d):
     for X, t in _both(X16, X32, fmt):
         absmax = np.zeros(d, dtype=np.uint64)
         emu.launch("stats.cu", f"column_absmax<{t}>", grid,
-                   (X, np.int64(X.size), np.int32(d), absmax))
+                   (X, np.int64(X.size), np.int32(d), absmax, np.int64(0)))
         res = [absmax]
         shift = np.random.default_rng(d).normal(0, 5, 2 * d)
         for sh in (shift, NULL):
@@ -231,6 +231,27 @@ def test_column_absmax_and_moments_read_half_x(emu, fmt, d):
     assert N * d > 8 * stride and (N * d) % (8 * stride)  # (both loops ran)
     ref = np.abs(X32[:N].astype(np.float64)).max(axis=0)
     np.testing.assert_array_equal(outs["float"][0].view(np.float64), ref)
+
+
+def test_column_absmax_takes_a_batch_along_the_grids_y(emu, fmt):
+    """Three problems in one launch (problem y's values problem_stride after y - 1's, its
+    maxima d words after): each problem's maxima, as a launch of its own gives them."""
+    B, n, d = 3, 517, 11
+    Xh, X32 = _half_data(B * n, d, seed=40, fmt=fmt)
+    X32[n:2 * n] *= 0.5   # (the problems differ)
+    Xh = np.ascontiguousarray(X32.astype(F16) if fmt == "xhalf" else bf16_bits(X32))
+    X32 = Xh.astype(F32) if fmt == "xhalf" else bf16_values(Xh)
+    for X, t in _both(Xh, X32, fmt):
+        both = np.zeros(B * d, dtype=np.uint64)
+        emu.launch("stats.cu", f"column_absmax<{t}>", (2, B),
+                   (X, np.int64(n * d), np.int32(d), both, np.int64(n * d)))
+        for b in range(B):
+            one = np.zeros(d, dtype=np.uint64)
+            emu.launch("stats.cu", f"column_absmax<{t}>", 2,
+                       (X[b * n:(b + 1) * n], np.int64(n * d), np.int32(d), one, np.int64(0)))
+            _same(both[b * d:(b + 1) * d], one, f"problem {b}")
+            ref = np.abs(X32[b * n:(b + 1) * n].astype(np.float64)).max(axis=0)
+            np.testing.assert_array_equal(one.view(np.float64), ref)
 
 
 # ---------------------------------------------------------------------------------------------

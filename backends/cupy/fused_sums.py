@@ -16,13 +16,14 @@ _i32 = np.int32
 
 def absmax_bits(X, out):
     """out (d uint64, zeroed) = X's per-feature max |x| as float64 bits (non-negative
-    doubles order like their bits, so the max of bits is the bits of the max)."""
+    doubles order like their bits, so the max of bits is the bits of the max); for a
+    C-contiguous batch X (B, n, d), out (B * d) holds each problem's, from one launch."""
     cp = common.cupy()
-    n, d = X.shape
+    B, n, d = X.shape if X.ndim == 3 else (1, *X.shape)
     dev = fp.device_facts(cp.cuda.Device().id)
-    grid = max(fp.cdiv(d, BLOCK), min(fp.cdiv(n * d, BLOCK), dev.sms * 8))
-    launch(fp.kernel(f"column_absmax<{common.xtypes(X.dtype)}>"), grid,
-           (X, np.int64(n * d), _i32(d), out))
+    grid = max(fp.cdiv(d, BLOCK), min(fp.cdiv(n * d, BLOCK), max(1, dev.sms * 8 // B)))
+    launch(fp.kernel(f"column_absmax<{common.xtypes(X.dtype)}>"), (grid, B),
+           (X, np.int64(n * d), _i32(d), out, np.int64(n * d)))
 
 
 def scales(ws, scratch, bits=None):

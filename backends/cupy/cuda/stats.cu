@@ -63,10 +63,15 @@ store_labels(const int* __restrict__ labels, const S* __restrict__ old, S* __res
 }
 
 // max |x_j| per feature as float64 bits (non-negative doubles order like their bits). The
-// stride over the flattened X is a multiple of d, so each thread keeps one feature.
+// stride over the flattened X is a multiple of d, so each thread keeps one feature. A batch
+// of problems along the grid's y: problem y's `total` values start problem_stride values
+// after problem y - 1's, and its d maxima d words after y - 1's.
 template <typename T, typename XT = T>
 __global__ void __launch_bounds__(BLOCK)
-column_absmax(const XT* __restrict__ X, i64 total, int d, u64* __restrict__ out) {
+column_absmax(const XT* __restrict__ X, i64 total, int d, u64* __restrict__ out,
+              i64 problem_stride) {
+    X += (i64)blockIdx.y * problem_stride;
+    out += (i64)blockIdx.y * d;
     const i64 tid = (i64)blockIdx.x * BLOCK + threadIdx.x;
     const i64 threads = (i64)gridDim.x * BLOCK;
     const i64 stride = threads / d * d;  // the host launches at least d threads
