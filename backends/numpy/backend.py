@@ -285,15 +285,21 @@ class NumpyBackend(KMeansBackend):
             blas_controller()  # once, before any fit is measured
 
     # -- memory -----------------------------------------------------------------------------
-    @classmethod
-    def _plan(cls, n, d, k, itemsize, max_memory, threads):
-        return _Plan(n, d, k, itemsize, max_memory, threads)
+    def _plan(self, n, d, k, itemsize, max_memory, threads):
+        """The pass's `_Plan`, made once per shape until `finish` (as numba's): it reads the
+        free host memory (psutil: 0.07-0.15 ms, a fifth of a small fit's pass), and a fit's
+        passes would all read about the same."""
+        key = (n, d, k, itemsize, max_memory, threads)
+        plans = self.__dict__.setdefault("_plans", {})
+        if key not in plans:
+            plans[key] = _Plan(n, d, k, itemsize, max_memory, threads)
+        return plans[key]
 
     @classmethod
     def estimate_memory(cls, n_samples, n_features, n_clusters, *, itemsize, max_memory="auto",
                         n_threads=None, processes="auto"):
         threads = thread_count(n_threads)
-        plan = cls._plan(n_samples, n_features, n_clusters, itemsize, max_memory, threads)
+        plan = _Plan(n_samples, n_features, n_clusters, itemsize, max_memory, threads)
         # min_sq_dist: `assign`'s distances (k-means||, predict); a fit's final pass keeps
         # none. Labels are the driver's part (`memory.driver_bytes`)
         parts = {"chunk_buffers": plan.threads * plan.per_thread, "shared": plan.shared,
@@ -444,6 +450,8 @@ class NumpyBackend(KMeansBackend):
     def finish(self):
         """End of a fit (`NumpyPlacement.finish`): give the worker processes back and drop
         every job's buffers (a later call on this backend makes them again). The pass
-        threads are the process's (`PASS_THREADS`): the backend holds none."""
+        threads are the process's (`PASS_THREADS`): the backend holds none. The plans go
+        too (the next fit sees the free memory of its time)."""
         self._run_workers.detach()
         self._sets.clear()
+        self._plans = {}
