@@ -188,3 +188,51 @@ def test_bfloat16_x_elsewhere_is_its_float32_values(hopper):
     assert "bfloat16" not in {dt for dt, _ in hopper.workspaces}
     with pytest.raises(ValueError, match="bf16"):
         KMeans(3, precision="fp16").fit(Xb)
+
+
+# ---------------------------------------------------------------------------------------------
+# the memory plan counts the data the fit holds in its half format
+# ---------------------------------------------------------------------------------------------
+def _placement(precision):
+    from kmeans_xp.contract.registry import get_backend
+    backend = get_backend("cupy-fused")()
+    backend.use_precision(precision)
+    return backend, backend.placement
+
+
+@pytest.mark.parametrize("precision,dtype,held", [
+    ("fp16", np.float16, 2),       # X's own device copy, centered in place, in fp16
+    ("fp16", np.float32, 4 + 2),   # float32 X's copy and the fp16 centered copy beside it
+    ("exact", np.float32, 4),
+    ("exact", np.float64, 8)])
+def test_host_x_is_planned_at_the_bytes_the_fit_holds(hopper, precision, dtype, held):
+    backend, place = _placement(precision)
+    X = np.zeros((1000, 8), dtype=dtype)
+    assert place.host_x_bytes(X) == held
+    assert place.copy_bytes(X) == (2 if precision == "fp16" else np.dtype(dtype).itemsize)
+    base = place.fit_state_bytes(1000, 8, 5, 4, 0)   # (the driver's arrays alone)
+    assert place.fit_state_bytes(1000, 8, 5, 4, held) - base == 1000 * 8 * held
+
+
+def test_the_plan_decides_at_the_half_bytes(hopper):
+    """A device X's centered copy is planned at 2 bytes a value at fp16 (4 at exact): the
+    free memory of the fp16 copy holds it, not the float32 one. A float32 host X at fp16
+    needs its copy and the half copy (6 bytes a value): where only 4 fit, the fit is
+    refused before any work (cupy-fused does not stream), as it is not at exact."""
+    from kmeans_xp_backends.cupy.placement import STREAM_AUTO_SLACK
+    n, d = 40_001, 24
+    X = np.zeros((n, d), dtype=np.float32)
+    (hb, half), (eb, exact) = _placement("fp16"), _placement("exact")   # (placements hold
+    hopper.runtime.free = n * d * 2 + n * (3 * 4 + 2 * 4) + STREAM_AUTO_SLACK
+    assert half.copy_fits(X) and not exact.copy_fits(X)
+    four = exact.fit_state_bytes(n, d, 5, 4, 4)
+    hopper.runtime.free = four + n * d   # 4 bytes a value and a bit, not 6
+    from kmeans_xp import KMeansMemoryError
+    for precision, refused in (("exact", False), ("fp16", True)):
+        backend, place = _placement(precision)
+        plan = backend.plan(X, 5, copy_x=True, weighted=False)
+        if refused:
+            with pytest.raises(KMeansMemoryError, match="does not fit on the GPU"):
+                backend.check_memory(X, plan)
+        else:
+            backend.check_memory(X, plan)

@@ -20,7 +20,7 @@ from kmeans_xp.contract.backend import (
     Placement,
     ReduceResult,
 )
-from kmeans_xp.contract.memory import MemoryEstimate
+from kmeans_xp.contract.memory import MemoryEstimate, compute_itemsize
 
 from . import nearest, reductions
 from .budget import CupyBudget, NominalBudget, centered_copy_error, host_x_error
@@ -92,15 +92,18 @@ class CupyBackendBase(KMeansBackend):
         place = self.placement
         if isinstance(X, np.ndarray):
             n, d = X.shape
-            itemsize = 4 if X.dtype == np.float32 else 8
+            itemsize = compute_itemsize(X.dtype)
             if place.streams(X, plan.k):
                 self.stream_estimate(n, d, plan.k, itemsize, weighted=True)
                 return
             # X once and the driver's arrays, or the fit would die copying or centering X
-            if place.fit_state_bytes(n, d, plan.k, itemsize) > self.memory.available():
+            if place.fit_state_bytes(n, d, plan.k, itemsize,
+                                     place.host_x_bytes(X)) > self.memory.available():
                 raise host_x_error(X, self.supports_streaming)
-        elif plan.copy_x and not self.supports_streaming and not place.copy_fits(X):
-            raise centered_copy_error(self.name, X)
+        elif (plan.copy_x and (not self.supports_streaming or place.half_dtype() is not None)
+              and not place.copy_fits(X)):
+            # (a half-data fit centers device X into a half copy: never chunk by chunk)
+            raise centered_copy_error(self.name, X, place.copy_bytes(X))
         super().check_memory(X, plan, options)
 
     # -- shared helpers ---------------------------------------------------------------------

@@ -64,9 +64,11 @@ def host_x_error(X, streams_possible):
         f"{device_memory_state()}. Use {', '.join(hints[:-1])} or {hints[-1]}.")
 
 
-def centered_copy_error(name, X):
-    """A device X whose centered copy does not fit, for a backend that cannot stream it."""
-    nbytes = int(np.prod(X.shape)) * compute_itemsize(X.dtype)
+def centered_copy_error(name, X, itemsize=None):
+    """A device X whose centered copy (`itemsize` bytes a value: a half-data fit's format,
+    else X's compute dtype) does not fit, where the backend does not center chunk by
+    chunk."""
+    nbytes = int(np.prod(X.shape)) * (itemsize or compute_itemsize(X.dtype))
     return KMeansMemoryError(
         f"{name} computes on a centered copy of X ({format_bytes(nbytes)}), and the device "
         f"cannot hold it and the fit's labels beside X: {device_memory_state()}. Use "

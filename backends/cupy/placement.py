@@ -30,7 +30,7 @@ from kmeans_xp.contract.namespaces import (
     dtype_name,
     foreign_device_type,
 )
-from kmeans_xp.contract.precision import half_kind
+from kmeans_xp.contract.precision import half_kind, storage_dtype
 from kmeans_xp.contract.scaling import rescaled
 from kmeans_xp.contract.sphere import unit_rows
 
@@ -285,12 +285,37 @@ class CupyPlacement(Placement):
             raise unit_copy_error(self.settings.name, X)
         return unit_rows(X, xp, rows, in_place=own)
 
+    def half_dtype(self):
+        """The dtype the fit's centered data is stored in where its backend computes on half
+        data at the fit's precision (`KMeansBackend.half_data`: float16, bfloat16), else
+        None (the data is in X's compute dtype)."""
+        b = self.backend
+        p = getattr(b, "compute_precision", "exact")
+        return storage_dtype(p, self._cp) if p in getattr(b, "half_data", ()) else None
+
+    def copy_bytes(self, X) -> int:
+        """Bytes per value of a centered copy of X: its half format's for a half-data fit,
+        else its compute dtype's."""
+        half = self.half_dtype()
+        return np.dtype(half).itemsize if half is not None else compute_itemsize(X.dtype)
+
+    def host_x_bytes(self, X) -> int:
+        """Bytes per value a fit of host X holds on the device for its data: X's copy in its
+        compute dtype, centered in place (a half-data fit's X in its format: that format's),
+        plus a half-data fit's centered copy where X is in another dtype (float32 X at
+        fp16: 4 + 2)."""
+        half = self.half_dtype()
+        if half is not None and X.dtype == half:
+            return np.dtype(half).itemsize
+        return compute_itemsize(X.dtype) + (0 if half is None else np.dtype(half).itemsize)
+
     def copy_fits(self, X) -> bool:
         """Whether a centered copy of device X fits in the device memory usable now, with
         the labels of three iterations (int32) and an assignment's distances beside it."""
         n, d = X.shape
         itemsize = compute_itemsize(X.dtype)
-        need = n * d * itemsize + n * (3 * 4 + 2 * itemsize) + STREAM_AUTO_SLACK
+        need = (n * d * self.copy_bytes(X) + n * (3 * 4 + 2 * itemsize)
+                + STREAM_AUTO_SLACK)
         return need <= self.free_memory()
 
     def centers_chunkwise(self, X) -> bool:
@@ -301,12 +326,14 @@ class CupyPlacement(Placement):
             return False
         return s.stream is True or not self.copy_fits(X)
 
-    def fit_state_bytes(self, n, d, n_clusters, itemsize):
+    def fit_state_bytes(self, n, d, n_clusters, itemsize, x_bytes=None):
         """Device bytes a fit of host X needs beside the backend's buffers: X once (centered
-        in place) and the driver's arrays."""
+        in place; `x_bytes` per value where that is not `itemsize`: `host_x_bytes`) and the
+        driver's arrays."""
         seeding = self.settings.seeding_bytes(n, d, n_clusters, itemsize)
         parts = driver_bytes(n, d, n_clusters, itemsize, seeding=seeding)
-        return n * d * itemsize + sum(parts.values()) - parts["centered_copy"]
+        held = itemsize if x_bytes is None else x_bytes
+        return n * d * held + sum(parts.values()) - parts["centered_copy"]
 
     # -- host streaming ---------------------------------------------------------------------
     def streams(self, X, n_clusters=1) -> bool:
@@ -321,8 +348,8 @@ class CupyPlacement(Placement):
             choice = bool(s.stream)
         else:
             n, d = X.shape
-            itemsize = 4 if X.dtype == np.float32 else 8
-            state = self.fit_state_bytes(n, d, n_clusters, itemsize)
+            state = self.fit_state_bytes(n, d, n_clusters, compute_itemsize(X.dtype),
+                                         self.host_x_bytes(X))
             choice = state + STREAM_AUTO_SLACK > self.free_memory()
         self._stream_choice = (id(X), choice)
         return choice

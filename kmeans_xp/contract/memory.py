@@ -132,10 +132,13 @@ def chunk_rows(budget: int, bytes_per_row: int, fixed: int = 0, *, n_samples: in
 
 def compute_itemsize(dtype) -> int:
     """Bytes per element of the dtype a fit computes in for input of `dtype`, as
-    `check_array` converts: float32 kept, float16 in float32, float64, ints and bools in
-    float64 (so an int8 input costs 8 bytes per value, not 1)."""
+    `check_array` converts: float32 kept, float16 and bfloat16 in float32, float64, ints and
+    bools in float64 (so an int8 input costs 8 bytes per value, not 1)."""
     import numpy as np
 
+    from kmeans_xp.contract.precision import half_kind
+    if half_kind(dtype) is not None:
+        return 4
     dt = np.dtype(str(dtype).split(".")[-1]) if not isinstance(dtype, (type, np.dtype)) \
         else np.dtype(dtype)
     return 4 if dt.kind == "f" and dt.itemsize <= 4 else 8
