@@ -285,15 +285,11 @@ class NumpyBackend(KMeansBackend):
             blas_controller()  # once, before any fit is measured
 
     # -- memory -----------------------------------------------------------------------------
-    def _plan(self, n, d, k, itemsize, max_memory, threads):
-        """The pass's `_Plan`, made once per shape until `finish` (as numba's): it reads the
-        free host memory (psutil: 0.07-0.15 ms, a fifth of a small fit's pass), and a fit's
-        passes would all read about the same."""
-        key = (n, d, k, itemsize, max_memory, threads)
+    def _plan(self, *shape):
+        """The pass's `_Plan`, once per shape until `finish` (it reads the free host memory:
+        psutil, 0.07-0.15 ms, a fifth of a small fit's pass)."""
         plans = self.__dict__.setdefault("_plans", {})
-        if key not in plans:
-            plans[key] = _Plan(n, d, k, itemsize, max_memory, threads)
-        return plans[key]
+        return plans[shape] if shape in plans else plans.setdefault(shape, _Plan(*shape))
 
     @classmethod
     def estimate_memory(cls, n_samples, n_features, n_clusters, *, itemsize, max_memory="auto",
@@ -450,8 +446,7 @@ class NumpyBackend(KMeansBackend):
     def finish(self):
         """End of a fit (`NumpyPlacement.finish`): give the worker processes back and drop
         every job's buffers (a later call on this backend makes them again). The pass
-        threads are the process's (`PASS_THREADS`): the backend holds none. The plans go
-        too (the next fit sees the free memory of its time)."""
+        threads are the process's (`PASS_THREADS`): the backend holds none; nor plans."""
         self._run_workers.detach()
         self._sets.clear()
         self._plans = {}
