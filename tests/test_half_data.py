@@ -105,16 +105,20 @@ def test_copy_x_false_leaves_float16_x_as_given(hopper):
     assert np.array_equal(X16, before)
 
 
-def test_float16_x_on_the_cpu_and_at_exact_is_float32(hopper):
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_half_x_on_the_cpu_and_at_exact_is_float32(hopper, precision):
     """Backends without half data (numpy), and cupy-fused at 'exact', compute on float32
-    values of float16 X: the same fit as float32 X holding them."""
-    X16, init = _data(seed=4)
-    for backend, precision in (("numpy", "fp16"), ("cupy-fused", "exact")):
-        a = _fit(X16, init, precision=precision, backend=backend)
-        b = _fit(X16.astype(np.float32), init, precision=precision, backend=backend)
+    values of half X: the same fit as float32 X holding them. Another half format is
+    refused before any work."""
+    Xh, init = _data(seed=4) if precision == "fp16" else _bf16_data(seed=4)
+    for backend, p in (("numpy", precision), ("cupy-fused", "exact")):
+        a = _fit(Xh, init, precision=p, backend=backend)
+        b = _fit(Xh.astype(np.float32), init, precision=p, backend=backend)
         assert np.array_equal(np.asarray(a.labels_), np.asarray(b.labels_))
         assert a.inertia_ == b.inertia_
-    assert "float16" not in {dt for dt, _ in hopper.workspaces}
+    assert {dt for dt, _ in hopper.workspaces} <= {"float32"}
+    with pytest.raises(ValueError, match=precision):
+        KMeans(3, precision="fp16" if precision == "bf16" else "bf16").fit(Xh)
 
 
 def test_registers_form_on_float16_data_equals_the_shared_tile(hopper):
@@ -174,20 +178,6 @@ def test_bfloat16_data_within_the_documented_bound_of_the_exact_fit(hopper, n, d
                sample_weight=w)
     gap = abs(got.inertia_ - ref.inertia_) / ref.inertia_
     assert gap <= inertia_gap_bound("bf16", d)
-
-
-def test_bfloat16_x_elsewhere_is_its_float32_values(hopper):
-    """bfloat16 X at 'exact' (any backend) and at bf16 on a backend without half data
-    (numpy) computes on its float32 values: the fit of float32 X holding them."""
-    Xb, init = _bf16_data(seed=4)
-    for backend, precision in (("numpy", "bf16"), ("cupy-fused", "exact")):
-        a = _fit(Xb, init, precision=precision, backend=backend)
-        b = _fit(Xb.astype(np.float32), init, precision=precision, backend=backend)
-        assert np.array_equal(np.asarray(a.labels_), np.asarray(b.labels_))
-        assert a.inertia_ == b.inertia_
-    assert "bfloat16" not in {dt for dt, _ in hopper.workspaces}
-    with pytest.raises(ValueError, match="bf16"):
-        KMeans(3, precision="fp16").fit(Xb)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -66,14 +66,18 @@ def _cupy_absmax(X) -> float:
     read back. bfloat16 X by its bits (`_bf16_absmax`)."""
     if "bfloat16" in str(X.dtype):
         return _bf16_absmax(X)
-    flat = X.reshape(-1)   # a view: X is contiguous
+    return float(np.max(_rows_reduced(X.reshape(-1), _absmax_kernel())))   # (a view)
+
+
+def _rows_reduced(flat, kernel) -> np.ndarray:
+    """A reduction kernel's results over a flat CuPy array seen as (ABSMAX_ROWS, size / rows)
+    rows and the values left over as one row more, read back together."""
     rows = min(ABSMAX_ROWS, flat.size)
     width = flat.size // rows
-    kernel = _absmax_kernel()
     parts = [kernel(flat[:rows * width].reshape(rows, width), axis=1)]
     if rows * width < flat.size:
         parts.append(kernel(flat[rows * width:].reshape(1, -1), axis=1))
-    return float(np.max(np.concatenate([p.get() for p in parts])))
+    return np.concatenate([p.get() for p in parts])
 
 
 def _bf16_absmax(X) -> float:
@@ -81,14 +85,7 @@ def _bf16_absmax(X) -> float:
     bfloat16 is young; integers are not): with the sign bit cleared the patterns order as
     the magnitudes do, and above 0x7f80 (infinity) they are NaNs."""
     cp = sys.modules["cupy"]
-    flat = X.reshape(-1).view(cp.uint16)
-    rows = min(ABSMAX_ROWS, flat.size)
-    width = flat.size // rows
-    kernel = _bits_max_kernel()
-    parts = [kernel(flat[:rows * width].reshape(rows, width), axis=1)]
-    if rows * width < flat.size:
-        parts.append(kernel(flat[rows * width:].reshape(1, -1), axis=1))
-    top = int(max(int(p.get().max()) for p in parts))
+    top = int(np.max(_rows_reduced(X.reshape(-1).view(cp.uint16), _bits_max_kernel())))
     if top > 0x7F80:
         return math.nan
     return float(np.array([top << 16], dtype=np.uint32).view(np.float32)[0])
