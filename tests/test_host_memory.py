@@ -77,8 +77,8 @@ def test_machine_info_reports_host_memory_and_its_source(monkeypatch):
 
 @pytest.mark.parametrize("backend", ["numpy", "numba"])
 def test_a_fit_reads_the_host_memory_a_fixed_number_of_times(backend, monkeypatch):
-    """The CPU backends plan a pass once per shape and fit (psutil's read costs 0.07-0.15 ms,
-    a fifth of a small fit's pass): the reads do not grow with the iterations, and the next
+    """The CPU backends plan a pass once per shape and fit (psutil's read costs 0.07-0.15
+    ms): the reads do not grow with the iterations, and the next
     fit reads again (it plans with the free memory of its time)."""
     if backend == "numba":
         pytest.importorskip("numba")

@@ -287,7 +287,7 @@ class NumpyBackend(KMeansBackend):
     # -- memory -----------------------------------------------------------------------------
     def _plan(self, *shape):
         """The pass's `_Plan`, once per shape until `finish` (it reads the free host memory:
-        psutil, 0.07-0.15 ms, a fifth of a small fit's pass)."""
+        psutil, 0.07-0.15 ms a read; a fit's passes would all read about the same)."""
         plans = self.__dict__.setdefault("_plans", {})
         return plans[shape] if shape in plans else plans.setdefault(shape, _Plan(*shape))
 
