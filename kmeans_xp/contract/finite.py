@@ -57,7 +57,7 @@ def _absmax(X, xp) -> float:
         return _cupy_absmax(X)
     else:
         parts = _spread_extremes(X, xp)
-    return float(np.max(np.concatenate([np.ravel(to_numpy(p)) for p in parts])))
+    return float(np.max(np.concatenate([np.ravel(to_numpy(p)).astype(np.float64) for p in parts])))
 
 
 def _cupy_absmax(X) -> float:
@@ -95,8 +95,10 @@ def _bf16_absmax(X) -> float:
 def _bits_max_kernel():
     """max of the 16-bit patterns with the sign bit cleared (`_bf16_absmax`)."""
     cp = sys.modules["cupy"]
-    return cp.ReductionKernel("uint16 x", "uint32 y", "(unsigned)(x & 0x7fff)", "max(a, b)",
-                              "y = a", "0", "kmeans_xp_bits_max")
+    # (no hexadecimal literal: CuPy renames the parameters inside the expression as text,
+    # and the "x" of "0x7fff" with them)
+    return cp.ReductionKernel("uint16 bits", "uint32 y", "(unsigned)(bits & 32767)",
+                              "max(a, b)", "y = a", "0", "kmeans_xp_bits_max")
 
 
 def problems_absmax(problems, array=None) -> np.ndarray:

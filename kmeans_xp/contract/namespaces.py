@@ -99,7 +99,7 @@ def to_numpy(X):
     if name == "cupy":
         return X.get()
     if name == "torch":
-        return X.detach().cpu().numpy()
+        return _torch_to_numpy(X.detach().cpu())
     if name == "jax":
         return np.asarray(X)
     if name == "dask.array":
@@ -153,6 +153,19 @@ def dtype_name(dtype) -> str:
         if name in s:
             return name
     return s
+
+
+def _torch_to_numpy(t):
+    """A host torch tensor as NumPy: bfloat16, which NumPy lacks, as ml_dtypes' bfloat16
+    by its bits (what CuPy holds it as), or as its exact float32 values without ml_dtypes."""
+    import torch
+    if t.dtype != torch.bfloat16:
+        return t.numpy()
+    try:
+        import ml_dtypes
+    except ImportError:
+        return t.float().numpy()
+    return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
 
 
 def operand(value, like, xp):
