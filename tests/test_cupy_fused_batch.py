@@ -142,6 +142,20 @@ def test_emulated_batched_fit_matches_numpy(fake_cupy, monkeypatch):
     assert runs and set(runs) <= {1, 2, 3}
 
 
+@pytest.mark.slow
+def test_emulated_fp16_batch_computes_on_float16_data_as_single_fits(fake_cupy, monkeypatch):
+    """At fp16 a batch is centered into float16 as each single fit is, so the same kernels
+    read the same values: the same partitions."""
+    monkeypatch.setattr(fused_plan, "device_facts", lambda device_id: HOPPER)
+    runs = _spy(monkeypatch)
+    real = fused_batch._workspace
+    data = []
+    monkeypatch.setattr(fused_batch, "_workspace",
+                        lambda be, arr, *a: data.append(str(arr.dtype)) or real(be, arr, *a))
+    _fit_against_single_fits(40, 12, "fp16")
+    assert runs and data and set(data) == {"float16"}
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("precision", ["exact", "tf32", "fp16"])
 def test_batched_fit_on_the_device_runs_batched(monkeypatch, precision):

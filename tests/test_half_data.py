@@ -7,7 +7,7 @@ fp16 needs). Skipped without g++."""
 
 import numpy as np
 import pytest
-from kmeans_xp_backends.cupy import fused_plan
+from kmeans_xp_backends.cupy import fused_plan, placement
 from kmeans_xp_backends.cupy import workspace as ws_module
 
 from kmeans_xp import KMeans
@@ -23,6 +23,8 @@ HOPPER = fused_plan.DeviceFacts(2, 227 * 1024, 228 * 1024, 90)
 @pytest.fixture
 def hopper(emulated_cupy, monkeypatch):
     monkeypatch.setattr(fused_plan, "device_facts", lambda device_id: HOPPER)
+    # (centering into half data a few rows a step: 42 at d=24, n off every multiple)
+    monkeypatch.setattr(placement, "HALF_CHUNK_BYTES", 4096)
     seen = []
     real = ws_module.Workspace.__init__
 
@@ -47,7 +49,8 @@ def test_float16_x_is_computed_on_as_it_is(hopper):
     got = _fit(X16, init, precision="fp16")
     assert hopper.workspaces and all(dt == "float16" and path == "wgmma-fp16"
                                      for dt, path in hopper.workspaces)
-    # the fit's only copy of X is X's own upload, centered in place: no float32 array of X
+    # the fit's only copy of X is X's own upload, centered in place, a float32 chunk at a
+    # time: no float32 array of X
     assert max(hopper.allocations) < X16.size * 4
     assert got.cluster_centers_.dtype == np.float32
     assert np.asarray(got.cluster_centers_).shape == init.shape

@@ -36,7 +36,7 @@ import numpy as np
 from kmeans_xp.contract.backend import AssignResult, IterStats, Option, ReduceResult
 from kmeans_xp.contract.memory import KMeansMemoryError, MemoryEstimate, format_bytes, resolve_budget
 from kmeans_xp.contract.namespaces import dtype_name as float_dtype_name
-from kmeans_xp.contract.precision import HALF_STORAGE, half_kind, storage_dtype
+from kmeans_xp.contract.precision import HALF_STORAGE, half_kind
 
 from . import common, fused_batch, fused_sums, paths
 from . import fused_plan as fp
@@ -201,8 +201,7 @@ class CupyFusedBackend(CupyBackendBase):
     def _stores_half(self) -> bool:
         """Whether this fit's data is in its half format: a precision of `half_data` whose
         dtype CuPy holds here (bfloat16 needs CuPy 14 with ml_dtypes)."""
-        return (self.compute_precision in self.half_data
-                and storage_dtype(self.compute_precision, self._cp) is not None)
+        return self.placement.half_dtype() is not None
 
     def fit_kernels(self, n, d, k, dtype, *, seeding=None):
         # (a fit at a precision of half_data computes on data in that format: the placement's)

@@ -14,6 +14,7 @@ before they are read.
 """
 from __future__ import annotations
 
+import math
 import weakref
 from typing import Callable, NamedTuple
 
@@ -30,7 +31,7 @@ from kmeans_xp.contract.namespaces import (
     dtype_name,
     foreign_device_type,
 )
-from kmeans_xp.contract.precision import half_kind, storage_dtype
+from kmeans_xp.contract.precision import half_kind, half_storage
 from kmeans_xp.contract.scaling import rescaled
 from kmeans_xp.contract.sphere import unit_rows
 
@@ -258,18 +259,24 @@ class CupyPlacement(Placement):
         """(X - mean) * scale in float32, rounded once to `dtype` (float16, bfloat16: the data
         of a backend's `half_data` fit), row chunk by row chunk into the fit's own array: X's
         device copy of a host X when it already has that dtype, else a new one (half the
-        bytes of a float32 copy). X as the user gave it is never written."""
+        bytes of a float32 copy). X as the user gave it is never written. A batch's (B, n, d)
+        X with (B, 1, d) means goes the same way, its rows chunked across all problems."""
         cp = self._cp
         dtype = np.dtype(dtype)
         own = self._uploaded is not None and X is self._uploaded and X.dtype == dtype
         out = X if own else cp.empty(X.shape, dtype=dtype)
         m = cp.asarray(mean if mean is not None else 0, dtype=cp.float32)
-        rows = max(1, HALF_CHUNK_BYTES // max(1, X.shape[1] * 4))
-        for r0 in range(0, X.shape[0], rows):
-            part = cp.subtract(X[r0:r0 + rows], m, dtype=cp.float32)
+        n, row_values = X.shape[-2], math.prod(X.shape[:-2]) * X.shape[-1]
+        rows = min(n, max(1, HALF_CHUNK_BYTES // max(1, row_values * 4)))
+        # one float32 buffer for every chunk: a chunk made per step would be allocated
+        # before the last one is let go, two of them held at the peak
+        buf = cp.empty(X.shape[:-2] + (rows, X.shape[-1]), dtype=cp.float32)
+        for r0 in range(0, n, rows):
+            part = buf[..., :min(rows, n - r0), :]
+            cp.subtract(X[..., r0:r0 + rows, :], m, out=part, dtype=cp.float32)
             if scale != 1:
                 cp.multiply(part, np.float32(scale), out=part)
-            out[r0:r0 + rows] = part   # (rounded to nearest even)
+            out[..., r0:r0 + rows, :] = part   # (rounded to nearest even)
         return out
 
     def unit_rows(self, X, *, xp):
@@ -286,12 +293,9 @@ class CupyPlacement(Placement):
         return unit_rows(X, xp, rows, in_place=own)
 
     def half_dtype(self):
-        """The dtype the fit's centered data is stored in where its backend computes on half
-        data at the fit's precision (`KMeansBackend.half_data`: float16, bfloat16), else
-        None (the data is in X's compute dtype)."""
-        b = self.backend
-        p = getattr(b, "compute_precision", "exact")
-        return storage_dtype(p, self._cp) if p in getattr(b, "half_data", ()) else None
+        """The dtype the fit's centered data is stored in on the device
+        (`precision.half_storage`), else None."""
+        return half_storage(self.backend, self._cp)
 
     def copy_bytes(self, X) -> int:
         """Bytes per value of a centered copy of X: its half format's for a half-data fit,
@@ -340,8 +344,8 @@ class CupyPlacement(Placement):
         """Whether this host X is streamed rather than copied to the device (decided once per
         X: the budget's check decides with the fit's k, to_backend reuses it)."""
         s = self.settings
-        if not s.streaming or not isinstance(X, np.ndarray):
-            return False
+        if not s.streaming or not isinstance(X, np.ndarray) or X.ndim != 2:
+            return False   # (a batch's (B, n, d) array is not streamed: to_backend moved it)
         if self._stream_choice is not None and self._stream_choice[0] == id(X):
             return self._stream_choice[1]
         if s.stream != "auto":

@@ -16,6 +16,7 @@ import numpy as np
 from kmeans_xp.algorithms import init as _init
 from kmeans_xp.contract.batching import batch_size, dense_array, problem
 from kmeans_xp.contract.namespaces import device
+from kmeans_xp.contract.precision import compute_dtype
 from kmeans_xp.contract.seeding import local_trials
 
 #: arrays of (B, n, trials) values alive at once in a k-means++ step (distances, minima,
@@ -36,9 +37,14 @@ def batch_initial_centers(method, X, k, sample_weight, random_state, *, xp, back
     if arr is not None and method == "random":
         return batch_random(arr, k, sample_weight, seeds, xp=xp)
     if arr is not None and method == "k-means++":
-        B, n = arr.shape[0], arr.shape[1]
-        if PLUSPLUS_ARRAYS * B * n * local_trials(k) * 8 <= backend.memory.bytes():
-            return batch_plusplus(arr, k, None if sample_weight is None else
+        B, n, d = arr.shape
+        # (data in a half format is seeded on a float32 copy: its distances leave the
+        # format's range and precision)
+        wide = compute_dtype(arr.dtype, xp)
+        copy = 0 if wide == arr.dtype else B * n * d * 4   # (float32)
+        if PLUSPLUS_ARRAYS * B * n * local_trials(k) * 8 + copy <= backend.memory.bytes():
+            return batch_plusplus(arr if not copy else xp.astype(arr, wide), k,
+                                  None if sample_weight is None else
                                   dense_array(sample_weight), seeds, xp=xp)
     centers = []
     for b, seed in enumerate(seeds):
@@ -47,7 +53,7 @@ def batch_initial_centers(method, X, k, sample_weight, random_state, *, xp, back
             Xb, k, sample_weight=problem(sample_weight, b),
             random_state=np.random.RandomState(seed), xp=xp, rows=backend.driver_rows(Xb),
             backend=backend, persist=backend.placement.persist, verbose=verbose))
-    return xp.stack([xp.astype(c, X[0].dtype) for c in centers])
+    return xp.stack([xp.astype(c, compute_dtype(X[0].dtype, xp)) for c in centers])
 
 
 def batch_random(arr, k, sample_weight, seeds, *, xp):

@@ -51,6 +51,14 @@ def storage_dtype(precision: str, xp):
     return found if found is not None else _ml_dtype(name, xp)
 
 
+def half_storage(backend, xp):
+    """The dtype a fit on `backend` keeps its centered data in: its precision's half format
+    where the backend computes on data so (`KMeansBackend.half_data`) and `xp` holds it,
+    else None (the data stays in its compute dtype). Single fits and batches alike."""
+    precision = backend.compute_precision
+    return storage_dtype(precision, xp) if precision in backend.half_data else None
+
+
 _HELD: dict = {}
 
 

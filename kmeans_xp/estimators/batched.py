@@ -19,7 +19,8 @@ import numpy as np
 from kmeans_xp.algorithms.batch_init import batch_initial_centers
 from kmeans_xp.algorithms.batches import kmeans_batch_lloyd
 from kmeans_xp.algorithms.progress import Clock
-from kmeans_xp.contract.precision import resolve as resolve_precision
+from kmeans_xp.contract.precision import (compute_dtype, half_storage,
+                                          resolve as resolve_precision)
 from kmeans_xp.contract.batching import BatchArray
 from kmeans_xp.contract.finite import problems_absmax
 from kmeans_xp.contract.namespaces import (
@@ -237,12 +238,18 @@ def _centered(est, place, batch, Xb, xp):
     means; (B,) absolute tols, each problem's own)."""
     stats = place.batch_feature_stats([Xb[b] for b in range(batch.B)], est.tol, xp=xp)
     tol = np.array([float(t) for _, t in stats])
-    means = xp.stack([xp.astype(m, Xb[0].dtype) for m, _ in stats])
+    means = xp.stack([xp.astype(m, compute_dtype(Xb[0].dtype, xp)) for m, _ in stats])
     if not est.copy_x:   # computed on X as given, never written (as a single fit)
         return Xb, xp.zeros_like(means), tol
+    # (as a single fit: into the half format where the backend computes on data so)
+    store = half_storage(place.backend, xp)
+    half = {} if store is None else {"dtype": store}
     if batch.dense:
-        return BatchArray(Xb.array - means[:, None, :]), means, tol
-    return [place.center(Xb[b], means[b, ...], xp=xp) for b in range(batch.B)], means, tol
+        centered = (Xb.array - means[:, None, :] if store is None else
+                    place.center(Xb.array, means[:, None, :], xp=xp, dtype=store))
+        return BatchArray(centered), means, tol
+    return [place.center(Xb[b], means[b, ...], xp=xp, **half) for b in range(batch.B)], \
+        means, tol
 
 
 def _runs(est, backend, Xc, means, sw, xp, rs, n_init, tol, given):
@@ -262,7 +269,9 @@ def _runs(est, backend, Xc, means, sw, xp, rs, n_init, tol, given):
                                                 backend=backend, verbose=est.verbose)
         t1 = time.perf_counter()
         with backend.memory.stage("lloyd"):
-            result = kmeans_batch_lloyd(backend, Xc, sw, xp.astype(centers, Xc[0].dtype),
+            # (in the compute dtype: float32 for data in a half format, as a single fit's)
+            result = kmeans_batch_lloyd(backend, Xc, sw,
+                                        xp.astype(centers, compute_dtype(Xc[0].dtype, xp)),
                                         xp=xp, max_iter=est.max_iter, tol=tol,
                                         verbose=est.verbose)
         backend.placement.synchronize()

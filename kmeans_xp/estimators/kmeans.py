@@ -22,8 +22,8 @@ from kmeans_xp.estimators.interop import SklearnInterop
 from kmeans_xp.algorithms.init import seeding_dtype
 from kmeans_xp.algorithms.lloyd import kmeans_single_lloyd
 from kmeans_xp.contract.memory import explains_memory_errors, format_bytes
-from kmeans_xp.contract.precision import (compute_dtype, resolve as resolve_precision,
-                                          storage_dtype)
+from kmeans_xp.contract.precision import (compute_dtype, half_storage,
+                                          resolve as resolve_precision)
 from kmeans_xp.contract.namespaces import array_namespace, device, dtype_name, to_numpy
 from kmeans_xp.estimators.predicting import Predicting
 from kmeans_xp.algorithms.progress import Clock, logger, verbose_logging
@@ -316,8 +316,7 @@ default=None
         # the data in its half format where the backend computes on it so (read at half the
         # bytes; `KMeansBackend.half_data`), and only such a backend's placement is asked;
         # (a namespace without the format, as CuPy without ml_dtypes for bf16: as before)
-        store = (storage_dtype(self._precision_fit, xp)
-                 if self._precision_fit in backend.half_data else None)
+        store = half_storage(backend, xp)
         half = {} if store is None else {"dtype": store}
         # on data to be rescaled, the variance of tol is taken after (it could overflow)
         tol: float
