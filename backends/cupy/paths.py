@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from typing import Callable, NamedTuple
 
+from kmeans_xp.contract.precision import HALF_STORAGE
+
 #: largest d of the small-d kernel, d a template parameter (cuda/fused_small.cu)
 SMALL_D_MAX = 16
 #: gemm_kernel="auto" takes 3xTF32 up to this d (measured on the H200 at d = 64, 128: 1.6x the
@@ -153,7 +155,7 @@ def wgmma_fits(d, dev, split=False, fmt=0, areg=False) -> bool:
 #: a half dtype's storage type in the kernels (cuda/formats.cuh): X in that format
 X_STORAGE = {"float16": "xhalf", "bfloat16": "xbf16"}
 #: the half dtype that stores each half format's data (fmt 1 fp16, 2 bf16)
-FORMAT_DTYPES = {1: "float16", 2: "bfloat16"}
+FORMAT_DTYPES = {fmt: HALF_STORAGE[name] for name, fmt in HALF_FORMATS.items()}
 
 
 def wgmma_kernel_name(d: int, vec: bool, split: bool = False, fmt: int = 0,
