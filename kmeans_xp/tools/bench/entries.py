@@ -114,7 +114,12 @@ class BackendEntry(Entry):
         if self.namespace:
             return _converter(self.namespace)(X)
         if self.backend.reject_reason(X, n_clusters=self.w.k) is None:
-            return self.backend.placement.to_backend(X)
+            Xd = self.backend.placement.to_backend(X)
+            # (the copy is the row's input, not a fit's own: the placement lets go of it,
+            # so it goes with the run's last reference; held, every later row's peak had
+            # counted it)
+            self.backend.placement.finish()
+            return Xd
         return _converter(sorted(self.cls.namespaces)[0])(X)
 
     def memory_scope(self, peak=True):
