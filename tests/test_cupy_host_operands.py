@@ -70,6 +70,9 @@ for backend, init, dtype, where_x, weighted in cases:
     start = Xh[:: Xh.shape[0] // 40][:40].copy() if init in ("array", "far") else init
     if init == "far":
         start[:3] += 1000   # nobody's nearest: empty clusters relocated
+    if where_x == "batch":   # two problems in one (2, n, d) array
+        X = cp.asarray(np.stack([Xh, Xh[::-1] * 2]))
+        start = start if isinstance(start, str) else np.stack([start, start * 2])
     fitting[0] = True
     KMeans(40, init=start, n_init=1, max_iter=5, random_state=0, backend=backend).fit(
         X, sample_weight=w)
@@ -84,6 +87,8 @@ CASES = ([[b, init, "float32", "device", False] for b in BACKENDS
          + [[b, "k-means++", "float32", "host", True] for b in BACKENDS]
          + [["auto", "k-means++", "float32", "device", False],
             ["cupy-fused", "array", "float64", "device", True]]
+         + [[b, init, "float32", "batch", False] for b in ("cupy-fused", "cupy-chunked")
+            for init in ("far", "k-means++")]
          + [[b, "far", "float32", "device", True] for b in BACKENDS])
 
 

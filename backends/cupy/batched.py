@@ -80,7 +80,7 @@ def batch_lloyd_iter(backend, X, sample_weight, centers, labels_old, active):
     weights_of = _weights(backend, sample_weight, arr.dtype)
     sums = cp.zeros((a * k, d), dtype=cp.float64)
     counts = cp.zeros((a * k,), dtype=cp.float64)
-    offset = (cp.arange(a, dtype=cp.int32) * k)[:, None]
+    offset = cp.arange(0, a * k, k, dtype=cp.int32)[:, None]   # (no host operand)
     with backend.stage("update"):
         for j0, j1, b0 in runs(active):
             m = j1 - j0

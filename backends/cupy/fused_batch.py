@@ -88,7 +88,7 @@ def _run_iteration(backend, ws, centers, labels_old):
     # iteration)
     if ws.shifted is None:
         ws.shifted = cp.empty((m, ws.rows), dtype=cp.int32)
-        ws.offsets = (cp.arange(m, dtype=cp.int32) * np.int32(k1))[:, None]
+        ws.offsets = cp.arange(0, m * k1, k1, dtype=cp.int32)[:, None]   # (no host operand)
     cp.add(labels, ws.offsets, out=ws.shifted)
     fused_sums.accumulate(ws, ws.shifted.reshape(-1), backend.scratch)
     K = ws.k

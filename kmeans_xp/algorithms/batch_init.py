@@ -15,7 +15,7 @@ import numpy as np
 
 from kmeans_xp.algorithms import init as _init
 from kmeans_xp.contract.batching import batch_size, dense_array, problem
-from kmeans_xp.contract.namespaces import device
+from kmeans_xp.contract.namespaces import device, operand
 from kmeans_xp.contract.precision import compute_dtype
 from kmeans_xp.contract.seeding import local_trials
 
@@ -95,7 +95,8 @@ def batch_plusplus(arr, k, sample_weight, seeds, *, xp):
         mass = xp.astype(closest, xp.float64) if w64 is None else xp.astype(
             closest, xp.float64) * w64
         drawn = _draw_rows(mass, u_all[:, draws], n, xp)
-        cand = xp.where(xp.sum(mass, axis=1)[:, None] > 0, drawn, by_weight[:, draws])
+        cand = xp.where(xp.sum(mass, axis=1)[:, None] > operand(0, mass, xp), drawn,
+                        by_weight[:, draws])
         minima = xp.minimum(_sq_dist(arr, _gather(arr, cand + base, xp), x_sq, xp),
                             closest[..., None])                   # (B, n, L)
         m64 = xp.astype(minima, xp.float64)
@@ -135,7 +136,9 @@ def _sq_dist(arr, P, x_sq, xp):
             acc = diff * diff if acc is None else acc + diff * diff
         return acc
     p_sq = xp.sum(P * P, axis=2)[:, None, :]
-    dist = x_sq - 2 * xp.matmul(arr, xp.permute_dims(P, (0, 2, 1))) + p_sq
-    return xp.where(dist < 0, xp.zeros_like(dist), dist)
+    dots = xp.matmul(arr, xp.permute_dims(P, (0, 2, 1)))
+    # (scalars as device operands: `operand`)
+    dist = x_sq - dots * operand(2, dots, xp) + p_sq
+    return xp.maximum(dist, operand(0, dist, xp))
 
 

@@ -57,7 +57,9 @@ def new_centers(sums, weights, centers_old, xp, *, fill_empty=True, filled=None,
     if fill_empty:   # (each problem's own heaviest cluster: one take for a whole batch)
         k, d = weights.shape[-1], means.shape[-1]
         top = xp.argmax(xp.reshape(weights, (-1, k)), axis=1)
-        top = top + xp.arange(top.shape[0], dtype=top.dtype, device=device(top)) * k
+        # (each problem's offset p * k by arange's step: `* k`, an operator with a host
+        # scalar, would go through NumPy's ufunc dispatch on CuPy)
+        top = top + xp.arange(0, top.shape[0] * k, k, dtype=top.dtype, device=device(top))
         heaviest = xp.take(xp.reshape(means, (-1, d)), top, axis=0)
         means = xp.where(filled, means, xp.reshape(heaviest, (*weights.shape[:-1], 1, d)))
     if spherical:

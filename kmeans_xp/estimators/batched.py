@@ -333,8 +333,8 @@ def _distinct_clusters(place, labels, stacked, batch, k):
     if not batch.dense:
         return [int(np.count_nonzero(place.label_counts(lab, k))) for lab in labels]
     xp = array_namespace(stacked)
-    offsets = xp.reshape(xp.arange(batch.B, dtype=stacked.dtype, device=device(stacked)) * k,
-                         (batch.B, 1))
+    offsets = xp.reshape(xp.arange(0, batch.B * k, k, dtype=stacked.dtype,
+                                   device=device(stacked)), (batch.B, 1))   # (no host operand)
     counts = place.label_counts(xp.reshape(stacked + offsets, (-1,)), batch.B * k)
     return np.count_nonzero(np.reshape(to_numpy(counts), (batch.B, k)), axis=1).tolist()
 
