@@ -226,3 +226,50 @@ def test_relocation_moves_points_in_sklearns_order():
         w_ref[new_id] = far.weight[j]
     s, w = relocate_empty(Backend(), None, None, None, None, sums.copy(), weights.copy(), np)
     assert np.array_equal(np.asarray(s), s_ref) and np.array_equal(np.asarray(w), w_ref)
+
+
+def test_relocation_of_many_problems_equals_each_alone():
+    """relocate_empty_many over problems (clusters giving several points, one problem whose
+    points sit on their centers, one left out of the list) equals each problem's own
+    relocate_empty, bit for bit."""
+    from kmeans_xp.algorithms.relocation import Problem, relocate_empty, relocate_empty_many
+    from kmeans_xp.contract.backend import Farthest
+
+    rng = np.random.default_rng(11)
+    P, k, d = 4, 12, 3
+    sums = rng.normal(size=(P, k, d)) * 1e3
+    weights = rng.uniform(1, 50, (P, k))
+    fars = {}
+    for p in range(P):
+        empty = np.sort(rng.choice(k, p + 1, replace=False))
+        sums[p, empty], weights[p, empty] = 0, 0
+        full = np.setdiff1d(np.arange(k), empty)
+        m = empty.size
+        x = rng.normal(size=(m, d)) * np.array([1e-3, 1.0, 1e3])
+        dist = np.sort(rng.uniform(1, 9, m))[::-1].copy()
+        if p == 2:
+            x, dist = np.zeros((m, d)), np.zeros(m)   # on their centers: nothing moves
+        fars[p] = Farthest(np.arange(m), x, rng.uniform(0.1, 3, m),
+                           rng.choice(full[:2], m), dist)   # (two clusters give them all)
+
+    class Backend:
+        def farthest(self, X, sample_weight, centers, labels, m, **kw):
+            return fars[X]
+
+        class placement:
+            @staticmethod
+            def namespace(a):
+                import array_api_compat.numpy as xp
+                return xp
+
+    chosen = [0, 2, 3]   # (problem 1 is not relocated)
+    s, w = relocate_empty_many(Backend(), [Problem(p, p, None, None, None) for p in chosen],
+                               sums.copy(), weights.copy(), np)
+    for p in range(P):
+        if p in chosen:
+            s1, w1 = relocate_empty(Backend(), p, None, None, None, sums[p].copy(),
+                                    weights[p].copy(), np)
+        else:
+            s1, w1 = sums[p], weights[p]
+        assert np.array_equal(np.asarray(s)[p], s1) and np.array_equal(np.asarray(w)[p], w1)
+    assert not np.array_equal(np.asarray(s)[3], sums[3])
