@@ -175,8 +175,8 @@ class FakeCupy(types.ModuleType):
         return np.full(shape, value, dtype=dtype)
 
     @staticmethod
-    def argsort(a):
-        return np.argsort(a, kind="stable")  # CuPy's sort is stable
+    def argsort(a, axis=-1):
+        return np.argsort(a, axis=axis, kind="stable")  # CuPy's sort is stable
 
 
 def _gemm(transa, transb, a, b, out, alpha):

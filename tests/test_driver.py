@@ -195,8 +195,8 @@ def test_column_sums_in_row_blocks_equal_the_plain_sum(n):
 def test_relocation_moves_points_in_sklearns_order():
     """relocate_empty equals scikit-learn's loop bit for bit where one cluster gives several
     points (the subtractions from it happen in the candidates' order) and with weights."""
-    from kmeans_xp.contract.backend import Farthest
     from kmeans_xp.algorithms.lloyd import relocate_empty
+    from kmeans_xp.contract.backend import Farthest, KMeansBackend
 
     rng = np.random.default_rng(7)
     k, d, m = 9, 5, 4
@@ -209,6 +209,8 @@ def test_relocation_moves_points_in_sklearns_order():
                    np.array([9.0, 8.0, 7.0, 6.0]))
 
     class Backend:
+        farthest_many = KMeansBackend.farthest_many   # (the contract's: farthest each)
+
         def farthest(self, *args, **kw):
             return far
 
@@ -233,7 +235,7 @@ def test_relocation_of_many_problems_equals_each_alone():
     points sit on their centers, one left out of the list) equals each problem's own
     relocate_empty, bit for bit."""
     from kmeans_xp.algorithms.relocation import Problem, relocate_empty, relocate_empty_many
-    from kmeans_xp.contract.backend import Farthest
+    from kmeans_xp.contract.backend import Farthest, KMeansBackend
 
     rng = np.random.default_rng(11)
     P, k, d = 4, 12, 3
@@ -253,6 +255,8 @@ def test_relocation_of_many_problems_equals_each_alone():
                            rng.choice(full[:2], m), dist)   # (two clusters give them all)
 
     class Backend:
+        farthest_many = KMeansBackend.farthest_many   # (the contract's: farthest each)
+
         def farthest(self, X, sample_weight, centers, labels, m, **kw):
             return fars[X]
 

@@ -251,6 +251,22 @@ class CupyBackendBase(KMeansBackend):
         return reductions.farthest(X, self.weights(sample_weight, X.dtype), self.labels32(labels),
                                    self.contiguous(centers, compute_dtype(X.dtype)), m)
 
+    def farthest_many(self, problems, *, xp=None):
+        """`farthest` of a batch's device problems of one shape ranked together
+        (`reductions.farthest_many`: a few launches for all); streamed or mixed problems, and
+        those longer than a `farthest` chunk (the (P, n) keys and their sort would be large),
+        problem by problem."""
+        cp = self._cp
+        Xs = [X for X, *_ in problems]
+        if (len(problems) < 2 or len({(X.shape, str(X.dtype)) for X in Xs}) > 1
+                or any(self.is_streamed(X) or not isinstance(X, cp.ndarray) for X in Xs)
+                or Xs[0].shape[0] > reductions.FARTHEST_ROWS):
+            return super().farthest_many(problems, xp=xp)
+        return reductions.farthest_many(
+            [(self.contiguous(X), self.weights(w, X.dtype), self.labels32(labels),
+              self.contiguous(C, compute_dtype(X.dtype)), int(m))
+             for X, w, C, labels, m in problems])
+
     def seeding(self, X, sample_weight, n_local_trials, *, xp=None):
         """k-means++'s steps in kernels (`seeding.DeviceSeeding`) on a device X, else None."""
         from .seeding import device_seeding

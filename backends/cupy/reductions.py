@@ -246,6 +246,31 @@ def farthest(X, w, labels, C, m, *, rows=FARTHEST_ROWS):
                            lambda idx: None if w is None else w[idx], labels)
 
 
+def farthest_many(problems) -> Farthest:
+    """`farthest` of several problems of one shape (`KMeansBackend.farthest_many`), each
+    (X, weights or None, int32 labels, centers, m), ranked together: each problem's keys a
+    row of one (P, n) array (a launch each), one stable sort of the rows (lower index first
+    among equals, as `TopKeys`), and each field gathered for every problem; a row's entries
+    past its problem's m, and its zero-weight points (key -1), have sq_dist -1."""
+    cp = cupy()
+    X0, m = problems[0][0], max(int(p[4]) for p in problems)
+    keys = cp.empty((len(problems), X0.shape[0]), dtype=common.compute_dtype(X0.dtype))
+    for r, (X, w, labels, C, _) in enumerate(problems):
+        relocation_keys(X, w, labels, C, keys[r])
+    order = cp.argsort(-keys, axis=1)[:, :m]
+    dist = cp.take_along_axis(keys, order, axis=1).astype(cp.float64)
+    own = cp.asarray([int(p[4]) for p in problems], dtype=cp.int64)
+    past = cp.arange(m, dtype=cp.int64)[None, :] >= own[:, None]
+    dist = cp.where(past, cp.full((), -1.0, dtype=cp.float64), dist)
+    # (half X: the rows that become centers, in float32, exactly)
+    x = cp.stack([X[o].astype(keys.dtype, copy=False) for (X, *_), o in zip(problems, order)])
+    labels = cp.stack([lab[o] for (_, _, lab, _, _), o in zip(problems, order)])
+    weight = (cp.ones(order.shape, dtype=cp.float64) if all(p[1] is None for p in problems)
+              else cp.stack([cp.ones(m, dtype=cp.float64) if w is None else
+                             w[o].astype(cp.float64) for (_, w, *_), o in zip(problems, order)]))
+    return Farthest(order.astype(cp.int64), x, weight, labels, dist)
+
+
 def gather_farthest(top, rows_of, weights_of, labels) -> Farthest:
     """Farthest from ranked keys: rows_of(index) gives the (centered) rows of X,
     weights_of(index) their weights (None: unit)."""

@@ -3,14 +3,15 @@ at once (`lloyd._update`, `batches.BatchRun`).
 
 Each empty cluster, in index order, takes the next point farthest from its center, moving
 that point's weight and weighted coordinates out of its old cluster; nothing moves when all
-those points sit on their centers (distance 0). An empty cluster never gives a point, and
-`np.subtract.at` subtracts in index order, as sklearn's loop does where a cluster gives
-several points.
+those points sit on their centers (distance 0). An empty cluster never gives a point, and a
+cluster that gives several has them subtracted in the candidates' order, as sklearn's loop
+does.
 
 The work is done on the host on the weights and the rows of sums it changes, in three steps
-whatever the number of problems: every problem's farthest points are asked for before any is
-read; their rows and their clusters' rows of sums come down in one transfer; the changed rows
-and weights go back in one, and one `take` puts them in place. (k x d float64 both ways was a
+whatever the number of problems: every problem's farthest points are asked for at once
+(`farthest_many`: a device backend ranks them together); their rows and their clusters' rows
+of sums come down in one transfer; the changed rows and weights go back in one, and one
+`take` puts them in place; the moves of all problems are computed together on the host. (k x d float64 both ways was a
 millisecond at W5, and each further read is a device round trip: a batch relocating problem
 by problem made three round trips a problem.)
 """
@@ -50,35 +51,55 @@ def relocate_empty_many(backend, problems, sums, weights, xp):
     ats = [p.at for p in problems]
     w = to_numpy(cxp.take(weights, cxp.asarray(ats, device=dev), axis=0)).astype(np.float64)
     empties = [np.flatnonzero(row == 0) for row in w]
-    fars = [backend.farthest(p.X, p.sample_weight, p.centers, p.labels, int(e.size), xp=xp)
-            for p, e in zip(problems, empties)]
-    index, packed = [], []   # flat rows (problem * k + cluster) changed, their [sums | weight]
-    for p, row_w, empty, (dist, fw, old, x, s_old, dtype) in zip(
-            problems, w, empties, _far_rows(fars, sums, ats, cxp)):
-        if dist.size == 0 or not dist.max() > _rounding(x, dtype):
-            continue
-        new = empty[:len(fw)]
-        moved = x * fw[:, None]
-        rows = np.unique(np.concatenate([old, new]))
-        at_old = np.searchsorted(rows, old)
-        s = np.zeros((rows.size, d), dtype=np.float64)
-        s[at_old] = s_old       # (a cluster giving several points: one row)
-        np.subtract.at(s, at_old, moved)
-        np.subtract.at(row_w, old, fw)
-        s[np.searchsorted(rows, new)], row_w[new] = moved, fw
-        index.append(p.at * k + rows)
-        packed.append(np.concatenate([s, row_w[rows, None]], axis=1))
-    if not index:
+    far = backend.farthest_many([(p.X, p.sample_weight, p.centers, p.labels, int(e.size))
+                                 for p, e in zip(problems, empties)], xp=xp)
+    changed = _moves(k, w, empties, _far_rows(far, [e.size for e in empties], sums, ats, cxp))
+    if changed is None:
         return sums, weights
+    rows_q, packed = changed
+    index = np.asarray(ats, dtype=np.int64)[rows_q // k] * k + rows_q % k   # rows of the stack
     at = np.arange(P * k)   # flat row i of the result: row i, or row j of the changes at P k + j
-    changed = np.concatenate(index)
-    at[changed] = P * k + np.arange(changed.size)
+    at[index] = P * k + np.arange(index.size)
     at_dev = cxp.asarray(at, device=dev)
-    new_rows = cxp.asarray(np.concatenate(packed), dtype=cxp.float64, device=dev)
+    new_rows = cxp.asarray(packed, dtype=cxp.float64, device=dev)
     s_all = cxp.concat([cxp.reshape(sums, (P * k, d)), new_rows[:, :d]], axis=0)
     w_all = cxp.concat([cxp.reshape(weights, (P * k,)), new_rows[:, d]], axis=0)
     return (cxp.reshape(cxp.take(s_all, at_dev, axis=0), (P, k, d)),
             cxp.reshape(cxp.take(w_all, at_dev, axis=0), (P, k)))
+
+
+def _moves(k, w, empties, far):
+    """The changed rows of all problems together: (their flat rows q * k + cluster, sorted,
+    with q the problem's position in the list; their [sums | weight] rows, float64), or None
+    where nothing moves. `w` (Q, k) host weights, changed in place; `far` `_far_rows`'s.
+
+    A problem whose farthest points all sit on their centers moves nothing. Its j-th farthest
+    point moves to its j-th empty cluster, out of its old cluster; a cluster giving several
+    points has them subtracted in the candidates' order (`np.subtract.at`'s, sklearn's), one
+    pass per rank among its points, each pass over every problem at once."""
+    keep = [q for q, (dist, _, _, x, _, dtype) in enumerate(far)
+            if dist.size and dist.max() > _rounding(x, dtype)]
+    if not keep:
+        return None
+    fw, x, s_old = (np.concatenate([far[q][i] for q in keep]) for i in (1, 3, 4))
+    old = np.concatenate([q * k + far[q][2] for q in keep])
+    new = np.concatenate([q * k + empties[q][:far[q][1].size] for q in keep])
+    rows = np.unique(np.concatenate([old, new]))
+    at_old = np.searchsorted(rows, old)
+    moved = x * fw[:, None]
+    s = np.zeros((rows.size, x.shape[1]), dtype=np.float64)
+    s[at_old] = s_old       # (a cluster giving several points: one row)
+    flat_w = w.reshape(-1)  # (a view: w is C-contiguous)
+    order = np.argsort(at_old, kind="stable")          # each cluster's points in order
+    first = np.searchsorted(at_old[order], at_old[order])
+    rank = np.empty_like(order)
+    rank[order] = np.arange(order.size) - first
+    for r in range(int(rank.max()) + 1):
+        now = rank == r        # (no cluster twice in a pass)
+        s[at_old[now]] -= moved[now]
+        flat_w[old[now]] -= fw[now]
+    s[np.searchsorted(rows, new)], flat_w[new] = moved, fw
+    return rows, np.concatenate([s, flat_w[rows, None]], axis=1)
 
 
 def _rounding(x, dtype):
@@ -89,34 +110,30 @@ def _rounding(x, dtype):
     return (8 * eps) ** 2 * float(np.max(np.sum(x * x, axis=1), initial=0.0))
 
 
-def _far_rows(fars, sums, ats, cxp):
+def _far_rows(far, counts, sums, ats, cxp):
     """Per problem (distances, weights, labels, rows of X, their clusters' rows of sums, X's
-    dtype) of its farthest points on the host, float64 (labels int64): one transfer for all
-    where the points and the sums share a namespace and device (else two a problem). The
+    dtype) of its farthest points (`farthest_many`'s stacked `far`, each problem's first
+    `counts[p]` less those of sq_dist < 0) on the host, float64 (labels int64): one transfer
+    for all where the points and the sums share a namespace and device (else two). The
     empty clusters' rows of sums are not read: the relocated points replace them."""
-    d = sums.shape[2]
-    parts = []
-    for far, at in zip(fars, ats):
-        m = far.x.shape[0]
-        fxp = array_namespace(far.x)
-        cols = [fxp.reshape(fxp.astype(a, fxp.float64), (m, 1))
-                for a in (far.sq_dist, far.weight, far.label)] + [fxp.astype(far.x, fxp.float64)]
-        if fxp is cxp and device(far.x) == device(sums):
-            rows = cxp.take(sums[at, ...], cxp.astype(far.label, cxp.int64), axis=0)
-            parts.append(cxp.concat(cols + [rows], axis=1))
-        else:
-            part = to_numpy(fxp.concat(cols, axis=1))
-            lab = cxp.asarray(part[:, 2].astype(np.int64), device=device(sums))
-            parts.append(np.concatenate([part, to_numpy(cxp.take(sums[at, ...], lab, axis=0))],
-                                        axis=1))
-    sizes = [int(p.shape[0]) for p in parts]
-    on_device = [p for p in parts if not isinstance(p, np.ndarray)]
-    read = iter(np.split(to_numpy(cxp.concat(on_device, axis=0)),
-                         np.cumsum([int(p.shape[0]) for p in on_device])[:-1])
-                if on_device else ())
+    (R, m), (P, k, d) = far.index.shape[:2], sums.shape
+    fxp, flat = array_namespace(far.x), cxp.reshape(sums, (P * k, d))
+    cols = [fxp.reshape(fxp.astype(a, fxp.float64), (R, m, 1))
+            for a in (far.sq_dist, far.weight, far.label)] + [fxp.astype(far.x, fxp.float64)]
+    base = np.asarray(ats, dtype=np.int64)[:, None] * k   # (problem p's rows of the stack)
+    if fxp is cxp and device(far.x) == device(sums):
+        lab = cxp.astype(far.label, cxp.int64) + cxp.asarray(base, device=device(sums))
+        rows = cxp.take(flat, cxp.reshape(lab, (-1,)), axis=0)
+        host = to_numpy(cxp.concat(cols + [cxp.reshape(rows, (R, m, d))], axis=2))
+    else:
+        part = to_numpy(fxp.concat(cols, axis=2))
+        lab = (part[..., 2].astype(np.int64) + base).reshape(-1)
+        rows = to_numpy(cxp.take(flat, cxp.asarray(lab, device=device(sums)), axis=0))
+        host = np.concatenate([part, rows.reshape(R, m, d)], axis=2)
     out = []
-    for far, part, m in zip(fars, parts, sizes):
-        host = part if isinstance(part, np.ndarray) else next(read)
-        out.append((host[:, 0], host[:, 1], host[:, 2].astype(np.int64), host[:, 3:3 + d],
-                    host[:, 3 + d:], far.x.dtype))
+    for p, c in enumerate(counts):
+        # (a problem's own points come first, and those of sq_dist < 0 last among them)
+        h = host[p, :int(np.count_nonzero(host[p, :c, 0] >= 0))]
+        out.append((h[:, 0], h[:, 1], h[:, 2].astype(np.int64), h[:, 3:3 + d], h[:, 3 + d:],
+                    far.x.dtype))
     return out

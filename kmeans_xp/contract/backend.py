@@ -36,6 +36,7 @@ above, and `check_backend` checks an override against it, so a plugin needs none
     inertia           sum of w * ||x - c_label||^2 by differences (driver, score)
     labels_inertia    assign + inertia (a backend that streams X does both in one pass)
     farthest          the m points farthest from their centers (only when a cluster is empty)
+    farthest_many     `farthest` of a batch's problems, stacked: default, problem by problem
     batch_lloyd_iter  one iteration of a batch of problems (`contract.batching`): default,
                       each active problem's `lloyd_iter`; a GPU backend computes the batch
                       in one launch per step
@@ -101,6 +102,7 @@ from kmeans_xp.contract.results import (  # noqa: F401 - what the contract retur
     ReduceResult,
     compact_labels_dtype,
     farthest_order,
+    stacked_farthest,
     user_labels,
     user_labels_dtype,
 )
@@ -354,6 +356,15 @@ class KMeansBackend:
              else xp.astype(xp.take(sample_weight, idx), xp.float64))
         return Farthest(xp.astype(idx, xp.int64), xp.take(X, idx, axis=0), w,
                         xp.take(labels, idx), xp.take(dist, idx))
+
+    def farthest_many(self, problems: list[tuple], *, xp: Namespace) -> Farthest:
+        """`farthest` of several problems at once (a batch's relocation), each given as
+        (X, sample_weight, centers, labels, m): one `Farthest` of fields (P, m_max, ...),
+        row p problem p's points in `farthest`'s order, then padding whose sq_dist is -1
+        (`stacked_farthest`). Default: `farthest` problem by problem; a device backend
+        ranks them together, in a few launches for the whole batch."""
+        return stacked_farthest([self.farthest(X, w, C, labels, m, xp=xp)
+                                 for X, w, C, labels, m in problems], xp)
 
     def batch_backend(self, X: Array) -> KMeansBackend:
         """The backend that computes MiniBatchKMeans's batches of X, gathered from X's rows

@@ -20,6 +20,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from kmeans_xp.contract.namespaces import device
+
 #: the labels a user gets from a backend that chooses their type (`user_labels`)
 LABELS_DTYPE = np.dtype(np.int32)
 
@@ -97,6 +99,24 @@ class Farthest(NamedTuple):
     weight: Any    # (m,) float64
     label: Any     # (m,) their labels
     sq_dist: Any   # (m,) float64 their squared distances
+
+
+def stacked_farthest(found, xp) -> Farthest:
+    """Several problems' `Farthest` as one: each field (P, m_max, ...), problem p's row its
+    own points first, then padding (index 0, zero rows and weights, label 0, sq_dist -1:
+    below every distance, as a zero-weight point's key)."""
+    m = max([int(f.index.shape[0]) for f in found] + [0])
+
+    def padded(a, fill):
+        extra = m - int(a.shape[0])
+        if extra:
+            a = xp.concat([a, xp.full((extra, *a.shape[1:]), fill, dtype=a.dtype,
+                                      device=device(a))], axis=0)
+        return a
+
+    return Farthest(*(xp.stack([padded(getattr(f, name), fill) for f in found])
+                      for name, fill in (("index", 0), ("x", 0), ("weight", 0), ("label", 0),
+                                         ("sq_dist", -1))))
 
 
 def farthest_order(index, sq_dist, m):

@@ -277,7 +277,20 @@ def check_extras(backend: KMeansBackend, X: Array, C: Array, w: Array, ref: Refe
     assert np.allclose(_host(far.x), ref.X[idx]) and np.array_equal(
         to_numpy(far.label).astype(np.int64), lab[idx]), f"{where}: farthest rows or labels"
     assert np.allclose(_host(far.weight), ref.w[idx]), f"{where}: farthest weights"
-    return 2
+    # farthest_many: each problem's farthest, stacked, the shorter one padded with sq_dist -1
+    one = backend.farthest(X, w, C, labels, 1, xp=xp)
+    many = backend.farthest_many([(X, w, C, labels, m), (X, w, C, labels, 1)], xp=xp)
+    for p, (f, mp) in enumerate(((far, m), (one, 1))):
+        for name in ("index", "label"):
+            assert np.array_equal(to_numpy(getattr(many, name)[p, ...])[:mp].astype(np.int64),
+                                  to_numpy(getattr(f, name)).astype(np.int64)), \
+                f"{where}: farthest_many's {name} of problem {p} are not its farthest's"
+        for name in ("x", "weight", "sq_dist"):
+            assert np.array_equal(_host(getattr(many, name)[p, ...])[:mp],
+                                  _host(getattr(f, name))), \
+                f"{where}: farthest_many's {name} of problem {p} are not its farthest's"
+    assert np.all(_host(many.sq_dist)[1, 1:] < 0), f"{where}: farthest_many's padding"
+    return 3
 
 
 def check_nearest(backend: KMeansBackend, X: Array, C: Array, ref: Reference,
