@@ -206,3 +206,32 @@ def test_a_runs_scales_come_from_its_problems_measured_once(emulated_cupy, monke
         want = fused_sums.scales(fresh, be.scratch)   # (a pass over the run's rows)
         for got, ref in zip(ws.scales, want):
             np.testing.assert_array_equal(np.asarray(got), np.asarray(ref))
+
+
+@pytest.mark.slow
+def test_emulated_batch_relocating_together_matches_single_fits(fake_cupy, monkeypatch):
+    """Every problem has clusters no point is near, so all relocate in the same iterations,
+    their farthest points ranked together (`reductions.farthest_many`, one sort of a (P, n)
+    key array), with weights that are zero on some rows: each problem's partition, centers
+    and inertia are its own single fit's."""
+    from kmeans_xp_backends.cupy import reductions
+    ranked = []
+    real = reductions.farthest_many
+    monkeypatch.setattr(reductions, "farthest_many",
+                        lambda problems: ranked.append(len(problems)) or real(problems))
+    B, n, d, k = 3, 1031, 33, 12
+    X, w, _ = _batch(B, n, d, k, np.float32, seed=5)
+    rng = np.random.default_rng(2)
+    inits = np.stack([X[b, rng.choice(n, k, replace=False)] for b in range(B)])
+    inits[:, :3] += 1e3   # nobody's nearest: three empty clusters in every problem
+    fit = dict(max_iter=8, backend="cupy-fused", tol=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        got = KMeans(k, init=inits, **fit).fit(X, sample_weight=w)
+        for b in range(B):
+            one = KMeans(k, init=inits[b], **fit).fit(X[b], sample_weight=w[b])
+            assert np.array_equal(to_numpy(got.labels_[b]), to_numpy(one.labels_)), b
+            np.testing.assert_allclose(to_numpy(got.cluster_centers_[b]),
+                                       to_numpy(one.cluster_centers_), rtol=1e-6, atol=1e-4)
+            assert got.inertia_[b] == pytest.approx(one.inertia_, rel=1e-6)
+    assert ranked and max(ranked) == B
