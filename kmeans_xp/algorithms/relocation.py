@@ -10,10 +10,10 @@ does.
 The work is done on the host on the weights and the rows of sums it changes, in three steps
 whatever the number of problems: every problem's farthest points are asked for at once
 (`farthest_many`: a device backend ranks them together); their rows and their clusters' rows
-of sums come down in one transfer; the changed rows and weights go back in one, and one
-`take` puts them in place; the moves of all problems are computed together on the host. (k x d float64 both ways was a
-millisecond at W5, and each further read is a device round trip: a batch relocating problem
-by problem made three round trips a problem.)
+of sums come down in one transfer; the moves of all problems are computed together, and the
+changed rows and weights go back in one transfer, put in place by one `take`. (k x d float64
+both ways was a millisecond at W5, and each further read is a device round trip: a batch
+relocating problem by problem made three round trips a problem.)
 """
 from __future__ import annotations
 
