@@ -357,7 +357,7 @@ class KMeansBackend:
         return Farthest(xp.astype(idx, xp.int64), xp.take(X, idx, axis=0), w,
                         xp.take(labels, idx), xp.take(dist, idx))
 
-    def farthest_many(self, problems: list[tuple], *, xp: Namespace) -> Farthest:
+    def farthest_many(self, problems: list[tuple[Any, ...]], *, xp: Namespace) -> Farthest:
         """`farthest` of several problems at once (a batch's relocation), each given as
         (X, sample_weight, centers, labels, m): one `Farthest` of fields (P, m_max, ...),
         row p problem p's points in `farthest`'s order, then padding whose sq_dist is -1
