@@ -229,3 +229,13 @@ def test_the_plan_decides_at_the_half_bytes(hopper):
                 backend.check_memory(X, plan)
         else:
             backend.check_memory(X, plan)
+
+
+def test_half_centering_of_no_rows(hopper):
+    """Centering into half data a chunk at a time copes with X of no rows (a batch's empty
+    problem): an empty float16 array, not a zero chunk step."""
+    from kmeans_xp import get_backend
+    be = get_backend("cupy-fused")()
+    X = np.empty((0, 6), dtype=np.float32)
+    out = be.placement._centered_as(X, np.zeros(6, np.float32), 1.0, np.float16)
+    assert out.shape == (0, 6) and out.dtype == np.float16

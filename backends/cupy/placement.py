@@ -267,7 +267,7 @@ class CupyPlacement(Placement):
         out = X if own else cp.empty(X.shape, dtype=dtype)
         m = cp.asarray(mean if mean is not None else 0, dtype=cp.float32)
         n, row_values = X.shape[-2], math.prod(X.shape[:-2]) * X.shape[-1]
-        rows = min(n, max(1, HALF_CHUNK_BYTES // max(1, row_values * 4)))
+        rows = max(1, min(n, HALF_CHUNK_BYTES // max(1, row_values * 4)))   # (n = 0: no step)
         # one float32 buffer for every chunk: a chunk made per step would be allocated
         # before the last one is let go, two of them held at the peak
         buf = cp.empty(X.shape[:-2] + (rows, X.shape[-1]), dtype=cp.float32)
